@@ -1,0 +1,207 @@
+// Package nsjail runs one command in one fresh, single-use Linux sandbox built
+// on runc's libcontainer: new user, pid, net (loopback only), mount, ipc, uts
+// and cgroup namespaces, uid/gid 10001, no capabilities, no_new_privs, a
+// read-only root, a seccomp allowlist and cgroup limits. A sandbox runs exactly
+// once; afterwards its container, cgroups, mounts and state are gone.
+//
+// The order in which the kernel features are applied is stated once, in
+// config.go (buildConfig).
+package nsjail
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// SandboxUID and SandboxGID are the ids the command runs as inside the sandbox.
+const (
+	SandboxUID = 10001
+	SandboxGID = 10001
+)
+
+// WorkspaceDir is where Spec.Workspace is bound, read-write, inside the sandbox.
+const WorkspaceDir = "/workspace"
+
+// Limits bound what one sandbox may use. A zero field takes the default from
+// DefaultLimits; there is no way to ask for "unlimited".
+type Limits struct {
+	// Timeout is the wall-clock deadline, counted from the start of the
+	// command; at the deadline the whole process tree is killed.
+	Timeout time.Duration
+	// MemoryBytes is the cgroup memory limit; swap is disabled.
+	MemoryBytes int64
+	// Pids caps the number of tasks (processes and threads) in the sandbox.
+	Pids int64
+	// CPUs is the CPU bandwidth in cores (CFS quota / period), e.g. 1.5.
+	CPUs float64
+	// StdoutBytes and StderrBytes cap what is kept of each stream; the rest
+	// is drained and counted, never buffered.
+	StdoutBytes int64
+	StderrBytes int64
+	// TmpBytes and ShmBytes size the tmpfs mounted at /tmp and /dev/shm.
+	TmpBytes int64
+	ShmBytes int64
+	// FileSizeBytes is RLIMIT_FSIZE: no single file may grow beyond it.
+	FileSizeBytes int64
+	// OpenFiles is RLIMIT_NOFILE.
+	OpenFiles uint64
+}
+
+// DefaultLimits are applied to every zero field of Spec.Limits.
+var DefaultLimits = Limits{
+	Timeout:       30 * time.Second,
+	MemoryBytes:   1 << 30,
+	Pids:          128,
+	CPUs:          1,
+	StdoutBytes:   1 << 20,
+	StderrBytes:   1 << 20,
+	TmpBytes:      256 << 20,
+	ShmBytes:      64 << 20,
+	FileSizeBytes: 1 << 30,
+	OpenFiles:     1024,
+}
+
+// withDefaults returns l with every zero field taken from DefaultLimits.
+func (l Limits) withDefaults() Limits {
+	d := DefaultLimits
+	if l.Timeout == 0 {
+		l.Timeout = d.Timeout
+	}
+	if l.MemoryBytes == 0 {
+		l.MemoryBytes = d.MemoryBytes
+	}
+	if l.Pids == 0 {
+		l.Pids = d.Pids
+	}
+	if l.CPUs == 0 {
+		l.CPUs = d.CPUs
+	}
+	if l.StdoutBytes == 0 {
+		l.StdoutBytes = d.StdoutBytes
+	}
+	if l.StderrBytes == 0 {
+		l.StderrBytes = d.StderrBytes
+	}
+	if l.TmpBytes == 0 {
+		l.TmpBytes = d.TmpBytes
+	}
+	if l.ShmBytes == 0 {
+		l.ShmBytes = d.ShmBytes
+	}
+	if l.FileSizeBytes == 0 {
+		l.FileSizeBytes = d.FileSizeBytes
+	}
+	if l.OpenFiles == 0 {
+		l.OpenFiles = d.OpenFiles
+	}
+	return l
+}
+
+// Validate rejects limits that cannot be applied.
+func (l Limits) Validate() error {
+	var errs []error
+	if l.Timeout < 0 {
+		errs = append(errs, fmt.Errorf("timeout must be > 0, got: %s", l.Timeout))
+	}
+	if l.MemoryBytes != 0 && l.MemoryBytes < 8<<20 {
+		errs = append(errs, fmt.Errorf("memory must be >= 8MiB, got: %d bytes", l.MemoryBytes))
+	}
+	if l.Pids < 0 {
+		errs = append(errs, fmt.Errorf("pids must be > 0, got: %d", l.Pids))
+	}
+	if l.CPUs < 0 || (l.CPUs > 0 && l.CPUs < 0.01) {
+		errs = append(errs, fmt.Errorf("cpus must be >= 0.01, got: %g", l.CPUs))
+	}
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"stdout cap", l.StdoutBytes}, {"stderr cap", l.StderrBytes},
+		{"tmp size", l.TmpBytes}, {"shm size", l.ShmBytes}, {"file size limit", l.FileSizeBytes},
+	} {
+		if f.v < 0 {
+			errs = append(errs, fmt.Errorf("%s must be >= 0, got: %d", f.name, f.v))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Spec describes one execution.
+type Spec struct {
+	// ID names the sandbox (container id, cgroup leaf, state directory). It is
+	// generated when empty. Allowed: [A-Za-z0-9][A-Za-z0-9_.-]{0,63}.
+	ID string
+	// Rootfs is a host directory used, read-only, as the sandbox's root.
+	Rootfs string
+	// Args is the command and its arguments; Args[0] is looked up in PATH
+	// inside the sandbox when it has no slash.
+	Args []string
+	// Env is the complete environment, as KEY=VALUE. Nothing of the worker's
+	// own environment is passed in.
+	Env []string
+	// Cwd is the working directory inside the sandbox ("/" when empty).
+	Cwd string
+	// Workspace is an optional host directory bound read-write at /workspace.
+	// It must be owned by the sandbox's host uid to be writable (see
+	// Runner.HostUID).
+	Workspace string
+	// Stdin is read to feed the command's standard input; nil means /dev/null.
+	Stdin io.Reader
+	// Hostname inside the sandbox ("sandbox" when empty).
+	Hostname string
+	// Limits; zero fields take DefaultLimits.
+	Limits Limits
+	// ExtraFiles are passed to the command as fds 3, 4, ... (used by the warm
+	// pool for its control pipe). Leave nil for untrusted commands: every other
+	// host fd is closed before the command starts.
+	ExtraFiles []*os.File
+}
+
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+
+// Validate checks a Spec before anything is started.
+func (s *Spec) Validate() error {
+	var errs []error
+	if s.ID != "" && !idPattern.MatchString(s.ID) {
+		errs = append(errs, fmt.Errorf("id %q is invalid: want [A-Za-z0-9][A-Za-z0-9_.-]{0,63}", s.ID))
+	}
+	if s.Rootfs == "" {
+		errs = append(errs, errors.New("rootfs is required"))
+	} else if !filepath.IsAbs(s.Rootfs) {
+		errs = append(errs, fmt.Errorf("rootfs must be an absolute path, got: %q", s.Rootfs))
+	} else if fi, err := os.Stat(s.Rootfs); err != nil {
+		errs = append(errs, fmt.Errorf("rootfs: %w", err))
+	} else if !fi.IsDir() {
+		errs = append(errs, fmt.Errorf("rootfs %q is not a directory", s.Rootfs))
+	}
+	if len(s.Args) == 0 || s.Args[0] == "" {
+		errs = append(errs, errors.New("a command is required"))
+	}
+	if s.Cwd != "" && !filepath.IsAbs(s.Cwd) {
+		errs = append(errs, fmt.Errorf("cwd must be absolute inside the sandbox, got: %q", s.Cwd))
+	}
+	if s.Workspace != "" {
+		if !filepath.IsAbs(s.Workspace) {
+			errs = append(errs, fmt.Errorf("workspace must be an absolute path, got: %q", s.Workspace))
+		} else if fi, err := os.Stat(s.Workspace); err != nil {
+			errs = append(errs, fmt.Errorf("workspace: %w", err))
+		} else if !fi.IsDir() {
+			errs = append(errs, fmt.Errorf("workspace %q is not a directory", s.Workspace))
+		}
+	}
+	for _, kv := range s.Env {
+		if i := strings.IndexByte(kv, '='); i <= 0 {
+			errs = append(errs, fmt.Errorf("env entry %q is not KEY=VALUE", kv))
+		}
+	}
+	if err := s.Limits.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
