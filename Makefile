@@ -36,3 +36,11 @@ run: build
 
 clean:
 	rm -rf bin $(BUILD)
+
+# --- runtime image and rootfs cache (rootfs/, tools/runtime-image) ---
+
+# --- seccomp audit artifacts (seccomp/) ---
+
+# --- cgroup v2 VM harness (tools/v2vm) ---
+
+# --- benchmarks (tools/bench) ---
