@@ -1,0 +1,103 @@
+// Package nsjailtest holds what tests of every package need to start real
+// sandboxes: a busybox rootfs, the runtime rootfs, and root checks.
+package nsjailtest
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// RequireRoot skips t unless it runs as root: sandboxes need real privileges
+// (user namespaces with arbitrary mappings, cgroups, mounts).
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: starts real sandboxes (namespaces, cgroups, mounts)")
+	}
+}
+
+var (
+	busyboxOnce sync.Once
+	busyboxDir  string
+	busyboxErr  error
+)
+
+// BusyboxRootfs returns a minimal rootfs made from Debian's busybox-static:
+// /bin/busybox plus one symlink per applet, /etc/passwd with the sandbox user,
+// and the mount points a sandbox needs. It is built once per test binary,
+// root-owned and never written again.
+func BusyboxRootfs(t testing.TB) string {
+	t.Helper()
+	busyboxOnce.Do(func() { busyboxDir, busyboxErr = buildBusybox() })
+	if busyboxErr != nil {
+		t.Fatalf("busybox rootfs: %v (apt-get install busybox-static)", busyboxErr)
+	}
+	return busyboxDir
+}
+
+func buildBusybox() (string, error) {
+	src, err := exec.LookPath("busybox")
+	if err != nil {
+		return "", err
+	}
+	dir, err := os.MkdirTemp("", "sandboxd-busybox-")
+	if err != nil {
+		return "", err
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return "", err
+	}
+	for _, d := range []string{"bin", "etc", "proc", "dev", "tmp", "sys", "workspace", "usr/bin", "root"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return "", err
+		}
+	}
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bin/busybox"), data, 0o755); err != nil {
+		return "", err
+	}
+	out, err := exec.Command(src, "--list").Output()
+	if err != nil {
+		return "", err
+	}
+	for _, name := range strings.Fields(string(out)) {
+		if name == "busybox" {
+			continue
+		}
+		if err := os.Symlink("busybox", filepath.Join(dir, "bin", name)); err != nil && !os.IsExist(err) {
+			return "", err
+		}
+	}
+	files := map[string]string{
+		"etc/passwd": "root:x:0:0:root:/root:/bin/sh\nsandbox:x:10001:10001:sandbox:/tmp:/bin/sh\n",
+		"etc/group":  "root:x:0:\nsandbox:x:10001:\n",
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			return "", err
+		}
+	}
+	return dir, nil
+}
+
+// RuntimeRootfs returns the unpacked python-runtime rootfs named by
+// $SANDBOXD_RUNTIME_ROOTFS (make test sets it after building and unpacking the
+// image), and skips t with the reason when it is not set.
+func RuntimeRootfs(t testing.TB) string {
+	t.Helper()
+	dir := os.Getenv("SANDBOXD_RUNTIME_ROOTFS")
+	if dir == "" {
+		t.Skip("SANDBOXD_RUNTIME_ROOTFS is not set: run via `make test`, which builds and unpacks the python-runtime image")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "usr/bin/python3")); err != nil {
+		t.Fatalf("SANDBOXD_RUNTIME_ROOTFS=%s has no usr/bin/python3: %v", dir, err)
+	}
+	return dir
+}
