@@ -1,0 +1,252 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// sandboxMemory is what one sandbox below the server holds while idle.
+type sandboxMemory struct {
+	Cgroup string `json:"cgroup"` // memory cgroup path (v1 memory controller, or v2)
+	Procs  int    `json:"procs"`
+	// CgroupBytes is the cgroup's charge (v1 memory.usage_in_bytes, v2
+	// memory.current): anonymous memory plus the page cache this sandbox
+	// touched first (shared rootfs pages are charged to whoever read them first).
+	CgroupBytes int64 `json:"cgroup_bytes"`
+	// RSSBytes and PSSBytes sum /proc/PID/smaps_rollup over its processes;
+	// PSS splits shared pages (the rootfs's libraries) fairly among sharers,
+	// so it is the per-sandbox cost.
+	RSSBytes int64 `json:"rss_bytes"`
+	PSSBytes int64 `json:"pss_bytes"`
+	Python   bool  `json:"python"` // a python process is among them
+}
+
+// descendants returns every process below pid (not pid itself), from /proc.
+func descendants(pid int) []int {
+	children := map[int][]int{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// comm may hold spaces and parentheses: fields start after the last ')'.
+		s := string(data)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) < 2 {
+			continue
+		}
+		ppid, _ := strconv.Atoi(f[1])
+		children[ppid] = append(children[ppid], p)
+	}
+	var out []int
+	queue := []int{pid}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		for _, c := range children[p] {
+			out = append(out, c)
+			queue = append(queue, c)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// memoryCgroup returns the path of pid's memory cgroup: the v1 memory
+// controller's line of /proc/PID/cgroup, else the v2 line.
+func memoryCgroup(pid int) (string, bool) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return "", false
+	}
+	var v2 string
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if slices.Contains(strings.Split(parts[1], ","), "memory") {
+			return "v1:" + parts[2], true
+		}
+		if parts[0] == "0" && parts[1] == "" {
+			v2 = "v2:" + parts[2]
+		}
+	}
+	return v2, v2 != ""
+}
+
+// cgroupCharge reads the memory charge of a cgroup named by memoryCgroup.
+func cgroupCharge(cg string) int64 {
+	var candidates []string
+	if p, ok := strings.CutPrefix(cg, "v1:"); ok {
+		candidates = []string{filepath.Join("/sys/fs/cgroup/memory", p, "memory.usage_in_bytes")}
+	} else if p, ok := strings.CutPrefix(cg, "v2:"); ok {
+		candidates = []string{filepath.Join("/sys/fs/cgroup", p, "memory.current"),
+			filepath.Join("/sys/fs/cgroup/unified", p, "memory.current")}
+	}
+	for _, c := range candidates {
+		if data, err := os.ReadFile(c); err == nil {
+			if n, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64); err == nil {
+				return n
+			}
+		}
+	}
+	return 0
+}
+
+// smapsRollup returns Rss and Pss of pid in bytes.
+func smapsRollup(pid int) (rss, pss int64) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return 0, 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 2 {
+			continue
+		}
+		kb, _ := strconv.ParseInt(fields[1], 10, 64)
+		switch fields[0] {
+		case "Rss:":
+			rss = kb << 10
+		case "Pss:":
+			pss = kb << 10
+		}
+	}
+	return rss, pss
+}
+
+// sandboxesBelow groups the processes below serverPid by memory cgroup,
+// leaving out those in the server's own cgroup (libcontainer's init helpers
+// between start and exec, for instance). At idle these are the pool.
+func sandboxesBelow(serverPid int) []sandboxMemory {
+	own, _ := memoryCgroup(serverPid)
+	byCg := map[string]*sandboxMemory{}
+	var order []string
+	for _, p := range descendants(serverPid) {
+		cg, ok := memoryCgroup(p)
+		if !ok || cg == own {
+			continue
+		}
+		m := byCg[cg]
+		if m == nil {
+			m = &sandboxMemory{Cgroup: cg}
+			byCg[cg] = m
+			order = append(order, cg)
+		}
+		m.Procs++
+		rss, pss := smapsRollup(p)
+		m.RSSBytes += rss
+		m.PSSBytes += pss
+		if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p)); err == nil && strings.HasPrefix(string(comm), "python") {
+			m.Python = true
+		}
+	}
+	out := make([]sandboxMemory, 0, len(order))
+	for _, cg := range order {
+		m := byCg[cg]
+		m.CgroupBytes = cgroupCharge(cg)
+		out = append(out, *m)
+	}
+	return out
+}
+
+// idlePythonSandboxes counts the sandboxes below serverPid with a python
+// process in them: with no request in flight, the ready pool.
+func idlePythonSandboxes(serverPid int) int {
+	n := 0
+	for _, s := range sandboxesBelow(serverPid) {
+		if s.Python {
+			n++
+		}
+	}
+	return n
+}
+
+// poolMetrics extracts from a Prometheus text exposition every sample whose
+// name mentions the pool, and the number of ready sandboxes: the sum over
+// series that are named *pool*ready* or carry state="ready" (ok reports
+// whether any such series exists). With a policy label, only the dynamic
+// policy's series count.
+func poolMetrics(text string) (lines []string, ready float64, ok bool) {
+	for _, line := range strings.Split(text, "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name := line
+		if i := strings.IndexAny(line, "{ "); i >= 0 {
+			name = line[:i]
+		}
+		if !strings.Contains(name, "pool") {
+			continue
+		}
+		lines = append(lines, line)
+		if strings.HasSuffix(name, "_total") {
+			continue
+		}
+		if strings.Contains(line, `policy="`) && !strings.Contains(line, `policy="dynamic"`) {
+			continue // the bench sends only dynamic-policy executions
+		}
+		if strings.Contains(name, "ready") || strings.Contains(line, `state="ready"`) {
+			f := strings.Fields(line)
+			if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
+				ready += v
+				ok = true
+			}
+		}
+	}
+	return lines, ready, ok
+}
+
+// cpuTicksByCgroup sums utime+stime of the processes of every python
+// sandbox below pid, by memory cgroup.
+func cpuTicksByCgroup(pid int) map[string]int64 {
+	own, _ := memoryCgroup(pid)
+	ticks := map[string]int64{}
+	python := map[string]bool{}
+	for _, p := range descendants(pid) {
+		cg, ok := memoryCgroup(p)
+		if !ok || cg == own {
+			continue
+		}
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
+		if err != nil {
+			continue
+		}
+		s := string(data)
+		if i := strings.LastIndexByte(s, ')'); i >= 0 {
+			f := strings.Fields(s[i+1:])
+			// After ")": state(0) ppid(1) … utime(11) stime(12).
+			if len(f) > 12 {
+				u, _ := strconv.ParseInt(f[11], 10, 64)
+				st, _ := strconv.ParseInt(f[12], 10, 64)
+				ticks[cg] += u + st
+			}
+		}
+		if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p)); err == nil && strings.HasPrefix(string(comm), "python") {
+			python[cg] = true
+		}
+	}
+	for cg := range ticks {
+		if !python[cg] {
+			delete(ticks, cg)
+		}
+	}
+	return ticks
+}

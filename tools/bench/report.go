@@ -1,0 +1,489 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Report is everything one bench run measured; results.json is this.
+type Report struct {
+	Meta          Meta            `json:"meta"`
+	PoolSupported bool            `json:"pool_supported"`
+	API           []APICell       `json:"api"`
+	PoolMemory    *PoolMemory     `json:"pool_memory,omitempty"`
+	Peers         []PeerResult    `json:"peers"`
+	Warm          *WarmResult     `json:"warm_interpreter,omitempty"`
+	ExecTrue      *ExecTrueResult `json:"exec_true,omitempty"`
+	Targets       []Target        `json:"targets"`
+	Notes         []string        `json:"notes"`
+}
+
+// Meta says where and how the numbers were taken.
+type Meta struct {
+	Time          string   `json:"time"`
+	Commit        string   `json:"commit"`
+	Kernel        string   `json:"kernel"`
+	GoOS          string   `json:"goos"`
+	CPUModel      string   `json:"cpu_model"`
+	CPUs          int      `json:"cpus"`
+	LoadAvgBefore string   `json:"loadavg_before"`
+	LoadAvgAfter  string   `json:"loadavg_after"`
+	Quick         bool     `json:"quick"`
+	Rootfs        string   `json:"rootfs"`
+	Args          []string `json:"args"`
+	DurationS     float64  `json:"duration_s"`
+}
+
+// APICell is one workload × pool × concurrency measurement of the API.
+type APICell struct {
+	Workload string `json:"workload"`
+	Pool     string `json:"pool"`
+	PoolSize int    `json:"pool_size"`
+	// Mode is "closed-loop" (each worker sends its next request when its
+	// previous answer arrives; the pool refills in the background, as in
+	// production) or "warm" (the bench waits for a full pool before each
+	// request: the latency of a request that finds a ready sandbox).
+	Mode        string `json:"mode"`
+	Concurrency int    `json:"concurrency"`
+	Summary
+	Errors    []string `json:"errors,omitempty"`
+	Truncated bool     `json:"truncated,omitempty"`
+}
+
+func (r *Report) addCell(workload, pool string, size int, mode string, conc int, lr loadResult) {
+	wall := lr.Wall
+	if mode == "warm" {
+		wall = 0 // the waits between requests make throughput meaningless
+	}
+	r.API = append(r.API, APICell{Workload: workload, Pool: pool, PoolSize: size, Mode: mode, Concurrency: conc,
+		Summary: Summarize(lr.Latencies, lr.Failures, wall), Errors: lr.Errors, Truncated: lr.Truncated})
+}
+
+// PoolMemory is the memory of the idle pool right after it filled.
+type PoolMemory struct {
+	Sandboxes       []sandboxMemory `json:"sandboxes"`
+	MedianPSSMiB    float64         `json:"median_pss_mib"`
+	MedianRSSMiB    float64         `json:"median_rss_mib"`
+	MedianCgroupMiB float64         `json:"median_cgroup_mib"`
+	Metrics         []string        `json:"metrics,omitempty"`
+}
+
+// Target is one line of issue 5's targets, checked against this run.
+type Target struct {
+	Name     string `json:"name"`
+	Measured string `json:"measured"`
+	// Met is "yes", "no" or "n/a" (not measured in this run, with why).
+	Met string `json:"met"`
+}
+
+func (r *Report) cell(workload, mode string, poolOn bool, conc int) *APICell {
+	for i := range r.API {
+		c := &r.API[i]
+		if c.Workload == workload && c.Mode == mode && (c.PoolSize > 0) == poolOn && c.Concurrency == conc && c.N > 0 {
+			return c
+		}
+	}
+	return nil
+}
+
+// bestColdPeer is the fastest peer (not ours) at kind by p50, among those
+// that ran with no failure.
+func (r *Report) bestColdPeer(kind string) (string, float64) {
+	name, best := "", math.Inf(1)
+	for _, p := range r.Peers {
+		if p.Ours || p.Skipped != "" {
+			continue
+		}
+		s, ok := p.Kinds[kind]
+		if !ok || s.N == 0 || s.Failures > 0 {
+			continue
+		}
+		if s.P50MS < best {
+			name, best = p.Name, s.P50MS
+		}
+	}
+	return name, best
+}
+
+func yesNo(ok bool) string {
+	if ok {
+		return "yes"
+	}
+	return "no"
+}
+
+func evaluateTargets(r *Report) []Target {
+	var t []Target
+	na := func(name, why string) { t = append(t, Target{Name: name, Measured: why, Met: "n/a"}) }
+
+	name := "warm print(1) HTTP round trip: p50 ≤ 2 ms, p99 ≤ 10 ms"
+	if c := r.cell("print", "warm", true, 1); c != nil {
+		t = append(t, Target{name, fmt.Sprintf("p50 %s ms, p99 %s ms (n=%d)", fmtMS(c.P50MS), fmtMS(c.P99MS), c.N), yesNo(c.P50MS <= 2 && c.P99MS <= 10 && c.Failures == 0)})
+	} else {
+		na(name, "no pool-on run")
+	}
+
+	warmPandas := r.cell("pandas", "warm", true, 1)
+	peer, best := r.bestColdPeer(kindPandas)
+	name = "pandas script ≥ 50× faster than the best cold peer"
+	switch {
+	case warmPandas == nil:
+		na(name, "no pool-on run")
+	case peer == "":
+		na(name, "no cold peer ran")
+	default:
+		ratio := best / warmPandas.P50MS
+		t = append(t, Target{name, fmt.Sprintf("%.1f× (%s p50 %s ms vs warm API p50 %s ms)", ratio, peer, fmtMS(best), fmtMS(warmPandas.P50MS)), yesNo(ratio >= 50)})
+	}
+
+	name = "pandas script ≤ 1.15× the same work in an already-warm interpreter"
+	switch {
+	case warmPandas == nil:
+		na(name, "no pool-on run")
+	case r.Warm == nil || r.Warm.First["pandas"].N == 0:
+		na(name, "warm-interpreter baseline not measured")
+	default:
+		base := r.Warm.First["pandas"].P50MS
+		ratio := warmPandas.P50MS / base
+		t = append(t, Target{name, fmt.Sprintf("%.2f× (warm API p50 %s ms vs first exec in a warm interpreter p50 %s ms; steady-state exec p50 %s ms)",
+			ratio, fmtMS(warmPandas.P50MS), fmtMS(base), fmtMS(r.Warm.Steady["pandas"].P50MS)), yesNo(ratio <= 1.15)})
+	}
+
+	name = "cold sandbox overhead for /bin/true ≤ 25 ms"
+	var parts []string
+	met := "n/a"
+	if r.ExecTrue != nil && r.ExecTrue.Skipped == "" {
+		parts = append(parts, fmt.Sprintf("BenchmarkExecTrue median %s ms, p90 %s ms", fmtMS(r.ExecTrue.MedianMS), fmtMS(r.ExecTrue.P90MS)))
+		met = yesNo(r.ExecTrue.MedianMS <= 25)
+	}
+	for _, p := range r.Peers {
+		if s, ok := p.Kinds[kindTrue]; p.Ours && ok && s.N > 0 {
+			parts = append(parts, fmt.Sprintf("`sandboxd run -- /bin/true` whole CLI process p50 %s ms", fmtMS(s.P50MS)))
+			if met == "n/a" {
+				met = yesNo(s.P50MS <= 25)
+			}
+		}
+	}
+	if len(parts) == 0 {
+		na(name, "not measured")
+	} else {
+		t = append(t, Target{name, strings.Join(parts, "; "), met})
+	}
+
+	name = "≥ 30 executions/s sustained on 2 cores, zero failures"
+	bestRate, bestDesc := 0.0, ""
+	for _, c := range r.API {
+		if c.Mode != "closed-loop" || c.Failures > 0 || c.PerSec <= bestRate {
+			continue
+		}
+		bestRate = c.PerSec
+		bestDesc = fmt.Sprintf("%.1f/s (%s, %s, concurrency %d, n=%d, 0 failures)", c.PerSec, c.Workload, c.Pool, c.Concurrency, c.N)
+	}
+	fails := 0
+	for _, c := range r.API {
+		fails += c.Failures
+	}
+	if bestDesc == "" {
+		na(name, "no failure-free closed-loop cell")
+	} else {
+		t = append(t, Target{name, fmt.Sprintf("best %s; failures over all cells: %d", bestDesc, fails), yesNo(bestRate >= 30 && fails == 0)})
+	}
+
+	name = "memory per idle warm sandbox ≤ 100 MiB"
+	if r.PoolMemory == nil || len(r.PoolMemory.Sandboxes) == 0 {
+		na(name, "no idle pool sandbox found")
+	} else {
+		pm := r.PoolMemory
+		t = append(t, Target{name, fmt.Sprintf("PSS %.1f MiB, RSS %.1f MiB, cgroup charge %.1f MiB (median of %d idle sandboxes)",
+			pm.MedianPSSMiB, pm.MedianRSSMiB, pm.MedianCgroupMiB, len(pm.Sandboxes)), yesNo(pm.MedianPSSMiB <= 100)})
+	}
+	return t
+}
+
+// fmtMS prints a latency with precision that suits its size.
+func fmtMS(v float64) string {
+	switch {
+	case math.IsNaN(v) || math.IsInf(v, 0):
+		return "–"
+	case v < 10:
+		return fmt.Sprintf("%.2f", v)
+	case v < 100:
+		return fmt.Sprintf("%.1f", v)
+	default:
+		return fmt.Sprintf("%.0f", v)
+	}
+}
+
+func kindTitle(kind string) string {
+	switch kind {
+	case kindTrue:
+		return "/bin/true"
+	case kindPrint:
+		return "python3 -c 'print(1)'"
+	default:
+		return "pandas groupby + PNG"
+	}
+}
+
+// Markdown renders the report.
+func (r *Report) Markdown(chart string) string {
+	var b strings.Builder
+	m := r.Meta
+	fmt.Fprintf(&b, "# sandboxd benchmark\n\n")
+	fmt.Fprintf(&b, "Measured %s on %s (%d CPUs), kernel %s, commit `%s`; load average %s before, %s after; %.0f s in all.",
+		m.Time, orDash(m.CPUModel), m.CPUs, m.Kernel, orDash(m.Commit), m.LoadAvgBefore, m.LoadAvgAfter, m.DurationS)
+	if m.Quick {
+		b.WriteString(" **Quick run (-quick): few samples, a smoke test, not numbers to quote.**")
+	}
+	fmt.Fprintf(&b, "\n\nReproduce (as root, repository root): `make bench` — or `make build && go run -tags seccomp ./tools/bench -rootfs %s %s`.\n",
+		"<unpacked python-runtime rootfs>", strings.Join(quoteArgs(m.Args), " "))
+	b.WriteString("Workloads: (a) `print(1)`; (b) a pandas groupby over 100k rows plus one matplotlib PNG written to output/artifacts/ (see tools/bench/workloads.go). " +
+		"Every run's stdout (and, through the API, status and the PNG artifact) is checked: a run with any other outcome is a failure.\n")
+
+	b.WriteString("\n## Targets (issue 5)\n\n| target | measured | met |\n|---|---|---|\n")
+	for _, t := range r.Targets {
+		fmt.Fprintf(&b, "| %s | %s | %s |\n", t.Name, t.Measured, t.Met)
+	}
+
+	if len(r.API) > 0 {
+		b.WriteString("\n## HTTP API on loopback (`POST /v1/executions`, sandboxd serve)\n\n")
+		b.WriteString("Latency is the whole HTTP round trip as the client sees it. *closed-loop*: each of *concurrency* clients sends its next request as soon as the previous answer arrives (with the pool on, it refills in the background meanwhile). " +
+			"*warm*: the bench waits until the pool is full before each request, so every request finds a ready sandbox. exec/s is successful executions per second of wall time.\n\n")
+		b.WriteString("| workload | pool | mode | concurrency | requests | failures | p50 ms | p90 ms | p99 ms | exec/s |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, c := range r.API {
+			rate := "–"
+			if c.PerSec > 0 {
+				rate = fmt.Sprintf("%.1f", c.PerSec)
+			}
+			trunc := ""
+			if c.Truncated {
+				trunc = " (time bound)"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %d | %d%s | %d | %s | %s | %s | %s |\n", c.Workload, c.Pool, c.Mode, c.Concurrency,
+				c.N, trunc, c.Failures, fmtMS(c.P50MS), fmtMS(c.P90MS), fmtMS(c.P99MS), rate)
+		}
+		for _, c := range r.API {
+			for _, e := range c.Errors {
+				fmt.Fprintf(&b, "\n- failure (%s, %s, %s, c=%d): `%s`", c.Workload, c.Pool, c.Mode, c.Concurrency, strings.ReplaceAll(e, "`", "'"))
+			}
+		}
+		b.WriteString("\n")
+	}
+
+	if len(r.Peers) > 0 {
+		b.WriteString("\n## Cold launchers on the same rootfs (whole-process wall time)\n\n")
+		b.WriteString("Each cell: p50 ms [p90] over sequential cold runs, and the ratio to the fastest peer in that column (ours excluded from \"fastest\"). " +
+			"All get the same limits where the launcher has them (1 GiB, 1 CPU, 128 tasks), uid 10001, a read-only root and a tmpfs /tmp as cwd.\n\n")
+		b.WriteString("| launcher | isolation |")
+		for _, k := range peerKinds {
+			fmt.Fprintf(&b, " %s |", kindTitle(k))
+		}
+		b.WriteString("\n|---|---|---:|---:|---:|\n")
+		best := map[string]float64{}
+		for _, k := range peerKinds {
+			_, best[k] = r.bestColdPeer(k)
+		}
+		for _, p := range r.Peers {
+			if p.Skipped != "" {
+				continue
+			}
+			name := p.Name
+			if p.Ours {
+				name = "**" + name + "**"
+			}
+			fmt.Fprintf(&b, "| %s | %s |", name, p.Isolation)
+			for _, k := range peerKinds {
+				s, ok := p.Kinds[k]
+				if !ok || s.N == 0 {
+					fmt.Fprintf(&b, " failed |")
+					continue
+				}
+				fail := ""
+				if s.Failures > 0 {
+					fail = fmt.Sprintf(", %d failed", s.Failures)
+				}
+				fmt.Fprintf(&b, " %s [%s]%s%s |", fmtMS(s.P50MS), fmtMS(s.P90MS), ratioText(s.P50MS, best[k]), fail)
+			}
+			b.WriteString("\n")
+		}
+		// The warm pool through the API, as a row of the same table.
+		wp, wd := r.cell("print", "warm", true, 1), r.cell("pandas", "warm", true, 1)
+		if wp != nil || wd != nil {
+			b.WriteString("| **sandboxd warm pool (HTTP API, warm, c=1)** | same sandbox, pre-started, stack imported | – |")
+			for _, c := range []*APICell{wp, wd} {
+				if c == nil {
+					b.WriteString(" – |")
+					continue
+				}
+				k := kindPrint
+				if c.Workload == "pandas" {
+					k = kindPandas
+				}
+				fmt.Fprintf(&b, " %s [%s]%s |", fmtMS(c.P50MS), fmtMS(c.P90MS), ratioText(c.P50MS, best[k]))
+			}
+			b.WriteString("\n")
+		}
+		for _, p := range r.Peers {
+			for _, e := range p.Errors {
+				fmt.Fprintf(&b, "\n- %s: `%s`", p.Name, strings.ReplaceAll(e, "`", "'"))
+			}
+		}
+		var skipped []string
+		for _, p := range r.Peers {
+			if p.Skipped != "" {
+				skipped = append(skipped, fmt.Sprintf("- **%s** skipped: %s", p.Name, p.Skipped))
+			}
+		}
+		if len(skipped) > 0 {
+			b.WriteString("\n" + strings.Join(skipped, "\n") + "\n")
+		}
+		b.WriteString("\n")
+	}
+
+	if r.ExecTrue != nil {
+		b.WriteString("\n## Sandbox overhead: nsjail BenchmarkExecTrue\n\n")
+		if r.ExecTrue.Skipped != "" {
+			fmt.Fprintf(&b, "Not measured: %s\n", r.ExecTrue.Skipped)
+		} else {
+			fmt.Fprintf(&b, "A cold `/bin/true` in a fresh sandbox, everything on, measured in-process (no CLI start-up) on the busybox rootfs: median **%s ms**, p90 %s ms over %d runs.\n",
+				fmtMS(r.ExecTrue.MedianMS), fmtMS(r.ExecTrue.P90MS), r.ExecTrue.Runs)
+		}
+	}
+
+	if r.Warm != nil {
+		b.WriteString("\n## The same work in an already-warm interpreter\n\n")
+		fmt.Fprintf(&b, "A python that has imported numpy, pandas, matplotlib (Agg) and pyplot execs the script as `__main__` in a fresh cwd, stdout captured; only the exec is timed. Launched with %s. "+
+			"*first*: the first exec in a fresh interpreter (what a single-use pool sandbox does); *steady*: later execs in the same interpreter (a reused interpreter, which sandboxd never does).\n\n", r.Warm.Launcher)
+		b.WriteString("| workload | first exec p50 ms [p90] | steady exec p50 ms [p90] | sandboxd API, warm pool, p50 ms | API / first |\n|---|---:|---:|---:|---:|\n")
+		for _, w := range workloads {
+			f, s := r.Warm.First[w.Name], r.Warm.Steady[w.Name]
+			api, ratio := "–", "–"
+			if c := r.cell(w.Name, "warm", true, 1); c != nil {
+				api = fmtMS(c.P50MS)
+				if f.N > 0 {
+					ratio = fmt.Sprintf("%.2f×", c.P50MS/f.P50MS)
+				}
+			}
+			fmt.Fprintf(&b, "| %s | %s [%s] (n=%d) | %s [%s] (n=%d) | %s | %s |\n", w.Name, fmtMS(f.P50MS), fmtMS(f.P90MS), f.N, fmtMS(s.P50MS), fmtMS(s.P90MS), s.N, api, ratio)
+		}
+		for _, e := range r.Warm.Errors {
+			fmt.Fprintf(&b, "\n- error: `%s`", strings.ReplaceAll(e, "`", "'"))
+		}
+		b.WriteString("\n")
+	}
+
+	if pm := r.PoolMemory; pm != nil {
+		b.WriteString("\n## Memory per idle warm sandbox\n\n")
+		if len(pm.Sandboxes) == 0 {
+			b.WriteString("No idle python sandbox was found below the server process.\n")
+		} else {
+			fmt.Fprintf(&b, "Right after the pool filled: %d idle sandboxes; median **PSS %.1f MiB** (shared rootfs pages split among sharers: the real per-sandbox cost), RSS %.1f MiB, cgroup charge %.1f MiB (anonymous memory plus page cache first touched by that sandbox).\n",
+				len(pm.Sandboxes), pm.MedianPSSMiB, pm.MedianRSSMiB, pm.MedianCgroupMiB)
+		}
+		if len(pm.Metrics) > 0 {
+			b.WriteString("\nPool metrics at that moment:\n\n```\n" + strings.Join(pm.Metrics, "\n") + "\n```\n")
+		}
+	}
+
+	if len(r.Notes) > 0 {
+		b.WriteString("\n## Notes\n\n")
+		for _, n := range r.Notes {
+			fmt.Fprintf(&b, "- %s\n", n)
+		}
+	}
+	if chart != "" {
+		fmt.Fprintf(&b, "\n## Latency distribution\n\n![latency distribution](%s)\n", chart)
+	}
+	return b.String()
+}
+
+func ratioText(v, best float64) string {
+	if math.IsInf(best, 0) || best <= 0 || math.IsNaN(v) {
+		return ""
+	}
+	return fmt.Sprintf(" (%s×)", trimRatio(v/best))
+}
+
+func trimRatio(x float64) string {
+	switch {
+	case x < 0.1:
+		return fmt.Sprintf("%.3f", x)
+	case x < 10:
+		return fmt.Sprintf("%.2f", x)
+	default:
+		return fmt.Sprintf("%.0f", x)
+	}
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "–"
+	}
+	return s
+}
+
+func quoteArgs(args []string) []string {
+	var out []string
+	skip := false
+	for _, a := range args {
+		if skip {
+			skip = false
+			continue
+		}
+		// The rootfs path is machine-specific: it is shown as a placeholder.
+		if a == "-rootfs" || a == "--rootfs" {
+			skip = true
+			continue
+		}
+		if strings.HasPrefix(a, "-rootfs=") || strings.HasPrefix(a, "--rootfs=") {
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// writeOutputs writes results.json, latency.png and report.md to cfg.Out,
+// and copies the report (and the chart) next to cfg.Results.
+func writeOutputs(cfg config, r *Report, logf func(string, ...any)) error {
+	if r.Notes == nil {
+		r.Notes = []string{}
+	}
+	data, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	jsonPath := filepath.Join(cfg.Out, "results.json")
+	if err := os.WriteFile(jsonPath, data, 0o644); err != nil {
+		return err
+	}
+	png, err := renderChart(r)
+	if err != nil {
+		return fmt.Errorf("chart: %w", err)
+	}
+	pngPath := filepath.Join(cfg.Out, "latency.png")
+	if err := os.WriteFile(pngPath, png, 0o644); err != nil {
+		return err
+	}
+	mdPath := filepath.Join(cfg.Out, "report.md")
+	if err := os.WriteFile(mdPath, []byte(r.Markdown("latency.png")), 0o644); err != nil {
+		return err
+	}
+	logf("wrote %s, %s, %s", mdPath, jsonPath, pngPath)
+	if cfg.Results != "" {
+		dir := filepath.Dir(cfg.Results)
+		if err := os.WriteFile(filepath.Join(dir, "latency.png"), png, 0o644); err != nil {
+			return err
+		}
+		if err := os.WriteFile(cfg.Results, []byte(r.Markdown("latency.png")), 0o644); err != nil {
+			return err
+		}
+		logf("copied the report to %s (and the chart beside it)", cfg.Results)
+	}
+	fmt.Println(r.Markdown(""))
+	return nil
+}
