@@ -71,6 +71,15 @@ func sandboxCgroup(t *testing.T, h *Hierarchy, id string) map[string]string {
 		if err := os.MkdirAll(paths[c], 0o755); err != nil {
 			t.Fatal(err)
 		}
+		if c == "cpuset" {
+			// v1 cpusets start empty and refuse tasks until given CPUs and
+			// memory nodes; libcontainer copies them down the same way.
+			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+				v := readT(t, filepath.Join(h.Own[c], f))
+				writeT(t, filepath.Join(p, f), v)
+				writeT(t, filepath.Join(paths[c], f), v)
+			}
+		}
 	}
 	t.Cleanup(func() {
 		if err := KillAll(paths); err != nil {

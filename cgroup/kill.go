@@ -33,7 +33,9 @@ var killTimeout = 10 * time.Second
 // is never hit; older kernels fall back to kill(2).
 //
 // Zombies leave cgroup.procs when they exit (before they are reaped), so
-// KillAll does not wait for the caller to reap its own children.
+// KillAll does not wait for the caller to reap its own children, and the
+// cgroups can be removed before that too. A cgroup that no longer exists
+// holds nothing to kill: KillAll is idempotent.
 func KillAll(paths map[string]string) error {
 	dirs := uniqueDirs(paths)
 	if len(dirs) == 0 {
@@ -120,8 +122,8 @@ func procs(dirs []string) ([]int, error) {
 	for _, d := range dirs {
 		err := filepath.WalkDir(d, func(p string, e fs.DirEntry, err error) error {
 			if err != nil {
-				if p != d && errors.Is(err, fs.ErrNotExist) {
-					return nil // a child cgroup removed meanwhile
+				if errors.Is(err, fs.ErrNotExist) {
+					return nil // removed already (or meanwhile): nothing to kill
 				}
 				return err
 			}

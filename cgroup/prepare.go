@@ -83,22 +83,10 @@ func (h *Hierarchy) delegateV2(parent string) error {
 		return fmt.Errorf("cgroup v2: controllers %s are not delegated to the worker's cgroup %s (it has %q); run it as a systemd unit with Delegate=yes, or in a container with its own writable cgroup2 mount",
 			strings.Join(missing, ", "), own, strings.Join(avail, " "))
 	}
-	if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-		return fmt.Errorf("cgroup v2: create the worker's leaf: %w", err)
-	}
 	self := os.Getpid()
-	if h.Own[""] != leaf {
-		// Moves every thread of this process (cgroup.procs moves the whole
-		// thread group); no other process is touched.
-		if err := writeFile(filepath.Join(leaf, "cgroup.procs"), strconv.Itoa(self)); err != nil {
-			return fmt.Errorf("cgroup v2: move the worker into %s: %w", leaf, err)
-		}
-		h.Own[""] = leaf
-	}
-	// Anything still in <own> was not started by us (a shell, a sidecar):
+	// Anything in <own> but us was not started by us (a shell, a sidecar):
 	// moving it is not ours to do, and it would make enabling controllers
-	// fail with EBUSY. Our own pid is ignored: the kernel removed it above
-	// (a recorded tree in a test cannot).
+	// fail with EBUSY. Checked before we move, so a refusal changes nothing.
 	pids, err := readFields(filepath.Join(own, "cgroup.procs"))
 	if err != nil {
 		return fmt.Errorf("cgroup v2: %w", err)
@@ -107,6 +95,17 @@ func (h *Hierarchy) delegateV2(parent string) error {
 	if len(pids) > 0 {
 		return fmt.Errorf("cgroup v2: %s still holds processes %s that the worker did not start; controllers cannot be enabled below a cgroup with processes (\"no internal processes\" rule): start the worker alone in its cgroup",
 			own, strings.Join(pids, " "))
+	}
+	if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("cgroup v2: create the worker's leaf: %w", err)
+	}
+	if h.Own[""] != leaf {
+		// Moves every thread of this process (cgroup.procs moves the whole
+		// thread group); no other process is touched.
+		if err := writeFile(filepath.Join(leaf, "cgroup.procs"), strconv.Itoa(self)); err != nil {
+			return fmt.Errorf("cgroup v2: move the worker into %s: %w", leaf, err)
+		}
+		h.Own[""] = leaf
 	}
 	enable := "+" + strings.Join(requiredV2, " +")
 	if err := writeFile(filepath.Join(own, "cgroup.subtree_control"), enable); err != nil {

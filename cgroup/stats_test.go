@@ -43,7 +43,7 @@ func TestReadStatsV1Live(t *testing.T) {
 	// are gone).
 	script := `
 		timeout 0.3 sh -c 'while :; do :; done'
-		head -c 64M /dev/zero | tail >/dev/null
+		{ head -c 64M /dev/zero | tail >/dev/null; } 2>/dev/null
 		(i=0; while [ $i -lt 20 ]; do sleep 0.1 & i=$((i+1)); done) 2>/dev/null
 		exit 0`
 	cmd := startIn(t, []string{paths["memory"], paths["pids"], paths["cpu"], paths["cpuacct"]}, script)
@@ -89,5 +89,67 @@ func TestReadStatsV1Live(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// Recorded on this VM by TestReadStatsV1Live -record.
+func TestReadStatsV1Recorded(t *testing.T) {
+	dir := filepath.Join("..", "testdata", "cgroup", "v1", "sandbox")
+	paths := map[string]string{}
+	for c := range v1Sources {
+		paths[c] = filepath.Join(dir, c)
+	}
+	paths["freezer"] = t.TempDir() // other hierarchies libcontainer reports are ignored
+	paths[""] = t.TempDir()        // hybrid: the cgroup2 dir of a v1 sandbox
+	got, err := ReadStats(paths)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Stats{OOMKills: 1, PidsLimitHits: 1, MemoryPeakBytes: 33554432, CPUUsageNS: 87911475,
+		PidsCurrent: 6, PidsPeak: 8, CPUThrottledPeriods: 8, CPUThrottledNS: 698934713}
+	if got != want {
+		t.Errorf("\n got %+v\nwant %+v", got, want)
+	}
+}
+
+// Written in the formats of Documentation/admin-guide/cgroup-v2.rst.
+func TestReadStatsV2Recorded(t *testing.T) {
+	got, err := ReadStats(map[string]string{"": filepath.Join("..", "testdata", "cgroup", "v2", "sandbox")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Stats{OOMKills: 2, PidsLimitHits: 17, MemoryPeakBytes: 268435456, CPUUsageNS: 1834211000,
+		PidsCurrent: 3, PidsPeak: 64, CPUThrottledPeriods: 31, CPUThrottledNS: 2703344000}
+	if got != want {
+		t.Errorf("\n got %+v\nwant %+v", got, want)
+	}
+}
+
+func TestReadStatsErrors(t *testing.T) {
+	empty := t.TempDir()
+	// Older kernels: every file missing reads as zero.
+	for _, paths := range []map[string]string{
+		{"": empty},
+		{"memory": empty, "pids": empty, "cpu": empty, "cpuacct": empty},
+	} {
+		if s, err := ReadStats(paths); err != nil || s != (Stats{}) {
+			t.Errorf("%v: %+v, %v; want zeros, no error", paths, s, err)
+		}
+	}
+	if _, err := ReadStats(nil); err == nil {
+		t.Error("no paths: no error")
+	}
+	if _, err := ReadStats(map[string]string{"memory": filepath.Join(empty, "gone")}); err == nil {
+		t.Error("missing cgroup dir: no error")
+	}
+	bad := t.TempDir()
+	writeT(t, filepath.Join(bad, "memory.peak"), "lots\n")
+	if _, err := ReadStats(map[string]string{"": bad}); err == nil || !strings.Contains(err.Error(), "memory.peak") {
+		t.Errorf("malformed memory.peak: %v", err)
+	}
+	writeT(t, filepath.Join(bad, "memory.peak"), "1\n")
+	writeT(t, filepath.Join(bad, "memory.events"), "oom_kill -1\n")
+	if _, err := ReadStats(map[string]string{"": bad}); err == nil || !strings.Contains(err.Error(), "memory.events") {
+		t.Errorf("malformed memory.events: %v", err)
 	}
 }
