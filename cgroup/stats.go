@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -38,23 +39,28 @@ type Stats struct {
 // ReadStats reads a sandbox's counters from paths exactly as libcontainer's
 // cgroups.Manager.GetPaths() returns them: v1 maps controller names to
 // absolute directories (hybrid hosts add "" for the cgroup2 mount, ignored
-// here); v2 has the single key "". A directory that cannot be opened is an
-// error; a missing file (older kernel) leaves its counter zero.
+// here, as are hierarchies other than memory, pids, cpu and cpuacct); v2 has
+// the single key "". A directory read from that cannot be opened is an error;
+// a missing file (older kernel) leaves its counter zero.
 func ReadStats(paths map[string]string) (Stats, error) {
 	var s Stats
 	if len(paths) == 0 {
 		return s, errors.New("cgroup stats: no cgroup paths given")
 	}
+	v2 := len(paths) == 1 && paths[""] != ""
 	for c, d := range paths {
-		if c == "" && len(paths) > 1 {
-			continue // hybrid: the cgroup2 dir of a v1 sandbox has no counters we use
-		}
-		if _, err := os.ReadDir(d); err != nil {
-			return s, fmt.Errorf("cgroup stats: %w", err)
+		// Only the dirs read below must exist: libcontainer also reports
+		// hierarchies it skipped (devices with SkipDevices) and, on hybrid
+		// hosts, a cgroup2 dir with no counters we use.
+		if (v2 || slices.Contains(requiredV1, c)) && d != "" {
+			if _, err := os.ReadDir(d); err != nil {
+				return s, fmt.Errorf("cgroup stats: %w", err)
+			}
 		}
 	}
 	r := statReader{}
-	if dir, v2 := paths[""]; v2 && len(paths) == 1 {
+	if v2 {
+		dir := paths[""]
 		ev := r.keyed(dir, "memory.events")
 		s.OOMKills = ev["oom_kill"]
 		s.MemoryPeakBytes = r.int(dir, "memory.peak")

@@ -24,16 +24,15 @@ func TestReadStatsV1Live(t *testing.T) {
 		t.Skip("v1 host test; v2 counters are read by TestReadStatsV2Recorded (and the VM harness)")
 	}
 	paths := sandboxCgroup(t, h, "stats")
-	limits := map[string]string{
-		"pids/pids.max":                      "8",
-		"cpu/cpu.cfs_period_us":              "100000",
-		"cpu/cpu.cfs_quota_us":               "10000", // 10% of a CPU
-		"memory/memory.limit_in_bytes":       "33554432",
-		"memory/memory.memsw.limit_in_bytes": "33554432", // no escape into swap
-	}
-	for k, v := range limits {
-		ctrl, file, _ := strings.Cut(k, "/")
-		if err := writeFile(filepath.Join(paths[ctrl], file), v); err != nil && !os.IsNotExist(err) {
+	for _, kv := range [][2]string{ // in order: memsw may not go below the limit
+		{"pids/pids.max", "8"},
+		{"cpu/cpu.cfs_period_us", "100000"},
+		{"cpu/cpu.cfs_quota_us", "10000"}, // 10% of a CPU
+		{"memory/memory.limit_in_bytes", "33554432"},
+		{"memory/memory.memsw.limit_in_bytes", "33554432"}, // no escape into swap
+	} {
+		ctrl, file, _ := strings.Cut(kv[0], "/")
+		if err := writeFile(filepath.Join(paths[ctrl], file), kv[1]); err != nil && !os.IsNotExist(err) {
 			t.Fatal(err)
 		}
 	}
