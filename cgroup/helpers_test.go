@@ -40,7 +40,7 @@ func TestMain(m *testing.M) {
 }
 
 // realHost returns the test process's hierarchy, skipping unless root.
-func realHost(t *testing.T) *Hierarchy {
+func realHost(t testing.TB) *Hierarchy {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates cgroups under the test's own cgroup")
@@ -56,7 +56,7 @@ func realHost(t *testing.T) *Hierarchy {
 // libcontainer would create a sandbox's cgroup (v1: all mounted ones, v2: the
 // delegated base), removes it (and the parent, when empty) at cleanup, and
 // returns the paths the way libcontainer's GetPaths() would.
-func sandboxCgroup(t *testing.T, h *Hierarchy, id string) map[string]string {
+func sandboxCgroup(t testing.TB, h *Hierarchy, id string) map[string]string {
 	t.Helper()
 	if err := h.PrepareParent(testParent); err != nil {
 		t.Fatal(err)
@@ -100,7 +100,7 @@ func sandboxCgroup(t *testing.T, h *Hierarchy, id string) map[string]string {
 // startIn starts sh -c script with the shell first joining every dir in
 // dirs (a process we start, moved by itself before it does anything), and
 // waits until it has joined. Its pid is the process group leader.
-func startIn(t *testing.T, dirs []string, script string) *exec.Cmd {
+func startIn(t testing.TB, dirs []string, script string) *exec.Cmd {
 	t.Helper()
 	join := ""
 	for _, d := range dirs {
@@ -127,7 +127,7 @@ func startIn(t *testing.T, dirs []string, script string) *exec.Cmd {
 	return cmd
 }
 
-func writeT(t *testing.T, path, value string) {
+func writeT(t testing.TB, path, value string) {
 	t.Helper()
 	if err := writeFile(path, value); err != nil {
 		t.Fatal(err)

@@ -42,11 +42,9 @@ func KillAll(paths map[string]string) error {
 		return errors.New("cgroup kill: no cgroup paths given")
 	}
 	if d, v2 := paths[""]; v2 && len(paths) == 1 {
-		kill := filepath.Join(d, "cgroup.kill")
-		if _, err := os.Stat(kill); err == nil {
-			if err := writeFile(kill, "1"); err != nil {
-				return fmt.Errorf("cgroup kill: %w", err)
-			}
+		// On failure the loop below does the work and reports what is left.
+		if kill := filepath.Join(d, "cgroup.kill"); fileExists(kill) {
+			_ = writeFile(kill, "1")
 		}
 	}
 	deadline := time.Now().Add(killTimeout)
@@ -154,4 +152,9 @@ func procs(dirs []string) ([]int, error) {
 		}
 	}
 	return out, nil
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }

@@ -60,7 +60,7 @@ func TestKillAllForkBomb(t *testing.T) {
 }
 
 // waitProcs waits until paths hold at least n processes.
-func waitProcs(t *testing.T, paths map[string]string, n int) {
+func waitProcs(t testing.TB, paths map[string]string, n int) {
 	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		pids, err := procs(uniqueDirs(paths))
@@ -102,5 +102,20 @@ func TestKillAllV2UsesCgroupKill(t *testing.T) {
 	}
 	if err := KillAll(nil); err == nil {
 		t.Error("no paths: no error")
+	}
+}
+
+// KillAll of a sandbox holding 20 processes, until its cgroups are empty.
+func BenchmarkKillAll(b *testing.B) {
+	h := realHost(b)
+	for b.Loop() {
+		b.StopTimer()
+		paths := sandboxCgroup(b, h, "bench")
+		startIn(b, uniqueDirs(paths), `i=0; while [ $i -lt 19 ]; do sleep 1000 & i=$((i+1)); done; exec sleep 1000`)
+		waitProcs(b, paths, 20)
+		b.StartTimer()
+		if err := KillAll(paths); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -95,10 +95,8 @@ func ModeFromMountinfo(r io.Reader) (Mode, error) {
 		return Hybrid, nil
 	case v1:
 		return Legacy, nil
-	case v2:
-		// cgroup2 mounted somewhere other than /sys/fs/cgroup and no v1:
-		// libcontainer cannot use it either.
-		return Unavailable, nil
 	}
+	// Nothing, or cgroup2 only somewhere other than /sys/fs/cgroup, where
+	// libcontainer would not look either.
 	return Unavailable, nil
 }

@@ -91,7 +91,7 @@ func NewHierarchy(mode Mode, mountInfo, procCgroup io.Reader) (*Hierarchy, error
 	h := &Hierarchy{Mode: mode, Own: map[string]string{}}
 	for ctrl, p := range paths {
 		if mode == Unified && ctrl != "" {
-			continue // stale v1 lines cannot happen on a unified host; ignore
+			continue // on a unified host only the "0::" line counts
 		}
 		for _, m := range mounts {
 			if !mountCarries(m, ctrl) {

@@ -54,7 +54,7 @@ func snapshot(t *testing.T, root, skip string) map[string]string {
 	return m
 }
 
-func readT(t *testing.T, path string) string {
+func readT(t testing.TB, path string) string {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {

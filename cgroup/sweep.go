@@ -26,8 +26,10 @@ func SweepOrphans(parent string, live func(id string) bool, log *slog.Logger) ([
 // whose id is not live, kills their processes (KillAll), waits until they are
 // empty and removes them, children first. It returns the ids removed; an id
 // that failed is left for the next sweep and its error joined into err.
-// Call it at start-up, before sandboxes start, with live reporting the ids of
-// sandboxes this worker still runs (none after a restart).
+// Call it at start-up, after PrepareParent (on v2 the sandboxes' parent is
+// only known once the worker sits in its leaf) and before sandboxes start,
+// with live reporting the ids of sandboxes this worker still runs (none
+// after a restart).
 func (h *Hierarchy) SweepOrphans(parent string, live func(id string) bool, log *slog.Logger) (removed []string, err error) {
 	if log == nil {
 		log = slog.Default()
