@@ -49,7 +49,7 @@ type Hierarchy struct {
 	Mode Mode
 	// Own maps each controller to the absolute directory of the worker's own
 	// cgroup in it, e.g. v1 "memory" → /sys/fs/cgroup/memory/<own>; v2 ""
-	// → /sys/fs/cgroup/<own>. In Hybrid mode "" is the cgroup2 mount's dir.
+	// → /sys/fs/cgroup/<own>. In Hybrid mode "" is its dir in the cgroup2 mount.
 	Own map[string]string
 }
 
