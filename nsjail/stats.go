@@ -14,6 +14,7 @@ type sandboxStats struct {
 	OOMKills        uint64
 	PidsLimitHits   uint64
 	MemoryPeakBytes int64
+	MemoryBytes     int64
 	CPUUsageNS      uint64
 	PidsPeak        int64
 }
@@ -32,6 +33,7 @@ func (s *Sandbox) readStats() sandboxStats {
 		st.OOMKills = keyed(filepath.Join(dir, "memory.events"), "oom_kill")
 		st.PidsLimitHits = keyed(filepath.Join(dir, "pids.events"), "max")
 		st.MemoryPeakBytes = int64(single(filepath.Join(dir, "memory.peak")))
+		st.MemoryBytes = int64(single(filepath.Join(dir, "memory.current")))
 		st.CPUUsageNS = keyed(filepath.Join(dir, "cpu.stat"), "usage_usec") * 1000
 		st.PidsPeak = int64(single(filepath.Join(dir, "pids.peak")))
 		return st
@@ -39,6 +41,7 @@ func (s *Sandbox) readStats() sandboxStats {
 	st.OOMKills = keyed(filepath.Join(p["memory"], "memory.oom_control"), "oom_kill")
 	st.PidsLimitHits = keyed(filepath.Join(p["pids"], "pids.events"), "max")
 	st.MemoryPeakBytes = int64(single(filepath.Join(p["memory"], "memory.max_usage_in_bytes")))
+	st.MemoryBytes = int64(single(filepath.Join(p["memory"], "memory.usage_in_bytes")))
 	st.CPUUsageNS = single(filepath.Join(p["cpuacct"], "cpuacct.usage"))
 	st.PidsPeak = int64(single(filepath.Join(p["pids"], "pids.peak")))
 	return st
