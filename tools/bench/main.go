@@ -428,7 +428,7 @@ func runPeers(ctx context.Context, cfg config, rep *Report, logf func(string, ..
 	if cfg.WarmProcs > 0 && ctx.Err() == nil {
 		ws := filepath.Join(work, "warm-workspace")
 		if err := os.MkdirAll(ws, 0o755); err == nil {
-			_ = os.Chown(ws, 10001, 10001)
+			_ = os.Chmod(ws, 0o777) // see sandboxdPeer
 		}
 		logf("warm-interpreter baseline: %d interpreters × (1 + %d) execs", cfg.WarmProcs, cfg.WarmSteady)
 		w := warmBaseline(ctx, "sandboxd run (same limits as the API)", sandboxdLaunch(ctx, env, ws), cfg.WarmProcs, cfg.WarmSteady)

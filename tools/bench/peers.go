@@ -91,8 +91,9 @@ func (e peerEnvironment) sandboxdPeer() *peer {
 		if err := os.MkdirAll(ws, 0o755); err != nil {
 			return err
 		}
-		// The sandbox user must own its workspace (cwd of the script).
-		return os.Chown(ws, 10001, 10001)
+		// The sandbox user (10001 inside, HostIDBase+10001 outside) must be
+		// able to write its workspace, the script's cwd.
+		return os.Chmod(ws, 0o777)
 	}
 	p.command = func(ctx context.Context, kind string, _ int) *exec.Cmd {
 		args, _ := kindArgs(kind)
@@ -133,11 +134,25 @@ func (e peerEnvironment) ociPeer(runtime string) *peer {
 				return err
 			}
 		}
-		return os.MkdirAll(state, 0o700)
+		if err := os.MkdirAll(state, 0o700); err != nil {
+			return err
+		}
+		// Probe once, so a runtime that cannot work on this host is skipped
+		// with its reason instead of failing every run.
+		probe := exec.CommandContext(ctx, runtime, append(ociRuntimeArgs(runtime, state), "run", "--bundle", filepath.Join(dir, kindTrue), fmt.Sprintf("sandboxd-bench-%d-probe", os.Getpid()))...)
+		if out, err := probe.CombinedOutput(); err != nil {
+			if strings.Contains(string(out), crunHybridRefusal) {
+				return fmt.Errorf("%s refuses this host's cgroup layout: %q (cgroup2 at /sys/fs/cgroup/unified offers %s beside the v1 hierarchies; also with --cgroup-manager=disabled)",
+					p.Name, firstLine(out), strings.TrimSpace(readFileString("/sys/fs/cgroup/unified/cgroup.controllers")))
+			}
+			return fmt.Errorf("%s run /bin/true: %v: %s", runtime, err, firstLine(out))
+		}
+		return nil
 	}
 	p.command = func(ctx context.Context, kind string, run int) *exec.Cmd {
 		id := fmt.Sprintf("sandboxd-bench-%d-%s-%d", os.Getpid(), kind, run)
-		return exec.CommandContext(ctx, runtime, "--root", state, "run", "--bundle", filepath.Join(dir, kind), id)
+		args := append(ociRuntimeArgs(runtime, state), "run", "--bundle", filepath.Join(dir, kind), id)
+		return exec.CommandContext(ctx, runtime, args...)
 	}
 	p.cleanup = func() {
 		// `run` deletes each container when it exits; a failed run may
@@ -145,13 +160,24 @@ func (e peerEnvironment) ociPeer(runtime string) *peer {
 		// cgroup path if it is still there.
 		entries, _ := os.ReadDir(state)
 		for _, en := range entries {
-			_ = exec.Command(runtime, "--root", state, "delete", "--force", en.Name()).Run()
+			_ = exec.Command(runtime, append(ociRuntimeArgs(runtime, state), "delete", "--force", en.Name())...).Run()
 		}
 		removeCgroupPath(cgPath)
 		os.RemoveAll(dir)
 	}
 	return p
 }
+
+// ociRuntimeArgs are the global options of runtime: its own state root.
+func ociRuntimeArgs(runtime, state string) []string {
+	return []string{"--root", state}
+}
+
+// crunHybridRefusal is crun 1.8's error on a host whose cgroup v2 mount
+// offers any controller beside v1 hierarchies (this VM: hugetlb at
+// /sys/fs/cgroup/unified). It refuses every container then, even with
+// --cgroup-manager=disabled; the bench may not change the host's cgroups.
+const crunHybridRefusal = "cgroups in hybrid mode not supported"
 
 // removeCgroupPath removes the (empty) cgroup at path in every hierarchy
 // where it exists. Only ever called with a path this process chose.
@@ -345,4 +371,9 @@ func runOnce(ctx context.Context, cmd *exec.Cmd, wantStdout string) error {
 		return fmt.Errorf("stdout %q, want %q (stderr: %s)", tail(stdout.String(), 100), wantStdout, tail(strings.TrimSpace(stderr.String()), 200))
 	}
 	return nil
+}
+
+func readFileString(path string) string {
+	data, _ := os.ReadFile(path)
+	return string(data)
 }
