@@ -131,7 +131,10 @@ func renderChart(r *Report) ([]byte, error) {
 	if math.IsInf(lo, 0) {
 		lo, hi = 1, 1000
 	}
-	decLo, decHi := math.Floor(math.Log10(lo)), math.Ceil(math.Log10(hi))
+	// The axis starts at 0.1 ms at the lowest: below that (print(1) exec'd
+	// in a warm interpreter takes microseconds) nothing is worth the width;
+	// such dots sit on the left edge and their median is printed.
+	decLo, decHi := math.Max(-1, math.Floor(math.Log10(lo))), math.Ceil(math.Log10(hi))
 	if decHi <= decLo {
 		decHi = decLo + 1
 	}

@@ -209,6 +209,8 @@ func fmtMS(v float64) string {
 	switch {
 	case math.IsNaN(v) || math.IsInf(v, 0):
 		return "–"
+	case v < 1:
+		return fmt.Sprintf("%.3f", v)
 	case v < 10:
 		return fmt.Sprintf("%.2f", v)
 	case v < 100:
@@ -239,8 +241,9 @@ func (r *Report) Markdown(chart string) string {
 	if m.Quick {
 		b.WriteString(" **Quick run (-quick): few samples, a smoke test, not numbers to quote.**")
 	}
-	fmt.Fprintf(&b, "\n\nReproduce (as root, repository root): `make bench` — or `make build && go run -tags seccomp ./tools/bench -rootfs %s %s`.\n",
-		"<unpacked python-runtime rootfs>", strings.Join(quoteArgs(m.Args), " "))
+	fmt.Fprintf(&b, "\n\nReproduce (as root, from the repository root): `make bench-full` (everything, ~10 min on 2 cores) or `make bench-quick`; "+
+		"by hand: `make build runtime-rootfs && go run -tags seccomp ./tools/bench -rootfs $(cat build/runtime-rootfs.path)`. This run's flags: `%s`.\n",
+		strings.Join(quoteArgs(m.Args), " "))
 	b.WriteString("Workloads: (a) `print(1)`; (b) a pandas groupby over 100k rows plus one matplotlib PNG written to output/artifacts/ (see tools/bench/workloads.go). " +
 		"Every run's stdout (and, through the API, status and the PNG artifact) is checked: a run with any other outcome is a failure.\n")
 
@@ -434,7 +437,7 @@ func quoteArgs(args []string) []string {
 			skip = false
 			continue
 		}
-		// The rootfs path is machine-specific: it is shown as a placeholder.
+		// The rootfs path is machine-specific: it is left out.
 		if a == "-rootfs" || a == "--rootfs" {
 			skip = true
 			continue
@@ -442,7 +445,13 @@ func quoteArgs(args []string) []string {
 		if strings.HasPrefix(a, "-rootfs=") || strings.HasPrefix(a, "--rootfs=") {
 			continue
 		}
+		if a == "" || strings.ContainsAny(a, " \t'\"$") {
+			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
 		out = append(out, a)
+	}
+	if len(out) == 0 {
+		return []string{"(defaults)"}
 	}
 	return out
 }
