@@ -182,8 +182,8 @@ func idlePythonSandboxes(serverPid int) int {
 // poolMetrics extracts from a Prometheus text exposition every sample whose
 // name mentions the pool, and the number of ready sandboxes: the sum over
 // series that are named *pool*ready* or carry state="ready" (ok reports
-// whether any such series exists). With a policy label, only the dynamic
-// policy's series count.
+// whether any such series exists). Series labelled with the skill policy
+// are left out: the bench sends only dynamic-policy executions.
 func poolMetrics(text string) (lines []string, ready float64, ok bool) {
 	for _, line := range strings.Split(text, "\n") {
 		if line == "" || strings.HasPrefix(line, "#") {
@@ -200,7 +200,7 @@ func poolMetrics(text string) (lines []string, ready float64, ok bool) {
 		if strings.HasSuffix(name, "_total") {
 			continue
 		}
-		if strings.Contains(line, `policy="`) && !strings.Contains(line, `policy="dynamic"`) {
+		if strings.Contains(line, `="skill"`) {
 			continue // the bench sends only dynamic-policy executions
 		}
 		if strings.Contains(name, "ready") || strings.Contains(line, `state="ready"`) {
