@@ -44,6 +44,7 @@ type config struct {
 	Results    string
 	Quick      bool
 	Conc       []int
+	Workloads  []Workload
 	Pools      []string
 	PoolSize   int
 	NPrint     int
@@ -90,6 +91,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.Results, "results", "tools/bench/RESULTS.md", "also copy the Markdown report here (empty: don't)")
 	fs.BoolVar(&c.Quick, "quick", false, "few requests per cell (~2 minutes): a smoke run, not numbers to publish")
 	conc := fs.String("concurrency", "1,2,4,8", "API concurrency levels")
+	wls := fs.String("workloads", "print,pandas", "API workloads to run")
 	pools := fs.String("pools", "off,on", "pool settings to run: off (EXECUTION_POOL_SIZE=0) and/or on (=-pool-size)")
 	fs.IntVar(&c.PoolSize, "pool-size", 4, "EXECUTION_POOL_SIZE for the pool-on runs")
 	fs.IntVar(&c.NPrint, "n-print", 60, "requests per API cell, print(1)")
@@ -119,6 +121,16 @@ func parseFlags(args []string) (config, error) {
 	var err error
 	if c.Conc, err = parseInts(*conc); err != nil {
 		return c, fmt.Errorf("-concurrency: %w", err)
+	}
+	for _, name := range splitList(*wls) {
+		w, ok := workloadByName(name)
+		if !ok {
+			return c, fmt.Errorf("-workloads: unknown workload %q (know print, pandas)", name)
+		}
+		c.Workloads = append(c.Workloads, w)
+	}
+	if len(c.Workloads) == 0 {
+		return c, fmt.Errorf("-workloads: empty list")
 	}
 	for _, p := range splitList(*pools) {
 		if p != "off" && p != "on" {
@@ -269,7 +281,16 @@ func runAPI(ctx context.Context, cfg config, rep *Report, logf func(string, ...a
 		}
 		runMatrix(ctx, cfg, rep, srv.client, label, size, wait, logf)
 		logf("stopping sandboxd serve (%s)", label)
+		live := sandboxesBelow(srv.pid())
 		srv.stop()
+		// A clean shutdown destroys every sandbox, the idle pool included.
+		if left := leftoverCgroups(live); len(left) > 0 {
+			removed := removeLeftoverCgroups(left)
+			note := fmt.Sprintf("%s: after SIGTERM the server left %d of its %d sandbox cgroups behind (e.g. %s); the bench removed %d empty cgroup directories",
+				label, len(left), len(live), left[0], removed)
+			rep.Notes = append(rep.Notes, note)
+			logf("%s", note)
+		}
 	}
 	return nil
 }
@@ -277,7 +298,7 @@ func runAPI(ctx context.Context, cfg config, rep *Report, logf func(string, ...a
 // runMatrix runs every workload × concurrency cell, and with a pool the
 // "warm" cells (pool refilled before each request, concurrency 1).
 func runMatrix(ctx context.Context, cfg config, rep *Report, c *apiClient, label string, size int, waitPool func(), logf func(string, ...any)) {
-	for _, w := range workloads {
+	for _, w := range cfg.Workloads {
 		// Untimed warm-up: page cache, first-use costs in the server.
 		for range 2 {
 			if waitPool != nil {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // sandboxMemory is what one sandbox below the server holds while idle.
@@ -91,15 +92,12 @@ func memoryCgroup(pid int) (string, bool) {
 
 // cgroupCharge reads the memory charge of a cgroup named by memoryCgroup.
 func cgroupCharge(cg string) int64 {
-	var candidates []string
-	if p, ok := strings.CutPrefix(cg, "v1:"); ok {
-		candidates = []string{filepath.Join("/sys/fs/cgroup/memory", p, "memory.usage_in_bytes")}
-	} else if p, ok := strings.CutPrefix(cg, "v2:"); ok {
-		candidates = []string{filepath.Join("/sys/fs/cgroup", p, "memory.current"),
-			filepath.Join("/sys/fs/cgroup/unified", p, "memory.current")}
-	}
-	for _, c := range candidates {
-		if data, err := os.ReadFile(c); err == nil {
+	for _, dir := range cgroupDirs(cg) {
+		file := "memory.current"
+		if strings.HasPrefix(cg, "v1:") {
+			file = "memory.usage_in_bytes"
+		}
+		if data, err := os.ReadFile(filepath.Join(dir, file)); err == nil {
 			if n, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64); err == nil {
 				return n
 			}
@@ -249,4 +247,79 @@ func cpuTicksByCgroup(pid int) map[string]int64 {
 		}
 	}
 	return ticks
+}
+
+// leftoverCgroups returns the memory cgroups of sandboxes that still exist
+// (their directory is there) a moment after the server exited.
+func leftoverCgroups(sandboxes []sandboxMemory) []string {
+	var left []string
+	time.Sleep(200 * time.Millisecond)
+	for _, s := range sandboxes {
+		for _, dir := range cgroupDirs(s.Cgroup) {
+			if _, err := os.Stat(dir); err == nil {
+				left = append(left, dir)
+				break
+			}
+		}
+	}
+	return left
+}
+
+// cgroupDirs are the directories a cgroup named by memoryCgroup may be at.
+func cgroupDirs(cg string) []string {
+	if p, ok := strings.CutPrefix(cg, "v1:"); ok {
+		return []string{filepath.Join("/sys/fs/cgroup/memory", p)}
+	}
+	if p, ok := strings.CutPrefix(cg, "v2:"); ok {
+		return []string{filepath.Join("/sys/fs/cgroup", p), filepath.Join("/sys/fs/cgroup/unified", p)}
+	}
+	return nil
+}
+
+// removeLeftoverCgroups removes (rmdir: only empty ones go) the cgroups the
+// exited server left, in every hierarchy. The server ran in this process's
+// cgroups, so each one is <mount>/<our own path>/<relative path>, and
+// nothing outside our own cgroups is touched.
+func removeLeftoverCgroups(left []string) int {
+	own, err := ownCgroups()
+	if err != nil {
+		return 0
+	}
+	ownMem, _ := memoryCgroup(os.Getpid())
+	memRoot := cgroupDirs(ownMem)
+	mounts, _ := filepath.Glob("/sys/fs/cgroup/*")
+	n := 0
+	for _, dir := range left {
+		var rel string
+		for _, root := range memRoot {
+			if r, err := filepath.Rel(root, dir); err == nil && !strings.HasPrefix(r, "..") && r != "." {
+				rel = r
+			}
+		}
+		if rel == "" {
+			continue
+		}
+		for _, m := range mounts {
+			seen := map[string]bool{}
+			for _, p := range own {
+				c := filepath.Join(m, p, rel)
+				if seen[c] {
+					continue
+				}
+				seen[c] = true
+				if _, err := os.Stat(c); err != nil {
+					continue
+				}
+				// The sandbox's last processes may still be exiting.
+				for try := 0; try < 30; try++ {
+					if os.Remove(c) == nil {
+						n++
+						break
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+			}
+		}
+	}
+	return n
 }
