@@ -104,3 +104,19 @@ func TestOCIBundleRuns(t *testing.T) {
 		})
 	}
 }
+
+func TestDockerLoadParsing(t *testing.T) {
+	if got := parseDockerLoad("Loaded image: python-runtime:latest\n"); got != "python-runtime:latest" {
+		t.Errorf("named: %q", got)
+	}
+	if got := parseDockerLoad("some progress\nLoaded image ID: sha256:abc\n"); got != "sha256:abc" {
+		t.Errorf("by id: %q", got)
+	}
+	if got := parseDockerLoad("open x: no such file"); got != "" {
+		t.Errorf("error output: %q", got)
+	}
+	list := "python-runtime:latest sha256:111\nother:1 sha256:222\n"
+	if !imageListed(list, "python-runtime:latest") || !imageListed(list, "sha256:222") || imageListed(list, "python-runtime:2") {
+		t.Errorf("imageListed wrong on %q", list)
+	}
+}

@@ -257,6 +257,9 @@ func (e peerEnvironment) dockerPeer() *peer {
 			e.Logf("docker: no docker-archive at %q; imported the rootfs as %s", e.ImageTar, image)
 			return nil
 		}
+		// What Docker already holds stays there: only an image this run
+		// added is removed afterwards.
+		before, _ := exec.CommandContext(ctx, "docker", "image", "ls", "--no-trunc", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}").Output()
 		out, err = exec.CommandContext(ctx, "docker", "load", "-i", e.ImageTar).CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("docker load -i %s: %v: %s", e.ImageTar, err, firstLine(out))
@@ -265,7 +268,7 @@ func (e peerEnvironment) dockerPeer() *peer {
 		if image == "" {
 			return fmt.Errorf("docker load printed no image name: %s", firstLine(out))
 		}
-		loaded = true
+		loaded = !imageListed(string(before), image)
 		e.Logf("docker: loaded %s", image)
 		return nil
 	}
@@ -376,4 +379,17 @@ func runOnce(ctx context.Context, cmd *exec.Cmd, wantStdout string) error {
 func readFileString(path string) string {
 	data, _ := os.ReadFile(path)
 	return string(data)
+}
+
+// imageListed reports whether image (NAME:TAG or sha256:ID) appears in the
+// output of `docker image ls --no-trunc --format "{{.Repository}}:{{.Tag}} {{.ID}}"`.
+func imageListed(list, image string) bool {
+	for _, line := range strings.Split(list, "\n") {
+		for _, f := range strings.Fields(line) {
+			if f == image {
+				return true
+			}
+		}
+	}
+	return false
 }
