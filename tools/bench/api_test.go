@@ -132,18 +132,20 @@ sandboxd_pool_sandboxes{policy="skill",state="ready"} 4
 sandboxd_pool_refill_failures_total{policy="dynamic"} 2
 sandboxd_executions_total{status="succeeded"} 10
 `
-	lines, ready, ok := poolMetrics(text)
-	if !ok || ready != 3 {
-		t.Errorf("ready %g (ok %v), want 3 (dynamic policy only)", ready, ok)
+	st := poolMetrics(text)
+	if !st.HasReady || st.Ready != 3 || st.Starting != 1 {
+		t.Errorf("state %+v, want ready 3 and starting 1 (dynamic policy only)", st)
 	}
-	if len(lines) != 4 {
-		t.Errorf("pool lines %v, want the 4 pool samples", lines)
+	if len(st.Lines) != 4 {
+		t.Errorf("pool lines %v, want the 4 pool samples", st.Lines)
 	}
-	if _, _, ok := poolMetrics("sandboxd_executions_total 1\n"); ok {
-		t.Errorf("no pool metric: want ok=false")
+	if poolMetrics("sandboxd_executions_total 1\n").HasReady {
+		t.Errorf("no pool metric: want HasReady false")
 	}
-	if _, ready, ok := poolMetrics("sandboxd_pool_ready 2\n"); !ok || ready != 2 {
-		t.Errorf("unlabelled *pool*ready* gauge: got %g %v", ready, ok)
+	// sandboxd's own names: unlabelled gauges.
+	st = poolMetrics("sandboxd_pool_size 4\nsandboxd_pool_ready 7\nsandboxd_pool_starting 1\nsandboxd_pool_idle_memory_bytes 5e+08\n")
+	if !st.HasReady || st.Ready != 7 || st.Starting != 1 {
+		t.Errorf("unlabelled gauges: got %+v", st)
 	}
 }
 

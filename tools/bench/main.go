@@ -20,6 +20,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -271,13 +272,14 @@ func runAPI(ctx context.Context, cfg config, rep *Report, logf func(string, ...a
 		}
 		var wait func()
 		if pool == "on" {
-			logf("waiting for %d ready sandboxes", size)
-			if err := waitPool(ctx, srv, size, cfg.PoolWait); err != nil {
+			want := size * policyCount(ctx, srv.client)
+			logf("waiting for %d ready sandboxes (%d per policy)", want, size)
+			if err := waitPool(ctx, srv, size, want, cfg.PoolWait); err != nil {
 				rep.Notes = append(rep.Notes, "pool on: "+err.Error())
 				logf("%v", err)
 			}
 			rep.PoolMemory = measurePoolMemory(ctx, srv)
-			wait = func() { _ = waitPool(ctx, srv, size, cfg.PoolWait) }
+			wait = func() { _ = waitPool(ctx, srv, size, want, cfg.PoolWait) }
 		}
 		runMatrix(ctx, cfg, rep, srv.client, label, size, wait, logf)
 		logf("stopping sandboxd serve (%s)", label)
@@ -352,29 +354,51 @@ func poolSupported(cfg config) (bool, string) {
 	return false, "this sandboxd does not know EXECUTION_POOL_SIZE yet (`sandboxd config print` lists no pool_size); only the cold path (pool off) was measured"
 }
 
-// waitPool waits until want sandboxes are ready: the pool's ready gauge in
-// /metrics when the server exports one, else idle python sandboxes counted
-// in the process tree (an idle one uses no CPU for 200 ms).
-func waitPool(ctx context.Context, srv *serverProc, want int, timeout time.Duration) error {
+// waitPool waits until the pool is full: from /metrics when the server
+// exports the pool's gauges (ready >= want, where want is the size times the
+// number of policies since the pool fills per policy; or nothing starting
+// and at least size ready), else by counting idle python sandboxes in the
+// process tree (an idle one uses no CPU for 200 ms).
+func waitPool(ctx context.Context, srv *serverProc, size, want int, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	last := -1.0
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		_, text, err := srv.client.getText(ctx, "/metrics")
-		var ready float64
-		var ok bool
+		var st poolState
 		if err == nil {
-			_, ready, ok = poolMetrics(text)
+			st = poolMetrics(text)
 		}
-		if !ok {
-			ready = float64(idleSandboxes(srv.pid(), 200*time.Millisecond))
+		if st.HasReady {
+			if st.Ready >= float64(want) || (st.Starting == 0 && st.Ready >= float64(size)) {
+				return nil
+			}
+			last = st.Ready
+		} else {
+			n := idleSandboxes(srv.pid(), 200*time.Millisecond)
+			if n >= size {
+				return nil
+			}
+			last = float64(n)
 		}
-		if ready >= float64(want) {
-			return nil
-		}
-		last = ready
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
 	}
 	return fmt.Errorf("pool not full after %s: %.0f of %d sandboxes ready", timeout, last, want)
+}
+
+// policyCount is the number of policies the server lists (the pool keeps
+// pool_size sandboxes for each); 1 when it cannot tell.
+func policyCount(ctx context.Context, c *apiClient) int {
+	code, body, err := c.getText(ctx, "/v1/policies")
+	if err != nil || code != 200 {
+		return 1
+	}
+	var p struct {
+		Policies map[string]json.RawMessage `json:"policies"`
+	}
+	if json.Unmarshal([]byte(body), &p) != nil || len(p.Policies) == 0 {
+		return 1
+	}
+	return len(p.Policies)
 }
 
 // idleSandboxes counts python sandboxes below pid whose processes used no
@@ -400,7 +424,7 @@ func measurePoolMemory(ctx context.Context, srv *serverProc) *PoolMemory {
 		}
 	}
 	if _, text, err := srv.client.getText(ctx, "/metrics"); err == nil {
-		pm.Metrics, _, _ = poolMetrics(text)
+		pm.Metrics = poolMetrics(text).Lines
 	}
 	var pss, cg, rss []float64
 	for _, s := range pm.Sandboxes {

@@ -177,12 +177,21 @@ func idlePythonSandboxes(serverPid int) int {
 	return n
 }
 
-// poolMetrics extracts from a Prometheus text exposition every sample whose
-// name mentions the pool, and the number of ready sandboxes: the sum over
-// series that are named *pool*ready* or carry state="ready" (ok reports
-// whether any such series exists). Series labelled with the skill policy
-// are left out: the bench sends only dynamic-policy executions.
-func poolMetrics(text string) (lines []string, ready float64, ok bool) {
+// poolState is what /metrics says about the warm pool.
+type poolState struct {
+	Lines    []string // every sample whose name mentions the pool
+	Ready    float64  // sandboxes ready for an execution
+	Starting float64  // sandboxes importing their preload
+	HasReady bool     // a ready series exists
+}
+
+// poolMetrics extracts the pool's state from a Prometheus text exposition:
+// Ready sums the series named *pool*ready* or labelled state="ready",
+// Starting those named *pool*starting* or labelled state="starting".
+// Series labelled with the skill policy are left out: the bench sends only
+// dynamic-policy executions.
+func poolMetrics(text string) poolState {
+	var st poolState
 	for _, line := range strings.Split(text, "\n") {
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
@@ -194,22 +203,24 @@ func poolMetrics(text string) (lines []string, ready float64, ok bool) {
 		if !strings.Contains(name, "pool") {
 			continue
 		}
-		lines = append(lines, line)
-		if strings.HasSuffix(name, "_total") {
+		st.Lines = append(st.Lines, line)
+		if strings.HasSuffix(name, "_total") || strings.Contains(line, `="skill"`) {
 			continue
 		}
-		if strings.Contains(line, `="skill"`) {
-			continue // the bench sends only dynamic-policy executions
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			continue
 		}
-		if strings.Contains(name, "ready") || strings.Contains(line, `state="ready"`) {
-			f := strings.Fields(line)
-			if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
-				ready += v
-				ok = true
-			}
+		switch {
+		case strings.Contains(name, "ready") || strings.Contains(line, `state="ready"`):
+			st.Ready += v
+			st.HasReady = true
+		case strings.Contains(name, "starting") || strings.Contains(line, `state="starting"`):
+			st.Starting += v
 		}
 	}
-	return lines, ready, ok
+	return st
 }
 
 // cpuTicksByCgroup sums utime+stime of the processes of every python
