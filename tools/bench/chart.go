@@ -93,9 +93,9 @@ func chartSeriesOf(r *Report) []chartSeries {
 
 // Chart geometry, in pixels.
 const (
-	chartWidth   = 1100
+	chartWidth   = 1180
 	chartLabelW  = 330
-	chartRight   = 30
+	chartRight   = 100 // the p50 column
 	chartTop     = 48
 	chartRowH    = 18
 	chartHeadH   = 20
@@ -157,6 +157,7 @@ func renderChart(r *Report) ([]byte, error) {
 			}
 		}
 	}
+	drawText(img, chartWidth-12-len("p50 ms")*7, chartTop-10, "p50 ms", colText)
 	drawText(img, x0, 20, "sandboxd latency distribution  (dots: each run; box: p25-p75; bar: p50)", colText)
 	drawText(img, x0, 36, fmt.Sprintf("%s, %d CPUs, %s", r.Meta.Time, r.Meta.CPUs, r.Meta.Commit), colText)
 	axis := "latency, ms (log scale)"
@@ -184,9 +185,7 @@ func renderChart(r *Report) ([]byte, error) {
 			}
 			fillRect(img, xOf(q2)-1, mid-8, xOf(q2)+2, mid+9, colText)
 			txt := fmtMS(q2)
-			if xOf(q3)+6+len(txt)*7 < x1 {
-				drawText(img, xOf(q3)+6, mid+4, txt, colText)
-			}
+			drawText(img, chartWidth-12-len(txt)*7, mid+4, txt, colText)
 		}
 		y += chartRowH
 	}

@@ -64,6 +64,7 @@ type config struct {
 	KeepImage  bool
 	SkipAPI    bool
 	SkipPeers  bool
+	From       string
 }
 
 func main() {
@@ -110,6 +111,7 @@ func parseFlags(args []string) (config, error) {
 	fs.BoolVar(&c.KeepImage, "keep-docker-image", false, "leave the loaded image in Docker afterwards")
 	fs.BoolVar(&c.SkipAPI, "skip-api", false, "skip the HTTP API matrix")
 	fs.BoolVar(&c.SkipPeers, "skip-peers", false, "skip the cold launchers, the warm-interpreter baseline and BenchmarkExecTrue")
+	fs.StringVar(&c.From, "from", "", "measure nothing: re-render report.md, latency.png (and -results) from this results.json")
 	var env multiFlag
 	fs.Var(&env, "server-env", "KEY=VALUE added to the started server's environment (repeatable)")
 	if err := fs.Parse(args); err != nil {
@@ -177,7 +179,7 @@ func parseFlags(args []string) (config, error) {
 			return c, fmt.Errorf("-%s must be > 0, got: %d", name, v)
 		}
 	}
-	if c.URL == "" && !c.SkipAPI || !c.SkipPeers {
+	if c.From == "" && (c.URL == "" && !c.SkipAPI || !c.SkipPeers) {
 		if c.Rootfs == "" {
 			return c, fmt.Errorf("-rootfs (or $SANDBOXD_RUNTIME_ROOTFS) is required: the unpacked python-runtime rootfs")
 		}
@@ -200,6 +202,21 @@ func parseFlags(args []string) (config, error) {
 }
 
 func run(ctx context.Context, cfg config) error {
+	if cfg.From != "" {
+		data, err := os.ReadFile(cfg.From)
+		if err != nil {
+			return err
+		}
+		var rep Report
+		if err := json.Unmarshal(data, &rep); err != nil {
+			return fmt.Errorf("%s: %w", cfg.From, err)
+		}
+		if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
+			return err
+		}
+		rep.Targets = evaluateTargets(&rep)
+		return writeOutputs(cfg, &rep, func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) })
+	}
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("needs root: starts sandboxes, runc/crun containers and the server")
 	}
