@@ -61,38 +61,45 @@ var pngSignature = []byte("\x89PNG\r\n\x1a\n")
 // full: HTTP 200, status succeeded, the exact stdout, and the PNG artifact.
 // A response that is not final yet (queued/running) is polled until it is.
 func (c *apiClient) execute(ctx context.Context, w Workload) error {
+	_, err := c.executeTimed(ctx, w)
+	return err
+}
+
+// executeTimed is execute that also returns the server's own duration_ms
+// for the execution (its view, without HTTP and queueing on the client).
+func (c *apiClient) executeTimed(ctx context.Context, w Workload) (time.Duration, error) {
 	body, _ := json.Marshal(map[string]any{"code": w.Code, "type": "dynamic"})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/v1/executions", bytes.NewReader(body))
 	if err != nil {
-		return err
+		return 0, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	data, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if err != nil {
-		return fmt.Errorf("read response: %w", err)
+		return 0, fmt.Errorf("read response: %w", err)
 	}
 	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusCreated && resp.StatusCode != http.StatusAccepted {
-		return fmt.Errorf("HTTP %d: %s", resp.StatusCode, firstLine(data))
+		return 0, fmt.Errorf("HTTP %d: %s", resp.StatusCode, firstLine(data))
 	}
 	var r executionResponse
 	if err := json.Unmarshal(data, &r); err != nil {
-		return fmt.Errorf("decode response: %w", err)
+		return 0, fmt.Errorf("decode response: %w", err)
 	}
 	for r.Status == "queued" || r.Status == "running" {
 		if r.ID == "" {
-			return fmt.Errorf("status %s without an id to poll", r.Status)
+			return 0, fmt.Errorf("status %s without an id to poll", r.Status)
 		}
 		time.Sleep(2 * time.Millisecond)
 		if r, err = c.get(ctx, r.ID); err != nil {
-			return err
+			return 0, err
 		}
 	}
-	return checkResponse(w, r)
+	return time.Duration(r.DurationMS) * time.Millisecond, checkResponse(w, r)
 }
 
 func (c *apiClient) get(ctx context.Context, id string) (executionResponse, error) {
@@ -182,9 +189,11 @@ func (c *apiClient) waitReady(ctx context.Context, timeout time.Duration) error 
 // loadResult is one cell of the API matrix.
 type loadResult struct {
 	Latencies []time.Duration
-	Failures  int
-	Errors    []string // the first few distinct failure messages
-	Wall      time.Duration
+	// Server holds the server's duration_ms of each successful execution.
+	Server   []time.Duration
+	Failures int
+	Errors   []string // the first few distinct failure messages
+	Wall     time.Duration
 	// Truncated is set when the time bound stopped the cell before all
 	// requests were sent.
 	Truncated bool
@@ -222,7 +231,7 @@ func (c *apiClient) runLoad(ctx context.Context, w Workload, conc, n int, maxTim
 					before()
 				}
 				t0 := time.Now()
-				err := c.execute(ctx, w)
+				sd, err := c.executeTimed(ctx, w)
 				d := time.Since(t0)
 				mu.Lock()
 				if err != nil {
@@ -234,6 +243,7 @@ func (c *apiClient) runLoad(ctx context.Context, w Workload, conc, n int, maxTim
 					}
 				} else {
 					res.Latencies = append(res.Latencies, d)
+					res.Server = append(res.Server, sd)
 				}
 				mu.Unlock()
 			}

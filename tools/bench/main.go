@@ -373,8 +373,8 @@ func poolSupported(cfg config) (bool, string) {
 
 // waitPool waits until the pool is full: from /metrics when the server
 // exports the pool's gauges (ready >= want, where want is the size times the
-// number of policies since the pool fills per policy; or nothing starting
-// and at least size ready), else by counting idle python sandboxes in the
+// number of policies since the pool fills per policy; after half the timeout
+// also nothing starting and at least size ready), else by counting idle python sandboxes in the
 // process tree (an idle one uses no CPU for 200 ms).
 func waitPool(ctx context.Context, srv *serverProc, size, want int, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
@@ -386,7 +386,11 @@ func waitPool(ctx context.Context, srv *serverProc, size, want int, timeout time
 			st = poolMetrics(text)
 		}
 		if st.HasReady {
-			if st.Ready >= float64(want) || (st.Starting == 0 && st.Ready >= float64(size)) {
+			// The relaxed condition only after a while: right after an
+			// execution the pool shows one sandbox fewer and none starting
+			// yet, and a request sent then would race its refill.
+			relaxed := time.Until(deadline) < timeout/2 && st.Starting == 0 && st.Ready >= float64(size)
+			if st.Ready >= float64(want) || relaxed {
 				return nil
 			}
 			last = st.Ready

@@ -52,6 +52,9 @@ type APICell struct {
 	Summary
 	Errors    []string `json:"errors,omitempty"`
 	Truncated bool     `json:"truncated,omitempty"`
+	// ServerP50MS is the median of the server's own duration_ms (whole
+	// milliseconds): latency minus it is HTTP, admission and workspace.
+	ServerP50MS *float64 `json:"server_duration_p50_ms,omitempty"`
 }
 
 func (r *Report) addCell(workload, pool string, size int, mode string, conc int, lr loadResult) {
@@ -61,6 +64,10 @@ func (r *Report) addCell(workload, pool string, size int, mode string, conc int,
 	}
 	r.API = append(r.API, APICell{Workload: workload, Pool: pool, PoolSize: size, Mode: mode, Concurrency: conc,
 		Summary: Summarize(lr.Latencies, lr.Failures, wall), Errors: lr.Errors, Truncated: lr.Truncated})
+	if len(lr.Server) > 0 {
+		v := Summarize(lr.Server, 0, 0).P50MS
+		r.API[len(r.API)-1].ServerP50MS = &v
+	}
 }
 
 // PoolMemory is the memory of the idle pool right after it filled.
@@ -264,18 +271,23 @@ func (r *Report) Markdown(chart string) string {
 		b.WriteString("\n## HTTP API on loopback (`POST /v1/executions`, sandboxd serve)\n\n")
 		b.WriteString("Latency is the whole HTTP round trip as the client sees it. *closed-loop*: each of *concurrency* clients sends its next request as soon as the previous answer arrives (with the pool on, it refills in the background meanwhile). " +
 			"*warm*: the bench waits until the pool is full before each request, so every request finds a ready sandbox. exec/s is successful executions per second of wall time.\n\n")
-		b.WriteString("| workload | pool | mode | concurrency | requests | failures | p50 ms | p90 ms | p99 ms | exec/s |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+		b.WriteString("*server p50* is the median of the response's own `duration_ms` (whole ms, the server's view of the execution).\n\n")
+		b.WriteString("| workload | pool | mode | concurrency | requests | failures | p50 ms | p90 ms | p99 ms | server p50 ms | exec/s |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, c := range r.API {
 			rate := "–"
 			if c.PerSec > 0 {
 				rate = fmt.Sprintf("%.1f", c.PerSec)
 			}
+			server := "–"
+			if c.ServerP50MS != nil {
+				server = fmt.Sprintf("%.0f", *c.ServerP50MS)
+			}
 			trunc := ""
 			if c.Truncated {
 				trunc = " (time bound)"
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %d | %d%s | %d | %s | %s | %s | %s |\n", c.Workload, c.Pool, c.Mode, c.Concurrency,
-				c.N, trunc, c.Failures, fmtMS(c.P50MS), fmtMS(c.P90MS), fmtMS(c.P99MS), rate)
+			fmt.Fprintf(&b, "| %s | %s | %s | %d | %d%s | %d | %s | %s | %s | %s | %s |\n", c.Workload, c.Pool, c.Mode, c.Concurrency,
+				c.N, trunc, c.Failures, fmtMS(c.P50MS), fmtMS(c.P90MS), fmtMS(c.P99MS), server, rate)
 		}
 		for _, c := range r.API {
 			for _, e := range c.Errors {

@@ -70,8 +70,8 @@ func TestTargets(t *testing.T) {
 func TestMarkdown(t *testing.T) {
 	md := sampleReport().Markdown("latency.png")
 	for _, want := range []string{
-		"| print | pool on (4) | warm | 1 | 4 | 0 | 1.50 | 8.00 | 8.00 | – |",
-		"| print | pool off | closed-loop | 1 | 2 | 1 | 60.0 | 70.0 | 70.0 | 2.0 |",
+		"| print | pool on (4) | warm | 1 | 4 | 0 | 1.50 | 8.00 | 8.00 | – | – |",
+		"| print | pool off | closed-loop | 1 | 2 | 1 | 60.0 | 70.0 | 70.0 | – | 2.0 |",
 		// Ratios against the fastest peer that ran without failure (bubblewrap).
 		"| bubblewrap |  | 9.00 [10.0] (1.00×) | failed | 860 [870] (1.00×) |",
 		"| **sandboxd run (cold)** |  | failed | failed | 900 [900] (1.05×) |",
