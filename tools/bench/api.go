@@ -269,7 +269,9 @@ type serverOptions struct {
 	Image    string   // EXECUTION_PYTHON_IMAGE (dir:/abs/rootfs or an image reference)
 	PoolSize int      // EXECUTION_POOL_SIZE; <0 leaves it unset
 	ExtraEnv []string // KEY=VALUE, appended last (so they win)
-	LogPath  string
+	// CgroupParent is EXECUTION_CGROUP_PARENT, relative to our own cgroups.
+	CgroupParent string
+	LogPath      string
 }
 
 // freePort asks the kernel for an unused loopback port. Another process could
@@ -308,6 +310,10 @@ func startServer(ctx context.Context, o serverOptions) (*serverProc, error) {
 		"EXECUTION_STATE_ROOT=" + filepath.Join(dir, "state"),
 		"EXECUTION_ROOTFS_CACHE=" + filepath.Join(dir, "rootfs-cache"),
 		"EXECUTION_PYTHON_IMAGE=" + o.Image,
+		// A cgroup parent of its own: a worker's start-up sweep kills every
+		// sandbox under its parent, so sharing the default one with other
+		// workers or test runs on this host would kill theirs, and theirs ours.
+		"EXECUTION_CGROUP_PARENT=" + o.CgroupParent,
 	}
 	if o.PoolSize >= 0 {
 		env = append(env, "EXECUTION_POOL_SIZE="+strconv.Itoa(o.PoolSize))

@@ -113,8 +113,10 @@ func TestRunLoadCountsAndBounds(t *testing.T) {
 	if len(r.Errors) != 1 {
 		t.Errorf("distinct errors %v, want 1", r.Errors)
 	}
-	if m := maxInFlight.Load(); m != 4 {
-		t.Errorf("max in flight %d, want 4", m)
+	// Never more than the concurrency; and the workers do overlap (each
+	// request takes 5 ms, so even a loaded machine runs two at once).
+	if m := maxInFlight.Load(); m > 4 || m < 2 {
+		t.Errorf("max in flight %d, want 2..4", m)
 	}
 	// The time bound stops sending.
 	r = c.runLoad(context.Background(), workloadPrint, 1, 1000, 30*time.Millisecond, nil)

@@ -276,9 +276,11 @@ func runAPI(ctx context.Context, cfg config, rep *Report, logf func(string, ...a
 			label = fmt.Sprintf("pool on (%d)", size)
 		}
 		logf("starting sandboxd serve (%s)", label)
+		cgParent := fmt.Sprintf("sandboxd-bench-%d-%s", os.Getpid(), pool)
 		srv, err := startServer(ctx, serverOptions{
 			Binary: cfg.Sandboxd, Image: cfg.Image, PoolSize: size, ExtraEnv: cfg.ServerEnv,
-			LogPath: filepath.Join(absOut(cfg), "server-pool-"+pool+".log"),
+			LogPath:      filepath.Join(absOut(cfg), "server-pool-"+pool+".log"),
+			CgroupParent: cgParent,
 		})
 		if err != nil {
 			return fmt.Errorf("%s: %w", label, err)
@@ -310,6 +312,7 @@ func runAPI(ctx context.Context, cfg config, rep *Report, logf func(string, ...a
 			rep.Notes = append(rep.Notes, note)
 			logf("%s", note)
 		}
+		removeOwnCgroupDir(cgParent)
 	}
 	return nil
 }

@@ -334,3 +334,18 @@ func removeLeftoverCgroups(left []string) int {
 	}
 	return n
 }
+
+// removeOwnCgroupDir removes the (empty) cgroup rel below our own cgroup in
+// every hierarchy: the parent a started server created for its sandboxes.
+func removeOwnCgroupDir(rel string) {
+	own, err := ownCgroups()
+	if err != nil || rel == "" || strings.Contains(rel, "..") {
+		return
+	}
+	mounts, _ := filepath.Glob("/sys/fs/cgroup/*")
+	for _, m := range mounts {
+		for _, p := range own {
+			_ = os.Remove(filepath.Join(m, p, rel))
+		}
+	}
+}
