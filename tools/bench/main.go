@@ -566,6 +566,8 @@ func collectMeta(cfg config) Meta {
 		}
 	}
 	m.LoadAvgBefore = loadAvg()
+	m.Sandboxd = cfg.Sandboxd
+	m.SandboxdRev = binaryRevision(cfg.Sandboxd)
 	return m
 }
 
@@ -615,4 +617,35 @@ func (m *multiFlag) Set(v string) error {
 	}
 	*m = append(*m, v)
 	return nil
+}
+
+// binaryRevision is the VCS revision a Go binary was built from, from its
+// embedded build info ("" when it has none).
+func binaryRevision(bin string) string {
+	out, err := exec.Command("go", "version", "-m", bin).Output()
+	if err != nil {
+		return ""
+	}
+	var rev string
+	var dirty bool
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && f[0] == "build" {
+			if v, ok := strings.CutPrefix(f[1], "vcs.revision="); ok && len(v) >= 12 {
+				rev = v[:12]
+			}
+			dirty = dirty || f[1] == "vcs.modified=true"
+		}
+	}
+	if rev != "" && dirty {
+		rev += "+dirty"
+	}
+	if rev == "" {
+		// Built with -buildvcs=false: name the checkout the binary sits in
+		// (make build puts it in bin/ of the tree it was built from).
+		if out, err := exec.Command("git", "-C", filepath.Dir(bin), "describe", "--always", "--dirty").Output(); err == nil {
+			rev = strings.TrimSpace(string(out)) + " (checkout holding the binary)"
+		}
+	}
+	return rev
 }

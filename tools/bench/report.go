@@ -24,8 +24,12 @@ type Report struct {
 
 // Meta says where and how the numbers were taken.
 type Meta struct {
-	Time          string   `json:"time"`
-	Commit        string   `json:"commit"`
+	Time   string `json:"time"`
+	Commit string `json:"commit"`
+	// Sandboxd is the measured binary and the revision it was built from
+	// (go version -m: vcs.revision, "+dirty" when vcs.modified).
+	Sandboxd      string   `json:"sandboxd"`
+	SandboxdRev   string   `json:"sandboxd_revision"`
 	Kernel        string   `json:"kernel"`
 	GoOS          string   `json:"goos"`
 	CPUModel      string   `json:"cpu_model"`
@@ -190,22 +194,36 @@ func evaluateTargets(r *Report) []Target {
 	}
 
 	name = "≥ 30 executions/s sustained on 2 cores, zero failures"
-	bestRate, bestDesc := 0.0, ""
-	for _, c := range r.API {
-		if c.Mode != "closed-loop" || c.Failures > 0 || c.PerSec <= bestRate {
-			continue
-		}
-		bestRate = c.PerSec
-		bestDesc = fmt.Sprintf("%.1f/s (%s, %s, concurrency %d, n=%d, 0 failures)", c.PerSec, c.Workload, c.Pool, c.Concurrency, c.N)
-	}
+	// Judged on the pool-on cells when the pool ran (the shipped
+	// configuration), with the pool-off best shown beside them.
 	fails := 0
 	for _, c := range r.API {
 		fails += c.Failures
 	}
-	if bestDesc == "" {
+	bestRate := func(poolOn bool) (float64, string) {
+		rate, desc := 0.0, ""
+		for _, c := range r.API {
+			if c.Mode != "closed-loop" || c.Failures > 0 || (c.PoolSize > 0) != poolOn || c.PerSec <= rate {
+				continue
+			}
+			rate = c.PerSec
+			desc = fmt.Sprintf("%.1f/s (%s, %s, concurrency %d, n=%d)", c.PerSec, c.Workload, c.Pool, c.Concurrency, c.N)
+		}
+		return rate, desc
+	}
+	onRate, onDesc := bestRate(true)
+	offRate, offDesc := bestRate(false)
+	switch {
+	case onDesc == "" && offDesc == "":
 		na(name, "no failure-free closed-loop cell")
-	} else {
-		t = append(t, Target{name, fmt.Sprintf("best %s; failures over all cells: %d", bestDesc, fails), yesNo(bestRate >= 30 && fails == 0)})
+	case onDesc != "":
+		m := "pool on: best " + onDesc
+		if offDesc != "" {
+			m += "; pool off: best " + offDesc
+		}
+		t = append(t, Target{name, fmt.Sprintf("%s; failures over all cells: %d", m, fails), yesNo(onRate >= 30 && fails == 0)})
+	default:
+		t = append(t, Target{name, fmt.Sprintf("pool off (no pool-on run): best %s; failures over all cells: %d", offDesc, fails), yesNo(offRate >= 30 && fails == 0)})
 	}
 
 	name = "memory per idle warm sandbox ≤ 100 MiB"
@@ -251,8 +269,8 @@ func (r *Report) Markdown(chart string) string {
 	var b strings.Builder
 	m := r.Meta
 	fmt.Fprintf(&b, "# sandboxd benchmark\n\n")
-	fmt.Fprintf(&b, "Measured %s on %s (%d CPUs), kernel %s, commit `%s`; load average %s before, %s after; %.0f s in all.",
-		m.Time, orDash(m.CPUModel), m.CPUs, m.Kernel, orDash(m.Commit), m.LoadAvgBefore, m.LoadAvgAfter, m.DurationS)
+	fmt.Fprintf(&b, "Measured %s on %s (%d CPUs), kernel %s; bench at commit `%s`, sandboxd built from `%s`; load average %s before, %s after; %.0f s in all.",
+		m.Time, orDash(m.CPUModel), m.CPUs, m.Kernel, orDash(m.Commit), orDash(m.SandboxdRev), m.LoadAvgBefore, m.LoadAvgAfter, m.DurationS)
 	if m.Quick {
 		b.WriteString(" **Quick run (-quick): few samples, a smoke test, not numbers to quote.**")
 	}
