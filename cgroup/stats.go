@@ -24,6 +24,10 @@ type Stats struct {
 	// MemoryPeakBytes is the high-water mark of memory use
 	// (v1 memory.max_usage_in_bytes; v2 memory.peak, Linux 5.19+).
 	MemoryPeakBytes int64
+	// MemoryCurrentBytes is the memory in use now (v1
+	// memory.usage_in_bytes, v2 memory.current): what an idle warm sandbox
+	// costs.
+	MemoryCurrentBytes int64
 	// CPUUsageNS is the CPU time of all processes (v1 cpuacct.usage;
 	// v2 cpu.stat usage_usec).
 	CPUUsageNS uint64
@@ -64,6 +68,7 @@ func ReadStats(paths map[string]string) (Stats, error) {
 		ev := r.keyed(dir, "memory.events")
 		s.OOMKills = ev["oom_kill"]
 		s.MemoryPeakBytes = r.int(dir, "memory.peak")
+		s.MemoryCurrentBytes = r.int(dir, "memory.current")
 		s.PidsLimitHits = r.keyed(dir, "pids.events")["max"]
 		s.PidsCurrent = r.int(dir, "pids.current")
 		s.PidsPeak = r.int(dir, "pids.peak")
@@ -76,6 +81,7 @@ func ReadStats(paths map[string]string) (Stats, error) {
 	if dir, ok := paths["memory"]; ok {
 		s.OOMKills = r.keyed(dir, "memory.oom_control")["oom_kill"]
 		s.MemoryPeakBytes = r.int(dir, "memory.max_usage_in_bytes")
+		s.MemoryCurrentBytes = r.int(dir, "memory.usage_in_bytes")
 	}
 	if dir, ok := paths["pids"]; ok {
 		s.PidsLimitHits = r.keyed(dir, "pids.events")["max"]

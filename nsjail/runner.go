@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/configs"
+	"github.com/sandboxd/sandboxd/cgroup"
 	"golang.org/x/sys/unix"
 )
 
@@ -59,9 +59,6 @@ func NewRunner(opts Options) (*Runner, error) {
 	if opts.CgroupParent == "" {
 		opts.CgroupParent = "sandboxd"
 	}
-	if filepath.IsAbs(opts.CgroupParent) || strings.Contains(opts.CgroupParent, "..") {
-		return nil, fmt.Errorf("cgroup parent must be a relative path without '..', got: %q", opts.CgroupParent)
-	}
 	if opts.HostIDBase == 0 {
 		opts.HostIDBase = 1 << 30
 	}
@@ -73,6 +70,12 @@ func NewRunner(opts Options) (*Runner, error) {
 	}
 	if err := os.MkdirAll(opts.StateRoot, 0o700); err != nil {
 		return nil, fmt.Errorf("unable to create state root: %w", err)
+	}
+	// On v2 this moves the worker into a leaf of its own cgroup and
+	// delegates cpu, memory and pids to the sandboxes' parent; on v1 it only
+	// checks the hierarchies and creates the parent under our own cgroups.
+	if err := cgroup.PrepareParent(opts.CgroupParent); err != nil {
+		return nil, fmt.Errorf("unable to prepare the sandboxes' parent cgroup: %w", err)
 	}
 	r := &Runner{opts: opts, log: opts.Logger, seccomp: opts.Seccomp}
 	if r.log == nil {
@@ -261,7 +264,7 @@ func (s *Sandbox) Handoff(timeout time.Duration) (droppedStdout, droppedStderr [
 
 // MemoryBytes is the sandbox's current memory use as its cgroup accounts it
 // (what an idle warm sandbox costs).
-func (s *Sandbox) MemoryBytes() int64 { return s.readStats().MemoryBytes }
+func (s *Sandbox) MemoryBytes() int64 { return s.readStats().MemoryCurrentBytes }
 
 // Wait waits for the command to finish, enforcing the deadline (counted from
 // now) and ctx, then collects the result and removes the sandbox.
