@@ -223,18 +223,21 @@ func (p *Profile) BPF(a Arch) ([]byte, error) {
 		return nil, err
 	}
 	defer f.Release()
-	return f.ExportBPFMem()
+	// ExportBPFMem needs libseccomp 2.6; a file works everywhere.
+	return exportVia(f.ExportBPF)
 }
 
-func exportPFC(f *libseccomp.ScmpFilter) ([]byte, error) {
-	tmp, err := os.CreateTemp("", "sandboxd-pfc-")
+func exportPFC(f *libseccomp.ScmpFilter) ([]byte, error) { return exportVia(f.ExportPFC) }
+
+func exportVia(export func(*os.File) error) ([]byte, error) {
+	tmp, err := os.CreateTemp("", "sandboxd-seccomp-export-")
 	if err != nil {
 		return nil, err
 	}
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
-	if err := f.ExportPFC(tmp); err != nil {
-		return nil, fmt.Errorf("exporting PFC: %w", err)
+	if err := export(tmp); err != nil {
+		return nil, fmt.Errorf("libseccomp export: %w", err)
 	}
 	return os.ReadFile(tmp.Name())
 }

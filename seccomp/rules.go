@@ -17,9 +17,9 @@ const cloneNewMask = unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID |
 // net namespace), so AF_INET/AF_INET6 reach nothing outside.
 var allowedFamilies = []uint64{unix.AF_UNIX, unix.AF_INET, unix.AF_INET6}
 
-// x86Only are legacy syscalls that aarch64 never had (its table starts from
-// the *at family).
-var x86Only = []Arch{ArchX86_64}
+// x86Only marks legacy syscalls that aarch64 never had (its table starts
+// from the *at family).
+func x86Only() []Arch { return []Arch{ArchX86_64} }
 
 const (
 	refDockerDefault = "https://github.com/moby/profiles/blob/main/seccomp/default.json"
@@ -42,7 +42,7 @@ func Default() *Profile {
 		p.Rules = append(p.Rules, Rule{Names: names, Action: ActAllow, Group: group, Reason: reason, Ref: ref})
 	}
 	allowX86 := func(group, reason string, names ...string) {
-		p.Rules = append(p.Rules, Rule{Names: names, Action: ActAllow, Arches: x86Only, Group: group, Reason: reason})
+		p.Rules = append(p.Rules, Rule{Names: names, Action: ActAllow, Arches: x86Only(), Group: group, Reason: reason})
 	}
 
 	// --- files and file descriptors
@@ -76,7 +76,7 @@ func Default() *Profile {
 		Rule{Names: []string{"mknodat"}, Action: ActAllow, Group: "files",
 			Args:   []Cond{{Index: 2, Name: "mode", Op: MaskedEqual, Mask: unix.S_IFMT, Value: unix.S_IFIFO}},
 			Reason: "os.mkfifo creates FIFOs with mknodat; any other file type (devices) is refused"},
-		Rule{Names: []string{"mknod"}, Action: ActAllow, Group: "files", Arches: x86Only,
+		Rule{Names: []string{"mknod"}, Action: ActAllow, Group: "files", Arches: x86Only(),
 			Args:   []Cond{{Index: 1, Name: "mode", Op: MaskedEqual, Mask: unix.S_IFMT, Value: unix.S_IFIFO}},
 			Reason: "busybox mkfifo on x86_64 uses mknod; only FIFOs"},
 	)
