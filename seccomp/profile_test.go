@@ -228,24 +228,32 @@ func TestValidateRejects(t *testing.T) {
 			p.Rules = append(p.Rules, Rule{Names: []string{"socket"}, Action: ActErrno(22), Group: "g", Reason: "range of families",
 				Args: []Cond{{Index: 0, Op: Greater, Value: 3}, {Index: 0, Op: Equal, Value: 9}}})
 		},
-		"mask zero":           func(p *Profile) { p.Rules = append(p.Rules, maskedRule(0, 0)) },
-		"value outside mask":  func(p *Profile) { p.Rules = append(p.Rules, maskedRule(0xf0, 0x1)) },
-		"compat arch":         func(p *Profile) { p.Arches = append(p.Arches, "i386") },
+		"mask zero":          func(p *Profile) { p.Rules = append(p.Rules, maskedRule(0, 0)) },
+		"value outside mask": func(p *Profile) { p.Rules = append(p.Rules, maskedRule(0xf0, 0x1)) },
+		"compat arch":        func(p *Profile) { p.Arches = append(p.Arches, "i386") },
 		"rule arch not in profile": func(p *Profile) {
 			p.Arches = []Arch{ArchX86_64}
 			p.Rules[0].Arches = []Arch{ArchAArch64}
 		},
-		"allow default":        func(p *Profile) { p.Default = ActAllow },
-		"errno out of range":   func(p *Profile) { p.Rules[0].Action = ActErrno(5000) },
-		"errno zero":           func(p *Profile) { p.Rules[0].Action = ActErrno(0) },
-		"bad name":             func(p *Profile) { p.Rules[0].Names = []string{"Read;"} },
-		"argument index":       func(p *Profile) { p.Rules = append(p.Rules, Rule{Names: []string{"read"}, Action: ActAllow, Group: "g", Reason: "xxxxxxxxxx", Args: []Cond{{Index: 6, Op: Equal}}}) },
-		"denied but allowed":   func(p *Profile) { p.Denied = append(p.Denied, Denial{Names: []string{"read"}, Reason: "contradiction"}) },
-		"no architectures":     func(p *Profile) { p.Arches = nil },
-		"invalid action":       func(p *Profile) { p.Rules[0].Action = Action{} },
-		"invalid operator":     func(p *Profile) { p.Rules = append(p.Rules, Rule{Names: []string{"read"}, Action: ActAllow, Group: "g", Reason: "xxxxxxxxxx", Args: []Cond{{Index: 1}}}) },
-		"rule without a name":  func(p *Profile) { p.Rules[0].Names = nil },
-		"mask on equality":     func(p *Profile) { p.Rules = append(p.Rules, Rule{Names: []string{"read"}, Action: ActAllow, Group: "g", Reason: "xxxxxxxxxx", Args: []Cond{{Index: 0, Op: Equal, Mask: 1}}}) },
+		"allow default":      func(p *Profile) { p.Default = ActAllow },
+		"errno out of range": func(p *Profile) { p.Rules[0].Action = ActErrno(5000) },
+		"errno zero":         func(p *Profile) { p.Rules[0].Action = ActErrno(0) },
+		"bad name":           func(p *Profile) { p.Rules[0].Names = []string{"Read;"} },
+		"argument index": func(p *Profile) {
+			p.Rules = append(p.Rules, Rule{Names: []string{"read"}, Action: ActAllow, Group: "g", Reason: "xxxxxxxxxx", Args: []Cond{{Index: 6, Op: Equal}}})
+		},
+		"denied but allowed": func(p *Profile) {
+			p.Denied = append(p.Denied, Denial{Names: []string{"read"}, Reason: "contradiction"})
+		},
+		"no architectures": func(p *Profile) { p.Arches = nil },
+		"invalid action":   func(p *Profile) { p.Rules[0].Action = Action{} },
+		"invalid operator": func(p *Profile) {
+			p.Rules = append(p.Rules, Rule{Names: []string{"read"}, Action: ActAllow, Group: "g", Reason: "xxxxxxxxxx", Args: []Cond{{Index: 1}}})
+		},
+		"rule without a name": func(p *Profile) { p.Rules[0].Names = nil },
+		"mask on equality": func(p *Profile) {
+			p.Rules = append(p.Rules, Rule{Names: []string{"read"}, Action: ActAllow, Group: "g", Reason: "xxxxxxxxxx", Args: []Cond{{Index: 0, Op: Equal, Mask: 1}}})
+		},
 	}
 	for name, mutate := range cases {
 		t.Run(name, func(t *testing.T) {
