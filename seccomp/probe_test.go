@@ -76,6 +76,7 @@ var (
 // static C program in testdata/probe.
 func probeRootfs(t *testing.T) string {
 	t.Helper()
+	nsjailtest.RequireRoot(t)
 	bb := nsjailtest.BusyboxRootfs(t)
 	probeOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "sandboxd-seccomp-probe-")
