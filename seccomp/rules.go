@@ -182,7 +182,7 @@ func Default() *Profile {
 		p.Rules = append(p.Rules, Rule{
 			Names: []string{"socket"}, Action: ActErrno(uint(unix.EAFNOSUPPORT)), Group: "network",
 			Args:   []Cond{{Index: 0, Name: "domain", Op: Equal, Value: f}},
-			Reason: "socket families between AF_UNIX and AF_INET6 (ax25, ipx, appletalk, x25, ...) are refused as unsupported",
+			Reason: "AF_UNSPEC and the families between AF_INET and AF_INET6 (ax25, ipx, appletalk, netrom, bridge, atmpvc, x25) are refused as unsupported",
 		})
 	}
 	p.Rules = append(p.Rules, Rule{
