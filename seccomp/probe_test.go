@@ -33,6 +33,9 @@ var (
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	if probeDir != "" {
+		os.RemoveAll(probeDir)
+	}
 	if os.Geteuid() == 0 {
 		if err := nsjailtest.CheckNoLeftovers(testStateRoot, testCgroupParent); err != nil {
 			fmt.Fprintln(os.Stderr, "LEFTOVERS after the suite:", err)
