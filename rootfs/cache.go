@@ -93,6 +93,25 @@ func Open(dir string) (*Cache, error) {
 	return &Cache{dir: abs, Limits: DefaultLimits}, nil
 }
 
+// CheckReachable reports whether every directory from / down to the cache
+// lets other users search it. The sandbox's root maps to an unprivileged host
+// uid, which must be able to reach a published rootfs to mount it; a cache
+// under a 0700 directory fails at sandbox start with "permission denied".
+func (c *Cache) CheckReachable() error {
+	for d := c.dir; ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("rootfs cache %s: %s is mode %v; the sandbox cannot reach the rootfs (needs o+x on every parent)", c.dir, d, fi.Mode().Perm())
+		}
+		if d == "/" {
+			return nil
+		}
+	}
+}
+
 // Dir is the cache's absolute directory.
 func (c *Cache) Dir() string { return c.dir }
 

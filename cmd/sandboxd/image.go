@@ -53,10 +53,11 @@ func runImage(args []string) error {
 	}
 }
 
-type multiFlag []string
+// refList is a repeatable --keep REF flag.
+type refList []string
 
-func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
-func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+func (m *refList) String() string     { return strings.Join(*m, ",") }
+func (m *refList) Set(v string) error { *m = append(*m, v); return nil }
 
 func imageFlags(name string) (*flag.FlagSet, *string) {
 	fs := flag.NewFlagSet("image "+name, flag.ContinueOnError)
@@ -90,6 +91,9 @@ func imageUnpack(ctx context.Context, args []string, out io.Writer) error {
 	c, err := rootfs.Open(*cache)
 	if err != nil {
 		return err
+	}
+	if err := c.CheckReachable(); err != nil {
+		fmt.Fprintf(os.Stderr, "warning: %v\n", err)
 	}
 	start := time.Now()
 	img, err := c.Unpack(ctx, *ref)
@@ -130,7 +134,7 @@ func imageLs(args []string, out io.Writer) error {
 
 func imageGC(ctx context.Context, args []string, out io.Writer) error {
 	fs, cache := imageFlags("gc")
-	var keepRefs multiFlag
+	var keepRefs refList
 	fs.Var(&keepRefs, "keep", "image reference to keep (repeatable)")
 	if err := parseImageFlags(fs, args, cache); err != nil {
 		return err
