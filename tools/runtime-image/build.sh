@@ -19,7 +19,7 @@ mirror=${RUNTIME_IMAGE_MIRROR:-http://deb.debian.org/debian}
 security=${RUNTIME_IMAGE_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
 
 if [ -z "${SOURCE_DATE_EPOCH:-}" ]; then
-	SOURCE_DATE_EPOCH=$(git log -1 --format=%ct -- tools/runtime-image 2>/dev/null || true)
+	SOURCE_DATE_EPOCH=$(git log -1 --format=%ct -- tools/runtime-image ':!tools/runtime-image/*.md' 2>/dev/null || true)
 	SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-1767225600} # 2026-01-01, outside git
 fi
 export SOURCE_DATE_EPOCH
