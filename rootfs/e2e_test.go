@@ -243,3 +243,40 @@ func treeStamp(t *testing.T, root string) []byte {
 	})
 	return b.Bytes()
 }
+
+// An image that lacks the sandbox's mount points (here: only busybox, no
+// /proc, /dev, /sys, /tmp or /workspace) still runs: the unpacker creates
+// them, because the sandbox cannot (and must not) write into the tree.
+func TestImageWithoutMountPointsRunsInSandbox(t *testing.T) {
+	nsjailtest.RequireRoot(t)
+	w := newWorld(t)
+	for _, d := range []string{filepath.Dir(w.base), w.base} {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Skip("busybox-static not installed")
+	}
+	img := imageOf(t, tarOf(t, dir("bin/"), ent{name: "bin/busybox", typ: '0', mode: 0o755, body: string(bb)}, symlink("bin/sh", "busybox")))
+	got, err := w.cache.UnpackImage(ctx(t), "bare busybox", img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: e2eStateRoot, CgroupParent: e2eCgroupParent,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := t.TempDir()
+	os.Chown(ws, r.HostUID(), r.HostGID())
+	res, err := r.Run(ctx(t), nsjail.Spec{Rootfs: got.RootfsPath, Args: []string{"/bin/busybox", "sh", "-c", "echo ok > /workspace/f; /bin/busybox cat /workspace/f"},
+		Workspace: ws, Cwd: nsjail.WorkspaceDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != nsjail.StatusSucceeded || string(res.Stdout) != "ok\n" {
+		t.Fatalf("status %s %s: stdout %q stderr %q", res.Status, res.Error, res.Stdout, res.Stderr)
+	}
+}

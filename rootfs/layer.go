@@ -552,9 +552,23 @@ func (e *extractor) removeLower(dir string) error {
 	return nil
 }
 
+// MountPoints are the directories the sandbox mounts over (proc, a tmpfs
+// /dev, sysfs, a tmpfs /tmp, the workspace bind). finish creates the missing
+// ones: on a read-only root the sandbox could not create them, and it must
+// never write into a published tree anyway.
+var MountPoints = []string{"dev", "proc", "sys", "tmp", "workspace"}
+
 // finish applies directory modes (deepest first, so a parent may become
 // read-only after its children are done).
 func (e *extractor) finish() error {
+	for _, m := range MountPoints {
+		if _, err := e.root.Lstat(m); errors.Is(err, fs.ErrNotExist) {
+			if err := e.root.Mkdir(m, 0o700); err != nil {
+				return err
+			}
+			e.dirModes[m] = 0o755
+		}
+	}
 	names := make([]string, 0, len(e.dirModes))
 	for n := range e.dirModes {
 		names = append(names, n)

@@ -49,7 +49,7 @@ func TestWhiteoutsAndOpaqueDirs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"a", "a/c", "d", "d/f", "keep", "tree", "tree/new"}
+	want := []string{"a", "a/c", "d", "d/f", "dev", "keep", "proc", "sys", "tmp", "tree", "tree/new", "workspace"}
 	if g := listTree(t, got.RootfsPath); strings.Join(g, " ") != strings.Join(want, " ") {
 		t.Fatalf("tree = %q, want %q", g, want)
 	}
@@ -70,7 +70,7 @@ func TestOpaqueAfterSameLayerEntries(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"d", "d/new", "d/sub", "d/sub/new"}
+	want := []string{"d", "d/new", "d/sub", "d/sub/new", "dev", "proc", "sys", "tmp", "workspace"}
 	if g := listTree(t, got.RootfsPath); strings.Join(g, " ") != strings.Join(want, " ") {
 		t.Fatalf("tree = %q, want %q", g, want)
 	}
