@@ -58,6 +58,7 @@ $(RUNTIME_OCI)/index.json $(RUNTIME_TAR) &: $(RUNTIME_IMAGE_SRC)
 	tools/runtime-image/build.sh $(BUILD)
 
 runtime-rootfs: runtime-image build
+	test -e $(BUILD)/go.mod || printf 'module sandboxd.invalid/build-output\n' >$(BUILD)/go.mod
 	$(BIN) image unpack --image oci-layout:$(RUNTIME_OCI) --cache $(RUNTIME_CACHE) >$(RUNTIME_ROOTFS_OUT).out
 	awk '/^rootfs /{print $$2}' $(RUNTIME_ROOTFS_OUT).out >$(RUNTIME_ROOTFS_OUT).tmp
 	test -s $(RUNTIME_ROOTFS_OUT).tmp
