@@ -589,10 +589,10 @@ func (o onlyWriter) Write(p []byte) (int, error) { return o.w.Write(p) }
 
 // futimens sets a file's times through its descriptor (no path, no race).
 func futimens(f *os.File, t time.Time) error {
-	ts := []unix.Timespec{unix.NsecToTimespec(t.UnixNano()), unix.NsecToTimespec(t.UnixNano())}
 	if t.IsZero() {
 		return nil
 	}
+	ts := []unix.Timespec{unix.NsecToTimespec(t.UnixNano()), unix.NsecToTimespec(t.UnixNano())}
 	_, _, errno := unix.Syscall6(unix.SYS_UTIMENSAT, f.Fd(), 0, uintptr(unsafe.Pointer(&ts[0])), 0, 0, 0)
 	if errno != 0 {
 		return fmt.Errorf("futimens: %w", errno)
