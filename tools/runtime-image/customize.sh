@@ -32,27 +32,44 @@ find "$root/usr/lib" -depth -type d -name __pycache__ -exec rm -rf {} +
 # Byte-code for everything, as unchecked-hash pycs: the root is read-only so
 # CPython could never write a pyc at run time, and hash-based pycs do not
 # depend on file mtimes (which the image writer clamps to SOURCE_DATE_EPOCH).
-chroot "$root" python3 -m compileall -q -j 0 --invalidation-mode unchecked-hash \
-	/usr/lib/python3/dist-packages "/usr/lib/$(chroot "$root" python3 -c 'import sys; print(f"python3.{sys.version_info[1]}")')" >/dev/null
+chroot "$root" env -i PATH=/usr/bin:/bin PYTHONDONTWRITEBYTECODE=1 \
+	python3 -m compileall -q -f -j 0 --invalidation-mode unchecked-hash \
+	/usr/lib/python3/dist-packages "/usr/lib/$(chroot "$root" env -i PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 -c 'import sys; print(f"python3.{sys.version_info[1]}")')" >/dev/null
 
 # matplotlib's font list. matplotlib only reads it from its *writable* cache
 # dir (MPLCONFIGDIR, or $XDG_CACHE_HOME/matplotlib); a fresh dir makes it scan
 # every font again on each start (~200 ms). We build it once here, and a .pth
 # hook (sandboxd_mplcache.py) copies it into an empty cache dir at start.
 install -d -m 0755 "$root/usr/share/sandboxd/matplotlib"
-chroot "$root" env -i PATH=/usr/bin:/bin HOME=/nonexistent \
+chroot "$root" env -i PATH=/usr/bin:/bin HOME=/nonexistent PYTHONDONTWRITEBYTECODE=1 \
 	MPLCONFIGDIR=/usr/share/sandboxd/matplotlib MPLBACKEND=Agg \
 	python3 -c 'import matplotlib.font_manager'
+# The list comes in directory order; sort it so the image is reproducible
+# (and ties between equally good fonts resolve the same way every build).
+chroot "$root" env -i PATH=/usr/bin:/bin PYTHONDONTWRITEBYTECODE=1 python3 -c '
+import glob, json
+for p in glob.glob("/usr/share/sandboxd/matplotlib/fontlist-v*.json"):
+    with open(p) as f:
+        d = json.load(f)
+    for k in ("afmlist", "ttflist"):
+        d[k].sort(key=lambda e: tuple(str(e.get(k)) for k in ("fname", "name", "style", "weight", "stretch", "variant")))
+    with open(p, "w") as f:
+        json.dump(d, f, indent=2)
+'
 rm -f "$root/usr/share/sandboxd/matplotlib/"*.lock
 ls "$root/usr/share/sandboxd/matplotlib/"fontlist-v*.json >/dev/null
 chmod 0644 "$root/usr/share/sandboxd/matplotlib/"*
 install -m 0644 "$(dirname "$0")/sandboxd_mplcache.py" "$dist/sandboxd_mplcache.py"
 echo 'import sandboxd_mplcache' >"$dist/zz_sandboxd_mplcache.pth"
-chroot "$root" env -i PATH=/usr/bin:/bin python3 -m compileall -q --invalidation-mode unchecked-hash \
+# -f: the interpreter running compileall has just imported (and written a
+# timestamp pyc for) this module through the .pth.
+chroot "$root" env -i PATH=/usr/bin:/bin PYTHONDONTWRITEBYTECODE=1 \
+	python3 -m compileall -q -f --invalidation-mode unchecked-hash \
 	/usr/lib/python3/dist-packages/sandboxd_mplcache.py >/dev/null
 
 # Smoke test: every library the Agent relies on imports without its tests.
-chroot "$root" env -i PATH=/usr/bin:/bin HOME=/nonexistent MPLCONFIGDIR=/tmp/mpl-smoke MPLBACKEND=Agg python3 -c '
+chroot "$root" env -i PATH=/usr/bin:/bin HOME=/nonexistent PYTHONDONTWRITEBYTECODE=1 \
+	MPLCONFIGDIR=/tmp/mpl-smoke MPLBACKEND=Agg python3 -c '
 import pandas, numpy, scipy.stats, scipy.optimize, sklearn.ensemble, sklearn.linear_model
 import matplotlib.pyplot, openpyxl, seaborn, statsmodels.api, statsmodels.formula.api'
 rm -rf "$root/tmp/mpl-smoke"
