@@ -35,7 +35,7 @@ func runImage(args []string) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
 		fmt.Fprintln(os.Stderr, imageUsage)
 		if len(args) == 0 {
-			return usagef("image: missing subcommand")
+			return usagef("missing subcommand (unpack, ls, gc)")
 		}
 		return nil
 	}
@@ -49,7 +49,7 @@ func runImage(args []string) error {
 	case "gc":
 		return imageGC(ctx, args[1:], os.Stdout)
 	default:
-		return usagef("image: unknown subcommand %q (unpack, ls, gc)", args[0])
+		return usagef("unknown subcommand %q (unpack, ls, gc)", args[0])
 	}
 }
 
@@ -60,7 +60,7 @@ func (m *refList) String() string     { return strings.Join(*m, ",") }
 func (m *refList) Set(v string) error { *m = append(*m, v); return nil }
 
 func imageFlags(name string) (*flag.FlagSet, *string) {
-	fs := flag.NewFlagSet("image "+name, flag.ContinueOnError)
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	cache := fs.String("cache", "", "rootfs cache directory (required)")
 	return fs, cache
@@ -86,7 +86,7 @@ func imageUnpack(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	if *ref == "" {
-		return usagef("image unpack: --image REF is required")
+		return usagef("unpack: --image REF is required")
 	}
 	c, err := rootfs.Open(*cache)
 	if err != nil {
