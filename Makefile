@@ -16,9 +16,10 @@ all: build
 build:
 	$(GO) build -tags $(TAGS) -o $(BIN) ./cmd/sandboxd
 
-# The default suite: real sandboxes on the real kernel (as root).
-test: build
-	$(GO) test -tags $(TAGS) -count=1 -timeout 20m $(PKGS)
+# The default suite: real sandboxes on the real kernel (as root), including
+# the end-to-end tests on the python-runtime image (built or reused first).
+test: build runtime-rootfs
+	SANDBOXD_RUNTIME_ROOTFS=$$(cat $(RUNTIME_ROOTFS_OUT)) $(GO) test -tags $(TAGS) -count=1 -timeout 20m $(PKGS)
 
 # Unprivileged, no image: what runs without root.
 test-short:
