@@ -47,7 +47,10 @@ clean:
 #   SANDBOXD_RUNTIME_ROOTFS=$$(cat build/runtime-rootfs.path)
 RUNTIME_OCI        := $(BUILD)/python-runtime.oci
 RUNTIME_TAR        := $(BUILD)/python-runtime.tar
-RUNTIME_CACHE      := $(BUILD)/cache
+# The cache and every directory above it must be searchable (o+x) by the
+# sandbox's mapped root; CI points it outside the clone (which may sit
+# under a 0700 home).
+RUNTIME_CACHE      ?= $(BUILD)/cache
 RUNTIME_ROOTFS_OUT := $(BUILD)/runtime-rootfs.path
 RUNTIME_IMAGE_SRC  := $(filter-out %.md,$(wildcard tools/runtime-image/*))
 
