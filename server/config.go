@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"reflect"
 	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -178,11 +180,9 @@ func LoadConfig(path string, environ []string) (Config, Sources, error) {
 			env[k] = v
 		}
 	}
-	known := map[string]bool{}
 	var errs []error
 	v := reflect.ValueOf(&cfg).Elem()
 	for _, f := range fields {
-		known[f.env] = true
 		raw, ok := env[f.env]
 		if !ok {
 			continue
@@ -193,14 +193,26 @@ func LoadConfig(path string, environ []string) (Config, Sources, error) {
 		}
 		src[f.key] = SourceEnv
 	}
-	for k := range env {
-		if !known[k] {
-			// Same rule as the file: an unknown EXECUTION_ name is most likely
-			// a typo of a known one.
-			errs = append(errs, fmt.Errorf("unknown environment variable %s (known: see `sandboxd config print`)", k))
+	return cfg, src, errors.Join(errs...)
+}
+
+// UnknownEnv returns the EXECUTION_* names in environ that no config key
+// reads. They are warned about, not refused: deployments of the Docker-based
+// worker carry variables of its own (a typo still shows up in the warning).
+func UnknownEnv(environ []string) []string {
+	known := map[string]bool{}
+	for _, f := range configFields() {
+		known[f.env] = true
+	}
+	var out []string
+	for _, kv := range environ {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, EnvPrefix) && !known[k] {
+			out = append(out, k)
 		}
 	}
-	return cfg, src, errors.Join(errs...)
+	sort.Strings(out)
+	return out
 }
 
 func describeTOMLError(err error) string {
@@ -347,7 +359,7 @@ func isLoopbackHost(h string) bool {
 
 // Print writes the effective config as TOML, each value followed by its
 // environment name and its source; secrets are redacted.
-func (c Config) Print(w *bytes.Buffer, src Sources) {
+func (c Config) Print(w io.Writer, src Sources) {
 	v := reflect.ValueOf(c)
 	for _, f := range configFields() {
 		val := v.Field(f.index).Interface()

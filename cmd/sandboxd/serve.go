@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/server"
+)
+
+func init() {
+	commands["serve"] = command{
+		summary: "serve [--config FILE]: the execution HTTP API (default 127.0.0.1:3100)",
+		run:     cmdServe,
+	}
+}
+
+func cmdServe(args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	path := fs.String("config", "", "TOML config file (EXECUTION_* variables override it)")
+	if err := fs.Parse(args); err != nil {
+		return usagef("%v", err)
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected arguments: %v", fs.Args())
+	}
+	cfg, _, err := server.LoadConfig(*path, os.Environ())
+	if err != nil {
+		return err
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("invalid config: %w", err)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	if unknown := server.UnknownEnv(os.Environ()); len(unknown) > 0 {
+		log.Warn("ignoring unknown EXECUTION_* variables", "names", unknown)
+	}
+
+	runner, err := nsjail.NewRunner(nsjail.Options{StateRoot: cfg.StateRoot, Logger: log})
+	if err != nil {
+		return err
+	}
+	// A previous worker killed with SIGKILL left sandboxes and workspaces
+	// behind (GUIDE §4 case 22): clear them before serving.
+	if err := sweepRunner(runner, log); err != nil {
+		return fmt.Errorf("sweep sandboxes: %w", err)
+	}
+	removed, err := server.SweepWorkspaces(cfg.WorkRoot)
+	if err != nil {
+		return err
+	}
+	log.Info("swept orphan workspaces", "count", len(removed), "work_root", cfg.WorkRoot)
+
+	srv, err := server.New(server.Deps{
+		Config:        cfg,
+		Sandbox:       runner,
+		ResolveRootfs: resolveRootfs(cfg),
+		Logger:        log,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(cfg.WorkerHost, strconv.Itoa(cfg.WorkerPort)))
+	if err != nil {
+		return err
+	}
+	hs := &http.Server{
+		Handler:           srv.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	served := make(chan error, 1)
+	go func() { served <- hs.Serve(ln) }()
+	log.Info("serving", "addr", ln.Addr().String())
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	prepared := make(chan error, 1)
+	go func() { prepared <- srv.Prepare(ctx) }()
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("signal received, draining", "grace_ms", cfg.ShutdownGraceMS)
+	case err := <-prepared:
+		if err != nil {
+			runErr = err
+			break
+		}
+		select {
+		case <-ctx.Done():
+			log.Info("signal received, draining", "grace_ms", cfg.ShutdownGraceMS)
+		case err := <-served:
+			runErr = err
+		}
+	case err := <-served:
+		runErr = err
+	}
+
+	// Drain: stop accepting (Shutdown closes the listener at once), let live
+	// executions finish within the grace period, cancel the rest, and wait
+	// for their cleanup before the handlers answer and the process exits.
+	grace := time.Duration(cfg.ShutdownGraceMS) * time.Millisecond
+	graceCtx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	drained := make(chan struct{})
+	go func() { srv.Drain(graceCtx); close(drained) }()
+	shutCtx, cancelShut := context.WithTimeout(context.Background(), grace+15*time.Second)
+	defer cancelShut()
+	if err := hs.Shutdown(shutCtx); err != nil {
+		hs.Close()
+	}
+	<-drained
+	log.Info("stopped")
+	if errors.Is(runErr, http.ErrServerClosed) {
+		runErr = nil
+	}
+	return runErr
+}
+
+// sweepRunner removes sandboxes (containers, cgroups, state) left by a
+// previous worker, when the runner offers it.
+// ADAPTER: nsjail.Runner has no Sweep method on main yet; once it lands with
+// one of these signatures it is called without a change here.
+func sweepRunner(r *nsjail.Runner, log *slog.Logger) error {
+	switch sw := any(r).(type) {
+	case interface{ Sweep(context.Context) error }:
+		return sw.Sweep(context.Background())
+	case interface{ Sweep() error }:
+		return sw.Sweep()
+	}
+	log.Warn("runner has no Sweep yet: orphan sandboxes of a killed worker are not swept")
+	return nil
+}
+
+// resolveRootfs returns how the server finds the runtime rootfs.
+// ADAPTER until package rootfs is merged into main: python_image may be
+// "dir:PATH" (or an absolute directory), an already-unpacked rootfs used as
+// is. Image references (oci-layout:..., registry refs) need package rootfs to
+// unpack them into rootfs_cache; this adapter refuses them with that message.
+func resolveRootfs(cfg server.Config) func(ctx context.Context) (string, error) {
+	return func(ctx context.Context) (string, error) {
+		ref := cfg.PythonImage
+		dir, ok := strings.CutPrefix(ref, "dir:")
+		if !ok && filepath.IsAbs(ref) {
+			dir, ok = ref, true
+		}
+		if !ok {
+			return "", fmt.Errorf("python_image %q: unpacking image references needs package rootfs (not merged yet); set EXECUTION_PYTHON_IMAGE=dir:/path/to/unpacked/rootfs", ref)
+		}
+		abs, err := filepath.Abs(dir)
+		if err != nil {
+			return "", err
+		}
+		if fi, err := os.Stat(abs); err != nil {
+			return "", err
+		} else if !fi.IsDir() {
+			return "", fmt.Errorf("python_image %q: not a directory", ref)
+		}
+		return abs, nil
+	}
+}
