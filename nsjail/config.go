@@ -40,11 +40,8 @@ func (r *Runner) buildConfig(id string, spec *Spec, lim Limits) (*configs.Config
 		NoNewPrivileges: true,
 		Seccomp:         r.seccomp,
 		Rlimits:         rlimits(lim),
-		// The kernel kills a sandbox's init if the worker dies, so a crashed
-		// worker leaves no running code behind (the sweep removes the rest).
-		ParentDeathSignal: int(unix.SIGKILL),
-		NoNewKeyring:      true, // keyctl is denied anyway; no session keyring to leak
-		Version:           "1.2.0",
+		NoNewKeyring:    true, // keyctl is denied anyway; no session keyring to leak
+		Version:         "1.2.0",
 	}
 	if cfg.Hostname == "" {
 		cfg.Hostname = "sandbox"

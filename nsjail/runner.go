@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/configs"
+	"github.com/sandboxd/sandboxd/cgroup"
 	"golang.org/x/sys/unix"
 )
 
@@ -59,9 +59,6 @@ func NewRunner(opts Options) (*Runner, error) {
 	if opts.CgroupParent == "" {
 		opts.CgroupParent = "sandboxd"
 	}
-	if filepath.IsAbs(opts.CgroupParent) || strings.Contains(opts.CgroupParent, "..") {
-		return nil, fmt.Errorf("cgroup parent must be a relative path without '..', got: %q", opts.CgroupParent)
-	}
 	if opts.HostIDBase == 0 {
 		opts.HostIDBase = 1 << 30
 	}
@@ -73,6 +70,12 @@ func NewRunner(opts Options) (*Runner, error) {
 	}
 	if err := os.MkdirAll(opts.StateRoot, 0o700); err != nil {
 		return nil, fmt.Errorf("unable to create state root: %w", err)
+	}
+	// On v2 this moves the worker into a leaf of its own cgroup and
+	// delegates cpu, memory and pids to the sandboxes' parent; on v1 it only
+	// checks the hierarchies and creates the parent under our own cgroups.
+	if err := cgroup.PrepareParent(opts.CgroupParent); err != nil {
+		return nil, fmt.Errorf("unable to prepare the sandboxes' parent cgroup: %w", err)
 	}
 	r := &Runner{opts: opts, log: opts.Logger, seccomp: opts.Seccomp}
 	if r.log == nil {
@@ -146,6 +149,9 @@ type Sandbox struct {
 	stderr    *capture
 	startedAt time.Time
 	log       *slog.Logger
+	// cpuBaselineNS is the CPU time spent before Handoff (a warm sandbox's
+	// preload), subtracted from the reported usage.
+	cpuBaselineNS uint64
 }
 
 // ID is the sandbox's id (its container, cgroup and state directory name).
@@ -241,6 +247,25 @@ func hasEnv(env []string, key string) bool {
 	return false
 }
 
+// Handoff marks the moment a pre-started sandbox (the warm pool's) is given
+// its real work: the deadline becomes timeout counted from now, the reported
+// start time, wall time and CPU time count from here, and output written
+// before now is dropped, so a warm execution reports what a cold one would.
+// It returns the dropped output (normally empty). Call it before Wait.
+func (s *Sandbox) Handoff(timeout time.Duration) (droppedStdout, droppedStderr []byte) {
+	droppedStdout, droppedStderr = s.stdout.reset(), s.stderr.reset()
+	s.cpuBaselineNS = s.readStats().CPUUsageNS
+	s.startedAt = time.Now()
+	if timeout > 0 {
+		s.lim.Timeout = timeout
+	}
+	return droppedStdout, droppedStderr
+}
+
+// MemoryBytes is the sandbox's current memory use as its cgroup accounts it
+// (what an idle warm sandbox costs).
+func (s *Sandbox) MemoryBytes() int64 { return s.readStats().MemoryCurrentBytes }
+
 // Wait waits for the command to finish, enforcing the deadline (counted from
 // now) and ctx, then collects the result and removes the sandbox.
 func (s *Sandbox) Wait(ctx context.Context) *Result {
@@ -292,6 +317,7 @@ func (s *Sandbox) Wait(ctx context.Context) *Result {
 	stats := s.readStats()
 	destroy(s.c, s.log)
 
+	// Both readers are done: their fields are no longer written.
 	res.Stdout, res.Stderr = s.stdout.buf, s.stderr.buf
 	res.StdoutBytes, res.StderrBytes = s.stdout.total, s.stderr.total
 	res.StdoutTruncated, res.StderrTruncated = s.stdout.truncated(), s.stderr.truncated()
@@ -303,7 +329,7 @@ func (s *Sandbox) Wait(ctx context.Context) *Result {
 	}
 	res.Usage = Usage{
 		WallMS:          res.FinishedAt.Sub(res.StartedAt).Milliseconds(),
-		CPUMS:           int64(stats.CPUUsageNS / 1e6),
+		CPUMS:           int64((stats.CPUUsageNS - min(stats.CPUUsageNS, s.cpuBaselineNS)) / 1e6),
 		PeakMemoryBytes: stats.MemoryPeakBytes,
 		PidsPeak:        stats.PidsPeak,
 	}

@@ -27,6 +27,10 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv("CRASHY_WORKER") == "1" {
+		crashyWorker()
+		return
+	}
 	code := m.Run()
 	if os.Geteuid() == 0 {
 		if err := nsjailtest.CheckNoLeftovers(testStateRoot, testCgroupParent); err != nil {

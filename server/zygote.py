@@ -1,0 +1,89 @@
+# The warm pool's waiting interpreter. It runs as the first process of a
+# fresh, single-use sandbox, imports the preload modules, then blocks on fd 3
+# (after writing one byte on fd 4 to say it is ready) until the worker hands
+# it one execution:
+#   {"path": "/workspace/code/main.py", "argv": [...], "cwd": "/workspace",
+#    "env": {"NAME": "value"}}
+# and runs that file exactly as `python3 path` would: __name__ == "__main__",
+# __file__, sys.argv, sys.path[0], cwd, exit codes and tracebacks. The sandbox
+# is destroyed afterwards; nothing here is ever reused. EOF on fd 3 without a
+# message means the pool is retiring this sandbox: exit 0 quietly.
+import os
+import sys
+
+
+def _preload(names):
+    for name in names:
+        if not name:
+            continue
+        try:
+            __import__(name)
+        except Exception as exc:  # a broken preload must not break the run
+            sys.stderr.write("zygote: preload %s failed: %r\n" % (name, exc))
+
+
+def _receive():
+    chunks = []
+    while True:
+        chunk = os.read(3, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(3)
+    return b"".join(chunks)
+
+
+def _run(msg):
+    import json
+    import types
+    from importlib.machinery import SourceFileLoader
+
+    job = json.loads(msg)
+    path = job["path"]
+    os.environ.update(job.get("env") or {})
+    os.chdir(job.get("cwd") or "/")
+    sys.argv[:] = job.get("argv") or [path]
+    try:
+        sys.orig_argv[:] = ["python3"] + sys.argv
+    except AttributeError:
+        pass
+    sys.path[0] = os.path.dirname(path)
+
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__loader__ = SourceFileLoader("__main__", path)
+    main.__spec__ = None
+    main.__package__ = None
+    main.__builtins__ = __builtins__
+    sys.modules["__main__"] = main
+
+    with open(path, "rb") as f:
+        source = f.read()
+    try:
+        code = compile(source, path, "exec", dont_inherit=True)
+        exec(code, main.__dict__)
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        # What the interpreter prints for an uncaught exception, minus this
+        # frame (a SyntaxError has no frame of the user's file to keep).
+        # Since 3.12 the hook prints exc.__traceback__, so trim it there.
+        tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+        exc.__traceback__ = tb
+        sys.excepthook(type(exc), exc, tb)
+        sys.exit(130 if isinstance(exc, KeyboardInterrupt) else 1)
+
+
+def _zygote():
+    _preload(sys.argv[1].split(",") if len(sys.argv) > 1 else [])
+    # Tell the pool this sandbox is ready: one byte on fd 4.
+    os.write(4, b"R")
+    os.close(4)
+    msg = _receive()
+    if not msg:
+        sys.exit(0)
+    _run(msg)
+
+
+if __name__ == "__main__":
+    _zygote()
