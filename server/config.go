@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"encoding"
 	"errors"
 	"fmt"
 	"io"
@@ -9,10 +10,13 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/pelletier/go-toml/v2"
 )
@@ -70,6 +74,19 @@ type Config struct {
 	// AllowedEnv are the variable names a request may set in `env`.
 	AllowedEnv []string `toml:"allowed_env" doc:"env names a request may set (comma-separated in the env)"`
 
+	// WorkspaceBytes sizes the tmpfs mounted on every workspace: code,
+	// input and everything the run writes must fit (GUIDE §4 case 3: filling
+	// the workspace ends in ENOSPC, not in a full host disk).
+	WorkspaceBytes int64 `toml:"workspace_bytes" doc:"size of each execution's /workspace tmpfs"`
+
+	// PoolSize is the number of pre-started sandboxes kept ready per policy
+	// (0 disables the warm pool).
+	PoolSize int `toml:"pool_size" doc:"warm sandboxes kept ready per policy (0: off)"`
+	// PoolMaxIdle retires a warm sandbox that waited this long.
+	PoolMaxIdle Duration `toml:"pool_max_idle" doc:"retire a warm sandbox idle this long (Go duration)"`
+	// PoolPreload are the modules a warm sandbox imports before hand-off.
+	PoolPreload []string `toml:"pool_preload" doc:"modules imported by warm sandboxes (comma-separated in the env)"`
+
 	ResultsMax      int   `toml:"results_max" doc:"finished results kept for GET"`
 	ResultsTTLMS    int64 `toml:"results_ttl_ms" doc:"how long a finished result is kept"`
 	ShutdownGraceMS int64 `toml:"shutdown_grace_ms" doc:"SIGTERM: time in-flight runs get before they are cancelled"`
@@ -102,6 +119,10 @@ func DefaultConfig() Config {
 		MaxArtifactsBytes: 48 << 20,
 		MaxArtifacts:      32,
 		AllowedEnv:        []string{"LANG", "LC_ALL", "TZ", "PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONIOENCODING"},
+		WorkspaceBytes:    256 << 20,
+		PoolSize:          2,
+		PoolMaxIdle:       Duration(10 * time.Minute),
+		PoolPreload:       slices.Clone(DefaultPreload),
 		ResultsMax:        1000,
 		ResultsTTLMS:      15 * 60 * 1000,
 		ShutdownGraceMS:   30_000,
@@ -232,8 +253,28 @@ func describeTOMLError(err error) string {
 	return err.Error()
 }
 
+// Duration is a time.Duration written as a Go duration string ("10m") in
+// TOML and in the environment.
+type Duration time.Duration
+
+// UnmarshalText parses a Go duration string.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(strings.TrimSpace(string(b)))
+	if err != nil {
+		return fmt.Errorf("not a duration (want e.g. 90s, 10m): %q", b)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalText writes the duration as a Go duration string.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+
 func setFromString(v reflect.Value, raw string) error {
 	raw = strings.TrimSpace(raw)
+	if u, ok := v.Addr().Interface().(encoding.TextUnmarshaler); ok {
+		return u.UnmarshalText([]byte(raw))
+	}
 	switch v.Kind() {
 	case reflect.String:
 		v.SetString(raw)
@@ -262,6 +303,8 @@ func setFromString(v reflect.Value, raw string) error {
 	}
 	return nil
 }
+
+var pythonModulePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$`)
 
 var envNamePattern = func(s string) bool {
 	if s == "" {
@@ -323,6 +366,8 @@ func (c Config) Validate() error {
 		{"max_artifact_bytes", c.MaxArtifactBytes, 0},
 		{"max_artifacts_bytes", c.MaxArtifactsBytes, 0},
 		{"max_artifacts", int64(c.MaxArtifacts), 0},
+		{"workspace_bytes", c.WorkspaceBytes, 1 << 20},
+		{"pool_size", int64(c.PoolSize), 0},
 		{"results_max", int64(c.ResultsMax), 1},
 		{"results_ttl_ms", c.ResultsTTLMS, 1},
 		{"shutdown_grace_ms", c.ShutdownGraceMS, 0},
@@ -337,6 +382,18 @@ func (c Config) Validate() error {
 	}{{"dynamic_cpus", c.DynamicCPUs}, {"skill_cpus", c.SkillCPUs}} {
 		if p.v < 0.01 || p.v > float64(runtime.NumCPU()*64) {
 			bad("%s must be in 0.01..%d, got: %g", p.key, runtime.NumCPU()*64, p.v)
+		}
+	}
+	if need := c.MaxCodeBytes + c.MaxInputBytes + 1<<20; c.WorkspaceBytes >= 1<<20 && c.WorkspaceBytes < need {
+		// The request files alone would not fit in the workspace.
+		bad("workspace_bytes must be >= max_code_bytes + max_input_bytes + 1MiB (%d), got: %d", need, c.WorkspaceBytes)
+	}
+	if time.Duration(c.PoolMaxIdle) < time.Second {
+		bad("pool_max_idle must be >= 1s, got: %s", time.Duration(c.PoolMaxIdle))
+	}
+	for _, m := range c.PoolPreload {
+		if !pythonModulePattern.MatchString(m) {
+			bad("pool_preload entries must be Python module names, got: %q", m)
 		}
 	}
 	for _, n := range c.AllowedEnv {

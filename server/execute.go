@@ -189,7 +189,8 @@ func (s *Server) execute(ctx context.Context, p *plan) (*ExecutionResponse, *api
 	}
 	s.store.setRunning(rec)
 
-	ws, err := CreateWorkspace(s.cfg.WorkRoot, p.id, s.sandbox.HostUID(), s.sandbox.HostGID(), p.code, p.input, p.files)
+	sandbox := s.runSandbox()
+	ws, err := CreateWorkspace(s.cfg.WorkRoot, p.id, s.cfg.WorkspaceBytes, sandbox.HostUID(), sandbox.HostGID(), p.code, p.input, p.files)
 	if err != nil {
 		s.store.forget(rec)
 		log.Error("workspace failed", "err", err)
@@ -204,17 +205,9 @@ func (s *Server) execute(ctx context.Context, p *plan) (*ExecutionResponse, *api
 		}
 	}()
 
-	spec := nsjail.Spec{
-		ID:        p.id,
-		Rootfs:    rootfs,
-		Args:      []string{python, CodePath},
-		Env:       p.env,
-		Cwd:       nsjail.WorkspaceDir,
-		Workspace: ws.Dir,
-		Limits:    p.policy.Limits(s.cfg),
-	}
+	spec := s.spec(p, rootfs, python, ws.Dir)
 	log.Info("sandbox starting")
-	res, err := s.sandbox.Run(ctx, spec)
+	res, err := sandbox.Run(ctx, spec)
 	if err != nil {
 		// The spec was refused before anything started: our bug, not the
 		// caller's.
@@ -228,6 +221,21 @@ func (s *Server) execute(ctx context.Context, p *plan) (*ExecutionResponse, *api
 		log.Error("workspace removal failed", "dir", ws.Dir, "err", err)
 	}
 	return finish()
+}
+
+// spec is the sandbox spec of a plan: the policy's Limits and Env (BaseEnv
+// plus the request's extras), so the warm pool can match it to the policy's
+// Template.
+func (s *Server) spec(p *plan, rootfs, python, workspace string) nsjail.Spec {
+	return nsjail.Spec{
+		ID:        p.id,
+		Rootfs:    rootfs,
+		Args:      []string{python, CodePath},
+		Env:       p.env,
+		Cwd:       nsjail.WorkspaceDir,
+		Workspace: workspace,
+		Limits:    p.policy.Limits(s.cfg),
+	}
 }
 
 // fill copies the sandbox result and the workspace output into resp.

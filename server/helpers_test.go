@@ -22,14 +22,18 @@ import (
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 )
 
-// Every test binary gets its own state root and cgroup parent, so the
-// leftover check at the end sees only what this binary created.
+// Every test binary gets its own state root and cgroup parent (the same the
+// pool tests use), so the leftover check at the end sees only what this
+// binary created.
 var (
-	testStateRoot    = fmt.Sprintf("/run/sandboxd-servertest-%d/state", os.Getpid())
-	testCgroupParent = fmt.Sprintf("sandboxd-servertest-%d", os.Getpid())
+	testStateRoot    = fmt.Sprintf("/run/sandboxd-test-%d/state", os.Getpid())
+	testCgroupParent = fmt.Sprintf("sandboxd-test-%d", os.Getpid())
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(crashWorkerEnv) != "" {
+		crashWorker() // never returns
+	}
 	code := m.Run()
 	if os.Geteuid() == 0 {
 		if err := nsjailtest.CheckNoLeftovers(testStateRoot, testCgroupParent); err != nil {
@@ -106,6 +110,7 @@ func newEnv(t *testing.T, rootfs string, mod func(*Config)) *testEnv {
 	cfg.WorkRoot = filepath.Join(t.TempDir(), "work")
 	cfg.StateRoot = testStateRoot
 	cfg.PythonImage = "dir:" + rootfs
+	cfg.PoolSize = 0 // the pool tests turn it on
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -117,6 +122,7 @@ func newEnv(t *testing.T, rootfs string, mod func(*Config)) *testEnv {
 	srv, err := New(Deps{
 		Config:        cfg,
 		Sandbox:       cs,
+		Runner:        r,
 		ResolveRootfs: func(context.Context) (string, error) { return rootfs, nil },
 		Logger:        quietLog,
 	})
@@ -133,6 +139,7 @@ func newEnv(t *testing.T, rootfs string, mod func(*Config)) *testEnv {
 		defer cancel()
 		srv.Drain(ctx)
 		hs.Close()
+		e.wantNoWorkspaces()
 	})
 	return e
 }
@@ -215,6 +222,22 @@ func (e *testEnv) wantNoWorkspaces() {
 	if ws := e.workspaces(); len(ws) > 0 {
 		e.t.Fatalf("workspaces left under %s: %v", e.cfg.WorkRoot, ws)
 	}
+	if m := mountsUnder(e.cfg.WorkRoot); len(m) > 0 {
+		e.t.Fatalf("mounts left under %s: %v", e.cfg.WorkRoot, m)
+	}
+}
+
+// mountsUnder lists the mount points strictly below dir.
+func mountsUnder(dir string) []string {
+	data, _ := os.ReadFile("/proc/self/mountinfo")
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			out = append(out, f[4])
+		}
+	}
+	return out
 }
 
 // waitStatus polls GET until the execution reports status.
@@ -233,4 +256,13 @@ func (e *testEnv) waitStatus(id, status string) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	e.t.Fatalf("execution %s never reached status %s", id, status)
+}
+
+// newRecorder serves one request on srv's handler without a listener.
+func newRecorder(srv *Server, method, path, body string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(method, path, strings.NewReader(body))
+	req.Host = "127.0.0.1"
+	rec := httptest.NewRecorder()
+	srv.Handler().ServeHTTP(rec, req)
+	return rec
 }

@@ -52,3 +52,38 @@ func newMetrics() *metrics {
 func (m *metrics) handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
 }
+
+// poolCollector exports the warm pool's state. One Stats() per scrape (it
+// reads every ready sandbox's cgroup), rather than one per series as
+// separate GaugeFuncs would.
+type poolCollector struct {
+	size  int
+	stats func() PoolStats
+}
+
+var (
+	poolSizeDesc     = prometheus.NewDesc("sandboxd_pool_size", "Configured warm sandboxes per policy (0: pool off).", nil, nil)
+	poolReadyDesc    = prometheus.NewDesc("sandboxd_pool_ready", "Warm sandboxes ready for an execution.", nil, nil)
+	poolStartingDesc = prometheus.NewDesc("sandboxd_pool_starting", "Warm sandboxes starting (importing the preload).", nil, nil)
+	poolTakenDesc    = prometheus.NewDesc("sandboxd_pool_taken_total", "Executions served by a warm sandbox.", nil, nil)
+	poolFailDesc     = prometheus.NewDesc("sandboxd_pool_refill_failures_total", "Warm sandboxes that failed to start.", nil, nil)
+	poolRetiredDesc  = prometheus.NewDesc("sandboxd_pool_retired_total", "Warm sandboxes retired unused after pool_max_idle.", nil, nil)
+	poolMemDesc      = prometheus.NewDesc("sandboxd_pool_idle_memory_bytes", "Memory the ready warm sandboxes hold, as their cgroups account it.", nil, nil)
+)
+
+func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{poolSizeDesc, poolReadyDesc, poolStartingDesc, poolTakenDesc, poolFailDesc, poolRetiredDesc, poolMemDesc} {
+		ch <- d
+	}
+}
+
+func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.stats()
+	ch <- prometheus.MustNewConstMetric(poolSizeDesc, prometheus.GaugeValue, float64(c.size))
+	ch <- prometheus.MustNewConstMetric(poolReadyDesc, prometheus.GaugeValue, float64(st.Ready))
+	ch <- prometheus.MustNewConstMetric(poolStartingDesc, prometheus.GaugeValue, float64(st.Starting))
+	ch <- prometheus.MustNewConstMetric(poolTakenDesc, prometheus.CounterValue, float64(st.Taken))
+	ch <- prometheus.MustNewConstMetric(poolFailDesc, prometheus.CounterValue, float64(st.RefillFailures))
+	ch <- prometheus.MustNewConstMetric(poolRetiredDesc, prometheus.CounterValue, float64(st.Retired))
+	ch <- prometheus.MustNewConstMetric(poolMemDesc, prometheus.GaugeValue, float64(st.IdleMemoryBytes))
+}

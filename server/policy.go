@@ -5,6 +5,7 @@ import (
 	"math"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
@@ -69,7 +70,10 @@ func (p Policies) Apply(typ string, timeoutMS int64) (Policy, error) {
 	return pol, nil
 }
 
-// Limits converts the policy to sandbox limits.
+// Limits converts the policy to sandbox limits. It is the only mapping from
+// a policy to nsjail.Limits: the warm pool's templates and the requests are
+// both built with it, so a request matches its template exactly (timeout
+// aside).
 func (p Policy) Limits(c Config) nsjail.Limits {
 	return nsjail.Limits{
 		Timeout:     time.Duration(p.TimeoutMS) * time.Millisecond,
@@ -85,30 +89,43 @@ func (p Policy) Limits(c Config) nsjail.Limits {
 // them (PATH or PYTHONPATH would let a caller change what the interpreter
 // loads, LD_PRELOAD what the loader maps).
 var reservedEnv = map[string]bool{
-	"PATH": true, "HOME": true, "MPLCONFIGDIR": true, "PYTHONDONTWRITEBYTECODE": true,
+	"PATH": true, "HOME": true, "MPLCONFIGDIR": true, "MPLBACKEND": true, "PYTHONDONTWRITEBYTECODE": true,
 	"PYTHONUNBUFFERED": true, "OMP_NUM_THREADS": true, "OPENBLAS_NUM_THREADS": true,
 	"MKL_NUM_THREADS": true, "PYTHONPATH": true, "PYTHONHOME": true, "PYTHONSTARTUP": true,
 	"LD_PRELOAD": true, "LD_LIBRARY_PATH": true,
 }
 
-// Env is the complete environment of one run: fixed values, thread counts
-// from the CPU limit (BLAS would otherwise start one thread per host CPU and
-// hit the pids limit), then the request's allowlisted extras. Nothing of the
-// worker's own environment is passed in (GUIDE §4 case 13).
-func (p Policy) Env(extra map[string]string) []string {
+// BaseEnv is the environment every run of the policy gets: fixed values and
+// thread counts from the CPU limit (BLAS would otherwise start one thread per
+// host CPU and hit the pids limit). Nothing of the worker's own environment
+// is passed in (GUIDE §4 case 13). The warm pool's templates use exactly
+// this, so it must not depend on the request.
+func (p Policy) BaseEnv() []string {
 	threads := strconv.Itoa(max(1, int(math.Ceil(p.CPUs))))
-	env := []string{
+	return []string{
 		"PATH=/usr/local/bin:/usr/bin:/bin",
 		"HOME=/tmp",
 		"MPLCONFIGDIR=/tmp/matplotlib",
+		"MPLBACKEND=Agg",
 		"PYTHONDONTWRITEBYTECODE=1",
 		"PYTHONUNBUFFERED=1",
 		"OMP_NUM_THREADS=" + threads,
 		"OPENBLAS_NUM_THREADS=" + threads,
 		"MKL_NUM_THREADS=" + threads,
+		"LANG=C.UTF-8",
 	}
-	if _, ok := extra["LANG"]; !ok {
-		env = append(env, "LANG=C.UTF-8")
+}
+
+// Env is the complete environment of one run: BaseEnv, then the request's
+// allowlisted extras in name order (an extra named like a base variable,
+// only LANG can be, replaces it; such a run cannot be served warm).
+func (p Policy) Env(extra map[string]string) []string {
+	var env []string
+	for _, kv := range p.BaseEnv() {
+		k, _, _ := strings.Cut(kv, "=")
+		if _, ok := extra[k]; !ok {
+			env = append(env, kv)
+		}
 	}
 	keys := make([]string, 0, len(extra))
 	for k := range extra {
@@ -119,4 +136,10 @@ func (p Policy) Env(extra map[string]string) []string {
 		env = append(env, k+"="+extra[k])
 	}
 	return env
+}
+
+// Template is the warm-pool template of the policy on rootfs: the same
+// BaseEnv and Limits a request of this policy gets.
+func (p Policy) Template(c Config, rootfs string) Template {
+	return Template{Name: p.Name, Rootfs: rootfs, Env: p.BaseEnv(), Limits: p.Limits(c)}
 }

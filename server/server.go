@@ -31,12 +31,16 @@ type Sandboxer interface {
 	HostGID() int
 }
 
-// Deps are what a Server needs. All fields are required.
+// Deps are what a Server needs. All fields are required, except Runner when
+// the warm pool is off (Config.PoolSize == 0).
 type Deps struct {
 	// Config is the validated configuration.
 	Config Config
-	// Sandbox runs executions.
+	// Sandbox runs executions cold (an *nsjail.Runner, or a wrapper of one),
+	// and all of them while the warm pool is off or not built yet.
 	Sandbox Sandboxer
+	// Runner starts the warm pool's sandboxes (and its cold fallbacks).
+	Runner *nsjail.Runner
 	// ResolveRootfs returns the unpacked runtime rootfs, unpacking
 	// Config.PythonImage into Config.RootfsCache first if needed. It is
 	// called once, by Prepare.
@@ -52,6 +56,7 @@ type Server struct {
 	cfg      Config
 	policies Policies
 	sandbox  Sandboxer
+	runner   *nsjail.Runner
 	resolve  func(ctx context.Context) (string, error)
 	log      *slog.Logger
 
@@ -64,6 +69,7 @@ type Server struct {
 	rootfs   string // set once Prepare succeeds
 	python   string // interpreter name found in the rootfs
 	prepErr  error
+	pool     *Pool          // set by Prepare when pool_size > 0
 	draining bool           // under mu: once set, live gets no new Add
 	live     sync.WaitGroup // executions between admission and cleanup
 }
@@ -80,6 +86,9 @@ func New(d Deps) (*Server, error) {
 	if d.Logger == nil {
 		errs = append(errs, errors.New("deps: Logger is required"))
 	}
+	if d.Runner == nil && d.Config.PoolSize > 0 {
+		errs = append(errs, errors.New("deps: Runner is required when pool_size > 0"))
+	}
 	if err := d.Config.Validate(); err != nil {
 		errs = append(errs, err)
 	}
@@ -90,6 +99,7 @@ func New(d Deps) (*Server, error) {
 		cfg:      d.Config,
 		policies: PoliciesFromConfig(d.Config),
 		sandbox:  d.Sandbox,
+		runner:   d.Runner,
 		resolve:  d.ResolveRootfs,
 		log:      d.Logger,
 		store:    NewStore(d.Config.ResultsMax, time.Duration(d.Config.ResultsTTLMS)*time.Millisecond),
@@ -99,6 +109,7 @@ func New(d Deps) (*Server, error) {
 		s.metrics.inFlight.Set(float64(running))
 		s.metrics.queued.Set(float64(queued))
 	})
+	s.metrics.reg.MustRegister(&poolCollector{size: d.Config.PoolSize, stats: s.PoolStats})
 	s.handler = s.guard(s.router())
 	return s, nil
 }
@@ -161,11 +172,60 @@ func (s *Server) Prepare(ctx context.Context) error {
 		return err
 	}
 	python := findPython(root)
+	var pool *Pool
+	if s.cfg.PoolSize > 0 {
+		var templates []Template
+		for _, name := range s.policies.Names() {
+			templates = append(templates, s.policies[name].Template(s.cfg, root))
+		}
+		pool, err = NewPool(s.runner, PoolConfig{
+			Size:           s.cfg.PoolSize,
+			MaxIdle:        time.Duration(s.cfg.PoolMaxIdle),
+			Preload:        s.cfg.PoolPreload,
+			WorkRoot:       s.cfg.WorkRoot,
+			WorkspaceBytes: s.cfg.WorkspaceBytes,
+		}, templates, s.log)
+		if err != nil {
+			err = fmt.Errorf("warm pool: %w", err)
+			s.mu.Lock()
+			s.prepErr = err
+			s.mu.Unlock()
+			return err
+		}
+	}
 	s.mu.Lock()
-	s.rootfs, s.python, s.prepErr = root, python, nil
+	if s.draining && pool != nil {
+		// Drain already ran: nothing would ever close this pool.
+		s.mu.Unlock()
+		pool.Close()
+		return errors.New("shutting down")
+	}
+	s.rootfs, s.python, s.prepErr, s.pool = root, python, nil, pool
 	s.mu.Unlock()
-	s.log.Info("rootfs ready", "rootfs", root, "python", python)
+	s.log.Info("rootfs ready", "rootfs", root, "python", python, "pool_size", s.cfg.PoolSize)
 	return nil
+}
+
+// PoolStats is the warm pool's state (zero while it is off or not built).
+func (s *Server) PoolStats() PoolStats {
+	s.mu.Lock()
+	pool := s.pool
+	s.mu.Unlock()
+	if pool == nil {
+		return PoolStats{}
+	}
+	return pool.Stats()
+}
+
+// runSandbox is the Sandboxer for the next execution: the warm pool once
+// built (it runs cold itself when no warm sandbox matches), else the cold one.
+func (s *Server) runSandbox() Sandboxer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pool != nil {
+		return s.pool
+	}
+	return s.sandbox
 }
 
 // findPython returns "python" when the image has it on PATH, else "python3"
@@ -204,23 +264,29 @@ func (s *Server) ready() (rootfs, python string, err error) {
 }
 
 // Drain stops admitting executions, lets the live ones finish until ctx is
-// done, then cancels the rest and waits for their cleanup. It returns the
-// number of executions it had to cancel.
+// done, then cancels the rest and waits for their cleanup, and finally
+// closes the warm pool (its ready sandboxes are ended and removed). It
+// returns the number of executions it had to cancel.
 func (s *Server) Drain(ctx context.Context) int {
 	s.mu.Lock()
 	s.draining = true
 	s.mu.Unlock()
 	done := make(chan struct{})
 	go func() { s.live.Wait(); close(done) }()
+	n := 0
 	select {
 	case <-done:
-		s.log.Info("drained", "cancelled", 0)
-		return 0
 	case <-ctx.Done():
+		n = s.store.cancelAll()
+		s.log.Warn("grace period over, cancelling executions", "cancelled", n)
+		<-done
 	}
-	n := s.store.cancelAll()
-	s.log.Warn("grace period over, cancelling executions", "cancelled", n)
-	<-done
+	s.mu.Lock()
+	pool := s.pool
+	s.mu.Unlock()
+	if pool != nil {
+		pool.Close()
+	}
 	s.log.Info("drained", "cancelled", n)
 	return n
 }

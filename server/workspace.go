@@ -22,8 +22,12 @@ const (
 )
 
 // workspacePrefix names every workspace directory, so the orphan sweep removes
-// only what sandboxd created even if work_root is shared.
-const workspacePrefix = "exec-"
+// only what sandboxd created even if work_root is shared; warmPrefix names
+// the warm pool's (see Pool.start).
+const (
+	workspacePrefix = "exec-"
+	warmPrefix      = "warm-"
+)
 
 // maxFileDepth bounds the directory depth of request files.
 const maxFileDepth = 8
@@ -112,10 +116,11 @@ type Workspace struct {
 // workspaceLayout is what a sandbox finds in /workspace.
 var workspaceLayout = []string{"code", "input", "output", "output/artifacts"}
 
-// CreateWorkspace makes a fresh workspace under root for execution id, writes
-// the code, the input and the files, and hands everything to the sandbox's
-// host uid/gid so uid 10001 inside can read it and write output/.
-func CreateWorkspace(root, id string, uid, gid int, code string, input []byte, files []decodedFile) (ws *Workspace, err error) {
+// CreateWorkspace makes a fresh workspace under root for execution id, mounts
+// a tmpfs of size bytes on it (see mountWorkspace), writes the code, the
+// input and the files, and hands everything to the sandbox's host uid/gid so
+// uid 10001 inside can read it and write output/.
+func CreateWorkspace(root, id string, size int64, uid, gid int, code string, input []byte, files []decodedFile) (ws *Workspace, err error) {
 	if err := os.MkdirAll(root, 0o711); err != nil {
 		return nil, wrapSpace(fmt.Errorf("work root: %w", err))
 	}
@@ -130,6 +135,9 @@ func CreateWorkspace(root, id string, uid, gid int, code string, input []byte, f
 			ws = nil
 		}
 	}()
+	if err := mountWorkspace(dir, size, uid, gid); err != nil {
+		return ws, err
+	}
 	// os.Root: every write below stays inside dir whatever the names say
 	// (defence in depth behind checkFilePath).
 	r, err := os.OpenRoot(dir)
@@ -183,18 +191,19 @@ func wrapSpace(err error) error {
 	return err
 }
 
-// Remove deletes the workspace. RemoveAll never follows symlinks, so links
-// the sandbox left behind cannot redirect the deletion.
+// Remove unmounts and deletes the workspace (see removeWorkspace). It is
+// idempotent.
 func (w *Workspace) Remove() error {
 	if w == nil || w.Dir == "" {
 		return nil
 	}
-	return os.RemoveAll(w.Dir)
+	return removeWorkspace(w.Dir)
 }
 
-// SweepWorkspaces removes every workspace under root: run at start-up, when no
-// execution can be live, it clears what a SIGKILLed worker left behind
-// (GUIDE §4 case 22). It returns the names it removed.
+// SweepWorkspaces removes every workspace under root, cold or warm, its tmpfs
+// unmounted first: run at start-up, when no execution can be live, it clears
+// what a SIGKILLed worker left behind (GUIDE §4 case 22). It returns the
+// names it removed.
 func SweepWorkspaces(root string) ([]string, error) {
 	entries, err := os.ReadDir(root)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -206,10 +215,10 @@ func SweepWorkspaces(root string) ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, e := range entries {
-		if !strings.HasPrefix(e.Name(), workspacePrefix) {
+		if !strings.HasPrefix(e.Name(), workspacePrefix) && !strings.HasPrefix(e.Name(), warmPrefix) {
 			continue
 		}
-		if err := os.RemoveAll(filepath.Join(root, e.Name())); err != nil {
+		if err := removeWorkspace(filepath.Join(root, e.Name())); err != nil {
 			errs = append(errs, err)
 			continue
 		}

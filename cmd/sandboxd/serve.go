@@ -56,9 +56,11 @@ func cmdServe(args []string) error {
 	}
 	// A previous worker killed with SIGKILL left sandboxes and workspaces
 	// behind (GUIDE §4 case 22): clear them before serving.
-	if err := sweepRunner(runner, log); err != nil {
-		return fmt.Errorf("sweep sandboxes: %w", err)
+	swept, err := runner.Sweep()
+	if err != nil {
+		return fmt.Errorf("sweep orphan sandboxes: %w", err)
 	}
+	log.Info("swept orphan sandboxes", "count", len(swept), "state_root", cfg.StateRoot)
 	removed, err := server.SweepWorkspaces(cfg.WorkRoot)
 	if err != nil {
 		return err
@@ -68,6 +70,7 @@ func cmdServe(args []string) error {
 	srv, err := server.New(server.Deps{
 		Config:        cfg,
 		Sandbox:       runner,
+		Runner:        runner,
 		ResolveRootfs: resolveRootfs(cfg),
 		Logger:        log,
 	})
@@ -89,8 +92,11 @@ func cmdServe(args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	// Prepare unpacks the image (if needed) and fills the warm pool;
+	// /readyz turns ready when it succeeds.
 	prepared := make(chan error, 1)
-	go func() { prepared <- srv.Prepare(ctx) }()
+	prepDone := make(chan struct{})
+	go func() { prepared <- srv.Prepare(ctx); close(prepDone) }()
 
 	var runErr error
 	select {
@@ -125,26 +131,18 @@ func cmdServe(args []string) error {
 		hs.Close()
 	}
 	<-drained
+	// A Prepare still unpacking sees ctx cancelled; one that built a pool
+	// after Drain closes it itself. Wait for either, so nothing is left.
+	select {
+	case <-prepDone:
+	case <-time.After(30 * time.Second):
+		log.Error("start-up preparation did not stop within 30s")
+	}
 	log.Info("stopped")
 	if errors.Is(runErr, http.ErrServerClosed) {
 		runErr = nil
 	}
 	return runErr
-}
-
-// sweepRunner removes sandboxes (containers, cgroups, state) left by a
-// previous worker, when the runner offers it.
-// ADAPTER: nsjail.Runner has no Sweep method on main yet; once it lands with
-// one of these signatures it is called without a change here.
-func sweepRunner(r *nsjail.Runner, log *slog.Logger) error {
-	switch sw := any(r).(type) {
-	case interface{ Sweep(context.Context) error }:
-		return sw.Sweep(context.Background())
-	case interface{ Sweep() error }:
-		return sw.Sweep()
-	}
-	log.Warn("runner has no Sweep yet: orphan sandboxes of a killed worker are not swept")
-	return nil
 }
 
 // resolveRootfs returns how the server finds the runtime rootfs.

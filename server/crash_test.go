@@ -1,0 +1,5 @@
+package server
+
+const crashWorkerEnv = "SANDBOXD_CRASH_WORKER"
+
+func crashWorker() {}
