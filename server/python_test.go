@@ -153,6 +153,14 @@ func TestPythonFailures(t *testing.T) {
 			t.Fatalf("result %s error %v", resp.Result, resp.ResultError)
 		}
 	})
+	t.Run("legacy crash", func(t *testing.T) {
+		code, _, body := e.do("POST", "/execute", LegacyRequest{Code: "import ctypes\nprint('x', flush=True)\nctypes.string_at(0)"})
+		var got LegacyResponse
+		if code != 200 || json.Unmarshal(body, &got) != nil ||
+			got != (LegacyResponse{Output: "x\n", Error: "execution crashed with SIGSEGV", Status: LegacyCriticalError}) {
+			t.Fatalf("POST /execute = %d %s", code, body)
+		}
+	})
 	// The server is still fine after all of it.
 	wantExecStatus(t, e.execute(ExecutionRequest{Code: "print(1)"}), "succeeded")
 }
