@@ -36,9 +36,11 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	if os.Geteuid() == 0 {
-		if err := nsjailtest.CheckNoLeftovers(testStateRoot, testCgroupParent); err != nil {
-			fmt.Fprintln(os.Stderr, "LEFTOVERS after the suite:", err)
-			code = 1
+		for _, p := range [][2]string{{testStateRoot, testCgroupParent}, {crashStateRoot, crashCgroupParent}} {
+			if err := nsjailtest.CheckNoLeftovers(p[0], p[1]); err != nil {
+				fmt.Fprintln(os.Stderr, "LEFTOVERS after the suite:", err)
+				code = 1
+			}
 		}
 		os.RemoveAll(filepath.Dir(testStateRoot))
 	}

@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path"
 	"path/filepath"
 	"strings"
 	"syscall"
+
+	"github.com/sandboxd/sandboxd/nsjail"
 )
 
 // Paths inside the sandbox (the workspace is bound at nsjail.WorkspaceDir).
@@ -225,4 +228,22 @@ func SweepWorkspaces(root string) ([]string, error) {
 		removed = append(removed, e.Name())
 	}
 	return removed, errors.Join(errs...)
+}
+
+// SweepOrphans clears what a worker killed with SIGKILL left behind (GUIDE §4
+// case 22): its sandboxes (containers, cgroups, state, via Runner.Sweep) and
+// then its workspaces and their tmpfs mounts. Call it on start, before
+// serving and before the warm pool starts anything.
+func SweepOrphans(r *nsjail.Runner, workRoot string, log *slog.Logger) error {
+	sandboxes, err := r.Sweep()
+	if err != nil {
+		return fmt.Errorf("sweep orphan sandboxes: %w", err)
+	}
+	workspaces, err := SweepWorkspaces(workRoot)
+	if err != nil {
+		return err
+	}
+	log.Info("swept orphans", "sandboxes", len(sandboxes), "workspaces", len(workspaces),
+		"state_root", r.StateRoot(), "work_root", workRoot)
+	return nil
 }

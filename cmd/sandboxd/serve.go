@@ -56,16 +56,9 @@ func cmdServe(args []string) error {
 	}
 	// A previous worker killed with SIGKILL left sandboxes and workspaces
 	// behind (GUIDE §4 case 22): clear them before serving.
-	swept, err := runner.Sweep()
-	if err != nil {
-		return fmt.Errorf("sweep orphan sandboxes: %w", err)
-	}
-	log.Info("swept orphan sandboxes", "count", len(swept), "state_root", cfg.StateRoot)
-	removed, err := server.SweepWorkspaces(cfg.WorkRoot)
-	if err != nil {
+	if err := server.SweepOrphans(runner, cfg.WorkRoot, log); err != nil {
 		return err
 	}
-	log.Info("swept orphan workspaces", "count", len(removed), "work_root", cfg.WorkRoot)
 
 	srv, err := server.New(server.Deps{
 		Config:        cfg,
