@@ -135,4 +135,3 @@ func TestRestartAfterSIGKILLSweepsOrphans(t *testing.T) {
 		t.Fatal(err)
 	}
 }
-
