@@ -16,6 +16,7 @@ import (
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/configs"
 	"github.com/sandboxd/sandboxd/cgroup"
+	"github.com/sandboxd/sandboxd/seccomp"
 	"golang.org/x/sys/unix"
 )
 
@@ -76,6 +77,13 @@ func NewRunner(opts Options) (*Runner, error) {
 	// checks the hierarchies and creates the parent under our own cgroups.
 	if err := cgroup.PrepareParent(opts.CgroupParent); err != nil {
 		return nil, fmt.Errorf("unable to prepare the sandboxes' parent cgroup: %w", err)
+	}
+	if opts.Seccomp == nil {
+		filter, err := seccomp.Default().Libcontainer()
+		if err != nil {
+			return nil, fmt.Errorf("unable to compile the seccomp profile: %w", err)
+		}
+		opts.Seccomp = filter
 	}
 	r := &Runner{opts: opts, log: opts.Logger, seccomp: opts.Seccomp}
 	if r.log == nil {

@@ -135,6 +135,14 @@ try:
 except RuntimeError as e:
     print("refused:", e)`,
 	"timeout": `import time; print("start", flush=True); time.sleep(60)`,
+	"unclosed global file": `f = open("/workspace/output/unclosed.txt", "w")
+f.write("kept " * 1000)
+g = open("/workspace/output/other.txt", "w"); g.write("also kept")`,
+	"exit 256 and -1": `import sys; sys.exit(256)`,
+	"non-daemon thread outlives main": `import threading, time
+def late(): time.sleep(0.3); print("thread done", flush=True)
+threading.Thread(target=late).start()
+print("main done")`,
 	"atexit and unflushed": `import atexit, sys
 atexit.register(lambda: print("atexit ran"))
 sys.stdout.write("no newline")`,
@@ -301,4 +309,65 @@ func TestPoolRefillsAndNeverReuses(t *testing.T) {
 	if st := pool.Stats(); st.Taken != 3 || st.RefillFailures != 0 {
 		t.Fatalf("stats %+v", st)
 	}
+}
+
+// BenchmarkWarmPrint measures a warm execution of print(1) through the pool,
+// from Run to Result (workspace move, hand-off, run, exit, collection), with
+// the pool refilling in the background as in production.
+func BenchmarkWarmPrint(b *testing.B) {
+	benchPool(b, `print(1)`, 2)
+}
+
+// BenchmarkColdPrint is the same execution on the cold path.
+func BenchmarkColdPrint(b *testing.B) {
+	benchPool(b, `print(1)`, 0)
+}
+
+func benchPool(b *testing.B, code string, size int) {
+	rootfs := nsjailtest.RuntimeRootfs(b)
+	r := newPoolRunner(b)
+	tpl := poolTemplate(rootfs)
+	pool, err := NewPool(r, PoolConfig{Size: size, WorkRoot: b.TempDir()}, []Template{tpl}, poolQuietLog)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pool.Close()
+	var lat []time.Duration
+	for b.Loop() {
+		b.StopTimer()
+		if size > 0 {
+			deadline := time.Now().Add(time.Minute)
+			for pool.Stats().Ready < 1 && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		ws := benchWorkspace(b, r, code)
+		b.StartTimer()
+		start := time.Now()
+		res, err := pool.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+			Env: tpl.Env, Cwd: nsjail.WorkspaceDir, Workspace: ws, Limits: tpl.Limits})
+		lat = append(lat, time.Since(start))
+		if err != nil || res.Status != nsjail.StatusSucceeded {
+			b.Fatalf("%v %+v", err, res)
+		}
+		b.StopTimer()
+		os.RemoveAll(ws)
+		b.StartTimer()
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+}
+
+func benchWorkspace(b *testing.B, r *nsjail.Runner, code string) string {
+	ws, err := os.MkdirTemp("", "bench-ws-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, d := range []string{"code", "input", "output/artifacts"} {
+		_ = os.MkdirAll(filepath.Join(ws, d), 0o755)
+	}
+	_ = os.WriteFile(filepath.Join(ws, "code/main.py"), []byte(code), 0o644)
+	_ = filepath.WalkDir(ws, func(p string, _ fs.DirEntry, err error) error { return os.Lchown(p, r.HostUID(), r.HostGID()) })
+	return ws
 }
