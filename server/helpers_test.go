@@ -268,3 +268,5 @@ func newRecorder(srv *Server, method, path, body string) *httptest.ResponseRecor
 	srv.Handler().ServeHTTP(rec, req)
 	return rec
 }
+
+func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }

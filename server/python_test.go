@@ -181,6 +181,8 @@ func TestPoolThroughAPI(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	st := warm.srv.PoolStats()
+	t.Logf("pool ready: %d sandboxes hold %d MiB idle", st.Ready, st.IdleMemoryBytes>>20)
 	req := ExecutionRequest{Code: groupbyCode + `
 import matplotlib.pyplot as plt, os, socket
 plt.plot([1, 2, 3]); plt.savefig("/workspace/output/artifacts/c.png", dpi=40)
