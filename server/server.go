@@ -178,10 +178,16 @@ func (s *Server) Prepare(ctx context.Context) error {
 		for _, name := range s.policies.Names() {
 			templates = append(templates, s.policies[name].Template(s.cfg, root))
 		}
+		// An empty pool_preload means "import nothing" (NewPool reads nil
+		// as its default list).
+		preload := s.cfg.PoolPreload
+		if preload == nil {
+			preload = []string{}
+		}
 		pool, err = NewPool(s.runner, PoolConfig{
 			Size:           s.cfg.PoolSize,
 			MaxIdle:        time.Duration(s.cfg.PoolMaxIdle),
-			Preload:        s.cfg.PoolPreload,
+			Preload:        preload,
 			WorkRoot:       s.cfg.WorkRoot,
 			WorkspaceBytes: s.cfg.WorkspaceBytes,
 		}, templates, s.log)
