@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -157,6 +158,10 @@ type Sandbox struct {
 	stderr    *capture
 	startedAt time.Time
 	log       *slog.Logger
+	mntns     *os.File
+	// exitReport, when set, delivers the exit status reported by the
+	// sandbox itself (see SetExitReport).
+	exitReport <-chan int
 	// cpuBaselineNS is the CPU time spent before Handoff (a warm sandbox's
 	// preload), subtracted from the reported usage.
 	cpuBaselineNS uint64
@@ -238,8 +243,16 @@ func (r *Runner) Start(spec Spec) (*Sandbox, error) {
 		return fail("unable to start sandbox: %v", err)
 	}
 	log.Debug("sandbox started", "start_ms", time.Since(startedAt).Milliseconds())
+	// Hold the sandbox's mount namespace: otherwise its last process's exit
+	// tears it down synchronously (umount + an RCU grace period, several ms)
+	// before the exit is reported. Released, off the result path, by Wait.
+	var mntns *os.File
+	if pid, err := proc.Pid(); err == nil {
+		mntns, _ = os.Open(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+	}
 	return &Sandbox{
-		r: r, id: id, spec: spec, lim: lim, c: c, proc: proc,
+		mntns: mntns,
+		r:     r, id: id, spec: spec, lim: lim, c: c, proc: proc,
 		stdout:    newCapture(outR, lim.StdoutBytes),
 		stderr:    newCapture(errR, lim.StderrBytes),
 		startedAt: startedAt, log: log,
@@ -291,26 +304,43 @@ func (s *Sandbox) Wait(ctx context.Context) *Result {
 
 	var killedFor Status
 	var waitErr error
-	select {
-	case waitErr = <-exited:
-	case <-deadline.C:
-		killedFor = StatusTimeout
-	case <-ctx.Done():
-		killedFor = StatusCancelled
+	reported, haveReport := 0, false
+	report := s.exitReport
+wait:
+	for {
+		select {
+		case waitErr = <-exited:
+			break wait
+		case <-deadline.C:
+			killedFor = StatusTimeout
+			break wait
+		case <-ctx.Done():
+			killedFor = StatusCancelled
+			break wait
+		case reported, haveReport = <-report:
+			if haveReport {
+				break wait
+			}
+			report = nil // closed without a report: wait for the exit
+		}
 	}
-	if killedFor != "" {
+	if killedFor != "" || haveReport {
 		// SIGKILL to the sandbox's init: the kernel then kills every other
 		// process of its pid namespace (pid_namespaces(7)), double-forked,
-		// setsid and signal-ignoring ones included.
+		// setsid and signal-ignoring ones included. After an exit report the
+		// init is exiting anyway; this ends what it leaves behind.
 		if err := s.c.Signal(unix.SIGKILL); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
 			s.log.Error("unable to kill sandbox", "error", err)
 		}
+	}
+	if !haveReport && killedFor != "" {
 		waitErr = <-exited
 	}
 	res.FinishedAt = time.Now()
 
-	// Every process of the pid namespace is gone once init is reaped, so the
-	// pipes are at EOF; the grace only guards against the impossible.
+	// Once init is reaped every process of the pid namespace is gone and the
+	// pipes are at EOF (after an exit report, init closed its ends itself);
+	// the grace only guards against the impossible.
 	for _, c := range []*capture{s.stdout, s.stderr} {
 		select {
 		case <-c.done:
@@ -321,11 +351,22 @@ func (s *Sandbox) Wait(ctx context.Context) *Result {
 		}
 		c.r.Close()
 	}
-
 	stats := s.readStats()
-	destroy(s.c, s.log)
 
-	// Both readers are done: their fields are no longer written.
+	// Reaping a reported exit and removing the sandbox (cgroup rmdirs, the
+	// mount namespace's umounts and RCU waits) are not part of the result.
+	pendingCleanups.Add(1)
+	go func() {
+		defer pendingCleanups.Done()
+		if haveReport {
+			<-exited
+		}
+		destroy(s.c, s.log)
+		if s.mntns != nil {
+			s.mntns.Close()
+		}
+	}()
+
 	res.Stdout, res.Stderr = s.stdout.buf, s.stderr.buf
 	res.StdoutBytes, res.StderrBytes = s.stdout.total, s.stderr.total
 	res.StdoutTruncated, res.StderrTruncated = s.stdout.truncated(), s.stderr.truncated()
@@ -349,7 +390,9 @@ func (s *Sandbox) Wait(ctx context.Context) *Result {
 	}
 
 	res.ExitCode = -1
-	if state != nil {
+	if haveReport {
+		res.ExitCode = reported
+	} else if state != nil {
 		if ws, ok := state.Sys().(syscall.WaitStatus); ok {
 			switch {
 			case ws.Exited():
@@ -370,7 +413,7 @@ func (s *Sandbox) Wait(ctx context.Context) *Result {
 		// From the cgroup's own counter: the OOM-killed process need not be
 		// init (a shell whose child was killed may still exit 0).
 		res.Status = StatusOOM
-	case state == nil:
+	case !haveReport && state == nil:
 		res.Status = StatusSandboxError
 		res.Error = fmt.Sprintf("unable to wait for the sandbox: %v", waitErr)
 	case res.ExitCode == 0 && res.Signal == "":
@@ -382,6 +425,22 @@ func (s *Sandbox) Wait(ctx context.Context) *Result {
 		"wall_ms", res.Usage.WallMS, "limits_hit", res.LimitsHit)
 	return res
 }
+
+// pendingCleanups counts sandboxes whose removal is still under way.
+var pendingCleanups sync.WaitGroup
+
+// WaitForCleanup blocks until every finished sandbox has been removed
+// (cgroups, state directory, mounts). Removal runs in the background, after
+// the result is returned; call this before exiting or checking for leftovers.
+func WaitForCleanup() { pendingCleanups.Wait() }
+
+// SetExitReport makes Wait take the command's exit status from report, the
+// moment trusted code in the sandbox (the warm pool's zygote) sends it just
+// before exiting, instead of waiting for the kernel to finish tearing the
+// process down (~8 ms for a Python that imported the data stack). Wait then
+// kills what is left of the sandbox, as it would have died with its init.
+// The command can only report a status it could also have exited with.
+func (s *Sandbox) SetExitReport(report <-chan int) { s.exitReport = report }
 
 // destroy removes the container's cgroups and state directory. libcontainer
 // refuses to destroy a running container, so anything still alive (it should

@@ -36,6 +36,19 @@ func SyscallNumber(name string, a Arch) (nr int, ok bool) {
 	return int(n), true
 }
 
+// SyscallName is the inverse of SyscallNumber.
+func SyscallName(nr int, a Arch) (string, bool) {
+	sa, err := a.scmp()
+	if err != nil {
+		return "", false
+	}
+	n, err := libseccomp.ScmpSyscall(nr).GetNameByArch(sa)
+	if err != nil {
+		return "", false
+	}
+	return n, true
+}
+
 // ENOSYSAbove is the highest syscall number the compiled profile names on
 // a. runc's patchbpf prepends a stub that returns ENOSYS for every number
 // above it on this architecture, so that a libc meeting a syscall newer

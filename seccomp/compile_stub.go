@@ -10,6 +10,9 @@ var errNoLibseccomp = errors.New("seccomp: built without cgo and -tags seccomp; 
 // SyscallNumber needs libseccomp; without it nothing resolves.
 func SyscallNumber(name string, a Arch) (int, bool) { return 0, false }
 
+// SyscallName needs libseccomp; without it nothing resolves.
+func SyscallName(nr int, a Arch) (string, bool) { return "", false }
+
 // ENOSYSAbove needs libseccomp.
 func (p *Profile) ENOSYSAbove(a Arch) (int, error) { return 0, errNoLibseccomp }
 

@@ -54,8 +54,8 @@ func Default() *Profile {
 		"openat2")
 	allow("files", "flush and size files; limited by RLIMIT_FSIZE and tmpfs sizes", "",
 		"fsync", "fdatasync", "ftruncate", "truncate", "fallocate", "fadvise64", "readahead", "sync_file_range")
-	allow("files", "in-kernel copies (shutil.copyfile uses sendfile/copy_file_range) and pipe splicing", "",
-		"sendfile", "copy_file_range", "splice", "tee")
+	allow("files", "in-kernel copies: shutil.copyfile uses sendfile and copy_file_range", "",
+		"sendfile", "copy_file_range")
 	allow("files", "file metadata (os.stat, os.path.exists, Path.glob)", "",
 		"fstat", "newfstatat", "statx", "statfs", "fstatfs", "faccessat", "faccessat2", "readlinkat", "getdents64", "getcwd", "chdir", "fchdir")
 	allow("files", "create, rename and remove files in writable places (/tmp, /dev/shm, /workspace); the root is read-only", "",
@@ -83,7 +83,7 @@ func Default() *Profile {
 
 	// --- memory
 	allow("memory", "memory management for the allocator, the dynamic loader, numpy and mmap'd files; bounded by the memory cgroup", "",
-		"brk", "mmap", "munmap", "mprotect", "mremap", "madvise", "msync", "mincore", "mlock", "munlock", "mlock2", "munlockall", "membarrier")
+		"brk", "mmap", "munmap", "mprotect", "mremap", "madvise", "msync", "mlock", "munlock", "mlock2", "munlockall", "membarrier")
 	allow("memory", "memfd_create: anonymous files for shared memory (multiprocessing.heap, some allocators); charged to the memory cgroup", "",
 		"memfd_create")
 
@@ -182,7 +182,7 @@ func Default() *Profile {
 		p.Rules = append(p.Rules, Rule{
 			Names: []string{"socket"}, Action: ActErrno(uint(unix.EAFNOSUPPORT)), Group: "network",
 			Args:   []Cond{{Index: 0, Name: "domain", Op: Equal, Value: f}},
-			Reason: "socket families between AF_UNIX and AF_INET6 (ax25, ipx, appletalk, x25, ...) are refused as unsupported",
+			Reason: "AF_UNSPEC and the families between AF_INET and AF_INET6 (ax25, ipx, appletalk, netrom, bridge, atmpvc, x25) are refused as unsupported",
 		})
 	}
 	p.Rules = append(p.Rules, Rule{
@@ -212,6 +212,12 @@ func defaultDenied() []Denial {
 		{Names: []string{"keyctl", "add_key", "request_key"}, Group: "isolation",
 			Reason: "the kernel keyring is not namespaced",
 			Ref:    "CVE-2016-0728"},
+		{Names: []string{"splice", "tee", "vmsplice"}, Group: "kernel",
+			Reason: "pipe page splicing, unused by the stack (shutil copies with sendfile and copy_file_range); the Dirty Pipe overwrite of read-only files went through splice",
+			Ref:    "CVE-2022-0847"},
+		{Names: []string{"mincore"}, Group: "kernel",
+			Reason: "page-cache residency queries are a cross-process side channel; nothing in the stack calls it",
+			Ref:    "CVE-2019-5489"},
 		{Names: []string{"bpf"}, Group: "kernel",
 			Reason: "eBPF verifier bugs are a recurring root exploit",
 			Ref:    "CVE-2021-3490"},
@@ -231,7 +237,7 @@ func defaultDenied() []Denial {
 			Reason: "open files by handle, bypassing the mount tree (the 'shocker' container breakout)",
 			Ref:    "https://lwn.net/Articles/606022/"},
 		{Names: []string{"setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid", "setgroups", "setfsuid", "setfsgid", "capset"}, Group: "credentials",
-			Reason: "the sandbox runs as 10001 with no capabilities; changing credentials has no legitimate use",
+			Reason: "the sandbox runs as 10001 with no capabilities; changing credentials has no legitimate use (busybox applets call setgid(getgid()) and setuid(getuid()) at start and ignore the EPERM)",
 			Ref:    ""},
 		{Names: []string{"clock_settime", "clock_adjtime", "settimeofday", "adjtimex"}, Group: "time",
 			Reason: "the clock is not namespaced",

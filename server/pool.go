@@ -1,15 +1,18 @@
 package server
 
 import (
+	"bufio"
 	"context"
 	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -91,6 +94,29 @@ type warmSandbox struct {
 	workspace string
 	control   *os.File // fd 3 of the zygote: the hand-off message
 	readyAt   time.Time
+}
+
+// readExitReport delivers the status the zygote writes on fd 5 just before
+// it exits ("N\n"); the channel closes without a value when the pipe ends
+// otherwise (the code closed fd 5, or died).
+func readExitReport(r *os.File) <-chan int {
+	ch := make(chan int, 1)
+	go func() {
+		defer close(ch)
+		defer r.Close()
+		// Up to the newline, not EOF: the zygote holds the pipe until the
+		// kernel has torn it down, which is what the report saves waiting for.
+		line, err := bufio.NewReaderSize(io.LimitReader(r, 16), 16).ReadString('\n')
+		if err != nil {
+			return
+		}
+		code, err := strconv.Atoi(strings.TrimSpace(line))
+		if err != nil || code < 0 || code > 255 {
+			return
+		}
+		ch <- code
+	}()
+	return ch
 }
 
 // NewPool starts filling cfg.Size sandboxes for each template in the
@@ -420,6 +446,15 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 		removeWorkspace(ws)
 		return nil, err
 	}
+	statusR, statusW, err := os.Pipe()
+	if err != nil {
+		ctlR.Close()
+		ctlW.Close()
+		readyR.Close()
+		readyW.Close()
+		removeWorkspace(ws)
+		return nil, err
+	}
 	spec := nsjail.Spec{
 		Rootfs:     t.Rootfs,
 		Args:       []string{"python3", "-c", zygoteSource, strings.Join(p.cfg.Preload, ",")},
@@ -427,7 +462,7 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 		Cwd:        nsjail.WorkspaceDir,
 		Workspace:  ws,
 		Limits:     t.Limits,
-		ExtraFiles: []*os.File{ctlR, readyW},
+		ExtraFiles: []*os.File{ctlR, readyW, statusW},
 	}
 	// The zygote waits for its hand-off with no deadline of its own; Handoff
 	// sets the execution's. Until then the pool's own timer applies.
@@ -435,12 +470,15 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 	sb, err := p.runner.Start(spec)
 	ctlR.Close()
 	readyW.Close()
+	statusW.Close()
 	if err != nil {
 		ctlW.Close()
 		readyR.Close()
+		statusR.Close()
 		removeWorkspace(ws)
 		return nil, err
 	}
+	sb.SetExitReport(readExitReport(statusR))
 	w := &warmSandbox{sb: sb, workspace: ws, control: ctlW}
 	got := make(chan error, 1)
 	go func() {

@@ -6,7 +6,8 @@
 #    "env": {"NAME": "value"}}
 # and runs that file exactly as `python3 path` would: __name__ == "__main__",
 # __file__, sys.argv, sys.path[0], cwd, exit codes and tracebacks. The sandbox
-# is destroyed afterwards; nothing here is ever reused. EOF on fd 3 without a
+# is destroyed afterwards; nothing here is ever reused. Just before exiting it
+# reports the exit status on fd 5. EOF on fd 3 without a
 # message means the pool is retiring this sandbox: exit 0 quietly.
 import os
 import sys
@@ -151,10 +152,27 @@ def _finish(code, main, opened):
         except BaseException:
             if code == 0:
                 code = 120  # what the interpreter returns when the flush fails
+    # Close our ends of the output pipes, then report the status on fd 5:
+    # the worker answers at once instead of waiting ~8 ms for the kernel to
+    # tear down this large address space.
+    for fd in (1, 2):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    try:
+        os.write(_STATUS_FD, b"%d\n" % code)
+    except OSError:
+        pass
     os._exit(code)
 
 
+_STATUS_FD = 5
+
+
 def _zygote():
+    # The status pipe must not leak into programs the user's code executes.
+    os.set_inheritable(_STATUS_FD, False)
     _preload(sys.argv[1].split(",") if len(sys.argv) > 1 else [])
     # Tell the pool this sandbox is ready: one byte on fd 4.
     os.write(4, b"R")
