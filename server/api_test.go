@@ -1,11 +1,14 @@
 package server
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -127,3 +130,25 @@ func TestMetricsCountExecutions(t *testing.T) {
 }
 
 func hasLimit(r *ExecutionResponse, l string) bool { return slices.Contains(r.LimitsHit, l) }
+
+// A rootfs the sandbox's unprivileged root cannot reach is refused at
+// Prepare, with the reason on /readyz, rather than failing every start.
+func TestPrepareRefusesUnreachableRootfs(t *testing.T) {
+	e := newEnv(t, shellRootfs(t), nil)
+	hidden := filepath.Join(t.TempDir(), "rootfs") // t.TempDir is 0700
+	if err := os.Mkdir(hidden, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := New(Deps{Config: e.cfg, Sandbox: e.sandbox, Runner: e.sandbox.Runner, Logger: quietLog,
+		ResolveRootfs: func(context.Context) (string, error) { return hidden, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Prepare(context.Background()); err == nil || !strings.Contains(err.Error(), "needs o+x on every parent") {
+		t.Fatalf("Prepare = %v", err)
+	}
+	rec := newRecorder(srv, "GET", "/readyz", "")
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "cannot reach the rootfs") {
+		t.Fatalf("readyz = %d %s", rec.Code, rec.Body)
+	}
+}

@@ -49,6 +49,9 @@ type Config struct {
 	RootfsCache string `toml:"rootfs_cache" doc:"content-addressed cache of unpacked images"`
 	// StateRoot is the sandbox runner's state directory.
 	StateRoot string `toml:"state_root" doc:"sandbox runner state directory"`
+	// CgroupParent is where sandbox cgroups are created, relative to the
+	// worker's own cgroup (never above it).
+	CgroupParent string `toml:"cgroup_parent" doc:"sandboxes' parent cgroup, relative to the worker's own"`
 
 	DynamicTimeoutMS int64   `toml:"dynamic_timeout_ms" doc:"dynamic policy: maximum and default timeout"`
 	SkillTimeoutMS   int64   `toml:"skill_timeout_ms" doc:"skill policy: maximum and default timeout"`
@@ -101,6 +104,7 @@ func DefaultConfig() Config {
 		PythonImage:       "oci-layout:build/python-runtime.oci",
 		RootfsCache:       "/var/lib/sandboxd/rootfs",
 		StateRoot:         "/run/sandboxd/state",
+		CgroupParent:      "sandboxd",
 		DynamicTimeoutMS:  30_000,
 		SkillTimeoutMS:    120_000,
 		DynamicMemoryMB:   1024,
@@ -342,6 +346,10 @@ func (c Config) Validate() error {
 			// The orphan sweep deletes what it finds under work_root.
 			bad("%s must not be /", p.key)
 		}
+	}
+	if cp := c.CgroupParent; cp == "" || filepath.IsAbs(cp) || !filepath.IsLocal(cp) || filepath.Clean(cp) != cp {
+		// Relative and below: the start-up sweep kills everything under it.
+		bad("cgroup_parent must be a clean relative path below the worker's own cgroup, got: %q", cp)
 	}
 	if c.PythonImage == "" {
 		bad("python_image must not be empty")

@@ -161,7 +161,7 @@ func (s *Server) Handler() http.Handler { return s.handler }
 func (s *Server) Prepare(ctx context.Context) error {
 	root, err := s.resolve(ctx)
 	if err == nil {
-		_, err = os.Stat(root)
+		err = checkReachable(root)
 	}
 	if err != nil {
 		err = fmt.Errorf("runtime rootfs: %w", err)
@@ -232,6 +232,31 @@ func (s *Server) runSandbox() Sandboxer {
 		return s.pool
 	}
 	return s.sandbox
+}
+
+// checkReachable fails unless root is a directory that every user can reach:
+// the sandbox's root is an unprivileged host uid, and a rootfs under a 0700
+// directory fails every start with "permission denied" otherwise.
+func checkReachable(root string) error {
+	fi, err := os.Stat(root)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory", root)
+	}
+	for d := root; ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("%s: %s is mode %v; the sandbox cannot reach the rootfs (needs o+x on every parent)", root, d, fi.Mode().Perm())
+		}
+		if d == "/" || d == "." {
+			return nil
+		}
+	}
 }
 
 // findPython returns "python" when the image has it on PATH, else "python3"

@@ -50,7 +50,7 @@ func cmdServe(args []string) error {
 		log.Warn("ignoring unknown EXECUTION_* variables", "names", unknown)
 	}
 
-	runner, err := nsjail.NewRunner(nsjail.Options{StateRoot: cfg.StateRoot, Logger: log})
+	runner, err := nsjail.NewRunner(nsjail.Options{StateRoot: cfg.StateRoot, CgroupParent: cfg.CgroupParent, Logger: log})
 	if err != nil {
 		return err
 	}
