@@ -159,6 +159,8 @@ type Sandbox struct {
 	startedAt time.Time
 	log       *slog.Logger
 	mntns     *os.File
+	// cgroupPaths are the sandbox's cgroup directories (fixed at start).
+	cgroupPaths map[string]string
 	// exitReport, when set, delivers the exit status reported by the
 	// sandbox itself (see SetExitReport).
 	exitReport <-chan int

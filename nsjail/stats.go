@@ -5,12 +5,15 @@ import "github.com/sandboxd/sandboxd/cgroup"
 // readStats reads the sandbox's cgroup counters; a failure is logged and
 // leaves the counters zero (the result is still worth returning).
 func (s *Sandbox) readStats() cgroup.Stats {
-	state, err := s.c.State()
-	if err != nil {
-		s.log.Warn("unable to read sandbox state for stats", "error", err)
-		return cgroup.Stats{}
+	if s.cgroupPaths == nil {
+		state, err := s.c.State()
+		if err != nil {
+			s.log.Warn("unable to read sandbox state for stats", "error", err)
+			return cgroup.Stats{}
+		}
+		s.cgroupPaths = state.CgroupPaths
 	}
-	st, err := cgroup.ReadStats(state.CgroupPaths)
+	st, err := cgroup.ReadStats(s.cgroupPaths)
 	if err != nil {
 		s.log.Warn("unable to read sandbox cgroup stats", "error", err)
 	}

@@ -180,10 +180,14 @@ func (p *Pool) Stats() PoolStats {
 
 // Run serves spec from a ready sandbox when one matches, else cold.
 func (p *Pool) Run(ctx context.Context, spec nsjail.Spec) (*nsjail.Result, error) {
-	w, extraEnv := p.take(&spec)
+	w, tp, extraEnv := p.take(&spec)
 	if w == nil {
 		return p.runner.Run(ctx, spec)
 	}
+	// Refill once this execution is done: starting a sandbox and importing
+	// the data stack is CPU-heavy, and on a small VM it would compete with
+	// the execution it replaces.
+	defer tp.wakeRefill()
 	return p.runWarm(ctx, w, spec, extraEnv)
 }
 
@@ -191,15 +195,15 @@ func (p *Pool) Run(ctx context.Context, spec nsjail.Spec) (*nsjail.Result, error
 // `python[3] FILE` in the template's rootfs with its limits (timeout aside)
 // and every template variable in spec.Env with the same value; the other
 // variables of spec.Env travel with the hand-off.
-func (p *Pool) take(spec *nsjail.Spec) (*warmSandbox, map[string]string) {
+func (p *Pool) take(spec *nsjail.Spec) (*warmSandbox, *templatePool, map[string]string) {
 	if spec.Workspace == "" || len(spec.Args) != 2 || (spec.Args[0] != "python3" && spec.Args[0] != "python") ||
 		spec.Stdin != nil || len(spec.ExtraFiles) > 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return nil, nil
+		return nil, nil, nil
 	}
 	for _, tp := range p.templates {
 		extra, ok := matches(tp.t, spec)
@@ -209,13 +213,16 @@ func (p *Pool) take(spec *nsjail.Spec) (*warmSandbox, map[string]string) {
 		w := tp.ready[0]
 		tp.ready = tp.ready[1:]
 		p.stats.Taken++
-		select {
-		case tp.refill <- struct{}{}:
-		default:
-		}
-		return w, extra
+		return w, tp, extra
 	}
-	return nil, nil
+	return nil, nil, nil
+}
+
+func (tp *templatePool) wakeRefill() {
+	select {
+	case tp.refill <- struct{}{}:
+	default:
+	}
 }
 
 func matches(t Template, spec *nsjail.Spec) (map[string]string, bool) {
