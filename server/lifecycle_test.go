@@ -326,6 +326,9 @@ func TestDrain(t *testing.T) {
 	if code, _, body := e.do("POST", "/v1/executions", ExecutionRequest{Code: "true"}); code != http.StatusServiceUnavailable {
 		t.Fatalf("POST while draining = %d %s", code, body)
 	}
+	if n := e.sandbox.started.Load(); n != 2 {
+		t.Fatalf("%d sandboxes started, want the 2 in flight", n)
+	}
 	if r := <-quick; r.Status != "succeeded" || r.Stdout != "finished\n" {
 		t.Fatalf("in-flight run: %+v", r)
 	}
@@ -335,4 +338,22 @@ func TestDrain(t *testing.T) {
 	}
 	wantNoProcess(t, "sleep 1005")
 	e.wantNoWorkspaces()
+}
+
+// /workspace is nosuid, nodev and noexec inside the sandbox too: a binary
+// dropped there does not run (the code itself is read by the interpreter).
+func TestWorkspaceMountFlags(t *testing.T) {
+	e := newEnv(t, shellRootfs(t), nil)
+	resp := e.execute(ExecutionRequest{Code: `cp /bin/busybox /workspace/output/bb && chmod +x /workspace/output/bb
+/workspace/output/bb true && echo "exec: allowed" || echo "exec: refused"
+grep ' /workspace ' /proc/self/mounts; rm /workspace/output/bb`})
+	wantExecStatus(t, resp, "succeeded")
+	if !strings.Contains(resp.Stdout, "exec: refused") {
+		t.Fatalf("a binary ran from /workspace: %q %q", resp.Stdout, resp.Stderr)
+	}
+	for _, opt := range []string{"nosuid", "nodev", "noexec"} {
+		if !strings.Contains(resp.Stdout, opt) {
+			t.Errorf("/workspace mount lacks %s: %q", opt, resp.Stdout)
+		}
+	}
 }
