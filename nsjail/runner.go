@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -454,4 +455,30 @@ func destroy(c *libcontainer.Container, log *slog.Logger) {
 			log.Error("unable to destroy sandbox", "error", err)
 		}
 	}
+}
+
+// SetNice sets the scheduling niceness of every thread of the sandbox's
+// first process (threads it creates later inherit it). The warm pool
+// preloads at nice 19, so refills use idle CPU only, and restores 0 at
+// hand-off.
+func (s *Sandbox) SetNice(nice int) error {
+	pid, err := s.proc.Pid()
+	if err != nil {
+		return err
+	}
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, t := range tasks {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil {
+			continue
+		}
+		if err := unix.Setpriority(unix.PRIO_PROCESS, tid, nice); err != nil && !errors.Is(err, unix.ESRCH) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }

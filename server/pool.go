@@ -277,6 +277,9 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec, ex
 	if err != nil {
 		return nil, err
 	}
+	if err := w.sb.SetNice(0); err != nil {
+		p.log.Warn("warm pool: unable to restore the sandbox's priority", "sandbox", w.sb.ID(), "error", err)
+	}
 	if out, errOut := w.sb.Handoff(spec.Limits.Timeout); len(out)+len(errOut) > 0 {
 		p.log.Warn("warm sandbox wrote output before hand-off (dropped)", "sandbox", w.sb.ID(),
 			"stdout", truncateForLog(out), "stderr", truncateForLog(errOut))
@@ -486,6 +489,10 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 		return nil, err
 	}
 	sb.SetExitReport(readExitReport(statusR))
+	// Preload on idle CPU only: a refill must not slow running executions.
+	if err := sb.SetNice(19); err != nil {
+		p.log.Warn("warm pool: unable to lower the preload's priority", "sandbox", sb.ID(), "error", err)
+	}
 	w := &warmSandbox{sb: sb, workspace: ws, control: ctlW}
 	got := make(chan error, 1)
 	go func() {

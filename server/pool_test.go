@@ -104,7 +104,7 @@ var conformanceScripts = map[string]string{
 	"print": `print(1)`,
 	"main guard and file": `import sys, os
 if __name__ == "__main__":
-    print(__name__, __file__, sys.argv, os.getcwd(), sys.path[0])`,
+    print(__name__, __file__, sys.argv, os.getcwd(), sys.path[0], os.nice(0))`,
 	"sys.exit code":   `import sys; print("bye"); sys.exit(7)`,
 	"sys.exit string": `import sys; sys.exit("fatal: bad input")`,
 	"raise": `def f():
