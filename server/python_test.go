@@ -211,8 +211,29 @@ print(sorted(os.listdir("/workspace")), sorted(os.listdir("/workspace/input")), 
 	if l.Stdout != "C\n" || warm.srv.PoolStats().Taken != before {
 		t.Fatalf("LANG override: %q, taken %d→%d", l.Stdout, before, warm.srv.PoolStats().Taken)
 	}
+	// Cancel and timeout of a warm execution: killed, reported, cleaned.
+	waitFor(t, func() bool { return warm.srv.PoolStats().Ready >= 2 })
+	before = warm.srv.PoolStats().Taken
+	done := warm.post(ExecutionRequest{ID: "warm-cancel", Code: "import time; print('up', flush=True); time.sleep(1008)"})
+	waitFor(t, func() bool { return warm.srv.PoolStats().Taken == before+1 })
+	warm.waitStatus("warm-cancel", StatusRunning)
+	time.Sleep(200 * time.Millisecond)
+	if code, _, body := warm.do("DELETE", "/v1/executions/warm-cancel", nil); code != 200 {
+		t.Fatalf("DELETE = %d %s", code, body)
+	}
+	if r := <-done; r.Status != "cancelled" {
+		t.Fatalf("warm cancel: %+v", r)
+	}
+	waitFor(t, func() bool { return warm.srv.PoolStats().Ready >= 2 })
+	to := warm.execute(ExecutionRequest{Code: "import time; time.sleep(1009)", TimeoutMS: 300})
+	wantExecStatus(t, to, "timeout")
+	if warm.srv.PoolStats().Taken != before+2 {
+		t.Fatalf("the pool did not serve the cancel and timeout runs: %+v", warm.srv.PoolStats())
+	}
+	wantNoProcess(t, "time.sleep(1008)")
+	wantNoProcess(t, "time.sleep(1009)")
 	_, _, body := warm.do("GET", "/metrics", nil)
-	for _, want := range []string{"sandboxd_pool_size 1", "sandboxd_pool_taken_total 1", "sandboxd_pool_refill_failures_total 0"} {
+	for _, want := range []string{"sandboxd_pool_size 1", "sandboxd_pool_taken_total 3", "sandboxd_pool_refill_failures_total 0"} {
 		if !strings.Contains(string(body), want+"\n") {
 			t.Errorf("/metrics lacks %q", want)
 		}
