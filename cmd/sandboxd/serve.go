@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/rootfs"
 	"github.com/sandboxd/sandboxd/server"
 )
 
@@ -64,7 +65,7 @@ func cmdServe(args []string) error {
 		Config:        cfg,
 		Sandbox:       runner,
 		Runner:        runner,
-		ResolveRootfs: resolveRootfs(cfg),
+		ResolveRootfs: resolveRootfs(cfg, log),
 		Logger:        log,
 	})
 	if err != nil {
@@ -138,30 +139,40 @@ func cmdServe(args []string) error {
 	return runErr
 }
 
-// resolveRootfs returns how the server finds the runtime rootfs.
-// ADAPTER until package rootfs is merged into main: python_image may be
-// "dir:PATH" (or an absolute directory), an already-unpacked rootfs used as
-// is. Image references (oci-layout:..., registry refs) need package rootfs to
-// unpack them into rootfs_cache; this adapter refuses them with that message.
-func resolveRootfs(cfg server.Config) func(ctx context.Context) (string, error) {
+// resolveRootfs returns how the server finds the runtime rootfs: python_image
+// is an image reference (oci-layout:PATH[:TAG], docker-archive:PATH or a
+// registry reference) unpacked into rootfs_cache by package rootfs when its
+// digest is not there yet, or dir:PATH, an already-unpacked rootfs used as is
+// (development and tests; nothing verifies it).
+func resolveRootfs(cfg server.Config, log *slog.Logger) func(ctx context.Context) (string, error) {
 	return func(ctx context.Context) (string, error) {
-		ref := cfg.PythonImage
-		dir, ok := strings.CutPrefix(ref, "dir:")
-		if !ok && filepath.IsAbs(ref) {
-			dir, ok = ref, true
+		if dir, ok := strings.CutPrefix(cfg.PythonImage, "dir:"); ok {
+			abs, err := filepath.Abs(dir)
+			if err != nil {
+				return "", err
+			}
+			log.Warn("using an unpacked rootfs as is (dir:), not a verified image", "rootfs", abs)
+			return abs, nil
 		}
-		if !ok {
-			return "", fmt.Errorf("python_image %q: unpacking image references needs package rootfs (not merged yet); set EXECUTION_PYTHON_IMAGE=dir:/path/to/unpacked/rootfs", ref)
-		}
-		abs, err := filepath.Abs(dir)
+		cache, err := rootfs.Open(cfg.RootfsCache)
 		if err != nil {
 			return "", err
 		}
-		if fi, err := os.Stat(abs); err != nil {
+		if err := cache.CheckReachable(); err != nil {
 			return "", err
-		} else if !fi.IsDir() {
-			return "", fmt.Errorf("python_image %q: not a directory", ref)
 		}
-		return abs, nil
+		start := time.Now()
+		img, err := cache.Unpack(ctx, cfg.PythonImage)
+		if err != nil {
+			return "", fmt.Errorf("python_image %q: %w", cfg.PythonImage, err)
+		}
+		// Held for the worker's lifetime (one fd, closed at exit): the
+		// cache's GC must not remove the rootfs sandboxes run on.
+		if _, err := cache.Use(ctx, img.Digest); err != nil {
+			return "", err
+		}
+		log.Info("runtime image ready", "ref", cfg.PythonImage, "digest", img.Digest, "cached", img.Cached,
+			"rootfs", img.RootfsPath, "unpack_ms", time.Since(start).Milliseconds())
+		return img.RootfsPath, nil
 	}
 }
