@@ -32,7 +32,9 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt: $$out"; exit 1; fi
 	$(GO) vet -tags $(TAGS) $(PKGS)
 
-run: build
+# Build, build or reuse the runtime image, serve on 127.0.0.1:3100 with the
+# defaults (EXECUTION_* variables or --config override them).
+run: build runtime-image
 	$(BIN) serve
 
 clean:

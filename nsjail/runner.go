@@ -278,7 +278,10 @@ func hasEnv(env []string, key string) bool {
 // It returns the dropped output (normally empty). Call it before Wait.
 func (s *Sandbox) Handoff(timeout time.Duration) (droppedStdout, droppedStderr []byte) {
 	droppedStdout, droppedStderr = s.stdout.reset(), s.stderr.reset()
-	s.cpuBaselineNS = s.readStats().CPUUsageNS
+	s.readStats() // caches the cgroup paths
+	if cpu, err := cgroup.ReadCPUUsage(s.cgroupPaths); err == nil {
+		s.cpuBaselineNS = cpu
+	}
 	s.startedAt = time.Now()
 	if timeout > 0 {
 		s.lim.Timeout = timeout
@@ -293,7 +296,7 @@ func (s *Sandbox) MemoryBytes() int64 { return s.readStats().MemoryCurrentBytes 
 // Wait waits for the command to finish, enforcing the deadline (counted from
 // now) and ctx, then collects the result and removes the sandbox.
 func (s *Sandbox) Wait(ctx context.Context) *Result {
-	res := &Result{ID: s.id, StartedAt: s.startedAt, LimitsHit: []string{}}
+	res := &Result{ID: s.id, StartedAt: s.startedAt, LimitsHit: []string{}, Workspace: s.spec.Workspace}
 
 	exited := make(chan error, 1)
 	var state *os.ProcessState

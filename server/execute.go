@@ -199,10 +199,23 @@ func (s *Server) execute(ctx context.Context, p *plan) (*ExecutionResponse, *api
 		}
 		return nil, &apiError{status: http.StatusInternalServerError, reason: "workspace", msg: err.Error()}
 	}
+	// Removal (lazy unmounts, whose RCU waits cost milliseconds) happens
+	// after the response; Drain waits for it. outputs is a warm sandbox's
+	// own workspace, when one served the run.
+	var outputs string
+	s.cleanups.Add(1)
 	defer func() {
-		if err := ws.Remove(); err != nil {
-			log.Error("workspace removal failed", "dir", ws.Dir, "err", err)
-		}
+		go func() {
+			defer s.cleanups.Done()
+			for _, dir := range []string{ws.Dir, outputs} {
+				if dir == "" {
+					continue
+				}
+				if err := removeWorkspace(dir); err != nil {
+					log.Error("workspace removal failed", "dir", dir, "err", err)
+				}
+			}
+		}()
 	}()
 
 	spec := s.spec(p, rootfs, python, ws.Dir)
@@ -216,10 +229,11 @@ func (s *Server) execute(ctx context.Context, p *plan) (*ExecutionResponse, *api
 		resp.Error = err.Error()
 		return finish()
 	}
-	s.fill(resp, res, ws)
-	if err := ws.Remove(); err != nil {
-		log.Error("workspace removal failed", "dir", ws.Dir, "err", err)
+	dir := ws.Dir
+	if res.Workspace != "" && res.Workspace != ws.Dir {
+		outputs, dir = res.Workspace, res.Workspace
 	}
+	s.fill(resp, res, dir)
 	return finish()
 }
 
@@ -239,7 +253,7 @@ func (s *Server) spec(p *plan, rootfs, python, workspace string) nsjail.Spec {
 }
 
 // fill copies the sandbox result and the workspace output into resp.
-func (s *Server) fill(resp *ExecutionResponse, res *nsjail.Result, ws *Workspace) {
+func (s *Server) fill(resp *ExecutionResponse, res *nsjail.Result, dir string) {
 	resp.Status = string(res.Status)
 	resp.ExitCode = res.ExitCode
 	if res.Signal != "" {
@@ -259,12 +273,12 @@ func (s *Server) fill(resp *ExecutionResponse, res *nsjail.Result, ws *Workspace
 	resp.StartedAt = res.StartedAt
 	resp.FinishedAt = res.FinishedAt
 	resp.Error = res.Error
-	result, msg := ReadResult(ws.Dir, s.cfg.MaxResultBytes)
+	result, msg := ReadResult(dir, s.cfg.MaxResultBytes)
 	resp.Result = result
 	if msg != "" {
 		resp.ResultError = &msg
 	}
-	resp.Artifacts, resp.ArtifactsOmitted = CollectArtifacts(ws.Dir, ArtifactLimits{
+	resp.Artifacts, resp.ArtifactsOmitted = CollectArtifacts(dir, ArtifactLimits{
 		MaxFileBytes:  s.cfg.MaxArtifactBytes,
 		MaxTotalBytes: s.cfg.MaxArtifactsBytes,
 		MaxCount:      s.cfg.MaxArtifacts,

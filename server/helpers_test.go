@@ -35,6 +35,7 @@ func TestMain(m *testing.M) {
 		crashWorker() // never returns
 	}
 	code := m.Run()
+	nsjail.WaitForCleanup()
 	if os.Geteuid() == 0 {
 		for _, p := range [][2]string{{testStateRoot, testCgroupParent}, {crashStateRoot, crashCgroupParent}} {
 			if err := nsjailtest.CheckNoLeftovers(p[0], p[1]); err != nil {
@@ -209,8 +210,10 @@ func wantExecStatus(t *testing.T, r *ExecutionResponse, want string) {
 	}
 }
 
-// workspaces lists what is left under the work root.
+// workspaces lists what is left under the work root once the background
+// removals of finished executions are done.
 func (e *testEnv) workspaces() []string {
+	e.srv.cleanups.Wait()
 	entries, _ := os.ReadDir(e.cfg.WorkRoot)
 	var out []string
 	for _, en := range entries {

@@ -10,7 +10,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -262,12 +261,13 @@ func envMap(env []string) map[string]string {
 // bound workspace, hands the file over, waits, and moves everything back so
 // the caller collects results exactly where it would after a cold run.
 func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec, extraEnv map[string]string) (*nsjail.Result, error) {
-	defer removeWorkspace(w.workspace)
 	// Two tmpfs workspaces: the request files (small, written by the
-	// server) are copied in; the result comes back by moving the mount.
+	// server) are copied in; the results stay in the warm workspace, which
+	// the Result names and the caller collects from and removes.
 	if err := moveIntoWorkspace(spec.Workspace, w.workspace); err != nil {
 		w.control.Close() // the zygote exits 0 on EOF
 		w.sb.Wait(context.Background())
+		removeWorkspace(w.workspace)
 		return nil, fmt.Errorf("unable to move the workspace into the warm sandbox: %w", err)
 	}
 	msg, err := json.Marshal(map[string]any{
@@ -291,12 +291,9 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec, ex
 		res.Status = nsjail.StatusSandboxError
 		res.Error = fmt.Sprintf("unable to hand the execution to the warm sandbox: %v", werr)
 	}
-	// After untrusted code ran, w.workspace is hostile: adoptWorkspace moves
-	// the whole mount (or renames entries; symlinks stay symlinks, nothing is
-	// followed) and the collector opens everything with O_NOFOLLOW.
-	if err := adoptWorkspace(w.workspace, spec.Workspace); err != nil {
-		p.log.Error("unable to move the warm workspace back", "sandbox", w.sb.ID(), "error", err)
-	}
+	// w.workspace is hostile now: the caller's collector opens everything
+	// in it with O_NOFOLLOW and never follows a link.
+	res.Workspace = w.workspace
 	return res, nil
 }
 
@@ -314,20 +311,6 @@ func truncateForLog(b []byte) string {
 	return string(b)
 }
 
-// moveEntries renames every top-level entry of src into dst (same
-// filesystem). rename(2) never follows a symlink.
-func moveEntries(src, dst string) error {
-	entries, err := os.ReadDir(src)
-	if err != nil {
-		return err
-	}
-	for _, e := range entries {
-		if err := os.Rename(filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())); err != nil {
-			return err
-		}
-	}
-	return nil
-}
 
 // keepFull keeps tp at cfg.Size ready sandboxes until Close, retiring those
 // idle longer than MaxIdle.

@@ -236,7 +236,15 @@ func testWarmMatchesCold(t *testing.T, tmpfsBytes int64) {
 				t.Fatalf("the pids script did not hit the limit: %v %s", cold.LimitsHit, cold.Stdout)
 			}
 			compareResults(t, cold, warm)
-			compareTrees(t, filepath.Join(coldWS, "output"), filepath.Join(warmWS, "output"))
+			if cold.Workspace != coldWS || warm.Workspace == "" {
+				t.Fatalf("result workspaces: cold %q (ran in %q), warm %q", cold.Workspace, coldWS, warm.Workspace)
+			}
+			compareTrees(t, filepath.Join(cold.Workspace, "output"), filepath.Join(warm.Workspace, "output"))
+			if warm.Workspace != warmWS {
+				if err := removeWorkspace(warm.Workspace); err != nil {
+					t.Fatal(err)
+				}
+			}
 		})
 	}
 }

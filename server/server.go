@@ -72,6 +72,7 @@ type Server struct {
 	pool     *Pool          // set by Prepare when pool_size > 0
 	draining bool           // under mu: once set, live gets no new Add
 	live     sync.WaitGroup // executions between admission and cleanup
+	cleanups sync.WaitGroup // workspace removals after the response
 }
 
 // New checks deps and builds a Server.
@@ -318,6 +319,8 @@ func (s *Server) Drain(ctx context.Context) int {
 	if pool != nil {
 		pool.Close()
 	}
+	s.cleanups.Wait()
+	nsjail.WaitForCleanup()
 	s.log.Info("drained", "cancelled", n)
 	return n
 }
