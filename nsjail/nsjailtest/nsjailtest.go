@@ -3,9 +3,11 @@
 package nsjailtest
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -100,4 +102,41 @@ func RuntimeRootfs(t testing.TB) string {
 		t.Fatalf("SANDBOXD_RUNTIME_ROOTFS=%s has no usr/bin/python3: %v", dir, err)
 	}
 	return dir
+}
+
+var (
+	probeOnce sync.Once
+	probeDir  string
+	probeErr  error
+)
+
+// ProbeRootfs returns a copy of BusyboxRootfs with /bin/probe, a static Go
+// program (nsjail/nsjailtest/probe) that reports errnos of raw syscalls.
+func ProbeRootfs(t testing.TB) string {
+	t.Helper()
+	bb := BusyboxRootfs(t)
+	probeOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "sandboxd-probe-")
+		if err != nil {
+			probeErr = err
+			return
+		}
+		if out, err := exec.Command("cp", "-a", bb+"/.", dir).CombinedOutput(); err != nil {
+			probeErr = fmt.Errorf("copy busybox rootfs: %v: %s", err, out)
+			return
+		}
+		_, self, _, _ := runtime.Caller(0)
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, "bin/probe"), ".")
+		cmd.Dir = filepath.Join(filepath.Dir(self), "probe")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			probeErr = fmt.Errorf("build probe: %v: %s", err, out)
+			return
+		}
+		probeDir = dir
+	})
+	if probeErr != nil {
+		t.Fatalf("probe rootfs: %v", probeErr)
+	}
+	return probeDir
 }

@@ -1,0 +1,109 @@
+// Command probe runs inside test sandboxes and reports what the kernel lets
+// it do. It is built statically (CGO_ENABLED=0) into a copy of the busybox
+// rootfs by nsjailtest.ProbeRootfs.
+package main
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+	"unsafe"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: probe setuid0|fds|segv|threadbomb|openwrite PATH|mknod PATH")
+		os.Exit(2)
+	}
+	switch os.Args[1] {
+	case "setuid0":
+		_, _, e := syscall.RawSyscall(syscall.SYS_SETUID, 0, 0, 0)
+		fmt.Println(errName(e))
+	case "fds":
+		// Raw syscalls only: the os package would open the runtime's own
+		// epoll and event fds first and they would show up in the list.
+		fd, err := syscall.Open("/proc/self/fd", syscall.O_RDONLY|syscall.O_DIRECTORY, 0)
+		if err != nil {
+			fail(err)
+		}
+		buf := make([]byte, 64<<10)
+		n, err := syscall.ReadDirent(fd, buf)
+		if err != nil {
+			fail(err)
+		}
+		_, _, names := syscall.ParseDirent(buf[:n], -1, nil)
+		var fds []int
+		for _, name := range names {
+			if i, err := strconv.Atoi(name); err == nil && i != fd {
+				fds = append(fds, i)
+			}
+		}
+		sort.Ints(fds)
+		fmt.Println(strings.Trim(fmt.Sprint(fds), "[]"))
+	case "segv":
+		// Die by a real fault with the default action, as a crashing native
+		// extension would: reset the runtime's SIGSEGV handler, then fault.
+		var act [4]uint64 // struct kernel_sigaction: handler SIG_DFL, flags, restorer, mask
+		if _, _, e := syscall.RawSyscall6(syscall.SYS_RT_SIGACTION, uintptr(syscall.SIGSEGV),
+			uintptr(unsafe.Pointer(&act)), 0, 8, 0, 0); e != 0 {
+			fail(e)
+		}
+		var p *int
+		*p = 1
+	case "threadbomb":
+		// Each locked goroutine holds an OS thread; the Go runtime aborts with
+		// errno=11 (EAGAIN) once the pids limit refuses clone.
+		for i := 0; ; i++ {
+			go func() { runtime.LockOSThread(); time.Sleep(time.Hour) }()
+			if i%16 == 0 {
+				time.Sleep(time.Millisecond)
+			}
+		}
+	case "openwrite":
+		f, err := os.OpenFile(os.Args[2], os.O_WRONLY, 0)
+		if err != nil {
+			fmt.Println(errOf(err))
+			return
+		}
+		f.Close()
+		fmt.Println("OK")
+	case "mknod":
+		err := syscall.Mknod(os.Args[2], syscall.S_IFCHR|0o666, 1<<8|3)
+		fmt.Println(errOf(err))
+	default:
+		fmt.Fprintln(os.Stderr, "unknown probe", os.Args[1])
+		os.Exit(2)
+	}
+}
+
+func errOf(err error) string {
+	if err == nil {
+		return "OK"
+	}
+	if pe, ok := err.(*os.PathError); ok {
+		err = pe.Err
+	}
+	if e, ok := err.(syscall.Errno); ok {
+		return errName(e)
+	}
+	return err.Error()
+}
+
+func errName(e syscall.Errno) string {
+	names := map[syscall.Errno]string{0: "OK", syscall.EPERM: "EPERM", syscall.EACCES: "EACCES",
+		syscall.EROFS: "EROFS", syscall.ETXTBSY: "ETXTBSY", syscall.ENOSYS: "ENOSYS", syscall.EINVAL: "EINVAL"}
+	if n, ok := names[e]; ok {
+		return n
+	}
+	return fmt.Sprintf("errno %d", int(e))
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, err)
+	os.Exit(1)
+}

@@ -1,0 +1,476 @@
+package nsjail_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+)
+
+// Every test binary gets its own state root and cgroup parent, so the
+// leftover check at the end sees only what this binary created.
+var (
+	testStateRoot    = fmt.Sprintf("/run/sandboxd-test-%d/state", os.Getpid())
+	testCgroupParent = fmt.Sprintf("sandboxd-test-%d", os.Getpid())
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv("CRASHY_WORKER") == "1" {
+		crashyWorker()
+		return
+	}
+	code := m.Run()
+	if os.Geteuid() == 0 {
+		if err := nsjailtest.CheckNoLeftovers(testStateRoot, testCgroupParent); err != nil {
+			fmt.Fprintln(os.Stderr, "LEFTOVERS after the suite:", err)
+			code = 1
+		}
+		os.RemoveAll(filepath.Dir(testStateRoot))
+	}
+	os.Exit(code)
+}
+
+var quietLog = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+
+func newRunner(t testing.TB) *nsjail.Runner {
+	t.Helper()
+	nsjailtest.RequireRoot(t)
+	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: testStateRoot, CgroupParent: testCgroupParent, Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func run(t *testing.T, r *nsjail.Runner, spec nsjail.Spec) *nsjail.Result {
+	t.Helper()
+	if spec.Rootfs == "" {
+		spec.Rootfs = nsjailtest.ProbeRootfs(t)
+	}
+	res, err := r.Run(context.Background(), spec)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if res.Status == nsjail.StatusSandboxError {
+		t.Fatalf("sandbox error: %s", res.Error)
+	}
+	return res
+}
+
+func sh(script string) []string { return []string{"/bin/sh", "-c", script} }
+
+func wantStatus(t *testing.T, res *nsjail.Result, want nsjail.Status) {
+	t.Helper()
+	if res.Status != want {
+		t.Fatalf("status = %s, want %s (exit %d, signal %q, limits %v)\nstdout: %s\nstderr: %s",
+			res.Status, want, res.ExitCode, res.Signal, res.LimitsHit, res.Stdout, res.Stderr)
+	}
+}
+
+func wantLimit(t *testing.T, res *nsjail.Result, limit string) {
+	t.Helper()
+	if !slices.Contains(res.LimitsHit, limit) {
+		t.Fatalf("limits_hit = %v, want %s in it (status %s)\nstderr: %s", res.LimitsHit, limit, res.Status, res.Stderr)
+	}
+}
+
+func TestExitCodesAndOutput(t *testing.T) {
+	r := newRunner(t)
+	res := run(t, r, nsjail.Spec{Args: sh("echo out; echo err >&2; exit 0")})
+	wantStatus(t, res, nsjail.StatusSucceeded)
+	if string(res.Stdout) != "out\n" || string(res.Stderr) != "err\n" {
+		t.Fatalf("stdout %q stderr %q", res.Stdout, res.Stderr)
+	}
+	res = run(t, r, nsjail.Spec{Args: sh("exit 3")})
+	wantStatus(t, res, nsjail.StatusFailed)
+	if res.ExitCode != 3 || res.Signal != "" {
+		t.Fatalf("exit %d signal %q, want 3", res.ExitCode, res.Signal)
+	}
+	// A signal we did not send is a failure, not a timeout or an OOM.
+	res = run(t, r, nsjail.Spec{Args: []string{"/bin/probe", "segv"}})
+	wantStatus(t, res, nsjail.StatusFailed)
+	if res.Signal != "SIGSEGV" || res.ExitCode != 139 {
+		t.Fatalf("signal %q exit %d, want SIGSEGV", res.Signal, res.ExitCode)
+	}
+	if res.StartedAt.IsZero() || res.FinishedAt.Before(res.StartedAt) {
+		t.Fatalf("bad timestamps %v %v", res.StartedAt, res.FinishedAt)
+	}
+}
+
+func TestStdinIsPassed(t *testing.T) {
+	r := newRunner(t)
+	res := run(t, r, nsjail.Spec{Args: []string{"cat"}, Stdin: strings.NewReader("hello stdin")})
+	wantStatus(t, res, nsjail.StatusSucceeded)
+	if string(res.Stdout) != "hello stdin" {
+		t.Fatalf("stdout %q", res.Stdout)
+	}
+}
+
+func TestInvalidSpecStartsNothing(t *testing.T) {
+	r := newRunner(t)
+	for name, spec := range map[string]nsjail.Spec{
+		"no rootfs":       {Args: []string{"true"}},
+		"relative rootfs": {Rootfs: "rel", Args: []string{"true"}},
+		"missing rootfs":  {Rootfs: "/nonexistent-rootfs", Args: []string{"true"}},
+		"no command":      {Rootfs: "/"},
+		"bad id":          {Rootfs: "/", ID: "../escape", Args: []string{"true"}},
+		"bad env":         {Rootfs: "/", Args: []string{"true"}, Env: []string{"NOEQUALS"}},
+		"negative pids":   {Rootfs: "/", Args: []string{"true"}, Limits: nsjail.Limits{Pids: -1}},
+	} {
+		if _, err := r.Run(context.Background(), spec); err == nil {
+			t.Errorf("%s: Run accepted an invalid spec", name)
+		}
+	}
+	entries, _ := os.ReadDir(testStateRoot)
+	if len(entries) != 0 {
+		t.Fatalf("state root has %d entries after rejected specs", len(entries))
+	}
+}
+
+// GUIDE §4 case 1: fork bomb and thread bomb.
+func TestForkBombHitsPidsLimit(t *testing.T) {
+	r := newRunner(t)
+	res := run(t, r, nsjail.Spec{
+		Args:   sh(`bomb() { bomb | bomb & }; bomb; sleep 2; echo survived`),
+		Limits: nsjail.Limits{Pids: 32, Timeout: 5 * time.Second},
+	})
+	wantLimit(t, res, nsjail.LimitPids)
+	if !bytes.Contains(res.Stderr, []byte("can't fork")) && !bytes.Contains(res.Stderr, []byte("Resource temporarily unavailable")) {
+		t.Logf("stderr: %.300s", res.Stderr)
+	}
+}
+
+func TestThreadBombHitsPidsLimit(t *testing.T) {
+	r := newRunner(t)
+	res := run(t, r, nsjail.Spec{Args: []string{"/bin/probe", "threadbomb"},
+		Limits: nsjail.Limits{Pids: 48, Timeout: 10 * time.Second}})
+	wantStatus(t, res, nsjail.StatusFailed)
+	wantLimit(t, res, nsjail.LimitPids)
+	if !bytes.Contains(res.Stderr, []byte("errno=11")) { // EAGAIN from clone
+		t.Fatalf("want the runtime to report EAGAIN, stderr: %.500s", res.Stderr)
+	}
+}
+
+// GUIDE §4 case 2: memory bomb. The OOM-killed process is a child of a shell
+// that exits 0: the status comes from the cgroup's counter, not exit codes.
+func TestMemoryBombIsOOM(t *testing.T) {
+	r := newRunner(t)
+	res := run(t, r, nsjail.Spec{
+		Args:   sh(`x=$(head -c 200000000 /dev/zero | tr '\0' a); echo "$x" | wc -c; exit 0`),
+		Limits: nsjail.Limits{MemoryBytes: 32 << 20, Timeout: 20 * time.Second},
+	})
+	wantStatus(t, res, nsjail.StatusOOM)
+	wantLimit(t, res, nsjail.LimitMemory)
+	if res.Usage.PeakMemoryBytes < 16<<20 {
+		t.Fatalf("peak memory %d, want close to the 32MiB limit", res.Usage.PeakMemoryBytes)
+	}
+	// The worker is unaffected: the next sandbox runs normally.
+	wantStatus(t, run(t, r, nsjail.Spec{Args: []string{"true"}}), nsjail.StatusSucceeded)
+}
+
+// GUIDE §4 case 3 (/tmp and /dev/shm) and case 4 (read-only root).
+func TestFilesystemLimits(t *testing.T) {
+	r := newRunner(t)
+	res := run(t, r, nsjail.Spec{
+		Args: sh(`
+			dd if=/dev/zero of=/tmp/fill bs=1M count=64 2>&1 | grep -o 'No space left on device' | head -1
+			dd if=/dev/zero of=/dev/shm/fill bs=1M count=64 2>&1 | grep -o 'No space left on device' | head -1
+			for p in /rootfile /bin/newfile /etc/passwd; do echo x 2>&1 > $p | grep -o 'Read-only file system'; done
+			mkdir /usr/x 2>&1 | grep -o 'Read-only file system'`),
+		Limits: nsjail.Limits{TmpBytes: 4 << 20, ShmBytes: 2 << 20},
+	})
+	wantStatus(t, res, nsjail.StatusSucceeded)
+	want := "No space left on device\nNo space left on device\n" + strings.Repeat("Read-only file system\n", 4)
+	if string(res.Stdout) != want {
+		t.Fatalf("stdout:\n%s\nwant:\n%s\nstderr: %s", res.Stdout, want, res.Stderr)
+	}
+}
+
+func TestRootfsIsUnchanged(t *testing.T) {
+	r := newRunner(t)
+	rootfs := nsjailtest.ProbeRootfs(t)
+	before := treeDigest(t, rootfs)
+	run(t, r, nsjail.Spec{Args: sh(`rm -rf /bin/* 2>/dev/null; echo x > /etc/passwd; touch /new; true`)})
+	if after := treeDigest(t, rootfs); after != before {
+		t.Fatal("the rootfs changed after a sandbox tried to write to it")
+	}
+}
+
+func treeDigest(t *testing.T, dir string) string {
+	h := sha256.New()
+	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(h, "%s %v %d %d\n", p, fi.Mode(), fi.Size(), fi.ModTime().UnixNano())
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("%x", h.Sum(nil))
+}
+
+func TestWorkspaceIsWritable(t *testing.T) {
+	r := newRunner(t)
+	ws := t.TempDir()
+	if err := os.Chown(ws, r.HostUID(), r.HostGID()); err != nil {
+		t.Fatal(err)
+	}
+	res := run(t, r, nsjail.Spec{Args: sh("pwd; echo data > out.txt; ls -ln out.txt"), Workspace: ws, Cwd: nsjail.WorkspaceDir})
+	wantStatus(t, res, nsjail.StatusSucceeded)
+	got, err := os.ReadFile(filepath.Join(ws, "out.txt"))
+	if err != nil || string(got) != "data\n" {
+		t.Fatalf("workspace file: %q %v (stdout %s, stderr %s)", got, err, res.Stdout, res.Stderr)
+	}
+	if !bytes.HasPrefix(res.Stdout, []byte("/workspace\n")) || !bytes.Contains(res.Stdout, []byte(" 10001 ")) {
+		t.Fatalf("stdout %q", res.Stdout)
+	}
+}
+
+// GUIDE §4 case 5: busy loop and a SIGTERM-ignoring process.
+func TestTimeoutKillsBusyAndTermIgnoringProcesses(t *testing.T) {
+	r := newRunner(t)
+	for name, script := range map[string]string{
+		"busy loop":     `while :; do :; done`,
+		"ignores TERM":  `trap '' TERM INT HUP; while :; do sleep 1; done`,
+		"busy children": `for i in 1 2 3; do (while :; do :; done) & done; wait`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			start := time.Now()
+			res := run(t, r, nsjail.Spec{Args: sh(script), Limits: nsjail.Limits{Timeout: 500 * time.Millisecond}})
+			wantStatus(t, res, nsjail.StatusTimeout)
+			wantLimit(t, res, nsjail.LimitTimeout)
+			if res.Signal != "SIGKILL" {
+				t.Fatalf("signal %q, want SIGKILL", res.Signal)
+			}
+			if time.Since(start) > 10*time.Second {
+				t.Fatalf("the deadline did not stop the sandbox (took %s)", time.Since(start))
+			}
+		})
+	}
+}
+
+func TestCancel(t *testing.T) {
+	r := newRunner(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(300*time.Millisecond, cancel)
+	res, err := r.Run(ctx, nsjail.Spec{Rootfs: nsjailtest.ProbeRootfs(t), Args: sh("sleep 60")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, res, nsjail.StatusCancelled)
+}
+
+// GUIDE §4 case 6 and 7: a setsid daemon that outlives main, and a grandchild
+// holding stdout open. Main exits at once; the collection must not hang and
+// no process may survive.
+func TestNoProcessSurvivesAndNoHang(t *testing.T) {
+	r := newRunner(t)
+	marker := fmt.Sprintf("sandboxd-survivor-%d", time.Now().UnixNano())
+	res := run(t, r, nsjail.Spec{
+		Args:   sh(fmt.Sprintf(`(setsid sh -c 'exec -a %s sleep 300' &) ; (sleep 300 &) ; echo main done`, marker)),
+		Limits: nsjail.Limits{Timeout: 30 * time.Second},
+	})
+	wantStatus(t, res, nsjail.StatusSucceeded)
+	if res.Usage.WallMS > 10_000 {
+		t.Fatalf("collection waited for the grandchildren (%d ms)", res.Usage.WallMS)
+	}
+	if pids := nsjailtest.ProcessesMatching(marker); len(pids) > 0 {
+		t.Fatalf("processes survived the execution: %v", pids)
+	}
+	if pids := nsjailtest.ProcessesMatching("sleep 300"); len(pids) > 0 {
+		t.Fatalf("processes survived the execution: %v", pids)
+	}
+}
+
+// GUIDE §4 case 8: a 1 GB flood, invalid UTF-8 and one giant line.
+func TestOutputFloodIsCapped(t *testing.T) {
+	r := newRunner(t)
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	res := run(t, r, nsjail.Spec{
+		Args:   sh(`head -c 1000000000 /dev/zero | tr '\0' '\377'; printf 'tail' >&2`),
+		Limits: nsjail.Limits{StdoutBytes: 64 << 10, Timeout: 60 * time.Second},
+	})
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	wantStatus(t, res, nsjail.StatusSucceeded)
+	wantLimit(t, res, nsjail.LimitStdout)
+	if !res.StdoutTruncated || len(res.Stdout) != 64<<10 || res.StdoutBytes != 1_000_000_000 {
+		t.Fatalf("truncated=%v kept=%d total=%d", res.StdoutTruncated, len(res.Stdout), res.StdoutBytes)
+	}
+	if res.Stdout[0] != 0xff || string(res.Stderr) != "tail" || res.StderrTruncated {
+		t.Fatalf("content mangled: %x %q", res.Stdout[:4], res.Stderr)
+	}
+	if grew := int64(after.TotalAlloc) - int64(before.TotalAlloc); grew > 32<<20 {
+		t.Fatalf("the worker allocated %d MiB while draining 1 GB", grew>>20)
+	}
+}
+
+// GUIDE §4 case 11: the inside view.
+func TestInsideView(t *testing.T) {
+	r := newRunner(t)
+	res := run(t, r, nsjail.Spec{Args: sh(`id -u; id -g; grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp):' /proc/self/status; /bin/probe setuid0; hostname`)})
+	wantStatus(t, res, nsjail.StatusSucceeded)
+	want := "10001\n10001\n" +
+		"CapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n" +
+		"CapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\nEPERM\nsandbox\n"
+	if string(res.Stdout) != want {
+		t.Fatalf("inside view:\n%s\nwant:\n%s", res.Stdout, want)
+	}
+}
+
+// GUIDE §4 case 12: /proc/sys, sysrq-trigger and /sys are not writable;
+// kcore and keys are masked. Case 10 (network): only loopback exists.
+func TestProcAndSysAreProtected(t *testing.T) {
+	r := newRunner(t)
+	res := run(t, r, nsjail.Spec{Args: sh(`
+		for f in /proc/sys/kernel/hostname /proc/sysrq-trigger /sys/kernel/uevent_helper /proc/sys/vm/drop_caches; do
+			/bin/probe openwrite $f
+		done
+		for f in /proc/kcore /proc/keys; do if [ -e $f ]; then wc -c < $f; else echo 0; fi; done
+		ls /sys/class/net`)})
+	wantStatus(t, res, nsjail.StatusSucceeded)
+	lines := strings.Split(strings.TrimSpace(string(res.Stdout)), "\n")
+	if len(lines) != 7 {
+		t.Fatalf("stdout:\n%s\nstderr: %s", res.Stdout, res.Stderr)
+	}
+	for _, l := range lines[:4] {
+		if l == "OK" {
+			t.Fatalf("a kernel knob was writable:\n%s", res.Stdout)
+		}
+	}
+	if lines[4] != "0" || lines[5] != "0" {
+		t.Fatalf("/proc/kcore or /proc/keys not masked: %q %q", lines[4], lines[5])
+	}
+	if lines[6] != "lo" {
+		t.Fatalf("network interfaces: %q, want only lo", lines[6])
+	}
+}
+
+// GUIDE §4 case 13: nothing of the worker's environment leaks in.
+func TestEnvironmentIsOnlyTheSpec(t *testing.T) {
+	r := newRunner(t)
+	t.Setenv("SANDBOXD_TEST_SECRET", "hunter2")
+	res := run(t, r, nsjail.Spec{Args: []string{"env"}, Env: []string{"ALLOWED=1"}})
+	wantStatus(t, res, nsjail.StatusSucceeded)
+	if bytes.Contains(res.Stdout, []byte("hunter2")) {
+		t.Fatal("the worker's environment leaked into the sandbox")
+	}
+	got := strings.Fields(string(res.Stdout))
+	slices.Sort(got)
+	// HOME comes from the sandbox user's passwd entry (libcontainer sets it).
+	if want := []string{"ALLOWED=1", "HOME=/tmp", "PATH=/usr/local/bin:/usr/bin:/bin"}; !slices.Equal(got, want) {
+		t.Fatalf("env = %v, want %v", got, want)
+	}
+}
+
+// GUIDE §4 case 14 (CVE-2019-5736): the sandbox cannot open the runtime's
+// binary for writing through /proc/self/exe or /proc/1/exe.
+func TestCannotOverwriteRuntimeBinary(t *testing.T) {
+	r := newRunner(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := fileDigest(t, self)
+	res := run(t, r, nsjail.Spec{Args: sh(`/bin/probe openwrite /proc/self/exe; /bin/probe openwrite /proc/1/exe`)})
+	wantStatus(t, res, nsjail.StatusSucceeded)
+	for _, l := range strings.Split(strings.TrimSpace(string(res.Stdout)), "\n") {
+		if l == "OK" {
+			t.Fatalf("an exe link was writable: %s", res.Stdout)
+		}
+	}
+	if after := fileDigest(t, self); after != before {
+		t.Fatal("the worker binary changed")
+	}
+}
+
+func fileDigest(t *testing.T, path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("%x", sha256.Sum256(b))
+}
+
+// GUIDE §4 case 15 (CVE-2024-21626): a host fd left open without CLOEXEC
+// must not reach the sandbox.
+func TestNoHostFdsLeak(t *testing.T) {
+	r := newRunner(t)
+	fd, err := syscall.Open("/etc/hostname", syscall.O_RDONLY, 0) // no O_CLOEXEC, on purpose
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	res := run(t, r, nsjail.Spec{Args: []string{"/bin/probe", "fds"}})
+	wantStatus(t, res, nsjail.StatusSucceeded)
+	if got := strings.TrimSpace(string(res.Stdout)); got != "0 1 2" {
+		t.Fatalf("open fds inside: %q, want \"0 1 2\"", got)
+	}
+}
+
+// GUIDE §4 case 16: no mknod, and /dev holds only the five nodes.
+func TestDevices(t *testing.T) {
+	r := newRunner(t)
+	res := run(t, r, nsjail.Spec{Args: sh(`/bin/probe mknod /tmp/mem; /bin/probe mknod /dev/shm/null2
+		for f in /dev/*; do [ -c "$f" ] && [ ! -L "$f" ] && echo "$f"; done
+		echo hi > /dev/null && head -c 4 /dev/urandom | wc -c; echo x > /dev/full 2>/dev/null || echo full`)})
+	wantStatus(t, res, nsjail.StatusSucceeded)
+	want := "EPERM\nEPERM\n/dev/full\n/dev/null\n/dev/random\n/dev/urandom\n/dev/zero\n4\nfull\n"
+	if string(res.Stdout) != want {
+		t.Fatalf("stdout:\n%s\nwant:\n%s\nstderr: %s", res.Stdout, want, res.Stderr)
+	}
+}
+
+func TestUsageIsReported(t *testing.T) {
+	r := newRunner(t)
+	res := run(t, r, nsjail.Spec{Args: sh(`i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done`),
+		Limits: nsjail.Limits{Timeout: 30 * time.Second}})
+	wantStatus(t, res, nsjail.StatusSucceeded)
+	if res.Usage.CPUMS <= 0 || res.Usage.WallMS <= 0 || res.Usage.PeakMemoryBytes <= 0 {
+		t.Fatalf("usage not reported: %+v", res.Usage)
+	}
+}
+
+// GUIDE §4 case 18: concurrent sandboxes share nothing.
+func TestConcurrentSandboxesAreIsolated(t *testing.T) {
+	r := newRunner(t)
+	const n = 4
+	results := make(chan *nsjail.Result, n)
+	for i := range n {
+		go func() {
+			res, err := r.Run(context.Background(), nsjail.Spec{Rootfs: nsjailtest.ProbeRootfs(t),
+				Args: sh(fmt.Sprintf(`echo %d > /tmp/mine; echo %d > /dev/shm/mine; sleep 0.3; cat /tmp/mine /dev/shm/mine; ls /tmp | wc -l`, i, i))})
+			if err != nil {
+				t.Error(err)
+			}
+			results <- res
+		}()
+	}
+	for range n {
+		res := <-results
+		if res == nil {
+			continue
+		}
+		wantStatus(t, res, nsjail.StatusSucceeded)
+		f := strings.Fields(string(res.Stdout))
+		if len(f) != 3 || f[0] != f[1] || f[2] != "1" {
+			t.Fatalf("a sandbox saw another's files: %q", res.Stdout)
+		}
+	}
+}
