@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -39,6 +40,8 @@ func TestMain(m *testing.M) {
 		memhog()
 	case "spin":
 		spin()
+	case "watch":
+		watch(os.Args[1:])
 	default:
 		fmt.Fprintf(os.Stderr, "unknown %s=%q\n", childRoleEnv, os.Getenv(childRoleEnv))
 		os.Exit(2)
@@ -70,6 +73,46 @@ func spin() {
 		}
 	}
 	os.Exit(x & 0)
+}
+
+// watch is the VM's escape detector (init2 runs it around every test
+// binary): it prints "created <path>" for each directory created directly in
+// one of dirs, after "ready" once the watches are in place, until killed.
+func watch(dirs []string) {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "inotify_init1:", err)
+		os.Exit(1)
+	}
+	names := map[int32]string{}
+	for _, d := range dirs {
+		wd, err := unix.InotifyAddWatch(fd, d, unix.IN_CREATE|unix.IN_ONLYDIR)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "inotify_add_watch %s: %v\n", d, err)
+			os.Exit(1)
+		}
+		names[int32(wd)] = d
+	}
+	fmt.Println("ready")
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := unix.Read(fd, buf)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "read inotify:", err)
+			os.Exit(1)
+		}
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			name := strings.TrimRight(string(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+int(ev.Len)]), "\x00")
+			if ev.Mask&unix.IN_ISDIR != 0 {
+				fmt.Println("created", filepath.Join(names[ev.Wd], name))
+			}
+			off += unix.SizeofInotifyEvent + int(ev.Len)
+		}
+	}
 }
 
 // requireV2 skips (or, inside the VM, fails) unless /sys/fs/cgroup is a
