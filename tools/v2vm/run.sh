@@ -150,7 +150,13 @@ for entry in "${PLAN[@]}"; do
 			die "building $pkg test binary failed"
 		readelf -lW "$ROOT/tests/$bin/$bin.test" | grep -q 'program interpreter' &&
 			die "$pkg test binary is not static"
+		# Tests run in /tests/<bin>, as go test runs them in the package
+		# directory: ./testdata and the repository's ../testdata/<bin> resolve.
 		if [ -d "$pkg/testdata" ]; then cp -a "$pkg/testdata" "$ROOT/tests/$bin/"; fi
+		if [ -d "testdata/$bin" ]; then
+			mkdir -p "$ROOT/tests/testdata"
+			cp -a "testdata/$bin" "$ROOT/tests/testdata/"
+		fi
 	fi
 	echo "$name $bin $flags" >>"$PLANFILE"
 done
