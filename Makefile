@@ -40,6 +40,14 @@ clean:
 # --- runtime image and rootfs cache (rootfs/, tools/runtime-image) ---
 
 # --- seccomp audit artifacts (seccomp/) ---
+# SECCOMP.md, profile.json and pfc/<arch>.pfc are generated from
+# seccomp/rules.go; seccomp-check fails when the committed ones are stale.
+.PHONY: seccomp seccomp-check
+seccomp:
+	$(GO) run -tags $(TAGS) ./tools/seccompgen -dir seccomp
+
+seccomp-check:
+	$(GO) run -tags $(TAGS) ./tools/seccompgen -dir seccomp -check
 
 # --- cgroup v2 VM harness (tools/v2vm) ---
 # Boots Debian's kernel in qemu with cgroup v2 only and runs the privileged

@@ -2,6 +2,7 @@ package nsjail
 
 import (
 	"os"
+	"sync"
 	"time"
 )
 
@@ -9,6 +10,7 @@ import (
 // limit bytes and drains and counts the rest, so a flood (GUIDE §4 case 8)
 // costs the worker a fixed buffer, never more memory.
 type capture struct {
+	mu    sync.Mutex
 	r     *os.File
 	limit int64
 	buf   []byte
@@ -28,10 +30,12 @@ func (c *capture) loop() {
 	for {
 		n, err := c.r.Read(chunk)
 		if n > 0 {
+			c.mu.Lock()
 			c.total += int64(n)
 			if room := c.limit - int64(len(c.buf)); room > 0 {
 				c.buf = append(c.buf, chunk[:min(int64(n), room)]...)
 			}
+			c.mu.Unlock()
 		}
 		if err != nil { // io.EOF once every writer is gone, or abort
 			return
@@ -42,5 +46,15 @@ func (c *capture) loop() {
 // abort makes a blocked Read return; used only when a stream is still open
 // after every process of the sandbox is gone, which should never happen.
 func (c *capture) abort() { _ = c.r.SetReadDeadline(time.Unix(1, 0)) }
+
+// reset forgets what was captured so far and returns it (a warm sandbox's
+// preload chatter must not become part of the execution's output).
+func (c *capture) reset() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	old := c.buf
+	c.buf, c.total = nil, 0
+	return old
+}
 
 func (c *capture) truncated() bool { return c.total > int64(len(c.buf)) }

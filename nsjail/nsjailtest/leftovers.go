@@ -46,7 +46,7 @@ func CheckNoLeftovers(stateRoot, cgroupParent string) error {
 // /proc/self/cgroup.
 func ParentCgroupDirs(parent string) ([]string, error) {
 	own := map[string]string{} // controller list ("memory", "cpu,cpuacct", "" for v2) → path
-	data, err := os.ReadFile("/proc/self/cgroup")
+	data, err := os.ReadFile("/proc/thread-self/cgroup")
 	if err != nil {
 		return nil, err
 	}
@@ -56,7 +56,7 @@ func ParentCgroupDirs(parent string) ([]string, error) {
 			own[parts[1]] = parts[2]
 		}
 	}
-	f, err := os.Open("/proc/self/mountinfo")
+	f, err := os.Open("/proc/thread-self/mountinfo")
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,121 @@
+package cgroup
+
+import (
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// cgroupDirs returns the directories a started process should join: all of
+// them, as libcontainer's init does.
+func cgroupDirs(paths map[string]string) []string { return uniqueDirs(paths) }
+
+// GUIDE §4 case 6: a double-forked, setsid'ed daemon and a SIGTERM-ignoring
+// process die with the rest. The direct child is deliberately not reaped
+// before KillAll returns: zombies must not keep it waiting.
+func TestKillAllTree(t *testing.T) {
+	h := realHost(t)
+	paths := sandboxCgroup(t, h, "tree")
+	cmd := startIn(t, cgroupDirs(paths), `
+		(setsid sh -c 'sleep 1000 & sleep 1000' &) 
+		sh -c 'trap "" TERM; while :; do sleep 1; done' &
+		exec sleep 1000`)
+	waitProcs(t, paths, 5)
+	if err := KillAll(paths); err != nil {
+		t.Fatal(err)
+	}
+	if pids, err := procs(uniqueDirs(paths)); err != nil || len(pids) != 0 {
+		t.Fatalf("after KillAll: %v, %v", pids, err)
+	}
+	// rmdir works before the zombie child is reaped (measured on 6.18 v1).
+	for _, d := range uniqueDirs(paths) {
+		if err := removeTree(d); err != nil {
+			t.Errorf("rmdir with an unreaped zombie: %v", err)
+		}
+	}
+	err := cmd.Wait()
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
+		t.Errorf("child: %v, want killed by SIGKILL", err)
+	}
+}
+
+// GUIDE §4 case 1: a fork bomb under a pids limit cannot outrun the loop.
+func TestKillAllForkBomb(t *testing.T) {
+	h := realHost(t)
+	paths := sandboxCgroup(t, h, "forkbomb")
+	pidsDir := paths["pids"]
+	if h.Mode.V2() {
+		pidsDir = paths[""]
+	}
+	writeT(t, filepath.Join(pidsDir, "pids.max"), "64")
+	startIn(t, cgroupDirs(paths), `b() { b & b & wait; }; b 2>/dev/null`)
+	waitProcs(t, paths, 32)
+	start := time.Now()
+	if err := KillAll(paths); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("fork bomb at pids.max 64 killed in %v", time.Since(start))
+}
+
+// waitProcs waits until paths hold at least n processes.
+func waitProcs(t testing.TB, paths map[string]string, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		pids, err := procs(uniqueDirs(paths))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(pids) >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d processes, want %d", len(pids), n)
+		}
+	}
+}
+
+// cgroup.kill (Linux 5.14+) is preferred on v2; without it the loop runs.
+func TestKillAllV2UsesCgroupKill(t *testing.T) {
+	dir := copyTree(t, filepath.Join("..", "testdata", "cgroup", "v2", "sandbox"))
+	if err := KillAll(map[string]string{"": dir}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "cgroup.kill")); err == nil {
+		t.Fatal("cgroup.kill created on a kernel that lacks it")
+	}
+	writeT(t, filepath.Join(dir, "cgroup.kill"), "")
+	if err := KillAll(map[string]string{"": dir}); err != nil {
+		t.Fatal(err)
+	}
+	if got := readT(t, filepath.Join(dir, "cgroup.kill")); got != "1" {
+		t.Errorf("cgroup.kill = %q, want 1", got)
+	}
+	// v1 (and hybrid) never write cgroup.kill, even where the cgroup2 dir has one.
+	writeT(t, filepath.Join(dir, "cgroup.kill"), "")
+	if err := KillAll(map[string]string{"": dir, "memory": t.TempDir()}); err != nil {
+		t.Fatal(err)
+	}
+	if got := readT(t, filepath.Join(dir, "cgroup.kill")); got != "" {
+		t.Errorf("hybrid wrote cgroup.kill: %q", got)
+	}
+	if err := KillAll(nil); err == nil {
+		t.Error("no paths: no error")
+	}
+}
+
+// KillAll of a sandbox holding 20 processes, until its cgroups are empty.
+func BenchmarkKillAll(b *testing.B) {
+	h := realHost(b)
+	for b.Loop() {
+		b.StopTimer()
+		paths := sandboxCgroup(b, h, "bench")
+		startIn(b, uniqueDirs(paths), `i=0; while [ $i -lt 19 ]; do sleep 1000 & i=$((i+1)); done; exec sleep 1000`)
+		waitProcs(b, paths, 20)
+		b.StartTimer()
+		if err := KillAll(paths); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

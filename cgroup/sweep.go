@@ -1,0 +1,112 @@
+package cgroup
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"golang.org/x/sys/unix"
+)
+
+// SweepOrphans removes the sandbox cgroups a crashed worker left behind on
+// this host. See Hierarchy.SweepOrphans.
+func SweepOrphans(parent string, live func(id string) bool, log *slog.Logger) ([]string, error) {
+	h, err := Host()
+	if err != nil {
+		return nil, err
+	}
+	return h.SweepOrphans(parent, live, log)
+}
+
+// SweepOrphans finds, in every hierarchy, the child cgroups of <own>/<parent>
+// whose id is not live, kills their processes (KillAll), waits until they are
+// empty and removes them, children first. It returns the ids removed; an id
+// that failed is left for the next sweep and its error joined into err.
+// Call it at start-up, after PrepareParent (on v2 the sandboxes' parent is
+// only known once the worker sits in its leaf) and before sandboxes start,
+// with live reporting the ids of sandboxes this worker still runs (none
+// after a restart).
+func (h *Hierarchy) SweepOrphans(parent string, live func(id string) bool, log *slog.Logger) (removed []string, err error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	dirs, err := h.ParentDirs(parent)
+	if err != nil {
+		return nil, err
+	}
+	orphans := map[string]map[string]string{} // id → controller → dir
+	for ctrl, pd := range dirs {
+		entries, err := os.ReadDir(pd)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // no sandbox ever ran under this hierarchy
+		}
+		if err != nil {
+			return nil, fmt.Errorf("cgroup sweep: %w", err)
+		}
+		for _, e := range entries {
+			if !e.IsDir() || live(e.Name()) {
+				continue
+			}
+			if orphans[e.Name()] == nil {
+				orphans[e.Name()] = map[string]string{}
+			}
+			orphans[e.Name()][ctrl] = filepath.Join(pd, e.Name())
+		}
+	}
+	ids := make([]string, 0, len(orphans))
+	for id := range orphans {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	var errs []error
+	for _, id := range ids {
+		paths := orphans[id]
+		if err := KillAll(paths); err != nil {
+			errs = append(errs, fmt.Errorf("cgroup sweep %s: %w", id, err))
+			continue
+		}
+		var rmErr error
+		for _, d := range uniqueDirs(paths) {
+			rmErr = errors.Join(rmErr, removeTree(d))
+		}
+		if rmErr != nil {
+			errs = append(errs, fmt.Errorf("cgroup sweep %s: %w", id, rmErr))
+			continue
+		}
+		log.Info("removed orphan sandbox cgroup", "execution_id", id, "paths", uniqueDirs(paths))
+		removed = append(removed, id)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// removeTree rmdirs a cgroup and its child cgroups, deepest first. cgroupfs
+// directories hold only control files, which go with the directory; rmdir
+// fails (EBUSY) while any task is still inside.
+func removeTree(dir string) error {
+	var subs []string
+	err := filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if e.IsDir() {
+			subs = append(subs, p)
+		}
+		return nil
+	})
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, d := range slices.Backward(subs) {
+		if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("rmdir %s: %w", d, err)
+		}
+	}
+	return nil
+}

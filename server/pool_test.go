@@ -1,0 +1,375 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+)
+
+var poolQuietLog = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+
+func newPoolRunner(t testing.TB) *nsjail.Runner {
+	t.Helper()
+	nsjailtest.RequireRoot(t)
+	r, err := nsjail.NewRunner(nsjail.Options{
+		StateRoot:    fmt.Sprintf("/run/sandboxd-test-%d/state", os.Getpid()),
+		CgroupParent: fmt.Sprintf("sandboxd-test-%d", os.Getpid()),
+		Logger:       poolQuietLog,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// poolTemplate is the dynamic policy's shape for tests.
+func poolTemplate(rootfs string) Template {
+	return Template{
+		Name:   "dynamic",
+		Rootfs: rootfs,
+		Env: []string{"HOME=/tmp", "MPLCONFIGDIR=/tmp/matplotlib", "MPLBACKEND=Agg", "PYTHONUNBUFFERED=1",
+			"PYTHONDONTWRITEBYTECODE=1", "OMP_NUM_THREADS=1", "OPENBLAS_NUM_THREADS=1", "MKL_NUM_THREADS=1",
+			"PATH=/usr/local/bin:/usr/bin:/bin"},
+		Limits: nsjail.Limits{MemoryBytes: 512 << 20, Pids: 64, CPUs: 1, Timeout: 20 * time.Second},
+	}
+}
+
+// poolWorkspace makes a workspace like the server does: code/main.py,
+// input/, output/artifacts/, owned by the sandbox user.
+func poolWorkspace(t *testing.T, r *nsjail.Runner, code string) string {
+	t.Helper()
+	ws := filepath.Join(t.TempDir(), "ws")
+	for _, d := range []string{"code", "input", "output/artifacts"} {
+		if err := os.MkdirAll(filepath.Join(ws, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(ws, "code/main.py"), []byte(code), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ws, "input/data.csv"), []byte("k,v\na,1\nb,2\na,3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := filepath.WalkDir(ws, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, r.HostUID(), r.HostGID())
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ws
+}
+
+func waitReady(t *testing.T, p *Pool, n uint64) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for p.Stats().Ready < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("pool not ready: %+v", p.Stats())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// conformanceScripts run cold and warm; every field must match.
+var conformanceScripts = map[string]string{
+	"print": `print(1)`,
+	"main guard and file": `import sys, os
+if __name__ == "__main__":
+    print(__name__, __file__, sys.argv, os.getcwd(), sys.path[0], os.nice(0))`,
+	"sys.exit code":   `import sys; print("bye"); sys.exit(7)`,
+	"sys.exit string": `import sys; sys.exit("fatal: bad input")`,
+	"raise": `def f():
+    raise ValueError("boom")
+f()`,
+	"syntax error": "def broken(:\n    pass\n",
+	"stdin":        `import sys; print(repr(sys.stdin.read()))`,
+	"threads": `import threading
+out = []
+ts = [threading.Thread(target=out.append, args=(i,)) for i in range(8)]
+[t.start() for t in ts]; [t.join() for t in ts]
+print(sorted(out))`,
+	"fork": `import os
+pid = os.fork()
+if pid == 0:
+    os._exit(3)
+print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))`,
+	"subprocess": `import subprocess; print(subprocess.run(["echo", "child"], capture_output=True, text=True).stdout.strip())`,
+	"multiprocessing": `import multiprocessing as mp
+def sq(x): return x * x
+if __name__ == "__main__":
+    with mp.get_context("spawn").Pool(2) as p:
+        print(p.map(sq, range(5)))
+    with mp.get_context("fork").Pool(2) as p:
+        print(p.map(sq, range(5)))`,
+	"large output": `import sys
+for i in range(200000): sys.stdout.write("line %d\n" % i)`,
+	"pandas and result": `import json, pandas as pd
+df = pd.read_csv("/workspace/input/data.csv")
+g = df.groupby("k")["v"].sum().to_dict()
+json.dump({"sums": g}, open("/workspace/output/result.json", "w"))
+print(g)`,
+	"matplotlib artifact": `import matplotlib.pyplot as plt
+plt.plot([1, 2, 3]); plt.savefig("/workspace/output/artifacts/chart.png", dpi=50)
+print("saved")`,
+	"memory limit": `x = bytearray(1024 * 1024 * 1024); print(len(x))`,
+	"pids limit": `import threading, time
+ts = []
+try:
+    for i in range(500):
+        t = threading.Thread(target=time.sleep, args=(2,)); t.start(); ts.append(t)
+except RuntimeError as e:
+    print("refused:", e)`,
+	"timeout": `import time; print("start", flush=True); time.sleep(60)`,
+	"unclosed global file": `f = open("/workspace/output/unclosed.txt", "w")
+f.write("kept " * 1000)
+g = open("/workspace/output/other.txt", "w"); g.write("also kept")`,
+	"exit 256 and -1": `import sys; sys.exit(256)`,
+	"non-daemon thread outlives main": `import threading, time
+def late(): time.sleep(0.3); print("thread done", flush=True)
+threading.Thread(target=late).start()
+print("main done")`,
+	"atexit and unflushed": `import atexit, sys
+atexit.register(lambda: print("atexit ran"))
+sys.stdout.write("no newline")`,
+}
+
+// conformanceStatus pins what each script must end as, so that cold and
+// warm cannot agree on being broken.
+var conformanceStatus = map[string]nsjail.Status{
+	"sys.exit code": nsjail.StatusFailed, "sys.exit string": nsjail.StatusFailed,
+	"raise": nsjail.StatusFailed, "syntax error": nsjail.StatusFailed,
+	"memory limit": nsjail.StatusOOM, "timeout": nsjail.StatusTimeout,
+}
+
+// TestWarmMatchesCold is the pool's conformance suite: each script runs cold
+// and warm, and status, exit code, signal, stdout, stderr, limits_hit and
+// the files left in output/ must be identical.
+func TestWarmMatchesCold(t *testing.T) {
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	r := newPoolRunner(t)
+	tpl := poolTemplate(rootfs)
+	names := make([]string, 0, len(conformanceScripts))
+	for n := range conformanceScripts {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	pool, err := NewPool(r, PoolConfig{Size: 2, WorkRoot: t.TempDir()}, []Template{tpl}, poolQuietLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+
+	for _, name := range names {
+		t.Run(name, func(t *testing.T) {
+			code := conformanceScripts[name]
+			spec := func(ws string) nsjail.Spec {
+				s := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+					Env: tpl.Env, Cwd: nsjail.WorkspaceDir, Workspace: ws, Limits: tpl.Limits}
+				if name == "timeout" {
+					s.Limits.Timeout = 2 * time.Second
+				}
+				return s
+			}
+			coldWS := poolWorkspace(t, r, code)
+			cold, err := r.Run(context.Background(), spec(coldWS))
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitReady(t, pool, 1)
+			warmWS := poolWorkspace(t, r, code)
+			before := pool.Stats().Taken
+			warm, err := pool.Run(context.Background(), spec(warmWS))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pool.Stats().Taken != before+1 {
+				t.Fatal("the pool did not serve the warm run")
+			}
+			want := nsjail.StatusSucceeded
+			if st, ok := conformanceStatus[name]; ok {
+				want = st
+			}
+			if cold.Status != want {
+				t.Fatalf("cold status %s, want %s (stderr: %.500s)", cold.Status, want, cold.Stderr)
+			}
+			if name == "pids limit" && !slices.Contains(cold.LimitsHit, nsjail.LimitPids) {
+				t.Fatalf("the pids script did not hit the limit: %v %s", cold.LimitsHit, cold.Stdout)
+			}
+			compareResults(t, cold, warm)
+			compareTrees(t, filepath.Join(coldWS, "output"), filepath.Join(warmWS, "output"))
+		})
+	}
+}
+
+var pidPattern = regexp.MustCompile(`pid \d+|<Thread\(Thread-\d+.*?\)>`)
+
+func compareResults(t *testing.T, cold, warm *nsjail.Result) {
+	t.Helper()
+	if cold.Status != warm.Status || cold.ExitCode != warm.ExitCode || cold.Signal != warm.Signal {
+		t.Errorf("status: cold %s/%d/%q, warm %s/%d/%q", cold.Status, cold.ExitCode, cold.Signal,
+			warm.Status, warm.ExitCode, warm.Signal)
+	}
+	if !slices.Equal(cold.LimitsHit, warm.LimitsHit) {
+		t.Errorf("limits_hit: cold %v, warm %v", cold.LimitsHit, warm.LimitsHit)
+	}
+	if !bytes.Equal(cold.Stdout, warm.Stdout) {
+		t.Errorf("stdout differs:\ncold: %.400q\nwarm: %.400q", cold.Stdout, warm.Stdout)
+	}
+	cs, ws := pidPattern.ReplaceAll(cold.Stderr, nil), pidPattern.ReplaceAll(warm.Stderr, nil)
+	if !bytes.Equal(cs, ws) {
+		t.Errorf("stderr differs:\ncold: %s\nwarm: %s", cold.Stderr, warm.Stderr)
+	}
+	if cold.StdoutTruncated != warm.StdoutTruncated || cold.StdoutBytes != warm.StdoutBytes {
+		t.Errorf("stdout sizes: cold %d/%v warm %d/%v", cold.StdoutBytes, cold.StdoutTruncated, warm.StdoutBytes, warm.StdoutTruncated)
+	}
+}
+
+func compareTrees(t *testing.T, a, b string) {
+	t.Helper()
+	ta, tb := treeFiles(t, a), treeFiles(t, b)
+	if len(ta) != len(tb) {
+		t.Errorf("output trees differ: cold %v, warm %v", keys(ta), keys(tb))
+		return
+	}
+	for name, da := range ta {
+		db, ok := tb[name]
+		if !ok {
+			t.Errorf("warm output lacks %s", name)
+			continue
+		}
+		// PNGs embed nothing run-specific with Agg, so bytes must match too.
+		if !bytes.Equal(da, db) {
+			t.Errorf("output %s differs (cold %d bytes, warm %d bytes)", name, len(da), len(db))
+		}
+	}
+}
+
+func treeFiles(t *testing.T, root string) map[string][]byte {
+	m := map[string][]byte{}
+	_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return nil
+		}
+		b, _ := os.ReadFile(p)
+		m[strings.TrimPrefix(p, root)] = b
+		return nil
+	})
+	return m
+}
+
+func keys(m map[string][]byte) []string {
+	var k []string
+	for n := range m {
+		k = append(k, n)
+	}
+	slices.Sort(k)
+	return k
+}
+
+// TestPoolRefillsAndNeverReuses checks that each execution gets a sandbox of
+// its own and that the pool refills after a take.
+func TestPoolRefillsAndNeverReuses(t *testing.T) {
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	r := newPoolRunner(t)
+	tpl := poolTemplate(rootfs)
+	pool, err := NewPool(r, PoolConfig{Size: 1, WorkRoot: t.TempDir()}, []Template{tpl}, poolQuietLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	seen := map[string]bool{}
+	for i := range 3 {
+		waitReady(t, pool, 1)
+		ws := poolWorkspace(t, r, `import os, socket; open("/tmp/mark", "x").write("x"); print(socket.gethostname(), os.getpid(), os.path.exists("/workspace/output/prev"))`)
+		res, err := pool.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+			Env: tpl.Env, Cwd: nsjail.WorkspaceDir, Workspace: ws, Limits: tpl.Limits})
+		if err != nil || res.Status != nsjail.StatusSucceeded {
+			t.Fatalf("run %d: %v %+v %s", i, err, res, res.Stderr)
+		}
+		if seen[res.ID] {
+			t.Fatalf("sandbox %s served twice", res.ID)
+		}
+		seen[res.ID] = true
+	}
+	if st := pool.Stats(); st.Taken != 3 || st.RefillFailures != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// BenchmarkWarmPrint measures a warm execution of print(1) through the pool,
+// from Run to Result (workspace move, hand-off, run, exit, collection), with
+// the pool refilling in the background as in production.
+func BenchmarkWarmPrint(b *testing.B) {
+	benchPool(b, `print(1)`, 2)
+}
+
+// BenchmarkColdPrint is the same execution on the cold path.
+func BenchmarkColdPrint(b *testing.B) {
+	benchPool(b, `print(1)`, 0)
+}
+
+func benchPool(b *testing.B, code string, size int) {
+	rootfs := nsjailtest.RuntimeRootfs(b)
+	r := newPoolRunner(b)
+	tpl := poolTemplate(rootfs)
+	pool, err := NewPool(r, PoolConfig{Size: size, WorkRoot: b.TempDir()}, []Template{tpl}, poolQuietLog)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pool.Close()
+	var lat []time.Duration
+	for b.Loop() {
+		b.StopTimer()
+		if size > 0 {
+			deadline := time.Now().Add(time.Minute)
+			// Measure a worker that is not saturated: the refill of the
+			// previous take (an import of the data stack) is done.
+			for pool.Stats().Ready < uint64(size) && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		ws := benchWorkspace(b, r, code)
+		b.StartTimer()
+		start := time.Now()
+		res, err := pool.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+			Env: tpl.Env, Cwd: nsjail.WorkspaceDir, Workspace: ws, Limits: tpl.Limits})
+		lat = append(lat, time.Since(start))
+		if err != nil || res.Status != nsjail.StatusSucceeded {
+			b.Fatalf("%v %+v", err, res)
+		}
+		b.StopTimer()
+		os.RemoveAll(ws)
+		b.StartTimer()
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+}
+
+func benchWorkspace(b *testing.B, r *nsjail.Runner, code string) string {
+	ws, err := os.MkdirTemp("", "bench-ws-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, d := range []string{"code", "input", "output/artifacts"} {
+		_ = os.MkdirAll(filepath.Join(ws, d), 0o755)
+	}
+	_ = os.WriteFile(filepath.Join(ws, "code/main.py"), []byte(code), 0o644)
+	_ = filepath.WalkDir(ws, func(p string, _ fs.DirEntry, err error) error { return os.Lchown(p, r.HostUID(), r.HostGID()) })
+	return ws
+}
