@@ -1,8 +1,9 @@
 // Package v2vm holds the cgroup v2 VM harness (see README.md) and a kernel
 // check that runs inside the VM: it proves, straight from cgroup v2's own
-// files and without any of our packages, that the v2 features sandboxd relies
-// on work on the kernel the VM boots. When it fails, the kernel or the VM's
-// setup is at fault, not nsjail/ or cgroup/.
+// files, that the v2 features sandboxd relies on work on the kernel the VM
+// boots (when a raw check fails, the kernel or the VM's setup is at fault,
+// not nsjail/ or cgroup/); then it holds the cgroup package's live readers
+// (ReadStats, KillAll) to the same raw files, which nothing else does on v2.
 //
 // On a host without a unified hierarchy at /sys/fs/cgroup the tests skip,
 // unless V2VM=1 (set by the VM's init), where that is a failure.
@@ -24,6 +25,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/cgroup"
 )
 
 const cgroupRoot = "/sys/fs/cgroup"
@@ -389,6 +392,23 @@ func TestMemoryMaxOOMKill(t *testing.T) {
 		t.Errorf("memory.peak = %d, want between 16 MiB and the 32 MiB limit", peak)
 	}
 	t.Logf("memory.events %v, memory.peak %d", ev, peak)
+
+	st := readStats(t, dir)
+	if st.OOMKills != ev["oom_kill"] || st.MemoryPeakBytes != int64(peak) {
+		t.Errorf("cgroup.ReadStats: OOMKills=%d MemoryPeakBytes=%d, the files say oom_kill=%d memory.peak=%d",
+			st.OOMKills, st.MemoryPeakBytes, ev["oom_kill"], peak)
+	}
+}
+
+// readStats is cgroup.ReadStats on dir, given as libcontainer's v2
+// GetPaths() gives it.
+func readStats(t *testing.T, dir string) cgroup.Stats {
+	t.Helper()
+	st, err := cgroup.ReadStats(map[string]string{"": dir})
+	if err != nil {
+		t.Fatalf("cgroup.ReadStats(%s): %v", dir, err)
+	}
+	return st
 }
 
 func TestPidsMaxAndTreeKill(t *testing.T) {
@@ -460,6 +480,50 @@ func TestCPUMaxThrottles(t *testing.T) {
 		t.Errorf("cpu.stat usage_usec = %d at 10%% for ~1 s, want well below 500000", st["usage_usec"])
 	}
 	t.Logf("cpu.stat %v", st)
+
+	// The bandwidth timer may account one more throttled period after the
+	// process exited: ReadStats must fall between two raw reads.
+	cs := readStats(t, dir)
+	st2 := keyed(t, filepath.Join(dir, "cpu.stat"))
+	between := func(got, lo, hi uint64) bool { return lo <= got && got <= hi }
+	if !between(cs.CPUThrottledPeriods, st["nr_throttled"], st2["nr_throttled"]) ||
+		!between(cs.CPUThrottledNS, st["throttled_usec"]*1000, st2["throttled_usec"]*1000) ||
+		!between(cs.CPUUsageNS, st["usage_usec"]*1000, st2["usage_usec"]*1000) {
+		t.Errorf("cgroup.ReadStats: %+v, cpu.stat says %v before and %v after", cs, st, st2)
+	}
+}
+
+// TestKillAllOrphansV2 is TestPidsMaxAndTreeKill through the cgroup package:
+// pids.max hits land in Stats.PidsLimitHits, and KillAll takes the orphaned
+// sleepers down and returns only once the cgroup is empty.
+func TestKillAllOrphansV2(t *testing.T) {
+	requireV2(t)
+	busybox, err := exec.LookPath("busybox")
+	if err != nil {
+		t.Fatalf("busybox not on PATH: %v", err)
+	}
+	dir := leaf(t, testParent(t), "killall")
+	writeFile(t, filepath.Join(dir, "pids.max"), "8")
+	cmd := exec.Command(busybox, "sh", "-c", fmt.Sprintf(`for i in $(%[1]s seq 20); do %[1]s sleep 300 & done`, busybox))
+	startIn(t, dir, cmd) // stdout/stderr are /dev/null: nothing to hold open
+	cmd.Wait()
+
+	st := readStats(t, dir)
+	if want := keyed(t, filepath.Join(dir, "pids.events"))["max"]; st.PidsLimitHits != want || want < 1 {
+		t.Errorf("cgroup.ReadStats: PidsLimitHits=%d, pids.events max=%d (want >= 1)", st.PidsLimitHits, want)
+	}
+	if st.PidsCurrent < 1 {
+		t.Fatalf("no orphaned sleepers to kill (PidsCurrent=%d)", st.PidsCurrent)
+	}
+	if err := cgroup.KillAll(map[string]string{"": dir}); err != nil {
+		t.Fatalf("cgroup.KillAll: %v", err)
+	}
+	if procs := readFile(t, filepath.Join(dir, "cgroup.procs")); procs != "" {
+		t.Errorf("cgroup.procs after KillAll returned: %q", procs)
+	}
+	if err := unix.Rmdir(dir); err != nil {
+		t.Errorf("rmdir right after KillAll: %v", err)
+	}
 }
 
 // TestNoLeftovers runs last (go test runs tests in source order) and checks
