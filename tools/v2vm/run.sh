@@ -261,7 +261,9 @@ if [ -z "$code" ]; then
 	log "FAIL: the VM exited (qemu status $qst) after ${elapsed}s without reporting an exit code; see $RESULTS"
 	exit 2
 fi
-grep '^V2VM: ---' "$RESULTS" >&2 || true
+# Summary: per-binary status, failed tests, panics, leaks and escapes.
+log "summary:"
+grep -a -E '^V2VM: (---|LEAK|ESCAPE)|^ *--- FAIL|^panic:|^FAIL' "$RESULTS" >&2 || true
 if [ "$code" != 0 ]; then
 	log "FAIL: tests in the VM failed (exit code $code, VM ${elapsed}s, total $((SECONDS - t0))s); output in $RESULTS"
 	exit "$code"
