@@ -38,9 +38,13 @@ type PoolConfig struct {
 	// Preload lists the modules imported before hand-off (DefaultPreload
 	// when nil).
 	Preload []string
-	// WorkRoot is where the warm sandboxes' workspaces live; it must be on
-	// the same filesystem as the server's workspaces (entries are renamed).
+	// WorkRoot is where the warm sandboxes' workspaces live.
 	WorkRoot string
+	// WorkspaceBytes, when > 0, mounts a tmpfs of this size on every warm
+	// workspace, as the server does on its own (see mountWorkspace); when 0
+	// the workspaces are plain directories and WorkRoot must be on the same
+	// filesystem as the server's workspaces (entries are renamed).
+	WorkspaceBytes int64
 }
 
 // Template describes the sandboxes of one policy: a request whose Spec has
@@ -151,6 +155,13 @@ func NewPool(runner *nsjail.Runner, cfg PoolConfig, templates []Template, log *s
 	return p, nil
 }
 
+// HostUID and HostGID are the runner's (see nsjail.Runner.HostUID), so a
+// Pool is a drop-in Sandboxer.
+func (p *Pool) HostUID() int { return p.runner.HostUID() }
+
+// HostGID is the host gid of the sandbox group.
+func (p *Pool) HostGID() int { return p.runner.HostGID() }
+
 // Stats returns the pool's current state.
 func (p *Pool) Stats() PoolStats {
 	p.mu.Lock()
@@ -251,8 +262,10 @@ func envMap(env []string) map[string]string {
 // bound workspace, hands the file over, waits, and moves everything back so
 // the caller collects results exactly where it would after a cold run.
 func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec, extraEnv map[string]string) (*nsjail.Result, error) {
-	defer os.RemoveAll(w.workspace)
-	if err := moveEntries(spec.Workspace, w.workspace); err != nil {
+	defer removeWorkspace(w.workspace)
+	// Two tmpfs workspaces: the request files (small, written by the
+	// server) are copied in; the result comes back by moving the mount.
+	if err := moveIntoWorkspace(spec.Workspace, w.workspace); err != nil {
 		w.control.Close() // the zygote exits 0 on EOF
 		w.sb.Wait(context.Background())
 		return nil, fmt.Errorf("unable to move the workspace into the warm sandbox: %w", err)
@@ -278,10 +291,10 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec, ex
 		res.Status = nsjail.StatusSandboxError
 		res.Error = fmt.Sprintf("unable to hand the execution to the warm sandbox: %v", werr)
 	}
-	// After untrusted code ran, w.workspace is hostile: rename moves entries
-	// (symlinks stay symlinks, nothing is followed) and the collector opens
-	// everything with O_NOFOLLOW.
-	if err := moveEntries(w.workspace, spec.Workspace); err != nil {
+	// After untrusted code ran, w.workspace is hostile: adoptWorkspace moves
+	// the whole mount (or renames entries; symlinks stay symlinks, nothing is
+	// followed) and the collector opens everything with O_NOFOLLOW.
+	if err := adoptWorkspace(w.workspace, spec.Workspace); err != nil {
 		p.log.Error("unable to move the warm workspace back", "sandbox", w.sb.ID(), "error", err)
 	}
 	return res, nil
@@ -377,7 +390,7 @@ func (p *Pool) retire(w *warmSandbox) {
 	w.control.Close()
 	w.sb.Handoff(5 * time.Second)
 	w.sb.Wait(context.Background())
-	os.RemoveAll(w.workspace)
+	removeWorkspace(w.workspace)
 }
 
 // startOne starts one warm sandbox and waits until its preload is done.
@@ -417,7 +430,7 @@ var errPoolClosed = errors.New("pool closed")
 const readyTimeout = 2 * time.Minute
 
 func (p *Pool) start(t Template) (*warmSandbox, error) {
-	ws, err := os.MkdirTemp(p.cfg.WorkRoot, "warm-")
+	ws, err := os.MkdirTemp(p.cfg.WorkRoot, warmPrefix)
 	if err != nil {
 		return nil, err
 	}
@@ -425,16 +438,22 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 		os.RemoveAll(ws)
 		return nil, err
 	}
+	if p.cfg.WorkspaceBytes > 0 {
+		if err := mountWorkspace(ws, p.cfg.WorkspaceBytes, p.runner.HostUID(), p.runner.HostGID()); err != nil {
+			os.RemoveAll(ws)
+			return nil, err
+		}
+	}
 	ctlR, ctlW, err := os.Pipe()
 	if err != nil {
-		os.RemoveAll(ws)
+		removeWorkspace(ws)
 		return nil, err
 	}
 	readyR, readyW, err := os.Pipe()
 	if err != nil {
 		ctlR.Close()
 		ctlW.Close()
-		os.RemoveAll(ws)
+		removeWorkspace(ws)
 		return nil, err
 	}
 	statusR, statusW, err := os.Pipe()
@@ -443,7 +462,7 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 		ctlW.Close()
 		readyR.Close()
 		readyW.Close()
-		os.RemoveAll(ws)
+		removeWorkspace(ws)
 		return nil, err
 	}
 	spec := nsjail.Spec{
@@ -466,7 +485,7 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 		ctlW.Close()
 		readyR.Close()
 		statusR.Close()
-		os.RemoveAll(ws)
+		removeWorkspace(ws)
 		return nil, err
 	}
 	sb.SetExitReport(readExitReport(statusR))
@@ -498,7 +517,7 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 		ctlW.Close()
 		sb.Handoff(time.Second)
 		res := sb.Wait(context.Background())
-		os.RemoveAll(ws)
+		removeWorkspace(ws)
 		if err == errPoolClosed {
 			return nil, err
 		}

@@ -47,10 +47,24 @@ func poolTemplate(rootfs string) Template {
 }
 
 // poolWorkspace makes a workspace like the server does: code/main.py,
-// input/, output/artifacts/, owned by the sandbox user.
-func poolWorkspace(t *testing.T, r *nsjail.Runner, code string) string {
+// input/, output/artifacts/, owned by the sandbox user; on a tmpfs of
+// tmpfsBytes when that is > 0 (as the server's are).
+func poolWorkspace(t *testing.T, r *nsjail.Runner, code string, tmpfsBytes ...int64) string {
 	t.Helper()
 	ws := filepath.Join(t.TempDir(), "ws")
+	if len(tmpfsBytes) > 0 && tmpfsBytes[0] > 0 {
+		if err := os.Mkdir(ws, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := mountWorkspace(ws, tmpfsBytes[0], r.HostUID(), r.HostGID()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := removeWorkspace(ws); err != nil {
+				t.Error(err)
+			}
+		})
+	}
 	for _, d := range []string{"code", "input", "output/artifacts"} {
 		if err := os.MkdirAll(filepath.Join(ws, d), 0o755); err != nil {
 			t.Fatal(err)
@@ -158,8 +172,19 @@ var conformanceStatus = map[string]nsjail.Status{
 
 // TestWarmMatchesCold is the pool's conformance suite: each script runs cold
 // and warm, and status, exit code, signal, stdout, stderr, limits_hit and
-// the files left in output/ must be identical.
+// the files left in output/ must be identical. It runs with plain-directory
+// workspaces and with tmpfs workspaces (what the server uses: the request is
+// copied in and the warm tmpfs is moved back by a bind mount).
 func TestWarmMatchesCold(t *testing.T) {
+	for _, mode := range []struct {
+		name       string
+		tmpfsBytes int64
+	}{{"plain", 0}, {"tmpfs", 256 << 20}} {
+		t.Run(mode.name, func(t *testing.T) { testWarmMatchesCold(t, mode.tmpfsBytes) })
+	}
+}
+
+func testWarmMatchesCold(t *testing.T, tmpfsBytes int64) {
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	r := newPoolRunner(t)
 	tpl := poolTemplate(rootfs)
@@ -168,7 +193,7 @@ func TestWarmMatchesCold(t *testing.T) {
 		names = append(names, n)
 	}
 	slices.Sort(names)
-	pool, err := NewPool(r, PoolConfig{Size: 2, WorkRoot: t.TempDir()}, []Template{tpl}, poolQuietLog)
+	pool, err := NewPool(r, PoolConfig{Size: 2, WorkRoot: t.TempDir(), WorkspaceBytes: tmpfsBytes}, []Template{tpl}, poolQuietLog)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,13 +210,13 @@ func TestWarmMatchesCold(t *testing.T) {
 				}
 				return s
 			}
-			coldWS := poolWorkspace(t, r, code)
+			coldWS := poolWorkspace(t, r, code, tmpfsBytes)
 			cold, err := r.Run(context.Background(), spec(coldWS))
 			if err != nil {
 				t.Fatal(err)
 			}
 			waitReady(t, pool, 1)
-			warmWS := poolWorkspace(t, r, code)
+			warmWS := poolWorkspace(t, r, code, tmpfsBytes)
 			before := pool.Stats().Taken
 			warm, err := pool.Run(context.Background(), spec(warmWS))
 			if err != nil {
