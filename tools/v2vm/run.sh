@@ -47,6 +47,13 @@ BUILTIN=(CGROUPS MEMCG CGROUP_PIDS CGROUP_SCHED CFS_BANDWIDTH CPUSETS CGROUP_DEV
 MODULES=(overlay:OVERLAY_FS)
 
 die() { echo "v2vm: $*" >&2; exit 2; }
+# is_static FILE: no ELF interpreter. (Not `readelf | grep -q`: with pipefail
+# a SIGPIPE'd readelf would turn a match into a silent pass.)
+is_static() {
+	local headers
+	headers=$(readelf -lW "$1") || die "readelf $1 failed"
+	[[ $headers != *"program interpreter"* ]]
+}
 log() { echo "v2vm: $*" >&2; }
 
 for tool in qemu-system-x86_64 busybox cpio dpkg-deb apt-get readelf "$GO"; do
@@ -59,7 +66,7 @@ mkdir -p "$OUT"
 fetch_kernel() {
 	local pkg=${V2VM_KERNEL:-} ver dir
 	if [ -z "$pkg" ]; then
-		pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-/ {print $2; exit}')
+		pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-/ && !n++ {print $2}')
 	fi
 	if [ -z "$pkg" ]; then
 		# Offline or no apt lists: use the newest cached kernel if any.
@@ -99,7 +106,7 @@ mkdir -p "$ROOT"/{bin,etc,lib/modules,tests}
 cp tools/v2vm/init tools/v2vm/init2 "$ROOT/"
 
 BUSYBOX=$(command -v busybox)
-readelf -lW "$BUSYBOX" | grep -q 'program interpreter' && die "$BUSYBOX is dynamically linked: install busybox-static"
+is_static "$BUSYBOX" || die "$BUSYBOX is dynamically linked: install busybox-static"
 cp "$BUSYBOX" "$ROOT/bin/busybox"
 printf 'root:x:0:0:root:/root:/bin/sh\nsandbox:x:10001:10001:sandbox:/tmp:/bin/sh\n' >"$ROOT/etc/passwd"
 printf 'root:x:0:\nsandbox:x:10001:\n' >"$ROOT/etc/group"
@@ -148,8 +155,7 @@ for entry in "${PLAN[@]}"; do
 			-ldflags '-linkmode external -extldflags -static' \
 			-o "$ROOT/tests/$bin/$bin.test" "$pkg" 2> >(grep -v 'statically linked applications requires at runtime' >&2) ||
 			die "building $pkg test binary failed"
-		readelf -lW "$ROOT/tests/$bin/$bin.test" | grep -q 'program interpreter' &&
-			die "$pkg test binary is not static"
+		is_static "$ROOT/tests/$bin/$bin.test" || die "$pkg test binary is not static"
 		# Tests run in /tests/<bin>, as go test runs them in the package
 		# directory: ./testdata and the repository's ../testdata/<bin> resolve.
 		if [ -d "$pkg/testdata" ]; then cp -a "$pkg/testdata" "$ROOT/tests/$bin/"; fi
