@@ -87,5 +87,12 @@ seccomp-check:
 	$(GO) run -tags $(TAGS) ./tools/seccompgen -dir seccomp -check
 
 # --- cgroup v2 VM harness (tools/v2vm) ---
+# Boots Debian's kernel in qemu with cgroup v2 only and runs the privileged
+# tests of tools/v2vm, cgroup/ and nsjail/ there (tools/v2vm/README.md).
+# Needs what tools/v2vm/deps.sh installs; fails when a test fails or the VM
+# does not finish within V2VM_TIMEOUT seconds (default 600).
+.PHONY: test-v2vm
+test-v2vm:
+	GO="$(GO)" tools/v2vm/run.sh
 
 # --- benchmarks (tools/bench) ---
