@@ -311,7 +311,6 @@ func truncateForLog(b []byte) string {
 	return string(b)
 }
 
-
 // keepFull keeps tp at cfg.Size ready sandboxes until Close, retiring those
 // idle longer than MaxIdle.
 func (p *Pool) keepFull(tp *templatePool) {
