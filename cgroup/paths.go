@@ -35,7 +35,7 @@ func ParseProcCgroup(r io.Reader) (map[string]string, error) {
 // OwnPaths returns the worker's own cgroup per controller from
 // /proc/self/cgroup (see ParseProcCgroup).
 func OwnPaths() (map[string]string, error) {
-	f, err := os.Open("/proc/self/cgroup")
+	f, err := os.Open("/proc/thread-self/cgroup")
 	if err != nil {
 		return nil, err
 	}
@@ -59,12 +59,12 @@ func Host() (*Hierarchy, error) {
 	if mode == Unavailable {
 		return nil, fmt.Errorf("no cgroup filesystem mounted at %s", unifiedMountpoint)
 	}
-	mi, err := os.Open("/proc/self/mountinfo")
+	mi, err := os.Open("/proc/thread-self/mountinfo")
 	if err != nil {
 		return nil, err
 	}
 	defer mi.Close()
-	pc, err := os.Open("/proc/self/cgroup")
+	pc, err := os.Open("/proc/thread-self/cgroup")
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package nsjail
 
 import (
 	"os"
+	"runtime"
 
 	"github.com/opencontainers/runc/libcontainer"
 	// Without the devices package the cgroup manager cannot apply device
@@ -20,4 +21,12 @@ func init() {
 	if len(os.Args) > 1 && os.Args[1] == "init" {
 		libcontainer.Init() // never returns
 	}
+	// Keep the main goroutine on the main thread for good. libcontainer
+	// enters a sandbox's mount namespace from a locked goroutine that exits
+	// without unlocking (its "mount source" thread), and Go terminates such a
+	// thread - except the main thread, which it wedges instead. Wedged in a
+	// sandbox's mount namespace, the main thread would keep that sandbox's
+	// tmpfs mounts alive after it is destroyed, and /proc/self (which follows
+	// the main thread) would show the sandbox's mounts to the whole worker.
+	runtime.LockOSThread()
 }

@@ -32,6 +32,7 @@ func TestMain(m *testing.M) {
 		return
 	}
 	code := m.Run()
+	nsjail.WaitForCleanup()
 	if os.Geteuid() == 0 {
 		if err := nsjailtest.CheckNoLeftovers(testStateRoot, testCgroupParent); err != nil {
 			fmt.Fprintln(os.Stderr, "LEFTOVERS after the suite:", err)
@@ -120,6 +121,7 @@ func TestStdinIsPassed(t *testing.T) {
 
 func TestInvalidSpecStartsNothing(t *testing.T) {
 	r := newRunner(t)
+	nsjail.WaitForCleanup() // earlier tests' sandboxes are removed in the background
 	for name, spec := range map[string]nsjail.Spec{
 		"no rootfs":       {Args: []string{"true"}},
 		"relative rootfs": {Rootfs: "rel", Args: []string{"true"}},

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/opencontainers/runc/libcontainer"
+	"github.com/sandboxd/sandboxd/cgroup"
 	"golang.org/x/sys/unix"
 )
 
@@ -16,7 +18,8 @@ import (
 // state root it kills what is still running (only the init libcontainer
 // recorded, identified by pid and start time, so a reused pid is never
 // signalled) and destroys the container, which removes its cgroups. Call it
-// on start, before serving; it must not run concurrently with Run.
+// on start, before serving; it must not run concurrently with Run or Start
+// (it treats every sandbox under the cgroup parent as an orphan).
 func (r *Runner) Sweep() (removed []string, err error) {
 	entries, err := os.ReadDir(r.opts.StateRoot)
 	if err != nil {
@@ -45,6 +48,17 @@ func (r *Runner) Sweep() (removed []string, err error) {
 		}
 		r.log.Info("swept orphan sandbox", "sandbox", id)
 		removed = append(removed, id)
+	}
+	// Cgroups whose state directory never existed or is already gone (a
+	// crash between the two): kill what they hold and remove them.
+	cgRemoved, err := cgroup.SweepOrphans(r.opts.CgroupParent, func(string) bool { return false }, r.log)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, id := range cgRemoved {
+		if !slices.Contains(removed, id) {
+			removed = append(removed, id)
+		}
 	}
 	return removed, errors.Join(errs...)
 }

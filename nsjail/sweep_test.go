@@ -72,6 +72,7 @@ func TestSweepAfterWorkerCrash(t *testing.T) {
 	if pids := nsjailtest.ProcessesMatching("sleep 300"); len(pids) > 0 {
 		t.Fatalf("the orphan sandbox's processes survived the sweep: %v", pids)
 	}
+	nsjail.WaitForCleanup()
 	if err := nsjailtest.CheckNoLeftovers(testStateRoot, testCgroupParent); err != nil {
 		t.Fatal(err)
 	}

@@ -1,15 +1,17 @@
 package server
 
 import (
+	"bufio"
 	"context"
 	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -35,9 +37,13 @@ type PoolConfig struct {
 	// Preload lists the modules imported before hand-off (DefaultPreload
 	// when nil).
 	Preload []string
-	// WorkRoot is where the warm sandboxes' workspaces live; it must be on
-	// the same filesystem as the server's workspaces (entries are renamed).
+	// WorkRoot is where the warm sandboxes' workspaces live.
 	WorkRoot string
+	// WorkspaceBytes, when > 0, mounts a tmpfs of this size on every warm
+	// workspace, as the server does on its own (see mountWorkspace); when 0
+	// the workspaces are plain directories and WorkRoot must be on the same
+	// filesystem as the server's workspaces (entries are renamed).
+	WorkspaceBytes int64
 }
 
 // Template describes the sandboxes of one policy: a request whose Spec has
@@ -89,6 +95,29 @@ type warmSandbox struct {
 	readyAt   time.Time
 }
 
+// readExitReport delivers the status the zygote writes on fd 5 just before
+// it exits ("N\n"); the channel closes without a value when the pipe ends
+// otherwise (the code closed fd 5, or died).
+func readExitReport(r *os.File) <-chan int {
+	ch := make(chan int, 1)
+	go func() {
+		defer close(ch)
+		defer r.Close()
+		// Up to the newline, not EOF: the zygote holds the pipe until the
+		// kernel has torn it down, which is what the report saves waiting for.
+		line, err := bufio.NewReaderSize(io.LimitReader(r, 16), 16).ReadString('\n')
+		if err != nil {
+			return
+		}
+		code, err := strconv.Atoi(strings.TrimSpace(line))
+		if err != nil || code < 0 || code > 255 {
+			return
+		}
+		ch <- code
+	}()
+	return ch
+}
+
 // NewPool starts filling cfg.Size sandboxes for each template in the
 // background. With cfg.Size == 0 it starts nothing and Run is the cold path.
 func NewPool(runner *nsjail.Runner, cfg PoolConfig, templates []Template, log *slog.Logger) (*Pool, error) {
@@ -125,6 +154,13 @@ func NewPool(runner *nsjail.Runner, cfg PoolConfig, templates []Template, log *s
 	return p, nil
 }
 
+// HostUID and HostGID are the runner's (see nsjail.Runner.HostUID), so a
+// Pool is a drop-in Sandboxer.
+func (p *Pool) HostUID() int { return p.runner.HostUID() }
+
+// HostGID is the host gid of the sandbox group.
+func (p *Pool) HostGID() int { return p.runner.HostGID() }
+
 // Stats returns the pool's current state.
 func (p *Pool) Stats() PoolStats {
 	p.mu.Lock()
@@ -143,10 +179,14 @@ func (p *Pool) Stats() PoolStats {
 
 // Run serves spec from a ready sandbox when one matches, else cold.
 func (p *Pool) Run(ctx context.Context, spec nsjail.Spec) (*nsjail.Result, error) {
-	w, extraEnv := p.take(&spec)
+	w, tp, extraEnv := p.take(&spec)
 	if w == nil {
 		return p.runner.Run(ctx, spec)
 	}
+	// Refill once this execution is done: starting a sandbox and importing
+	// the data stack is CPU-heavy, and on a small VM it would compete with
+	// the execution it replaces.
+	defer tp.wakeRefill()
 	return p.runWarm(ctx, w, spec, extraEnv)
 }
 
@@ -154,15 +194,15 @@ func (p *Pool) Run(ctx context.Context, spec nsjail.Spec) (*nsjail.Result, error
 // `python[3] FILE` in the template's rootfs with its limits (timeout aside)
 // and every template variable in spec.Env with the same value; the other
 // variables of spec.Env travel with the hand-off.
-func (p *Pool) take(spec *nsjail.Spec) (*warmSandbox, map[string]string) {
+func (p *Pool) take(spec *nsjail.Spec) (*warmSandbox, *templatePool, map[string]string) {
 	if spec.Workspace == "" || len(spec.Args) != 2 || (spec.Args[0] != "python3" && spec.Args[0] != "python") ||
 		spec.Stdin != nil || len(spec.ExtraFiles) > 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return nil, nil
+		return nil, nil, nil
 	}
 	for _, tp := range p.templates {
 		extra, ok := matches(tp.t, spec)
@@ -172,13 +212,16 @@ func (p *Pool) take(spec *nsjail.Spec) (*warmSandbox, map[string]string) {
 		w := tp.ready[0]
 		tp.ready = tp.ready[1:]
 		p.stats.Taken++
-		select {
-		case tp.refill <- struct{}{}:
-		default:
-		}
-		return w, extra
+		return w, tp, extra
 	}
-	return nil, nil
+	return nil, nil, nil
+}
+
+func (tp *templatePool) wakeRefill() {
+	select {
+	case tp.refill <- struct{}{}:
+	default:
+	}
 }
 
 func matches(t Template, spec *nsjail.Spec) (map[string]string, bool) {
@@ -218,10 +261,13 @@ func envMap(env []string) map[string]string {
 // bound workspace, hands the file over, waits, and moves everything back so
 // the caller collects results exactly where it would after a cold run.
 func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec, extraEnv map[string]string) (*nsjail.Result, error) {
-	defer os.RemoveAll(w.workspace)
-	if err := moveEntries(spec.Workspace, w.workspace); err != nil {
+	// Two tmpfs workspaces: the request files (small, written by the
+	// server) are copied in; the results stay in the warm workspace, which
+	// the Result names and the caller collects from and removes.
+	if err := moveIntoWorkspace(spec.Workspace, w.workspace); err != nil {
 		w.control.Close() // the zygote exits 0 on EOF
 		w.sb.Wait(context.Background())
+		removeWorkspace(w.workspace)
 		return nil, fmt.Errorf("unable to move the workspace into the warm sandbox: %w", err)
 	}
 	msg, err := json.Marshal(map[string]any{
@@ -230,6 +276,9 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec, ex
 	})
 	if err != nil {
 		return nil, err
+	}
+	if err := w.sb.SetNice(0); err != nil {
+		p.log.Warn("warm pool: unable to restore the sandbox's priority", "sandbox", w.sb.ID(), "error", err)
 	}
 	if out, errOut := w.sb.Handoff(spec.Limits.Timeout); len(out)+len(errOut) > 0 {
 		p.log.Warn("warm sandbox wrote output before hand-off (dropped)", "sandbox", w.sb.ID(),
@@ -242,12 +291,9 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec, ex
 		res.Status = nsjail.StatusSandboxError
 		res.Error = fmt.Sprintf("unable to hand the execution to the warm sandbox: %v", werr)
 	}
-	// After untrusted code ran, w.workspace is hostile: rename moves entries
-	// (symlinks stay symlinks, nothing is followed) and the collector opens
-	// everything with O_NOFOLLOW.
-	if err := moveEntries(w.workspace, spec.Workspace); err != nil {
-		p.log.Error("unable to move the warm workspace back", "sandbox", w.sb.ID(), "error", err)
-	}
+	// w.workspace is hostile now: the caller's collector opens everything
+	// in it with O_NOFOLLOW and never follows a link.
+	res.Workspace = w.workspace
 	return res, nil
 }
 
@@ -263,21 +309,6 @@ func truncateForLog(b []byte) string {
 		b = b[:512]
 	}
 	return string(b)
-}
-
-// moveEntries renames every top-level entry of src into dst (same
-// filesystem). rename(2) never follows a symlink.
-func moveEntries(src, dst string) error {
-	entries, err := os.ReadDir(src)
-	if err != nil {
-		return err
-	}
-	for _, e := range entries {
-		if err := os.Rename(filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // keepFull keeps tp at cfg.Size ready sandboxes until Close, retiring those
@@ -341,7 +372,7 @@ func (p *Pool) retire(w *warmSandbox) {
 	w.control.Close()
 	w.sb.Handoff(5 * time.Second)
 	w.sb.Wait(context.Background())
-	os.RemoveAll(w.workspace)
+	removeWorkspace(w.workspace)
 }
 
 // startOne starts one warm sandbox and waits until its preload is done.
@@ -381,7 +412,7 @@ var errPoolClosed = errors.New("pool closed")
 const readyTimeout = 2 * time.Minute
 
 func (p *Pool) start(t Template) (*warmSandbox, error) {
-	ws, err := os.MkdirTemp(p.cfg.WorkRoot, "warm-")
+	ws, err := os.MkdirTemp(p.cfg.WorkRoot, warmPrefix)
 	if err != nil {
 		return nil, err
 	}
@@ -389,16 +420,31 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 		os.RemoveAll(ws)
 		return nil, err
 	}
+	if p.cfg.WorkspaceBytes > 0 {
+		if err := mountWorkspace(ws, p.cfg.WorkspaceBytes, p.runner.HostUID(), p.runner.HostGID()); err != nil {
+			os.RemoveAll(ws)
+			return nil, err
+		}
+	}
 	ctlR, ctlW, err := os.Pipe()
 	if err != nil {
-		os.RemoveAll(ws)
+		removeWorkspace(ws)
 		return nil, err
 	}
 	readyR, readyW, err := os.Pipe()
 	if err != nil {
 		ctlR.Close()
 		ctlW.Close()
-		os.RemoveAll(ws)
+		removeWorkspace(ws)
+		return nil, err
+	}
+	statusR, statusW, err := os.Pipe()
+	if err != nil {
+		ctlR.Close()
+		ctlW.Close()
+		readyR.Close()
+		readyW.Close()
+		removeWorkspace(ws)
 		return nil, err
 	}
 	spec := nsjail.Spec{
@@ -408,7 +454,7 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 		Cwd:        nsjail.WorkspaceDir,
 		Workspace:  ws,
 		Limits:     t.Limits,
-		ExtraFiles: []*os.File{ctlR, readyW},
+		ExtraFiles: []*os.File{ctlR, readyW, statusW},
 	}
 	// The zygote waits for its hand-off with no deadline of its own; Handoff
 	// sets the execution's. Until then the pool's own timer applies.
@@ -416,11 +462,18 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 	sb, err := p.runner.Start(spec)
 	ctlR.Close()
 	readyW.Close()
+	statusW.Close()
 	if err != nil {
 		ctlW.Close()
 		readyR.Close()
-		os.RemoveAll(ws)
+		statusR.Close()
+		removeWorkspace(ws)
 		return nil, err
+	}
+	sb.SetExitReport(readExitReport(statusR))
+	// Preload on idle CPU only: a refill must not slow running executions.
+	if err := sb.SetNice(19); err != nil {
+		p.log.Warn("warm pool: unable to lower the preload's priority", "sandbox", sb.ID(), "error", err)
 	}
 	w := &warmSandbox{sb: sb, workspace: ws, control: ctlW}
 	got := make(chan error, 1)
@@ -446,7 +499,7 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 		ctlW.Close()
 		sb.Handoff(time.Second)
 		res := sb.Wait(context.Background())
-		os.RemoveAll(ws)
+		removeWorkspace(ws)
 		if err == errPoolClosed {
 			return nil, err
 		}

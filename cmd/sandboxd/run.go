@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -85,7 +86,9 @@ func cmdRun(args []string) error {
 	if err := spec.Validate(); err != nil {
 		return usagef("%v", err)
 	}
-	r, err := nsjail.NewRunner(nsjail.Options{})
+	// One command's own events are its result; only problems are logged.
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	r, err := nsjail.NewRunner(nsjail.Options{Logger: log})
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/sandboxd/sandboxd/cgroup"
 )
 
 // CheckNoLeftovers reports every trace of a sandbox that outlived the suite:
@@ -45,8 +47,18 @@ func CheckNoLeftovers(stateRoot, cgroupParent string) error {
 // hierarchy mounted on this host, from /proc/self/mountinfo and
 // /proc/self/cgroup.
 func ParentCgroupDirs(parent string) ([]string, error) {
+	// On v2 the runner has moved this process into <own>/supervisor, so its
+	// own cgroup is no longer the sandboxes' grandparent: ask the cgroup
+	// package, which knows the delegation layout.
+	if h, err := cgroup.Host(); err == nil && h.Mode.V2() {
+		dirs, err := h.ParentDirs(parent)
+		if err != nil {
+			return nil, err
+		}
+		return []string{dirs[""]}, nil
+	}
 	own := map[string]string{} // controller list ("memory", "cpu,cpuacct", "" for v2) → path
-	data, err := os.ReadFile("/proc/self/cgroup")
+	data, err := os.ReadFile("/proc/thread-self/cgroup")
 	if err != nil {
 		return nil, err
 	}
@@ -56,7 +68,7 @@ func ParentCgroupDirs(parent string) ([]string, error) {
 			own[parts[1]] = parts[2]
 		}
 	}
-	f, err := os.Open("/proc/self/mountinfo")
+	f, err := os.Open("/proc/thread-self/mountinfo")
 	if err != nil {
 		return nil, err
 	}

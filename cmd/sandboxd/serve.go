@@ -1,0 +1,178 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/rootfs"
+	"github.com/sandboxd/sandboxd/server"
+)
+
+func init() {
+	commands["serve"] = command{
+		summary: "serve [--config FILE]: the execution HTTP API (default 127.0.0.1:3100)",
+		run:     cmdServe,
+	}
+}
+
+func cmdServe(args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	path := fs.String("config", "", "TOML config file (EXECUTION_* variables override it)")
+	if err := fs.Parse(args); err != nil {
+		return usagef("%v", err)
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected arguments: %v", fs.Args())
+	}
+	cfg, _, err := server.LoadConfig(*path, os.Environ())
+	if err != nil {
+		return err
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("invalid config: %w", err)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	if unknown := server.UnknownEnv(os.Environ()); len(unknown) > 0 {
+		log.Warn("ignoring unknown EXECUTION_* variables", "names", unknown)
+	}
+
+	runner, err := nsjail.NewRunner(nsjail.Options{StateRoot: cfg.StateRoot, CgroupParent: cfg.CgroupParent, Logger: log})
+	if err != nil {
+		return err
+	}
+	// A previous worker killed with SIGKILL left sandboxes and workspaces
+	// behind (GUIDE §4 case 22): clear them before serving.
+	if err := server.SweepOrphans(runner, cfg.WorkRoot, log); err != nil {
+		return err
+	}
+
+	srv, err := server.New(server.Deps{
+		Config:        cfg,
+		Sandbox:       runner,
+		Runner:        runner,
+		ResolveRootfs: resolveRootfs(cfg, log),
+		Logger:        log,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(cfg.WorkerHost, strconv.Itoa(cfg.WorkerPort)))
+	if err != nil {
+		return err
+	}
+	hs := &http.Server{
+		Handler:           srv.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	served := make(chan error, 1)
+	go func() { served <- hs.Serve(ln) }()
+	log.Info("serving", "addr", ln.Addr().String())
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	// Prepare unpacks the image (if needed) and fills the warm pool;
+	// /readyz turns ready when it succeeds.
+	prepared := make(chan error, 1)
+	prepDone := make(chan struct{})
+	go func() { prepared <- srv.Prepare(ctx); close(prepDone) }()
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("signal received, draining", "grace_ms", cfg.ShutdownGraceMS)
+	case err := <-prepared:
+		if err != nil {
+			runErr = err
+			break
+		}
+		select {
+		case <-ctx.Done():
+			log.Info("signal received, draining", "grace_ms", cfg.ShutdownGraceMS)
+		case err := <-served:
+			runErr = err
+		}
+	case err := <-served:
+		runErr = err
+	}
+
+	// Drain: stop accepting (Shutdown closes the listener at once), let live
+	// executions finish within the grace period, cancel the rest, and wait
+	// for their cleanup before the handlers answer and the process exits.
+	grace := time.Duration(cfg.ShutdownGraceMS) * time.Millisecond
+	graceCtx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	drained := make(chan struct{})
+	go func() { srv.Drain(graceCtx); close(drained) }()
+	shutCtx, cancelShut := context.WithTimeout(context.Background(), grace+15*time.Second)
+	defer cancelShut()
+	if err := hs.Shutdown(shutCtx); err != nil {
+		hs.Close()
+	}
+	<-drained
+	// A Prepare still unpacking sees ctx cancelled; one that built a pool
+	// after Drain closes it itself. Wait for either, so nothing is left.
+	select {
+	case <-prepDone:
+	case <-time.After(30 * time.Second):
+		log.Error("start-up preparation did not stop within 30s")
+	}
+	log.Info("stopped")
+	if errors.Is(runErr, http.ErrServerClosed) {
+		runErr = nil
+	}
+	return runErr
+}
+
+// resolveRootfs returns how the server finds the runtime rootfs: python_image
+// is an image reference (oci-layout:PATH[:TAG], docker-archive:PATH or a
+// registry reference) unpacked into rootfs_cache by package rootfs when its
+// digest is not there yet, or dir:PATH, an already-unpacked rootfs used as is
+// (development and tests; nothing verifies it).
+func resolveRootfs(cfg server.Config, log *slog.Logger) func(ctx context.Context) (string, error) {
+	return func(ctx context.Context) (string, error) {
+		if dir, ok := strings.CutPrefix(cfg.PythonImage, "dir:"); ok {
+			abs, err := filepath.Abs(dir)
+			if err != nil {
+				return "", err
+			}
+			log.Warn("using an unpacked rootfs as is (dir:), not a verified image", "rootfs", abs)
+			return abs, nil
+		}
+		cache, err := rootfs.Open(cfg.RootfsCache)
+		if err != nil {
+			return "", err
+		}
+		if err := cache.CheckReachable(); err != nil {
+			return "", err
+		}
+		start := time.Now()
+		img, err := cache.Unpack(ctx, cfg.PythonImage)
+		if err != nil {
+			return "", fmt.Errorf("python_image %q: %w", cfg.PythonImage, err)
+		}
+		// Held for the worker's lifetime (one fd, closed at exit): the
+		// cache's GC must not remove the rootfs sandboxes run on.
+		if _, err := cache.Use(ctx, img.Digest); err != nil {
+			return "", err
+		}
+		log.Info("runtime image ready", "ref", cfg.PythonImage, "digest", img.Digest, "cached", img.Cached,
+			"rootfs", img.RootfsPath, "unpack_ms", time.Since(start).Milliseconds())
+		return img.RootfsPath, nil
+	}
+}

@@ -1,0 +1,160 @@
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+)
+
+// ociLayout writes an OCI image layout holding one image whose only layer is
+// the tree at dir.
+func ociLayout(t *testing.T, dir string) string {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		if rel == "." {
+			return nil
+		}
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return err
+		}
+		var link string
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			link, _ = os.Readlink(p)
+		}
+		hdr, err := tar.FileInfoHeader(fi, link)
+		if err != nil {
+			return err
+		}
+		hdr.Name, hdr.Uid, hdr.Gid, hdr.Uname, hdr.Gname = rel, 0, 0, "", ""
+		if d.IsDir() {
+			hdr.Name += "/"
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if fi.Mode().IsRegular() {
+			f, err := os.Open(p)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			_, err = io.Copy(tw, f)
+			return err
+		}
+		return nil
+	})
+	if err != nil || tw.Close() != nil {
+		t.Fatalf("layer tar: %v", err)
+	}
+	data := buf.Bytes()
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err = mutate.ConfigFile(img, &v1.ConfigFile{OS: "linux", Architecture: runtime.GOARCH,
+		RootFS: v1.RootFS{Type: "layers", DiffIDs: mustDiffIDs(t, img)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "image.oci")
+	p, err := layout.Write(out, empty.Index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.AppendImage(img); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// `serve` with an image reference: the image is unpacked into the rootfs
+// cache on start, /readyz turns ready once it is, executions run on it; a
+// second start finds it cached.
+func TestServeUnpacksPythonImage(t *testing.T) {
+	nsjailtest.RequireRoot(t)
+	bin := buildCLI(t)
+	ref := "oci-layout:" + ociLayout(t, shimRootfs(t))
+	cache, err := os.MkdirTemp("", "sandboxd-serve-cache-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(cache, 0o755)
+	t.Cleanup(func() { os.RemoveAll(cache) })
+	state := fmt.Sprintf("/run/sandboxd-test-%d/serve-image-state", os.Getpid())
+	cgroup := fmt.Sprintf("sandboxd-test-%d-serve-image", os.Getpid())
+	for _, wantCached := range []string{`"cached":false`, `"cached":true`} {
+		port := freePort(t)
+		base := fmt.Sprintf("http://127.0.0.1:%d", port)
+		cmd := exec.Command(bin, "serve")
+		cmd.Env = append(os.Environ(), "EXECUTION_PYTHON_IMAGE="+ref, "EXECUTION_ROOTFS_CACHE="+cache,
+			"EXECUTION_WORK_ROOT="+filepath.Join(t.TempDir(), "work"), "EXECUTION_STATE_ROOT="+state,
+			"EXECUTION_CGROUP_PARENT="+cgroup, fmt.Sprintf("EXECUTION_WORKER_PORT=%d", port), "EXECUTION_POOL_SIZE=0")
+		var logs bytes.Buffer
+		cmd.Stderr = &logs
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		ready := false
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && !ready; time.Sleep(20 * time.Millisecond) {
+			if resp, err := http.Get(base + "/readyz"); err == nil {
+				resp.Body.Close()
+				ready = resp.StatusCode == 200
+			}
+		}
+		var out []byte
+		if ready {
+			resp, err := http.Post(base+"/v1/executions", "application/json", strings.NewReader(`{"code": "echo from-image"}`))
+			if err == nil {
+				out, _ = io.ReadAll(resp.Body)
+				resp.Body.Close()
+			}
+		}
+		cmd.Process.Signal(syscall.SIGTERM)
+		cmd.Wait()
+		if !ready || !strings.Contains(string(out), `"stdout":"from-image\n"`) || !strings.Contains(logs.String(), wantCached) {
+			t.Fatalf("ready %v, answer %s, want %s in log:\n%s", ready, out, wantCached, logs.String())
+		}
+	}
+	if err := nsjailtest.CheckNoLeftovers(state, cgroup); err != nil {
+		t.Fatal(err)
+	}
+	os.RemoveAll(filepath.Dir(state))
+}
+
+func mustDiffIDs(t *testing.T, img v1.Image) []v1.Hash {
+	t.Helper()
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cf.RootFS.DiffIDs
+}

@@ -1,0 +1,171 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+)
+
+// shimRootfs is the busybox rootfs with /usr/bin/python running main.py with
+// /bin/sh: the serve wiring is tested without the Python image.
+func shimRootfs(t *testing.T) string {
+	t.Helper()
+	// Not under t.TempDir (0700): the sandbox's mapped root must reach it.
+	dir, err := os.MkdirTemp("", "sandboxd-serve-rootfs-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if out, err := exec.Command("cp", "-a", nsjailtest.BusyboxRootfs(t)+"/.", dir+"/").CombinedOutput(); err != nil {
+		t.Fatalf("copy rootfs: %v %s", err, out)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "usr/bin/python"), []byte("#!/bin/sh\nexec /bin/sh \"$@\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// `sandboxd serve` end to end: config from the environment, sweep, rootfs,
+// ready, an execution, then SIGTERM with one execution in flight past the
+// grace period: it is cancelled, the worker exits 0 and leaves nothing.
+func TestServeDrainsOnSIGTERM(t *testing.T) {
+	nsjailtest.RequireRoot(t)
+	bin := buildCLI(t)
+	rootfs := shimRootfs(t)
+	state := fmt.Sprintf("/run/sandboxd-test-%d/serve-state", os.Getpid())
+	cgroup := fmt.Sprintf("sandboxd-test-%d-serve", os.Getpid())
+	t.Cleanup(func() { os.RemoveAll(filepath.Dir(state)) })
+	work := filepath.Join(t.TempDir(), "work")
+	port := freePort(t)
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	cmd := exec.Command(bin, "serve")
+	cmd.Env = append(os.Environ(), "EXECUTION_PYTHON_IMAGE=dir:"+rootfs, "EXECUTION_WORK_ROOT="+work,
+		"EXECUTION_STATE_ROOT="+state, "EXECUTION_CGROUP_PARENT="+cgroup, fmt.Sprintf("EXECUTION_WORKER_PORT=%d", port),
+		"EXECUTION_POOL_SIZE=0", "EXECUTION_SHUTDOWN_GRACE_MS=300", "EXECUTION_SOMETHING_ELSE=1")
+	var logs bytes.Buffer
+	cmd.Stderr = &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("serve log:\n%s", logs.String())
+		}
+	}()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		resp, err := http.Get(base + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never ready: %v", err)
+		}
+	}
+	post := func(code string) (int, map[string]any) {
+		resp, err := http.Post(base+"/v1/executions", "application/json", strings.NewReader(`{"code": "`+code+`"}`))
+		if err != nil {
+			return 0, nil
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		var v map[string]any
+		json.Unmarshal(body, &v)
+		return resp.StatusCode, v
+	}
+	if code, v := post("echo served"); code != 200 || v["stdout"] != "served\n" {
+		t.Fatalf("execution: %d %v", code, v)
+	}
+	long := make(chan map[string]any, 1)
+	go func() { _, v := post("sleep 1007"); long <- v }()
+	for deadline := time.Now().Add(10 * time.Second); len(nsjailtest.ProcessesMatching("sleep 1007")) == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the long execution never started")
+		}
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("serve exited with %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not exit after SIGTERM")
+	}
+	if v := <-long; v["status"] != "cancelled" {
+		t.Fatalf("in-flight execution past the grace period: %v", v)
+	}
+	if pids := nsjailtest.ProcessesMatching("sleep 1007"); len(pids) > 0 {
+		t.Fatalf("sandbox processes survived: %v", pids)
+	}
+	if entries, _ := os.ReadDir(work); len(entries) > 0 {
+		t.Fatalf("workspaces left: %v", entries)
+	}
+	if err := nsjailtest.CheckNoLeftovers(state, cgroup); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"msg":"swept orphans"`, `"msg":"rootfs ready"`, `"msg":"drained","cancelled":1`, `EXECUTION_SOMETHING_ELSE`} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("serve log lacks %s", want)
+		}
+	}
+}
+
+func TestServeRefusesBadConfig(t *testing.T) {
+	bin := buildCLI(t)
+	cmd := exec.Command(bin, "serve")
+	cmd.Env = append(os.Environ(), "EXECUTION_WORKER_PORT=0", "EXECUTION_DYNAMIC_MEMORY_MB=lots", "EXECUTION_POOL_PRELOAD=os;rm")
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(string(out), `EXECUTION_DYNAMIC_MEMORY_MB="lots": not an integer`) {
+		t.Fatalf("bad env: %v %s", err, out)
+	}
+	cmd = exec.Command(bin, "serve")
+	cmd.Env = append(os.Environ(), "EXECUTION_WORKER_PORT=0", "EXECUTION_POOL_PRELOAD=os;rm", "EXECUTION_WORKER_HOST=0.0.0.0")
+	out, err = cmd.CombinedOutput()
+	for _, want := range []string{"worker_port must be in 1..65535, got: 0", `pool_preload entries must be Python module names, got: "os;rm"`, "worker_token must be set"} {
+		if !errors.As(err, &ee) || !strings.Contains(string(out), want) {
+			t.Errorf("bad config: want %q in %s", want, out)
+		}
+	}
+	toml := filepath.Join(t.TempDir(), "c.toml")
+	os.WriteFile(toml, []byte("worker_prot = 3100\n"), 0o644)
+	out, err = exec.Command(bin, "serve", "--config", toml).CombinedOutput()
+	if !errors.As(err, &ee) || !strings.Contains(string(out), "unknown key(s): worker_prot") {
+		t.Errorf("unknown TOML key: %v %s", err, out)
+	}
+}

@@ -1,0 +1,89 @@
+package rootfs
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// runtimeImageRef is the built python-runtime image: $SANDBOXD_RUNTIME_IMAGE,
+// else build/python-runtime.oci at the repository root (`make runtime-image`).
+func runtimeImageRef(t testing.TB) string {
+	t.Helper()
+	if ref := os.Getenv("SANDBOXD_RUNTIME_IMAGE"); ref != "" {
+		return ref
+	}
+	_, here, _, _ := runtime.Caller(0)
+	dir := filepath.Join(filepath.Dir(here), "..", "build", "python-runtime.oci")
+	if _, err := os.Stat(filepath.Join(dir, "index.json")); err != nil {
+		t.Skipf("python-runtime image not built (%s missing): run `make runtime-image` or set SANDBOXD_RUNTIME_IMAGE=REF", dir)
+	}
+	return "oci-layout:" + dir
+}
+
+func TestPythonRuntimeImage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: unpacking the python runtime takes ~15 s")
+	}
+	ref := runtimeImageRef(t)
+	img, err := Resolve(ctx(t), ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(cfg.Config.Env, "MPLBACKEND=Agg") {
+		t.Errorf("image env %q lacks MPLBACKEND=Agg", cfg.Config.Env)
+	}
+	for _, p := range []string{"python3", "python3-pandas", "python3-numpy", "python3-scipy", "python3-sklearn",
+		"python3-matplotlib", "python3-openpyxl", "python3-seaborn", "python3-statsmodels"} {
+		if cfg.Config.Labels["org.debian.package."+p] == "" {
+			t.Errorf("no version label for %s", p)
+		}
+	}
+
+	w := newWorld(t)
+	got, err := w.cache.Unpack(ctx(t), ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("unpacked %s: %d entries, %d bytes, dropped %d", got.Digest, got.Entries, got.Bytes, got.DroppedCount)
+	again, err := w.cache.Unpack(ctx(t), ref)
+	if err != nil || !again.Cached {
+		t.Fatalf("second unpack: cached=%v err=%v", again.Cached, err)
+	}
+	r := got.RootfsPath
+	for _, p := range []string{"usr/bin/python3", "workspace", "usr/share/sandboxd/matplotlib",
+		"usr/lib/python3/dist-packages/zz_sandboxd_mplcache.pth"} {
+		if _, err := os.Stat(filepath.Join(r, p)); err != nil {
+			t.Errorf("%s: %v", p, err)
+		}
+	}
+	fonts, _ := filepath.Glob(filepath.Join(r, "usr/share/sandboxd/matplotlib/fontlist-v*.json"))
+	if len(fonts) != 1 {
+		t.Errorf("prebuilt matplotlib font list: %q", fonts)
+	}
+	passwd, _ := os.ReadFile(filepath.Join(r, "etc/passwd"))
+	if !strings.Contains(string(passwd), "\nsandbox:x:10001:10001:") {
+		t.Errorf("etc/passwd lacks the sandbox user")
+	}
+	if os.Geteuid() != 0 {
+		return
+	}
+	assertRootOwned(t, r)
+	// uid 10001 can write nothing in the published tree, so a plain chroot
+	// is safe here; the read-only, fully isolated run is the e2e test.
+	cmd := exec.Command("chroot", "--userspec=10001:10001", r, "/usr/bin/python3", "-c",
+		"import numpy, pandas, scipy.stats, sklearn, openpyxl, statsmodels.api; print(pandas.DataFrame({'a': [1, 2]}).a.sum())")
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=/tmp", "PYTHONDONTWRITEBYTECODE=1"}
+	out, err := cmd.CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "3" {
+		t.Fatalf("python as 10001 in the unpacked runtime: %q %v", out, err)
+	}
+}

@@ -1,0 +1,180 @@
+//go:build cgo && seccomp
+
+package seccomp
+
+import (
+	"bytes"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Markdown renders SECCOMP.md: the policy stated up front, then one row per
+// syscall and rule, then the documented denials with their effect per
+// architecture.
+func (p *Profile) Markdown(arches ...Arch) ([]byte, error) {
+	if err := p.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid seccomp profile: %w", err)
+	}
+	if len(arches) == 0 {
+		arches = p.Arches
+	}
+	above := map[Arch]int{}
+	for _, a := range arches {
+		n, err := p.ENOSYSAbove(a)
+		if err != nil {
+			return nil, err
+		}
+		above[a] = n
+	}
+	nums := map[Arch]map[string]int{}
+	for _, a := range arches {
+		nums[a] = p.numbered(a)
+	}
+	var b bytes.Buffer
+	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	w("# sandboxd seccomp profile\n\n")
+	w("Generated from `seccomp/rules.go` by `make seccomp` (libseccomp %s); do not edit by hand.\n", LibseccompVersion())
+	w("`make seccomp-check` fails when this file, `profile.json` or `pfc/*.pfc` differ from the source.\n")
+	w("See [README.md](README.md) for how to review, change and verify the profile.\n\n")
+	w("- **Default action:** %s: every syscall that no rule below allows fails with `%s` without running.\n", p.Default, errnoName(p.Default.Errno))
+	var an []string
+	for _, a := range arches {
+		an = append(an, fmt.Sprintf("%s (ENOSYS above %d)", a, above[a]))
+	}
+	w("- **Architectures:** %s. Native 64-bit ABIs only: the filter loaded on a host lists only that host's architecture.\n", strings.Join(an, ", "))
+	w("- **Foreign ABIs:** i386 system calls (`int 0x80` on x86_64) and x32 calls (numbers with bit 30 set) hit libseccomp's bad-architecture action and the calling thread is killed with SIGSYS.\n")
+	w("- **Unknown and newer syscalls:** runc's patchbpf stub returns `ENOSYS` for every syscall number above the highest one the profile names on that architecture, so a libc that meets a newer syscall falls back to an older one; known syscalls at or below it that no rule allows get `%s`.\n", errnoName(p.Default.Errno))
+	w("- **Kill:** rules with action `kill` use SECCOMP_RET_KILL_PROCESS (the whole process dies with SIGSYS).\n")
+	w("- **Conditions:** a rule's conditions are ANDed; several rules for one syscall are ORed. Flag arguments are always tested with a masked compare.\n\n")
+
+	w("## Rules compiled into the filter\n\n")
+	w("| syscall | number (%s) | architectures | action | argument conditions | group | reason | reference |\n", archList(arches, "/"))
+	w("|---|---|---|---|---|---|---|---|\n")
+	type row struct {
+		group, name string
+		idx         int
+		line        string
+	}
+	var rows []row
+	for i := range p.Rules {
+		r := &p.Rules[i]
+		var ra []Arch
+		for _, a := range p.RuleArches(r) {
+			if containsArch(arches, a) {
+				ra = append(ra, a)
+			}
+		}
+		if len(ra) == 0 {
+			continue
+		}
+		var conds []string
+		for _, c := range r.Args {
+			conds = append(conds, "`"+c.String()+"`")
+		}
+		cond := "—"
+		if len(conds) > 0 {
+			cond = strings.Join(conds, " and ")
+		}
+		for _, n := range r.Names {
+			rows = append(rows, row{r.Group, n, i, fmt.Sprintf("| `%s` | %s | %s | %s | %s | %s | %s | %s |\n",
+				n, numbers(nums, arches, n), archList(ra, ", "), r.Action, cond, r.Group, cell(r.Reason), ref(r.Ref))})
+		}
+	}
+	sort.SliceStable(rows, func(i, j int) bool {
+		if rows[i].group != rows[j].group {
+			return rows[i].group < rows[j].group
+		}
+		if rows[i].name != rows[j].name {
+			return rows[i].name < rows[j].name
+		}
+		return rows[i].idx < rows[j].idx
+	})
+	for _, r := range rows {
+		b.WriteString(r.line)
+	}
+
+	w("\n## Denied: not in the allowlist\n\n")
+	w("These are absent from the rules above, so the default action (or the ENOSYS stub) refuses them; they are listed for review and are each probed on a real kernel by `TestProbeDenied`.\n\n")
+	w("| syscall |")
+	for _, a := range arches {
+		w(" %s |", a)
+	}
+	w(" group | reason | reference |\n|---|")
+	for range arches {
+		w("---|")
+	}
+	w("---|---|---|\n")
+	var drows []row
+	for i, d := range p.Denied {
+		for _, n := range d.Names {
+			var line strings.Builder
+			fmt.Fprintf(&line, "| `%s` |", n)
+			for _, a := range arches {
+				fmt.Fprintf(&line, " %s |", DeniedErrno(nums[a], above[a], n, p.Default))
+			}
+			fmt.Fprintf(&line, " %s | %s | %s |\n", d.Group, cell(d.Reason), ref(d.Ref))
+			drows = append(drows, row{d.Group, n, i, line.String()})
+		}
+	}
+	sort.SliceStable(drows, func(i, j int) bool {
+		if drows[i].group != drows[j].group {
+			return drows[i].group < drows[j].group
+		}
+		return drows[i].name < drows[j].name
+	})
+	for _, r := range drows {
+		b.WriteString(r.line)
+	}
+	return b.Bytes(), nil
+}
+
+// DeniedErrno is the documented outcome of a syscall no rule allows: the
+// default errno, ENOSYS above the stub's threshold, or "—" when the
+// syscall does not exist on the architecture.
+func DeniedErrno(nums map[string]int, above int, name string, def Action) string {
+	nr, ok := nums[name]
+	switch {
+	case !ok:
+		return "—"
+	case nr > above:
+		return "ENOSYS"
+	case def.Kind == Errno:
+		return errnoName(def.Errno)
+	}
+	return def.String()
+}
+
+func numbers(nums map[Arch]map[string]int, arches []Arch, name string) string {
+	var s []string
+	for _, a := range arches {
+		if n, ok := nums[a][name]; ok {
+			s = append(s, fmt.Sprint(n))
+		} else {
+			s = append(s, "—")
+		}
+	}
+	return strings.Join(s, " / ")
+}
+
+func archList(as []Arch, sep string) string {
+	var s []string
+	for _, a := range as {
+		s = append(s, string(a))
+	}
+	return strings.Join(s, sep)
+}
+
+func cell(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
+
+func ref(r string) string {
+	switch {
+	case r == "":
+		return ""
+	case strings.HasPrefix(r, "CVE-"):
+		return fmt.Sprintf("[%s](https://www.cve.org/CVERecord?id=%s)", r, r)
+	case strings.HasPrefix(r, "http"):
+		return "<" + r + ">"
+	}
+	return r
+}

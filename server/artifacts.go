@@ -1,0 +1,320 @@
+package server
+
+// Everything under output/ was written by untrusted code, which could have
+// replaced any file or directory there with a symlink to a host path
+// (CVE-2018-15664-style symlink races), a FIFO that blocks an open forever, a
+// socket, a device node, a hardlink to another file, or a huge sparse file.
+// So output is read only through directory fds: every component is opened with
+// O_NOFOLLOW, files additionally with O_NONBLOCK (a FIFO cannot block), and
+// the type is checked with fstat on the opened fd before a byte is read.
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"sort"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Artifact is one file returned from output/artifacts/.
+type Artifact struct {
+	Name          string `json:"name"`
+	Size          int64  `json:"size"`
+	MediaType     string `json:"media_type"`
+	SHA256        string `json:"sha256"`
+	ContentBase64 string `json:"content_base64"`
+}
+
+// Omitted is an entry of output/artifacts/ that was not returned. Reason is
+// one of the Reason* codes.
+type Omitted struct {
+	Name   string `json:"name"`
+	Reason string `json:"reason"`
+}
+
+// Reasons an artifact is omitted.
+const (
+	ReasonSymlink        = "symlink"
+	ReasonHardlink       = "hardlink"
+	ReasonFIFO           = "fifo"
+	ReasonSocket         = "socket"
+	ReasonDevice         = "device"
+	ReasonTooDeep        = "directory_too_deep"
+	ReasonTooLarge       = "too_large"
+	ReasonTotalLimit     = "total_size_limit"
+	ReasonCountLimit     = "count_limit"
+	ReasonUnreadable     = "unreadable"
+	ReasonTooManyEntries = "too_many_entries"
+)
+
+// ArtifactLimits bound what is collected.
+type ArtifactLimits struct {
+	MaxFileBytes  int64
+	MaxTotalBytes int64
+	MaxCount      int
+}
+
+const (
+	// maxArtifactDepth bounds the directory nesting walked.
+	maxArtifactDepth = 8
+	// maxArtifactEntries bounds the directory entries examined, so a million
+	// empty files cost a bounded walk.
+	maxArtifactEntries = 4096
+	// maxOmitted bounds the omitted list in the response.
+	maxOmitted = 100
+)
+
+// mediaTypes by lower-case extension; anything else is octet-stream.
+var mediaTypes = map[string]string{
+	".png":  "image/png",
+	".jpg":  "image/jpeg",
+	".jpeg": "image/jpeg",
+	".svg":  "image/svg+xml",
+	".csv":  "text/csv",
+	".json": "application/json",
+	".xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+	".txt":  "text/plain",
+	".md":   "text/markdown",
+	".html": "text/html",
+}
+
+// MediaType returns the media type for an artifact name.
+func MediaType(name string) string {
+	if t, ok := mediaTypes[strings.ToLower(path.Ext(name))]; ok {
+		return t
+	}
+	return "application/octet-stream"
+}
+
+// openDirAt opens name under dirfd as a directory without following a symlink.
+func openDirAt(dirfd int, name string) (int, error) {
+	return unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+}
+
+// openOutput opens <workspace>/output as a directory fd.
+func openOutput(workspace string) (int, error) {
+	ws, err := unix.Open(workspace, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(ws)
+	return openDirAt(ws, "output")
+}
+
+// typeReason names a non-regular file type.
+func typeReason(mode uint32) string {
+	switch mode & unix.S_IFMT {
+	case unix.S_IFLNK:
+		return ReasonSymlink
+	case unix.S_IFIFO:
+		return ReasonFIFO
+	case unix.S_IFSOCK:
+		return ReasonSocket
+	case unix.S_IFCHR, unix.S_IFBLK:
+		return ReasonDevice
+	}
+	return ""
+}
+
+// readRegularAt reads name under dirfd if, and only if, it is a regular file
+// with one link and at most limit bytes. reason is set when it is refused.
+func readRegularAt(dirfd int, name string, limit int64) (data []byte, reason string, err error) {
+	var st unix.Stat_t
+	if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return nil, ReasonUnreadable, err
+	}
+	if r := typeReason(st.Mode); r != "" {
+		return nil, r, nil
+	}
+	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) {
+			return nil, ReasonSymlink, nil
+		}
+		return nil, ReasonUnreadable, err
+	}
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	// The fstat of the open fd is what counts: the entry may have been
+	// swapped between the Fstatat above and the open.
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, ReasonUnreadable, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		if r := typeReason(st.Mode); r != "" {
+			return nil, r, nil
+		}
+		return nil, ReasonUnreadable, fmt.Errorf("not a regular file")
+	}
+	if st.Nlink > 1 {
+		// A second name for a file elsewhere in the workspace: refused, so
+		// one file cannot be returned twice or under a misleading name.
+		return nil, ReasonHardlink, nil
+	}
+	if st.Size > limit {
+		return nil, ReasonTooLarge, nil
+	}
+	data, err = io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, ReasonUnreadable, err
+	}
+	if int64(len(data)) > limit {
+		return nil, ReasonTooLarge, nil
+	}
+	return data, "", nil
+}
+
+// ReadResult reads output/result.json. It returns the JSON, or nil and the
+// reason in errMsg when it is missing, not a regular file, too large or not
+// valid JSON.
+func ReadResult(workspace string, limit int64) (result json.RawMessage, errMsg string) {
+	out, err := openOutput(workspace)
+	if err != nil {
+		return nil, fmt.Sprintf("output/ is not a readable directory: %v", err)
+	}
+	defer unix.Close(out)
+	data, reason, err := readRegularAt(out, "result.json", limit)
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		return nil, "output/result.json is missing"
+	case reason == ReasonTooLarge:
+		return nil, fmt.Sprintf("output/result.json is larger than %d bytes", limit)
+	case reason == ReasonUnreadable:
+		return nil, fmt.Sprintf("output/result.json is unreadable: %v", err)
+	case reason != "":
+		return nil, fmt.Sprintf("output/result.json is not a regular file (%s)", reason)
+	}
+	if !json.Valid(data) {
+		var v any
+		err := json.Unmarshal(data, &v)
+		return nil, fmt.Sprintf("output/result.json is not valid JSON: %v", err)
+	}
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, data); err != nil {
+		return nil, fmt.Sprintf("output/result.json is not valid JSON: %v", err)
+	}
+	return buf.Bytes(), ""
+}
+
+// collector walks output/artifacts/ within its limits.
+type collector struct {
+	lim       ArtifactLimits
+	total     int64
+	entries   int
+	artifacts []Artifact
+	omitted   []Omitted
+	truncated bool
+}
+
+func (c *collector) omit(name, reason string) {
+	if len(c.omitted) < maxOmitted {
+		c.omitted = append(c.omitted, Omitted{Name: name, Reason: reason})
+		return
+	}
+	c.truncated = true
+}
+
+// CollectArtifacts returns the regular files under output/artifacts/ of the
+// workspace, in name order, and what it left out with a reason.
+func CollectArtifacts(workspace string, lim ArtifactLimits) ([]Artifact, []Omitted) {
+	c := &collector{lim: lim}
+	out, err := openOutput(workspace)
+	if err != nil {
+		return nil, nil
+	}
+	defer unix.Close(out)
+	dir, err := openDirAt(out, "artifacts")
+	if err != nil {
+		var st unix.Stat_t
+		if unix.Fstatat(out, "artifacts", &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+			if r := typeReason(st.Mode); r != "" {
+				c.omit("", r) // artifacts/ itself was replaced
+			}
+		}
+		return nil, c.omitted
+	}
+	c.walk(dir, "", 0) // closes dir
+	if c.truncated {
+		c.omitted = append(c.omitted, Omitted{Name: "…", Reason: ReasonTooManyEntries})
+	}
+	return c.artifacts, c.omitted
+}
+
+// walk collects the directory dirfd (named prefix) and closes it.
+func (c *collector) walk(dirfd int, prefix string, depth int) {
+	d := os.NewFile(uintptr(dirfd), prefix)
+	defer d.Close()
+	var names []string
+	for c.entries < maxArtifactEntries {
+		batch, err := d.Readdirnames(min(256, maxArtifactEntries-c.entries))
+		names = append(names, batch...)
+		c.entries += len(batch)
+		if err != nil {
+			break
+		}
+	}
+	if c.entries >= maxArtifactEntries {
+		c.truncated = true
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		rel := path.Join(prefix, name)
+		var st unix.Stat_t
+		if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			c.omit(rel, ReasonUnreadable)
+			continue
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+			if depth+1 >= maxArtifactDepth {
+				c.omit(rel+"/", ReasonTooDeep)
+				continue
+			}
+			sub, err := openDirAt(dirfd, name)
+			if err != nil {
+				c.omit(rel+"/", ReasonUnreadable)
+				continue
+			}
+			c.walk(sub, rel, depth+1)
+			continue
+		}
+		if r := typeReason(st.Mode); r != "" {
+			c.omit(rel, r)
+			continue
+		}
+		if len(c.artifacts) >= c.lim.MaxCount {
+			c.omit(rel, ReasonCountLimit)
+			continue
+		}
+		if st.Size > c.lim.MaxFileBytes {
+			c.omit(rel, ReasonTooLarge)
+			continue
+		}
+		if c.total+st.Size > c.lim.MaxTotalBytes {
+			c.omit(rel, ReasonTotalLimit)
+			continue
+		}
+		data, reason, _ := readRegularAt(dirfd, name, min(c.lim.MaxFileBytes, c.lim.MaxTotalBytes-c.total))
+		if reason != "" {
+			c.omit(rel, reason)
+			continue
+		}
+		sum := sha256.Sum256(data)
+		c.total += int64(len(data))
+		c.artifacts = append(c.artifacts, Artifact{
+			Name:          rel,
+			Size:          int64(len(data)),
+			MediaType:     MediaType(rel),
+			SHA256:        hex.EncodeToString(sum[:]),
+			ContentBase64: base64.StdEncoding.EncodeToString(data),
+		})
+	}
+}

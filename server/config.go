@@ -1,0 +1,444 @@
+package server
+
+import (
+	"bytes"
+	"encoding"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"runtime"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pelletier/go-toml/v2"
+)
+
+// EnvPrefix starts every environment variable that overrides the config. The
+// names are those of the Docker-based worker sandboxd replaces, so existing
+// deployments keep their environment.
+const EnvPrefix = "EXECUTION_"
+
+// Config is the whole configuration of `sandboxd serve`. Every field has a
+// TOML key; its environment override is EnvPrefix + the key in upper case
+// (worker_port → EXECUTION_WORKER_PORT). Defaults are in DefaultConfig.
+type Config struct {
+	// WorkerHost is the address to listen on. A non-loopback address needs
+	// WorkerToken.
+	WorkerHost string `toml:"worker_host" doc:"address to listen on"`
+	// WorkerPort is the TCP port to listen on.
+	WorkerPort int `toml:"worker_port" doc:"TCP port to listen on"`
+	// WorkerToken, when set, must be sent as "Authorization: Bearer TOKEN".
+	WorkerToken string `toml:"worker_token" doc:"bearer token required on every API call (empty: none)" secret:"true"`
+	// AllowedHosts are the extra Host header values accepted besides
+	// localhost, 127.0.0.1, [::1] and WorkerHost (DNS-rebinding defence).
+	AllowedHosts []string `toml:"allowed_hosts" doc:"extra accepted Host header names (comma-separated in the env)"`
+
+	// WorkRoot holds one directory per execution, removed after the response.
+	WorkRoot string `toml:"work_root" doc:"directory for per-execution workspaces"`
+	// PythonImage is the runtime image reference (as in the rootfs package).
+	PythonImage string `toml:"python_image" doc:"python-runtime image reference"`
+	// RootfsCache is where images are unpacked, read-only, by digest.
+	RootfsCache string `toml:"rootfs_cache" doc:"content-addressed cache of unpacked images"`
+	// StateRoot is the sandbox runner's state directory.
+	StateRoot string `toml:"state_root" doc:"sandbox runner state directory"`
+	// CgroupParent is where sandbox cgroups are created, relative to the
+	// worker's own cgroup (never above it).
+	CgroupParent string `toml:"cgroup_parent" doc:"sandboxes' parent cgroup, relative to the worker's own"`
+
+	DynamicTimeoutMS int64   `toml:"dynamic_timeout_ms" doc:"dynamic policy: maximum and default timeout"`
+	SkillTimeoutMS   int64   `toml:"skill_timeout_ms" doc:"skill policy: maximum and default timeout"`
+	DynamicMemoryMB  int64   `toml:"dynamic_memory_mb" doc:"dynamic policy: memory limit (MiB)"`
+	SkillMemoryMB    int64   `toml:"skill_memory_mb" doc:"skill policy: memory limit (MiB)"`
+	DynamicCPUs      float64 `toml:"dynamic_cpus" doc:"dynamic policy: CPU bandwidth (cores)"`
+	SkillCPUs        float64 `toml:"skill_cpus" doc:"skill policy: CPU bandwidth (cores)"`
+	PidsLimit        int64   `toml:"pids_limit" doc:"tasks (processes+threads) per sandbox"`
+
+	MaxCodeBytes  int64 `toml:"max_code_bytes" doc:"largest accepted code"`
+	MaxInputBytes int64 `toml:"max_input_bytes" doc:"largest accepted input JSON plus decoded files"`
+
+	MaxConcurrent int `toml:"max_concurrent" doc:"executions running at once (default: number of CPUs)"`
+	MaxQueued     int `toml:"max_queued" doc:"executions waiting for a slot before 429"`
+
+	MaxStdoutBytes    int64 `toml:"max_stdout_bytes" doc:"stdout kept per execution"`
+	MaxStderrBytes    int64 `toml:"max_stderr_bytes" doc:"stderr kept per execution"`
+	MaxResultBytes    int64 `toml:"max_result_bytes" doc:"largest output/result.json"`
+	MaxArtifactBytes  int64 `toml:"max_artifact_bytes" doc:"largest single artifact"`
+	MaxArtifactsBytes int64 `toml:"max_artifacts_bytes" doc:"total artifact bytes per execution"`
+	MaxArtifacts      int   `toml:"max_artifacts" doc:"artifacts per execution"`
+
+	// AllowedEnv are the variable names a request may set in `env`.
+	AllowedEnv []string `toml:"allowed_env" doc:"env names a request may set (comma-separated in the env)"`
+
+	// WorkspaceBytes sizes the tmpfs mounted on every workspace: code,
+	// input and everything the run writes must fit (GUIDE §4 case 3: filling
+	// the workspace ends in ENOSPC, not in a full host disk).
+	WorkspaceBytes int64 `toml:"workspace_bytes" doc:"size of each execution's /workspace tmpfs"`
+
+	// PoolSize is the number of pre-started sandboxes kept ready per policy
+	// (0 disables the warm pool).
+	PoolSize int `toml:"pool_size" doc:"warm sandboxes kept ready per policy (0: off)"`
+	// PoolMaxIdle retires a warm sandbox that waited this long.
+	PoolMaxIdle Duration `toml:"pool_max_idle" doc:"retire a warm sandbox idle this long (Go duration)"`
+	// PoolPreload are the modules a warm sandbox imports before hand-off.
+	PoolPreload []string `toml:"pool_preload" doc:"modules imported by warm sandboxes (comma-separated in the env)"`
+
+	ResultsMax      int   `toml:"results_max" doc:"finished results kept for GET"`
+	ResultsTTLMS    int64 `toml:"results_ttl_ms" doc:"how long a finished result is kept"`
+	ShutdownGraceMS int64 `toml:"shutdown_grace_ms" doc:"SIGTERM: time in-flight runs get before they are cancelled"`
+}
+
+// DefaultConfig is the configuration with nothing set.
+func DefaultConfig() Config {
+	return Config{
+		WorkerHost:        "127.0.0.1",
+		WorkerPort:        3100,
+		WorkRoot:          "/var/lib/sandboxd/work",
+		PythonImage:       "oci-layout:build/python-runtime.oci",
+		RootfsCache:       "/var/lib/sandboxd/rootfs",
+		StateRoot:         "/run/sandboxd/state",
+		CgroupParent:      "sandboxd",
+		DynamicTimeoutMS:  30_000,
+		SkillTimeoutMS:    120_000,
+		DynamicMemoryMB:   1024,
+		SkillMemoryMB:     2048,
+		DynamicCPUs:       1,
+		SkillCPUs:         1,
+		PidsLimit:         128,
+		MaxCodeBytes:      1 << 20,
+		MaxInputBytes:     32 << 20,
+		MaxConcurrent:     runtime.NumCPU(),
+		MaxQueued:         16,
+		MaxStdoutBytes:    1 << 20,
+		MaxStderrBytes:    1 << 20,
+		MaxResultBytes:    4 << 20,
+		MaxArtifactBytes:  16 << 20,
+		MaxArtifactsBytes: 48 << 20,
+		MaxArtifacts:      32,
+		AllowedEnv:        []string{"LANG", "LC_ALL", "TZ", "PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONIOENCODING"},
+		WorkspaceBytes:    256 << 20,
+		PoolSize:          2,
+		PoolMaxIdle:       Duration(10 * time.Minute),
+		PoolPreload:       slices.Clone(DefaultPreload),
+		ResultsMax:        1000,
+		ResultsTTLMS:      15 * 60 * 1000,
+		ShutdownGraceMS:   30_000,
+	}
+}
+
+// Source says where a config value came from.
+type Source string
+
+const (
+	SourceDefault Source = "default"
+	SourceFile    Source = "file"
+	SourceEnv     Source = "env"
+)
+
+// Sources maps each TOML key to where its effective value came from.
+type Sources map[string]Source
+
+// configField is one Config field as the loader sees it.
+type configField struct {
+	key, env, doc string
+	secret        bool
+	index         int
+}
+
+func configFields() []configField {
+	t := reflect.TypeFor[Config]()
+	out := make([]configField, 0, t.NumField())
+	for i := range t.NumField() {
+		f := t.Field(i)
+		key := f.Tag.Get("toml")
+		out = append(out, configField{
+			key:    key,
+			env:    EnvPrefix + strings.ToUpper(key),
+			doc:    f.Tag.Get("doc"),
+			secret: f.Tag.Get("secret") == "true",
+			index:  i,
+		})
+	}
+	return out
+}
+
+// LoadConfig builds the effective config: defaults, then the TOML file at
+// path (if path is not empty), then EXECUTION_* variables from environ. The
+// file is decoded strictly: an unknown key is an error, so a typo cannot be
+// silently ignored. The result is not validated; call Validate.
+func LoadConfig(path string, environ []string) (Config, Sources, error) {
+	cfg := DefaultConfig()
+	src := Sources{}
+	fields := configFields()
+	for _, f := range fields {
+		src[f.key] = SourceDefault
+	}
+	if path != "" {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return cfg, src, fmt.Errorf("config file: %w", err)
+		}
+		dec := toml.NewDecoder(bytes.NewReader(data))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&cfg); err != nil {
+			return cfg, src, fmt.Errorf("config file %s: %s", path, describeTOMLError(err))
+		}
+		// A second, loose decode tells which keys the file set.
+		var present map[string]any
+		if err := toml.Unmarshal(data, &present); err != nil {
+			return cfg, src, fmt.Errorf("config file %s: %w", path, err)
+		}
+		for k := range present {
+			src[k] = SourceFile
+		}
+	}
+	env := map[string]string{}
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, EnvPrefix) {
+			env[k] = v
+		}
+	}
+	var errs []error
+	v := reflect.ValueOf(&cfg).Elem()
+	for _, f := range fields {
+		raw, ok := env[f.env]
+		if !ok {
+			continue
+		}
+		if err := setFromString(v.Field(f.index), raw); err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %w", f.env, raw, err))
+			continue
+		}
+		src[f.key] = SourceEnv
+	}
+	return cfg, src, errors.Join(errs...)
+}
+
+// UnknownEnv returns the EXECUTION_* names in environ that no config key
+// reads. They are warned about, not refused: deployments of the Docker-based
+// worker carry variables of its own (a typo still shows up in the warning).
+func UnknownEnv(environ []string) []string {
+	known := map[string]bool{}
+	for _, f := range configFields() {
+		known[f.env] = true
+	}
+	var out []string
+	for _, kv := range environ {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, EnvPrefix) && !known[k] {
+			out = append(out, k)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func describeTOMLError(err error) string {
+	var strict *toml.StrictMissingError
+	if errors.As(err, &strict) {
+		var keys []string
+		for _, e := range strict.Errors {
+			keys = append(keys, strings.Join(e.Key(), "."))
+		}
+		return "unknown key(s): " + strings.Join(keys, ", ")
+	}
+	var de *toml.DecodeError
+	if errors.As(err, &de) {
+		row, col := de.Position()
+		return fmt.Sprintf("line %d column %d: %s", row, col, de.Error())
+	}
+	return err.Error()
+}
+
+// Duration is a time.Duration written as a Go duration string ("10m") in
+// TOML and in the environment.
+type Duration time.Duration
+
+// UnmarshalText parses a Go duration string.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(strings.TrimSpace(string(b)))
+	if err != nil {
+		return fmt.Errorf("not a duration (want e.g. 90s, 10m): %q", b)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalText writes the duration as a Go duration string.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+
+func setFromString(v reflect.Value, raw string) error {
+	raw = strings.TrimSpace(raw)
+	if u, ok := v.Addr().Interface().(encoding.TextUnmarshaler); ok {
+		return u.UnmarshalText([]byte(raw))
+	}
+	switch v.Kind() {
+	case reflect.String:
+		v.SetString(raw)
+	case reflect.Int, reflect.Int64:
+		n, err := strconv.ParseInt(raw, 10, 64)
+		if err != nil {
+			return fmt.Errorf("not an integer")
+		}
+		v.SetInt(n)
+	case reflect.Float64:
+		n, err := strconv.ParseFloat(raw, 64)
+		if err != nil {
+			return fmt.Errorf("not a number")
+		}
+		v.SetFloat(n)
+	case reflect.Slice:
+		var list []string
+		for _, s := range strings.Split(raw, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				list = append(list, s)
+			}
+		}
+		v.Set(reflect.ValueOf(list))
+	default:
+		return fmt.Errorf("unsupported kind %s", v.Kind())
+	}
+	return nil
+}
+
+var pythonModulePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$`)
+
+var envNamePattern = func(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i, c := range s {
+		if !(c == '_' || c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || i > 0 && c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// Validate rejects values that cannot work, every problem at once, each in
+// the form "key must be ..., got: value".
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	if c.WorkerHost == "" {
+		bad("worker_host must not be empty")
+	}
+	if c.WorkerPort < 1 || c.WorkerPort > 65535 {
+		bad("worker_port must be in 1..65535, got: %d", c.WorkerPort)
+	}
+	if !isLoopbackHost(c.WorkerHost) && c.WorkerToken == "" {
+		// Anything on the network could run code otherwise.
+		bad("worker_token must be set when worker_host is not a loopback address, got host: %q", c.WorkerHost)
+	}
+	for _, p := range []struct{ key, v string }{
+		{"work_root", c.WorkRoot}, {"rootfs_cache", c.RootfsCache}, {"state_root", c.StateRoot},
+	} {
+		if !filepath.IsAbs(p.v) {
+			bad("%s must be an absolute path, got: %q", p.key, p.v)
+		} else if filepath.Clean(p.v) == "/" {
+			// The orphan sweep deletes what it finds under work_root.
+			bad("%s must not be /", p.key)
+		}
+	}
+	if cp := c.CgroupParent; cp == "" || filepath.IsAbs(cp) || !filepath.IsLocal(cp) || filepath.Clean(cp) != cp {
+		// Relative and below: the start-up sweep kills everything under it.
+		bad("cgroup_parent must be a clean relative path below the worker's own cgroup, got: %q", cp)
+	}
+	if c.PythonImage == "" {
+		bad("python_image must not be empty")
+	}
+	for _, p := range []struct {
+		key string
+		v   int64
+		min int64
+	}{
+		{"dynamic_timeout_ms", c.DynamicTimeoutMS, 1},
+		{"skill_timeout_ms", c.SkillTimeoutMS, 1},
+		{"dynamic_memory_mb", c.DynamicMemoryMB, 8},
+		{"skill_memory_mb", c.SkillMemoryMB, 8},
+		{"pids_limit", c.PidsLimit, 1},
+		{"max_code_bytes", c.MaxCodeBytes, 1},
+		{"max_input_bytes", c.MaxInputBytes, 1},
+		{"max_concurrent", int64(c.MaxConcurrent), 1},
+		{"max_queued", int64(c.MaxQueued), 0},
+		{"max_stdout_bytes", c.MaxStdoutBytes, 1},
+		{"max_stderr_bytes", c.MaxStderrBytes, 1},
+		{"max_result_bytes", c.MaxResultBytes, 1},
+		{"max_artifact_bytes", c.MaxArtifactBytes, 0},
+		{"max_artifacts_bytes", c.MaxArtifactsBytes, 0},
+		{"max_artifacts", int64(c.MaxArtifacts), 0},
+		{"workspace_bytes", c.WorkspaceBytes, 1 << 20},
+		{"pool_size", int64(c.PoolSize), 0},
+		{"results_max", int64(c.ResultsMax), 1},
+		{"results_ttl_ms", c.ResultsTTLMS, 1},
+		{"shutdown_grace_ms", c.ShutdownGraceMS, 0},
+	} {
+		if p.v < p.min {
+			bad("%s must be >= %d, got: %d", p.key, p.min, p.v)
+		}
+	}
+	for _, p := range []struct {
+		key string
+		v   float64
+	}{{"dynamic_cpus", c.DynamicCPUs}, {"skill_cpus", c.SkillCPUs}} {
+		if p.v < 0.01 || p.v > float64(runtime.NumCPU()*64) {
+			bad("%s must be in 0.01..%d, got: %g", p.key, runtime.NumCPU()*64, p.v)
+		}
+	}
+	if need := c.MaxCodeBytes + c.MaxInputBytes + 1<<20; c.WorkspaceBytes >= 1<<20 && c.WorkspaceBytes < need {
+		// The request files alone would not fit in the workspace.
+		bad("workspace_bytes must be >= max_code_bytes + max_input_bytes + 1MiB (%d), got: %d", need, c.WorkspaceBytes)
+	}
+	if time.Duration(c.PoolMaxIdle) < time.Second {
+		bad("pool_max_idle must be >= 1s, got: %s", time.Duration(c.PoolMaxIdle))
+	}
+	for _, m := range c.PoolPreload {
+		if !pythonModulePattern.MatchString(m) {
+			bad("pool_preload entries must be Python module names, got: %q", m)
+		}
+	}
+	for _, n := range c.AllowedEnv {
+		if !envNamePattern(n) {
+			bad("allowed_env entries must be variable names, got: %q", n)
+		} else if reservedEnv[n] {
+			bad("allowed_env must not include %s: the worker sets it", n)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func isLoopbackHost(h string) bool {
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(strings.Trim(h, "[]"))
+	return ip != nil && ip.IsLoopback()
+}
+
+// Print writes the effective config as TOML, each value followed by its
+// environment name and its source; secrets are redacted.
+func (c Config) Print(w io.Writer, src Sources) {
+	v := reflect.ValueOf(c)
+	for _, f := range configFields() {
+		val := v.Field(f.index).Interface()
+		var s string
+		if f.secret && v.Field(f.index).String() != "" {
+			s = `"<redacted>"`
+		} else {
+			b, err := toml.Marshal(map[string]any{"v": val})
+			if err != nil {
+				s = fmt.Sprint(val)
+			} else {
+				s = strings.TrimSpace(strings.TrimPrefix(string(b), "v = "))
+			}
+		}
+		fmt.Fprintf(w, "%-20s = %-40s # %-7s %s: %s\n", f.key, s, src[f.key], f.env, f.doc)
+	}
+}

@@ -1,0 +1,79 @@
+package server
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestLoadConfigPrecedence(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "c.toml")
+	os.WriteFile(file, []byte(`worker_port = 4000
+dynamic_timeout_ms = 5000
+pool_max_idle = "90s"
+pool_preload = ["numpy"]
+worker_token = "from-file"
+`), 0o600)
+	cfg, src, err := LoadConfig(file, []string{"EXECUTION_WORKER_PORT=4100", "EXECUTION_ALLOWED_ENV=TZ, LANG", "EXECUTION_POOL_SIZE=0", "OTHER=1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.WorkerPort != 4100 || src["worker_port"] != SourceEnv {
+		t.Errorf("env must win: %d %s", cfg.WorkerPort, src["worker_port"])
+	}
+	if cfg.DynamicTimeoutMS != 5000 || src["dynamic_timeout_ms"] != SourceFile {
+		t.Errorf("file value: %d %s", cfg.DynamicTimeoutMS, src["dynamic_timeout_ms"])
+	}
+	if time.Duration(cfg.PoolMaxIdle) != 90*time.Second || !slices.Equal(cfg.PoolPreload, []string{"numpy"}) || cfg.PoolSize != 0 {
+		t.Errorf("pool settings: %v %v %d", cfg.PoolMaxIdle, cfg.PoolPreload, cfg.PoolSize)
+	}
+	if !slices.Equal(cfg.AllowedEnv, []string{"TZ", "LANG"}) {
+		t.Errorf("env list: %q", cfg.AllowedEnv)
+	}
+	if cfg.SkillMemoryMB != 2048 || src["skill_memory_mb"] != SourceDefault {
+		t.Errorf("default: %d %s", cfg.SkillMemoryMB, src["skill_memory_mb"])
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	cfg.Print(&out, src)
+	if strings.Contains(out.String(), "from-file") || !strings.Contains(out.String(), "<redacted>") ||
+		!strings.Contains(out.String(), "EXECUTION_POOL_MAX_IDLE") || !strings.Contains(out.String(), "'1m30s'") {
+		t.Errorf("print:\n%s", out.String())
+	}
+	if u := UnknownEnv([]string{"EXECUTION_WORKER_PORT=1", "EXECUTION_WROKER_PORT=2", "PATH=/"}); !slices.Equal(u, []string{"EXECUTION_WROKER_PORT"}) {
+		t.Errorf("unknown env: %v", u)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "c.toml")
+	os.WriteFile(file, []byte("worker_prot = 1\n"), 0o600)
+	if _, _, err := LoadConfig(file, nil); err == nil || !strings.Contains(err.Error(), "unknown key(s): worker_prot") {
+		t.Errorf("unknown key: %v", err)
+	}
+	_, _, err := LoadConfig("", []string{"EXECUTION_POOL_MAX_IDLE=soon", "EXECUTION_DYNAMIC_CPUS=one"})
+	if err == nil || !strings.Contains(err.Error(), "EXECUTION_POOL_MAX_IDLE") || !strings.Contains(err.Error(), "EXECUTION_DYNAMIC_CPUS") {
+		t.Errorf("bad env values: %v", err)
+	}
+	c := DefaultConfig()
+	c.WorkspaceBytes = 2 << 20
+	c.PoolSize = -1
+	c.PoolMaxIdle = Duration(time.Millisecond)
+	c.CgroupParent = "../escape"
+	c.WorkRoot = "/"
+	c.AllowedEnv = []string{"PATH"}
+	c.PoolPreload = []string{"os; import x"}
+	err = c.Validate()
+	for _, want := range []string{"workspace_bytes must be >=", "pool_size must be >= 0", "pool_max_idle must be >= 1s",
+		"cgroup_parent must be a clean relative path", "work_root must not be /", "allowed_env must not include PATH", "pool_preload entries"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate lacks %q: %v", want, err)
+		}
+	}
+}

@@ -1,0 +1,309 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/sandboxd/sandboxd/nsjail"
+)
+
+// ExecutionRequest is the body of POST /v1/executions.
+type ExecutionRequest struct {
+	ID        string            `json:"id,omitempty"`
+	Type      string            `json:"type,omitempty"`
+	Code      string            `json:"code"`
+	Input     json.RawMessage   `json:"input,omitempty"`
+	Files     []File            `json:"files,omitempty"`
+	TimeoutMS int64             `json:"timeout_ms,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+}
+
+// ExecutionResponse is the result of one execution.
+type ExecutionResponse struct {
+	ID               string          `json:"id"`
+	Type             string          `json:"type"`
+	Status           string          `json:"status"`
+	ExitCode         int             `json:"exit_code"`
+	Signal           *string         `json:"signal"`
+	Stdout           string          `json:"stdout"`
+	Stderr           string          `json:"stderr"`
+	StdoutTruncated  bool            `json:"stdout_truncated"`
+	StderrTruncated  bool            `json:"stderr_truncated"`
+	Result           json.RawMessage `json:"result"`
+	ResultError      *string         `json:"result_error"`
+	Artifacts        []Artifact      `json:"artifacts"`
+	ArtifactsOmitted []Omitted       `json:"artifacts_omitted"`
+	LimitsHit        []string        `json:"limits_hit"`
+	Usage            nsjail.Usage    `json:"usage"`
+	StartedAt        time.Time       `json:"started_at"`
+	FinishedAt       time.Time       `json:"finished_at"`
+	DurationMS       int64           `json:"duration_ms"`
+	Policy           Policy          `json:"policy"`
+	// Error explains sandbox_error (our failure, not the code's).
+	Error string `json:"error,omitempty"`
+}
+
+// apiError is a refusal with its HTTP status; reason labels the metric.
+type apiError struct {
+	status     int
+	reason     string
+	msg        string
+	retryAfter string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+func badRequest(format string, a ...any) *apiError {
+	return &apiError{status: http.StatusBadRequest, reason: "bad_request", msg: fmt.Sprintf(format, a...)}
+}
+
+// The sandbox id rules (nsjail.Spec.ID), so a client id is usable as is.
+var execIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+
+func newID() string {
+	var b [10]byte
+	rand.Read(b[:])
+	return "ex-" + hex.EncodeToString(b[:])
+}
+
+// plan is a validated request, ready to run.
+type plan struct {
+	id     string
+	policy Policy
+	code   string
+	input  []byte
+	files  []decodedFile
+	env    []string
+}
+
+// validate turns a request into a plan, or says why not. Nothing is started
+// and nothing is written before it succeeds.
+func (s *Server) validate(req *ExecutionRequest) (*plan, *apiError) {
+	p := &plan{id: req.ID, code: req.Code}
+	if p.id == "" {
+		p.id = newID()
+	} else if !execIDPattern.MatchString(p.id) {
+		return nil, badRequest("id %q is invalid: want [A-Za-z0-9][A-Za-z0-9_.-]{0,63}", p.id)
+	}
+	pol, err := s.policies.Apply(req.Type, req.TimeoutMS)
+	if err != nil {
+		return nil, badRequest("%v", err)
+	}
+	p.policy = pol
+	if strings.TrimSpace(req.Code) == "" {
+		return nil, badRequest("code is required")
+	}
+	if int64(len(req.Code)) > s.cfg.MaxCodeBytes {
+		return nil, &apiError{status: http.StatusRequestEntityTooLarge, reason: "too_large",
+			msg: fmt.Sprintf("code is %d bytes, more than max_code_bytes (%d)", len(req.Code), s.cfg.MaxCodeBytes)}
+	}
+	if len(req.Input) > 0 && string(req.Input) != "null" {
+		p.input = req.Input
+	}
+	files, total, err := decodeFiles(req.Files)
+	if err != nil {
+		return nil, badRequest("%v", err)
+	}
+	p.files = files
+	if total += int64(len(p.input)); total > s.cfg.MaxInputBytes {
+		return nil, &apiError{status: http.StatusRequestEntityTooLarge, reason: "too_large",
+			msg: fmt.Sprintf("input and files are %d bytes, more than max_input_bytes (%d)", total, s.cfg.MaxInputBytes)}
+	}
+	allowed := map[string]bool{}
+	for _, n := range s.cfg.AllowedEnv {
+		allowed[n] = true
+	}
+	for k, v := range req.Env {
+		if !allowed[k] {
+			return nil, badRequest("env %q is not allowed: allowed names are %v", k, s.cfg.AllowedEnv)
+		}
+		if strings.ContainsRune(v, 0) {
+			return nil, badRequest("env %q contains a NUL byte", k)
+		}
+	}
+	p.env = pol.Env(req.Env)
+	return p, nil
+}
+
+// execute runs a validated request end to end: admission, workspace,
+// sandbox, output collection, cleanup. It returns only once the workspace is
+// gone. The context cancels the run (client gone, DELETE, drain).
+func (s *Server) execute(ctx context.Context, p *plan) (*ExecutionResponse, *apiError) {
+	log := s.log.With("execution_id", p.id, "policy", p.policy.Name)
+	rootfs, python, err := s.ready()
+	if err != nil {
+		return nil, &apiError{status: http.StatusServiceUnavailable, reason: "not_ready", msg: "not ready: " + err.Error(), retryAfter: "5"}
+	}
+	if !s.enter() {
+		return nil, &apiError{status: http.StatusServiceUnavailable, reason: "draining", msg: "shutting down: not accepting executions"}
+	}
+	defer s.live.Done()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	rec, err := s.store.add(p.id, p.policy.Name, p.policy, cancel)
+	if err != nil {
+		return nil, &apiError{status: http.StatusConflict, reason: "conflict", msg: fmt.Sprintf("id %q: %v", p.id, err)}
+	}
+	ticket, err := s.admission.Reserve()
+	if err != nil {
+		s.store.forget(rec)
+		return nil, &apiError{status: http.StatusTooManyRequests, reason: "over_capacity", msg: err.Error(), retryAfter: "1"}
+	}
+	defer ticket.Release()
+	admitted := time.Now()
+	log.Info("execution admitted", "timeout_ms", p.policy.TimeoutMS)
+
+	resp := &ExecutionResponse{ID: p.id, Type: p.policy.Name, Policy: p.policy,
+		Artifacts: []Artifact{}, ArtifactsOmitted: []Omitted{}, LimitsHit: []string{}}
+	finish := func() (*ExecutionResponse, *apiError) {
+		if resp.StartedAt.IsZero() {
+			resp.StartedAt = admitted
+		}
+		if resp.FinishedAt.IsZero() {
+			resp.FinishedAt = time.Now()
+		}
+		resp.DurationMS = resp.FinishedAt.Sub(resp.StartedAt).Milliseconds()
+		s.metrics.executions.WithLabelValues(resp.Type, resp.Status).Inc()
+		s.metrics.duration.WithLabelValues(resp.Type).Observe(time.Since(admitted).Seconds())
+		s.store.finish(rec, resp)
+		log.Info("execution finished", "status", resp.Status, "exit_code", resp.ExitCode,
+			"duration_ms", resp.DurationMS, "limits_hit", resp.LimitsHit, "artifacts", len(resp.Artifacts),
+			"artifacts_omitted", len(resp.ArtifactsOmitted))
+		return resp, nil
+	}
+
+	if err := ticket.Wait(ctx); err != nil {
+		resp.Status = string(nsjail.StatusCancelled)
+		resp.Error = "cancelled while queued"
+		return finish()
+	}
+	s.store.setRunning(rec)
+
+	sandbox := s.runSandbox()
+	ws, err := CreateWorkspace(s.cfg.WorkRoot, p.id, s.cfg.WorkspaceBytes, sandbox.HostUID(), sandbox.HostGID(), p.code, p.input, p.files)
+	if err != nil {
+		s.store.forget(rec)
+		log.Error("workspace failed", "err", err)
+		if errors.Is(err, ErrWorkspaceFull) {
+			return nil, &apiError{status: http.StatusInsufficientStorage, reason: "disk_full", msg: err.Error(), retryAfter: "5"}
+		}
+		return nil, &apiError{status: http.StatusInternalServerError, reason: "workspace", msg: err.Error()}
+	}
+	// Removal (lazy unmounts, whose RCU waits cost milliseconds) happens
+	// after the response; Drain waits for it. outputs is a warm sandbox's
+	// own workspace, when one served the run.
+	var outputs string
+	s.cleanups.Add(1)
+	defer func() {
+		go func() {
+			defer s.cleanups.Done()
+			for _, dir := range []string{ws.Dir, outputs} {
+				if dir == "" {
+					continue
+				}
+				if err := removeWorkspace(dir); err != nil {
+					log.Error("workspace removal failed", "dir", dir, "err", err)
+				}
+			}
+		}()
+	}()
+
+	spec := s.spec(p, rootfs, python, ws.Dir)
+	log.Info("sandbox starting")
+	res, err := sandbox.Run(ctx, spec)
+	if err != nil {
+		// The spec was refused before anything started: our bug, not the
+		// caller's.
+		log.Error("sandbox refused the spec", "err", err)
+		resp.Status = string(nsjail.StatusSandboxError)
+		resp.Error = err.Error()
+		return finish()
+	}
+	dir := ws.Dir
+	if res.Workspace != "" && res.Workspace != ws.Dir {
+		outputs, dir = res.Workspace, res.Workspace
+	}
+	s.fill(resp, res, dir)
+	return finish()
+}
+
+// spec is the sandbox spec of a plan: the policy's Limits and Env (BaseEnv
+// plus the request's extras), so the warm pool can match it to the policy's
+// Template.
+func (s *Server) spec(p *plan, rootfs, python, workspace string) nsjail.Spec {
+	return nsjail.Spec{
+		ID:        p.id,
+		Rootfs:    rootfs,
+		Args:      []string{python, CodePath},
+		Env:       p.env,
+		Cwd:       nsjail.WorkspaceDir,
+		Workspace: workspace,
+		Limits:    p.policy.Limits(s.cfg),
+	}
+}
+
+// fill copies the sandbox result and the workspace output into resp.
+func (s *Server) fill(resp *ExecutionResponse, res *nsjail.Result, dir string) {
+	resp.Status = string(res.Status)
+	resp.ExitCode = res.ExitCode
+	if res.Signal != "" {
+		sig := res.Signal
+		resp.Signal = &sig
+	}
+	// Invalid UTF-8 becomes U+FFFD in JSON; the bytes are not otherwise
+	// altered.
+	resp.Stdout = string(res.Stdout)
+	resp.Stderr = string(res.Stderr)
+	resp.StdoutTruncated = res.StdoutTruncated
+	resp.StderrTruncated = res.StderrTruncated
+	if res.LimitsHit != nil {
+		resp.LimitsHit = res.LimitsHit
+	}
+	resp.Usage = res.Usage
+	resp.StartedAt = res.StartedAt
+	resp.FinishedAt = res.FinishedAt
+	resp.Error = res.Error
+	result, msg := ReadResult(dir, s.cfg.MaxResultBytes)
+	resp.Result = result
+	if msg != "" {
+		resp.ResultError = &msg
+	}
+	resp.Artifacts, resp.ArtifactsOmitted = CollectArtifacts(dir, ArtifactLimits{
+		MaxFileBytes:  s.cfg.MaxArtifactBytes,
+		MaxTotalBytes: s.cfg.MaxArtifactsBytes,
+		MaxCount:      s.cfg.MaxArtifacts,
+	})
+	if resp.Artifacts == nil {
+		resp.Artifacts = []Artifact{}
+	}
+	if resp.ArtifactsOmitted == nil {
+		resp.ArtifactsOmitted = []Omitted{}
+	}
+}
+
+// logReject logs a refused request; the fields are what is known of it.
+func (s *Server) logReject(e *apiError, attrs ...any) {
+	s.metrics.rejected.WithLabelValues(e.reason).Inc()
+	s.log.LogAttrs(context.Background(), slog.LevelWarn, "request rejected",
+		append([]slog.Attr{slog.Int("status", e.status), slog.String("reason", e.reason), slog.String("error", e.msg)}, argsToAttrs(attrs)...)...)
+}
+
+func argsToAttrs(args []any) []slog.Attr {
+	var out []slog.Attr
+	for i := 0; i+1 < len(args); i += 2 {
+		if k, ok := args[i].(string); ok {
+			out = append(out, slog.Any(k, args[i+1]))
+		}
+	}
+	return out
+}

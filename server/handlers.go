@@ -1,0 +1,201 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/julienschmidt/httprouter"
+)
+
+// maxBody bounds a request body before it is parsed: twice the code and input
+// limits (JSON escaping, base64) plus room for the rest. The exact limits are
+// checked on the decoded fields.
+func (s *Server) maxBody() int64 {
+	return 2*s.cfg.MaxCodeBytes + 2*s.cfg.MaxInputBytes + 64<<10
+}
+
+// decodeBody decodes a JSON body strictly into v: an unknown field, trailing
+// data or a body over the limit is refused.
+func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) *apiError {
+	if r.ContentLength > s.maxBody() {
+		return &apiError{status: http.StatusRequestEntityTooLarge, reason: "too_large",
+			msg: fmt.Sprintf("request body is %d bytes, more than %d", r.ContentLength, s.maxBody())}
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.maxBody()))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil && dec.Decode(new(json.RawMessage)) != io.EOF {
+		err = errors.New("trailing data after the JSON object")
+	}
+	var tooBig *http.MaxBytesError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &tooBig):
+		return &apiError{status: http.StatusRequestEntityTooLarge, reason: "too_large",
+			msg: fmt.Sprintf("request body is more than %d bytes", tooBig.Limit)}
+	case errors.Is(err, io.EOF):
+		return badRequest("request body is empty: want a JSON object")
+	default:
+		return badRequest("invalid JSON body: %v", err)
+	}
+}
+
+func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, _ httprouter.Params) {
+	var req ExecutionRequest
+	if e := s.decodeBody(w, r, &req); e != nil {
+		s.reject(w, e.reason, e.status, e.msg)
+		return
+	}
+	p, e := s.validate(&req)
+	if e != nil {
+		s.logReject(e, "execution_id", req.ID, "policy", req.Type)
+		writeAPIError(w, e)
+		return
+	}
+	resp, e := s.execute(r.Context(), p)
+	if e != nil {
+		s.logReject(e, "execution_id", p.id, "policy", p.policy.Name)
+		writeAPIError(w, e)
+		return
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// runningView is what GET answers while an execution is queued or running.
+type runningView struct {
+	ID        string     `json:"id"`
+	Type      string     `json:"type"`
+	Status    string     `json:"status"`
+	StartedAt *time.Time `json:"started_at"`
+	Policy    Policy     `json:"policy"`
+}
+
+func (v view) running() runningView {
+	rv := runningView{ID: v.id, Type: v.typ, Status: v.status, Policy: v.policy}
+	if !v.startedAt.IsZero() {
+		t := v.startedAt
+		rv.StartedAt = &t
+	}
+	return rv
+}
+
+func (s *Server) handleGet(w http.ResponseWriter, _ *http.Request, ps httprouter.Params) {
+	v, ok := s.store.get(ps.ByName("id"))
+	if !ok {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no execution %q (unknown, or its result has expired)", ps.ByName("id")))
+		return
+	}
+	if v.resp != nil {
+		writeJSON(w, http.StatusOK, v.resp)
+		return
+	}
+	writeJSON(w, http.StatusOK, v.running())
+}
+
+// cancelWait bounds how long DELETE waits for the cancelled run's cleanup.
+const cancelWait = 30 * time.Second
+
+func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request, ps httprouter.Params) {
+	id := ps.ByName("id")
+	v, ok := s.store.get(id)
+	if !ok {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no execution %q", id))
+		return
+	}
+	if v.resp != nil {
+		writeError(w, http.StatusConflict, fmt.Sprintf("execution %q already finished with status %s", id, v.resp.Status))
+		return
+	}
+	s.log.Info("cancel requested", "execution_id", id, "policy", v.typ)
+	v.cancel()
+	select {
+	case <-v.done:
+	case <-time.After(cancelWait):
+		writeJSON(w, http.StatusAccepted, v.running())
+		return
+	case <-r.Context().Done():
+		return
+	}
+	if after, ok := s.store.get(id); ok && after.resp != nil {
+		writeJSON(w, http.StatusOK, after.resp)
+		return
+	}
+	// It ended without a result (refused before it ran, or its result was
+	// already evicted).
+	writeJSON(w, http.StatusOK, runningView{ID: id, Type: v.typ, Status: "cancelled", Policy: v.policy})
+}
+
+// policiesResponse is the body of GET /v1/policies.
+type policiesResponse struct {
+	Default  string            `json:"default"`
+	Policies map[string]Policy `json:"policies"`
+}
+
+func (s *Server) handlePolicies(w http.ResponseWriter, _ *http.Request, _ httprouter.Params) {
+	writeJSON(w, http.StatusOK, policiesResponse{Default: TypeDynamic, Policies: s.policies})
+}
+
+func (s *Server) handleHealthz(w http.ResponseWriter, _ *http.Request, _ httprouter.Params) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) handleReadyz(w http.ResponseWriter, _ *http.Request, _ httprouter.Params) {
+	s.mu.Lock()
+	draining := s.draining
+	s.mu.Unlock()
+	if _, _, err := s.ready(); err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not_ready", "reason": err.Error()})
+		return
+	}
+	if draining {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not_ready", "reason": "shutting down"})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request, _ httprouter.Params) {
+	s.metrics.handler().ServeHTTP(w, r)
+}
+
+func (s *Server) handleOpenAPI(w http.ResponseWriter, _ *http.Request, _ httprouter.Params) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(openapiJSON)
+}
+
+// reject answers a refused request and counts it.
+func (s *Server) reject(w http.ResponseWriter, reason string, status int, msg string) {
+	e := &apiError{status: status, reason: reason, msg: msg}
+	s.logReject(e)
+	writeAPIError(w, e)
+}
+
+// errorBody is every error response.
+type errorBody struct {
+	Error string `json:"error"`
+}
+
+func writeAPIError(w http.ResponseWriter, e *apiError) {
+	if e.retryAfter != "" {
+		w.Header().Set("Retry-After", e.retryAfter)
+	}
+	writeError(w, e.status, e.msg)
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, errorBody{Error: msg})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.Encode(v)
+}

@@ -1,0 +1,275 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+)
+
+// Every test binary gets its own state root and cgroup parent (the same the
+// pool tests use), so the leftover check at the end sees only what this
+// binary created.
+var (
+	testStateRoot    = fmt.Sprintf("/run/sandboxd-test-%d/state", os.Getpid())
+	testCgroupParent = fmt.Sprintf("sandboxd-test-%d", os.Getpid())
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(crashWorkerEnv) != "" {
+		crashWorker() // never returns
+	}
+	code := m.Run()
+	nsjail.WaitForCleanup()
+	if os.Geteuid() == 0 {
+		for _, p := range [][2]string{{testStateRoot, testCgroupParent}, {crashStateRoot, crashCgroupParent}} {
+			if err := nsjailtest.CheckNoLeftovers(p[0], p[1]); err != nil {
+				fmt.Fprintln(os.Stderr, "LEFTOVERS after the suite:", err)
+				code = 1
+			}
+		}
+		os.RemoveAll(filepath.Dir(testStateRoot))
+	}
+	os.Exit(code)
+}
+
+// countingSandbox is the real runner, counting the sandboxes it starts, so a
+// rejection test can assert that none started.
+type countingSandbox struct {
+	*nsjail.Runner
+	started atomic.Int64
+}
+
+func (c *countingSandbox) Run(ctx context.Context, spec nsjail.Spec) (*nsjail.Result, error) {
+	c.started.Add(1)
+	return c.Runner.Run(ctx, spec)
+}
+
+var (
+	shOnce sync.Once
+	shDir  string
+	shErr  error
+)
+
+// shellRootfs is the busybox rootfs with /usr/bin/python a shim that runs
+// main.py with /bin/sh. It lets the API's own paths (admission, cancel,
+// artifacts, limits, workspaces) run in real sandboxes without the Python
+// runtime image; the Python contract tests use RuntimeRootfs.
+func shellRootfs(t testing.TB) string {
+	t.Helper()
+	bb := nsjailtest.BusyboxRootfs(t)
+	shOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "sandboxd-servertest-rootfs-")
+		if err != nil {
+			shErr = err
+			return
+		}
+		if out, err := exec.Command("cp", "-a", bb+"/.", dir).CombinedOutput(); err != nil {
+			shErr = fmt.Errorf("copy busybox rootfs: %v: %s", err, out)
+			return
+		}
+		shim := "#!/bin/sh\nexec /bin/sh \"$@\"\n"
+		shErr = os.WriteFile(filepath.Join(dir, "usr/bin/python"), []byte(shim), 0o755)
+		shDir = dir
+	})
+	if shErr != nil {
+		t.Fatalf("shell rootfs: %v", shErr)
+	}
+	return shDir
+}
+
+var quietLog = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+
+// testEnv is one server on a real runner behind an httptest server.
+type testEnv struct {
+	t       *testing.T
+	srv     *Server
+	sandbox *countingSandbox
+	http    *httptest.Server
+	cfg     Config
+}
+
+// newEnv starts a server on rootfs with cfg adjusted by mod. The work root is
+// a fresh temp dir unless mod sets one.
+func newEnv(t *testing.T, rootfs string, mod func(*Config)) *testEnv {
+	t.Helper()
+	nsjailtest.RequireRoot(t)
+	cfg := DefaultConfig()
+	cfg.WorkRoot = filepath.Join(t.TempDir(), "work")
+	cfg.StateRoot = testStateRoot
+	cfg.PythonImage = "dir:" + rootfs
+	cfg.PoolSize = 0 // the pool tests turn it on
+	if mod != nil {
+		mod(&cfg)
+	}
+	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: cfg.StateRoot, CgroupParent: testCgroupParent, Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := &countingSandbox{Runner: r}
+	srv, err := New(Deps{
+		Config:        cfg,
+		Sandbox:       cs,
+		Runner:        r,
+		ResolveRootfs: func(context.Context) (string, error) { return rootfs, nil },
+		Logger:        quietLog,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Prepare(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	e := &testEnv{t: t, srv: srv, sandbox: cs, http: hs, cfg: cfg}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Drain(ctx)
+		hs.Close()
+		e.wantNoWorkspaces()
+	})
+	return e
+}
+
+// do sends a request and returns the status, headers and body.
+func (e *testEnv) do(method, path string, body any, hdr ...string) (int, http.Header, []byte) {
+	e.t.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		rd = strings.NewReader(b)
+	case []byte:
+		rd = bytes.NewReader(b)
+	default:
+		data, err := json.Marshal(b)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		rd = bytes.NewReader(data)
+	}
+	req, err := http.NewRequest(method, e.http.URL+path, rd)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		if strings.EqualFold(hdr[i], "Host") {
+			req.Host = hdr[i+1]
+		} else {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+	}
+	resp, err := e.http.Client().Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return resp.StatusCode, resp.Header, data
+}
+
+// execute POSTs req to /v1/executions and decodes a 200 answer.
+func (e *testEnv) execute(req ExecutionRequest) *ExecutionResponse {
+	e.t.Helper()
+	code, _, body := e.do("POST", "/v1/executions", req)
+	if code != http.StatusOK {
+		e.t.Fatalf("POST /v1/executions = %d: %s", code, body)
+	}
+	var resp ExecutionResponse
+	if err := json.Unmarshal(body, &resp); err != nil {
+		e.t.Fatalf("decode response: %v\n%s", err, body)
+	}
+	return &resp
+}
+
+func wantExecStatus(t *testing.T, r *ExecutionResponse, want string) {
+	t.Helper()
+	if r.Status != want {
+		t.Fatalf("status = %s, want %s (exit %d, signal %v, limits %v, error %q)\nstdout: %s\nstderr: %s",
+			r.Status, want, r.ExitCode, r.Signal, r.LimitsHit, r.Error, r.Stdout, r.Stderr)
+	}
+}
+
+// workspaces lists what is left under the work root once the background
+// removals of finished executions are done.
+func (e *testEnv) workspaces() []string {
+	e.srv.cleanups.Wait()
+	entries, _ := os.ReadDir(e.cfg.WorkRoot)
+	var out []string
+	for _, en := range entries {
+		out = append(out, en.Name())
+	}
+	return out
+}
+
+func (e *testEnv) wantNoWorkspaces() {
+	e.t.Helper()
+	if ws := e.workspaces(); len(ws) > 0 {
+		e.t.Fatalf("workspaces left under %s: %v", e.cfg.WorkRoot, ws)
+	}
+	if m := mountsUnder(e.cfg.WorkRoot); len(m) > 0 {
+		e.t.Fatalf("mounts left under %s: %v", e.cfg.WorkRoot, m)
+	}
+}
+
+// mountsUnder lists the mount points strictly below dir.
+func mountsUnder(dir string) []string {
+	data, _ := os.ReadFile("/proc/self/mountinfo")
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			out = append(out, f[4])
+		}
+	}
+	return out
+}
+
+// waitStatus polls GET until the execution reports status.
+func (e *testEnv) waitStatus(id, status string) {
+	e.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		code, _, body := e.do("GET", "/v1/executions/"+id, nil)
+		if code == http.StatusOK {
+			var v struct{ Status string }
+			json.Unmarshal(body, &v)
+			if v.Status == status {
+				return
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.t.Fatalf("execution %s never reached status %s", id, status)
+}
+
+// newRecorder serves one request on srv's handler without a listener.
+func newRecorder(srv *Server, method, path, body string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(method, path, strings.NewReader(body))
+	req.Host = "127.0.0.1"
+	rec := httptest.NewRecorder()
+	srv.Handler().ServeHTTP(rec, req)
+	return rec
+}
+
+func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }

@@ -1,0 +1,89 @@
+package server
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// metrics are the server's Prometheus series, on its own registry (no
+// globals: two servers in one test binary do not share counters).
+type metrics struct {
+	reg        *prometheus.Registry
+	executions *prometheus.CounterVec
+	duration   *prometheus.HistogramVec
+	inFlight   prometheus.Gauge
+	queued     prometheus.Gauge
+	rejected   *prometheus.CounterVec
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		executions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandboxd_executions_total",
+			Help: "Finished executions by type and final status.",
+		}, []string{"type", "status"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sandboxd_execution_duration_seconds",
+			Help:    "Wall time of executions from admission to result, by type.",
+			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300},
+		}, []string{"type"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sandboxd_executions_in_flight",
+			Help: "Executions holding a slot (running).",
+		}),
+		queued: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sandboxd_executions_queued",
+			Help: "Executions waiting for a slot.",
+		}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandboxd_requests_rejected_total",
+			Help: "Requests refused before any sandbox started, by reason.",
+		}, []string{"reason"}),
+	}
+	m.reg.MustRegister(m.executions, m.duration, m.inFlight, m.queued, m.rejected,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+func (m *metrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// poolCollector exports the warm pool's state. One Stats() per scrape (it
+// reads every ready sandbox's cgroup), rather than one per series as
+// separate GaugeFuncs would.
+type poolCollector struct {
+	size  int
+	stats func() PoolStats
+}
+
+var (
+	poolSizeDesc     = prometheus.NewDesc("sandboxd_pool_size", "Configured warm sandboxes per policy (0: pool off).", nil, nil)
+	poolReadyDesc    = prometheus.NewDesc("sandboxd_pool_ready", "Warm sandboxes ready for an execution.", nil, nil)
+	poolStartingDesc = prometheus.NewDesc("sandboxd_pool_starting", "Warm sandboxes starting (importing the preload).", nil, nil)
+	poolTakenDesc    = prometheus.NewDesc("sandboxd_pool_taken_total", "Executions served by a warm sandbox.", nil, nil)
+	poolFailDesc     = prometheus.NewDesc("sandboxd_pool_refill_failures_total", "Warm sandboxes that failed to start.", nil, nil)
+	poolRetiredDesc  = prometheus.NewDesc("sandboxd_pool_retired_total", "Warm sandboxes retired unused after pool_max_idle.", nil, nil)
+	poolMemDesc      = prometheus.NewDesc("sandboxd_pool_idle_memory_bytes", "Memory the ready warm sandboxes hold, as their cgroups account it.", nil, nil)
+)
+
+func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{poolSizeDesc, poolReadyDesc, poolStartingDesc, poolTakenDesc, poolFailDesc, poolRetiredDesc, poolMemDesc} {
+		ch <- d
+	}
+}
+
+func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.stats()
+	ch <- prometheus.MustNewConstMetric(poolSizeDesc, prometheus.GaugeValue, float64(c.size))
+	ch <- prometheus.MustNewConstMetric(poolReadyDesc, prometheus.GaugeValue, float64(st.Ready))
+	ch <- prometheus.MustNewConstMetric(poolStartingDesc, prometheus.GaugeValue, float64(st.Starting))
+	ch <- prometheus.MustNewConstMetric(poolTakenDesc, prometheus.CounterValue, float64(st.Taken))
+	ch <- prometheus.MustNewConstMetric(poolFailDesc, prometheus.CounterValue, float64(st.RefillFailures))
+	ch <- prometheus.MustNewConstMetric(poolRetiredDesc, prometheus.CounterValue, float64(st.Retired))
+	ch <- prometheus.MustNewConstMetric(poolMemDesc, prometheus.GaugeValue, float64(st.IdleMemoryBytes))
+}

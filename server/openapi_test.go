@@ -1,0 +1,146 @@
+package server
+
+import (
+	"encoding/json"
+	"reflect"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/sandboxd/sandboxd/nsjail"
+)
+
+type openapiDoc struct {
+	OpenAPI string `json:"openapi"`
+	Paths   map[string]map[string]struct {
+		RequestBody *struct {
+			Content map[string]struct {
+				Schema struct {
+					Ref string `json:"$ref"`
+				} `json:"schema"`
+			} `json:"content"`
+		} `json:"requestBody"`
+		Responses map[string]json.RawMessage `json:"responses"`
+	} `json:"paths"`
+	Components struct {
+		Schemas map[string]struct {
+			Properties map[string]json.RawMessage `json:"properties"`
+			Required   []string                   `json:"required"`
+		} `json:"schemas"`
+	} `json:"components"`
+}
+
+// TestOpenAPIMatchesHandlers keeps /openapi.json honest: the same routes and
+// methods as the router, and every schema the same fields (and required
+// fields) as the Go type the handlers encode or decode.
+func TestOpenAPIMatchesHandlers(t *testing.T) {
+	var doc openapiDoc
+	dec := json.NewDecoder(strings.NewReader(string(openapiJSON)))
+	if err := dec.Decode(&doc); err != nil {
+		t.Fatalf("openapi.json: %v", err)
+	}
+	if !strings.HasPrefix(doc.OpenAPI, "3.") {
+		t.Errorf("openapi version %q", doc.OpenAPI)
+	}
+	s := &Server{}
+	var fromRouter, fromDoc []string
+	for _, r := range s.routes() {
+		p := r.path
+		for _, seg := range strings.Split(p, "/") {
+			if strings.HasPrefix(seg, ":") {
+				p = strings.Replace(p, seg, "{"+seg[1:]+"}", 1)
+			}
+		}
+		fromRouter = append(fromRouter, r.method+" "+p)
+	}
+	for p, ops := range doc.Paths {
+		for m := range ops {
+			fromDoc = append(fromDoc, strings.ToUpper(m)+" "+p)
+		}
+	}
+	sort.Strings(fromRouter)
+	sort.Strings(fromDoc)
+	if !slices.Equal(fromRouter, fromDoc) {
+		t.Errorf("routes differ:\nrouter:  %v\nopenapi: %v", fromRouter, fromDoc)
+	}
+
+	types := map[string]any{
+		"Error": errorBody{}, "File": File{}, "ExecutionRequest": ExecutionRequest{}, "Policy": Policy{},
+		"Usage": nsjail.Usage{}, "Artifact": Artifact{}, "Omitted": Omitted{}, "ExecutionResponse": ExecutionResponse{},
+		"ExecutionPending": runningView{}, "Policies": policiesResponse{}, "LegacyRequest": LegacyRequest{},
+		"LegacyResponse": LegacyResponse{},
+	}
+	for name, v := range types {
+		sc, ok := doc.Components.Schemas[name]
+		if !ok {
+			t.Errorf("schema %s missing", name)
+			continue
+		}
+		fields, required := jsonFields(reflect.TypeOf(v))
+		var props []string
+		for p := range sc.Properties {
+			props = append(props, p)
+		}
+		sort.Strings(props)
+		if !slices.Equal(props, fields) {
+			t.Errorf("schema %s: properties %v, Go type %T has %v", name, props, v, fields)
+		}
+		req := slices.Clone(sc.Required)
+		sort.Strings(req)
+		for _, r := range req {
+			if !slices.Contains(fields, r) {
+				t.Errorf("schema %s requires unknown field %s", name, r)
+			}
+		}
+		// Fields always encoded (no omitempty) must be required in responses.
+		if strings.HasSuffix(name, "Response") || name == "ExecutionPending" || name == "Artifact" || name == "Omitted" {
+			for _, f := range required {
+				if !slices.Contains(req, f) {
+					t.Errorf("schema %s: %s is always present but not required", name, f)
+				}
+			}
+		}
+	}
+	for _, op := range []string{"/v1/executions", "/execute"} {
+		got := doc.Paths[op]["post"]
+		for _, code := range []int{200, 400, 401, 403, 413, 429, 503, 507} {
+			if _, ok := got.Responses[strconv.Itoa(code)]; !ok {
+				t.Errorf("POST %s does not document %d", op, code)
+			}
+		}
+	}
+}
+
+// jsonFields lists the JSON names of t's fields, sorted, and those without
+// omitempty.
+func jsonFields(t reflect.Type) (all, always []string) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag := f.Tag.Get("json")
+		if tag == "-" || !f.IsExported() {
+			continue
+		}
+		name, opts, _ := strings.Cut(tag, ",")
+		if name == "" {
+			name = f.Name
+		}
+		all = append(all, name)
+		if !strings.Contains(opts, "omitempty") {
+			always = append(always, name)
+		}
+	}
+	sort.Strings(all)
+	sort.Strings(always)
+	return all, always
+}
+
+// The served document is the embedded one.
+func TestOpenAPIServed(t *testing.T) {
+	e := newEnv(t, shellRootfs(t), nil)
+	code, h, body := e.do("GET", "/openapi.json", nil)
+	if code != 200 || h.Get("Content-Type") != "application/json" || string(body) != string(openapiJSON) {
+		t.Fatalf("GET /openapi.json = %d %s", code, h.Get("Content-Type"))
+	}
+}

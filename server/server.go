@@ -1,0 +1,326 @@
+// Package server is sandboxd's execution API: it turns an HTTP request into
+// one sandboxed run and back. Data flows one way: request → policy →
+// workspace → sandbox → result. The sandbox is reached only through the
+// Sandboxer interface, so a warm pool can replace the cold runner.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/julienschmidt/httprouter"
+	"github.com/sandboxd/sandboxd/nsjail"
+)
+
+// Sandboxer runs one execution in a fresh sandbox. *nsjail.Runner is one; a
+// warm pool is another.
+type Sandboxer interface {
+	// Run runs spec and returns its result; the error is non-nil only when
+	// nothing was started (see nsjail.Runner.Run).
+	Run(ctx context.Context, spec nsjail.Spec) (*nsjail.Result, error)
+	// HostUID and HostGID are the host ids of the sandbox user: a workspace
+	// must be owned by them to be writable inside.
+	HostUID() int
+	HostGID() int
+}
+
+// Deps are what a Server needs. All fields are required, except Runner when
+// the warm pool is off (Config.PoolSize == 0).
+type Deps struct {
+	// Config is the validated configuration.
+	Config Config
+	// Sandbox runs executions cold (an *nsjail.Runner, or a wrapper of one),
+	// and all of them while the warm pool is off or not built yet.
+	Sandbox Sandboxer
+	// Runner starts the warm pool's sandboxes (and its cold fallbacks).
+	Runner *nsjail.Runner
+	// ResolveRootfs returns the unpacked runtime rootfs, unpacking
+	// Config.PythonImage into Config.RootfsCache first if needed. It is
+	// called once, by Prepare.
+	ResolveRootfs func(ctx context.Context) (string, error)
+	// Logger receives one line per event.
+	Logger *slog.Logger
+}
+
+// Server is the execution API. Create it with New, call Prepare (the API
+// answers 503 on executions until it succeeds), serve Handler, and Drain
+// before exit.
+type Server struct {
+	cfg      Config
+	policies Policies
+	sandbox  Sandboxer
+	runner   *nsjail.Runner
+	resolve  func(ctx context.Context) (string, error)
+	log      *slog.Logger
+
+	store     *Store
+	admission *Admission
+	metrics   *metrics
+	handler   http.Handler
+
+	mu       sync.Mutex
+	rootfs   string // set once Prepare succeeds
+	python   string // interpreter name found in the rootfs
+	prepErr  error
+	pool     *Pool          // set by Prepare when pool_size > 0
+	draining bool           // under mu: once set, live gets no new Add
+	live     sync.WaitGroup // executions between admission and cleanup
+	cleanups sync.WaitGroup // workspace removals after the response
+}
+
+// New checks deps and builds a Server.
+func New(d Deps) (*Server, error) {
+	var errs []error
+	if d.Sandbox == nil {
+		errs = append(errs, errors.New("deps: Sandbox is required"))
+	}
+	if d.ResolveRootfs == nil {
+		errs = append(errs, errors.New("deps: ResolveRootfs is required"))
+	}
+	if d.Logger == nil {
+		errs = append(errs, errors.New("deps: Logger is required"))
+	}
+	if d.Runner == nil && d.Config.PoolSize > 0 {
+		errs = append(errs, errors.New("deps: Runner is required when pool_size > 0"))
+	}
+	if err := d.Config.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg:      d.Config,
+		policies: PoliciesFromConfig(d.Config),
+		sandbox:  d.Sandbox,
+		runner:   d.Runner,
+		resolve:  d.ResolveRootfs,
+		log:      d.Logger,
+		store:    NewStore(d.Config.ResultsMax, time.Duration(d.Config.ResultsTTLMS)*time.Millisecond),
+		metrics:  newMetrics(),
+	}
+	s.admission = NewAdmission(d.Config.MaxConcurrent, d.Config.MaxQueued, func(running, queued int) {
+		s.metrics.inFlight.Set(float64(running))
+		s.metrics.queued.Set(float64(queued))
+	})
+	s.metrics.reg.MustRegister(&poolCollector{size: d.Config.PoolSize, stats: s.PoolStats})
+	s.handler = s.guard(s.router())
+	return s, nil
+}
+
+// route is one API endpoint; the OpenAPI test checks the document against
+// this table.
+type route struct {
+	method, path string
+	handle       httprouter.Handle
+}
+
+func (s *Server) routes() []route {
+	return []route{
+		{http.MethodPost, "/v1/executions", s.handleCreate},
+		{http.MethodGet, "/v1/executions/:id", s.handleGet},
+		{http.MethodDelete, "/v1/executions/:id", s.handleCancel},
+		{http.MethodGet, "/v1/policies", s.handlePolicies},
+		{http.MethodGet, "/healthz", s.handleHealthz},
+		{http.MethodGet, "/readyz", s.handleReadyz},
+		{http.MethodGet, "/metrics", s.handleMetrics},
+		{http.MethodGet, "/openapi.json", s.handleOpenAPI},
+		{http.MethodPost, "/execute", s.handleLegacyExecute},
+	}
+}
+
+func (s *Server) router() http.Handler {
+	r := httprouter.New()
+	for _, rt := range s.routes() {
+		r.Handle(rt.method, rt.path, rt.handle)
+	}
+	r.NotFound = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		writeError(w, http.StatusNotFound, "no such endpoint")
+	})
+	r.MethodNotAllowed = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		writeError(w, http.StatusMethodNotAllowed, "method not allowed")
+	})
+	r.PanicHandler = func(w http.ResponseWriter, r *http.Request, v any) {
+		s.log.Error("handler panic", "path", r.URL.Path, "panic", fmt.Sprint(v))
+		writeError(w, http.StatusInternalServerError, "internal error")
+	}
+	return r
+}
+
+// Handler is the HTTP API.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Prepare resolves the runtime rootfs and finds its interpreter; executions
+// are refused with 503 until it has succeeded.
+func (s *Server) Prepare(ctx context.Context) error {
+	root, err := s.resolve(ctx)
+	if err == nil {
+		err = checkReachable(root)
+	}
+	if err != nil {
+		err = fmt.Errorf("runtime rootfs: %w", err)
+		s.mu.Lock()
+		s.prepErr = err
+		s.mu.Unlock()
+		s.log.Error("rootfs not ready", "err", err)
+		return err
+	}
+	python := findPython(root)
+	var pool *Pool
+	if s.cfg.PoolSize > 0 {
+		var templates []Template
+		for _, name := range s.policies.Names() {
+			templates = append(templates, s.policies[name].Template(s.cfg, root))
+		}
+		// An empty pool_preload means "import nothing" (NewPool reads nil
+		// as its default list).
+		preload := s.cfg.PoolPreload
+		if preload == nil {
+			preload = []string{}
+		}
+		pool, err = NewPool(s.runner, PoolConfig{
+			Size:           s.cfg.PoolSize,
+			MaxIdle:        time.Duration(s.cfg.PoolMaxIdle),
+			Preload:        preload,
+			WorkRoot:       s.cfg.WorkRoot,
+			WorkspaceBytes: s.cfg.WorkspaceBytes,
+		}, templates, s.log)
+		if err != nil {
+			err = fmt.Errorf("warm pool: %w", err)
+			s.mu.Lock()
+			s.prepErr = err
+			s.mu.Unlock()
+			return err
+		}
+	}
+	s.mu.Lock()
+	if s.draining && pool != nil {
+		// Drain already ran: nothing would ever close this pool.
+		s.mu.Unlock()
+		pool.Close()
+		return errors.New("shutting down")
+	}
+	s.rootfs, s.python, s.prepErr, s.pool = root, python, nil, pool
+	s.mu.Unlock()
+	s.log.Info("rootfs ready", "rootfs", root, "python", python, "pool_size", s.cfg.PoolSize)
+	return nil
+}
+
+// PoolStats is the warm pool's state (zero while it is off or not built).
+func (s *Server) PoolStats() PoolStats {
+	s.mu.Lock()
+	pool := s.pool
+	s.mu.Unlock()
+	if pool == nil {
+		return PoolStats{}
+	}
+	return pool.Stats()
+}
+
+// runSandbox is the Sandboxer for the next execution: the warm pool once
+// built (it runs cold itself when no warm sandbox matches), else the cold one.
+func (s *Server) runSandbox() Sandboxer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pool != nil {
+		return s.pool
+	}
+	return s.sandbox
+}
+
+// checkReachable fails unless root is a directory that every user can reach:
+// the sandbox's root is an unprivileged host uid, and a rootfs under a 0700
+// directory fails every start with "permission denied" otherwise.
+func checkReachable(root string) error {
+	fi, err := os.Stat(root)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory", root)
+	}
+	for d := root; ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("%s: %s is mode %v; the sandbox cannot reach the rootfs (needs o+x on every parent)", root, d, fi.Mode().Perm())
+		}
+		if d == "/" || d == "." {
+			return nil
+		}
+	}
+}
+
+// findPython returns "python" when the image has it on PATH, else "python3"
+// (Debian images ship only python3).
+func findPython(root string) string {
+	for _, d := range []string{"usr/local/bin", "usr/bin", "bin"} {
+		if _, err := os.Lstat(filepath.Join(root, d, "python")); err == nil {
+			return "python"
+		}
+	}
+	return "python3"
+}
+
+// enter registers a live execution unless the server is draining.
+func (s *Server) enter() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.draining {
+		return false
+	}
+	s.live.Add(1)
+	return true
+}
+
+// ready returns the rootfs and interpreter, or why there are none yet.
+func (s *Server) ready() (rootfs, python string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.rootfs == "" {
+		if s.prepErr != nil {
+			return "", "", s.prepErr
+		}
+		return "", "", errors.New("the runtime rootfs is being prepared")
+	}
+	return s.rootfs, s.python, nil
+}
+
+// Drain stops admitting executions, lets the live ones finish until ctx is
+// done, then cancels the rest and waits for their cleanup, and finally
+// closes the warm pool (its ready sandboxes are ended and removed). It
+// returns the number of executions it had to cancel.
+func (s *Server) Drain(ctx context.Context) int {
+	s.mu.Lock()
+	s.draining = true
+	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() { s.live.Wait(); close(done) }()
+	n := 0
+	select {
+	case <-done:
+	case <-ctx.Done():
+		n = s.store.cancelAll()
+		s.log.Warn("grace period over, cancelling executions", "cancelled", n)
+		<-done
+	}
+	s.mu.Lock()
+	pool := s.pool
+	s.mu.Unlock()
+	if pool != nil {
+		pool.Close()
+	}
+	s.cleanups.Wait()
+	nsjail.WaitForCleanup()
+	s.log.Info("drained", "cancelled", n)
+	return n
+}

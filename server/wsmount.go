@@ -1,0 +1,136 @@
+package server
+
+// Every workspace, cold or warm, is its own size-limited tmpfs: a run that
+// fills /workspace gets ENOSPC at workspace_bytes (GUIDE §4 case 3) instead
+// of filling the host disk under the work root, and everything it wrote is
+// freed at once by one lazy unmount, whatever it left there (no walk over
+// a million hostile entries). The pages are charged to the sandbox's memory
+// cgroup while it runs.
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// workspaceMountFlags: no set-id binaries and no device nodes, whatever the
+// sandbox manages to create there; noexec because the code is read by the
+// interpreter, never executed from /workspace.
+const workspaceMountFlags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+
+// mountWorkspace mounts a tmpfs of size bytes on dir, its root owned by
+// uid:gid (the sandbox user as the host sees it) with mode 0700.
+func mountWorkspace(dir string, size int64, uid, gid int) error {
+	data := fmt.Sprintf("size=%d,mode=0700,uid=%d,gid=%d", size, uid, gid)
+	if err := unix.Mount("sandboxd-workspace", dir, "tmpfs", workspaceMountFlags, data); err != nil {
+		return fmt.Errorf("unable to mount the workspace tmpfs on %s: %w", dir, err)
+	}
+	return nil
+}
+
+// isMountpoint reports whether dir is the root of a mount (its device
+// differs from its parent's). A path that cannot be read is not one.
+func isMountpoint(dir string) bool {
+	var st, parent unix.Stat_t
+	if unix.Lstat(dir, &st) != nil || unix.Lstat(filepath.Dir(dir), &parent) != nil {
+		return false
+	}
+	return st.Mode&unix.S_IFMT == unix.S_IFDIR && st.Dev != parent.Dev
+}
+
+// removeWorkspace lazily unmounts whatever is mounted on dir, then removes
+// what is left (an empty directory, or the whole tree when nothing was
+// mounted). RemoveAll never follows a symlink. It is idempotent.
+func removeWorkspace(dir string) error {
+	var errs []error
+	for i := 0; i < 4 && isMountpoint(dir); i++ {
+		// UMOUNT_NOFOLLOW: dir is a path we created, but refuse to act on a
+		// symlink anyway.
+		if err := unix.Unmount(dir, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil {
+			errs = append(errs, fmt.Errorf("unable to unmount workspace %s: %w", dir, err))
+			break
+		}
+	}
+	if len(errs) == 0 {
+		if err := os.RemoveAll(dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// moveIntoWorkspace moves every top-level entry of src, a workspace the
+// server wrote (trusted: directories and regular files only), into dst. It
+// renames when both are on one filesystem and copies otherwise (two tmpfs
+// workspaces), keeping modes and owners.
+func moveIntoWorkspace(src, dst string) error {
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		from, to := filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())
+		err := os.Rename(from, to)
+		if errors.Is(err, unix.EXDEV) {
+			err = copyTrustedTree(from, to)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// copyTrustedTree copies a tree the server itself wrote. Anything but a
+// directory or a regular file is an error (nothing else is ever written).
+func copyTrustedTree(src, dst string) error {
+	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, p)
+		if err != nil {
+			return err
+		}
+		target := filepath.Join(dst, rel)
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			return err
+		}
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFDIR:
+			if err := os.Mkdir(target, fs.FileMode(st.Mode&0o7777)); err != nil {
+				return err
+			}
+		case unix.S_IFREG:
+			if err := copyFile(p, target, fs.FileMode(st.Mode&0o777)); err != nil {
+				return err
+			}
+		default:
+			return fmt.Errorf("copy %s: not a directory or regular file", p)
+		}
+		return os.Lchown(target, int(st.Uid), int(st.Gid))
+	})
+}
+
+func copyFile(src, dst string, mode fs.FileMode) error {
+	in, err := os.OpenFile(src, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, mode)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}

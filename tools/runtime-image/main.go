@@ -1,0 +1,419 @@
+// Command runtime-image turns the root filesystem that build.sh made with
+// mmdebstrap into the python-runtime OCI image: one gzip layer written in a
+// fixed order with clamped timestamps (reproducible for a given rootfs), saved
+// as an OCI image layout and as a docker-archive that `docker load` accepts.
+// Both outputs are written beside their final name and renamed into place, so
+// a failed build never leaves a half-written image that make takes as done.
+package main
+
+import (
+	"archive/tar"
+	"compress/gzip"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+func main() {
+	var o options
+	flag.StringVar(&o.rootfs, "rootfs", "", "root filesystem made by mmdebstrap (required)")
+	flag.StringVar(&o.packages, "packages", "", "dpkg-query list: NAME<TAB>VERSION per line (required)")
+	flag.StringVar(&o.labelPackages, "label-packages", "", "comma-separated packages that get one label each")
+	flag.Int64Var(&o.epoch, "epoch", 0, "SOURCE_DATE_EPOCH: image creation time and mtime clamp (required)")
+	flag.StringVar(&o.oci, "oci", "build/python-runtime.oci", "OCI image layout directory to write")
+	flag.StringVar(&o.archive, "archive", "build/python-runtime.tar", "docker-archive tarball to write")
+	flag.StringVar(&o.tag, "tag", "python-runtime:latest", "image name and tag")
+	flag.Parse()
+	if err := run(o); err != nil {
+		fmt.Fprintf(os.Stderr, "runtime-image: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	rootfs, packages, labelPackages, oci, archive, tag string
+	epoch                                              int64
+}
+
+func run(o options) error {
+	if o.rootfs == "" || o.packages == "" || o.epoch <= 0 {
+		return errors.New("-rootfs, -packages and -epoch are required")
+	}
+	tag, err := name.NewTag(o.tag)
+	if err != nil {
+		return fmt.Errorf("bad -tag: %w", err)
+	}
+	versions, err := readPackages(o.packages)
+	if err != nil {
+		return err
+	}
+	created := time.Unix(o.epoch, 0).UTC()
+
+	start := time.Now()
+	layerPath := o.oci + ".layer.tar.gz"
+	defer os.Remove(layerPath)
+	st, err := writeLayer(o.rootfs, layerPath, created)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "layer: %d entries, %d bytes uncompressed, %d gzip, dropped %d, in %s\n",
+		st.entries, st.uncompressed, st.compressed, len(st.dropped), time.Since(start).Round(time.Millisecond))
+	for _, d := range st.dropped {
+		fmt.Fprintf(os.Stderr, "  dropped %s\n", d)
+	}
+
+	layer, err := tarball.LayerFromFile(layerPath, tarball.WithMediaType(types.OCILayer))
+	if err != nil {
+		return fmt.Errorf("layer: %w", err)
+	}
+	if d, _ := layer.Digest(); d.Hex != st.digest {
+		return fmt.Errorf("layer digest changed between write and read: %s vs sha256:%s", d, st.digest)
+	}
+
+	img, err := buildImage(layer, versions, o, created)
+	if err != nil {
+		return err
+	}
+	digest, err := img.Digest()
+	if err != nil {
+		return err
+	}
+	if err := writeLayout(o.oci, img, tag); err != nil {
+		return err
+	}
+	if err := writeArchive(o.archive, img, tag); err != nil {
+		return err
+	}
+	if err := verify(o.oci, o.archive, img); err != nil {
+		return err
+	}
+	fmt.Printf("image %s\nmanifest digest %s\nlayer digest sha256:%s (%d bytes)\noci layout %s\ndocker-archive %s\n",
+		tag, digest, st.digest, st.compressed, o.oci, o.archive)
+	return nil
+}
+
+// readPackages parses `dpkg-query -W -f '${Package}\t${Version}\n'` output.
+func readPackages(path string) (map[string]string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("package list: %w", err)
+	}
+	out := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		name, version, ok := strings.Cut(line, "\t")
+		if !ok || name == "" || version == "" {
+			return nil, fmt.Errorf("package list %s: bad line %q", path, line)
+		}
+		out[name] = version
+	}
+	return out, nil
+}
+
+func buildImage(layer v1.Layer, versions map[string]string, o options, created time.Time) (v1.Image, error) {
+	labels := map[string]string{
+		"org.opencontainers.image.title":       "python-runtime",
+		"org.opencontainers.image.description": "sandboxd python runtime: Debian python3 data stack",
+		"org.opencontainers.image.created":     created.Format(time.RFC3339),
+		"org.opencontainers.image.base.name":   "debian:trixie (mmdebstrap --variant=essential)",
+	}
+	for _, p := range strings.Split(o.labelPackages, ",") {
+		if p == "" {
+			continue
+		}
+		v, ok := versions[p]
+		if !ok {
+			return nil, fmt.Errorf("package %s is not installed in the rootfs", p)
+		}
+		labels["org.debian.package."+p] = v
+	}
+	all := make([]string, 0, len(versions))
+	for p, v := range versions {
+		all = append(all, p+"="+v)
+	}
+	sort.Strings(all)
+	labels["org.debian.packages"] = strings.Join(all, " ")
+
+	cfg := &v1.ConfigFile{
+		Architecture: "amd64",
+		OS:           "linux",
+		Created:      v1.Time{Time: created},
+		Config: v1.Config{
+			Env: []string{
+				"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+				"LANG=C.UTF-8",
+				"MPLBACKEND=Agg",
+				"PYTHONDONTWRITEBYTECODE=1",
+			},
+			User:       "10001:10001",
+			WorkingDir: "/workspace",
+			Cmd:        []string{"python3"},
+			Labels:     labels,
+		},
+	}
+	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
+	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
+	img, err := mutate.ConfigFile(img, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return mutate.Append(img, mutate.Addendum{
+		Layer: layer,
+		History: v1.History{
+			Created:   v1.Time{Time: created},
+			CreatedBy: "tools/runtime-image/build.sh (mmdebstrap trixie)",
+		},
+		MediaType: types.OCILayer,
+	})
+}
+
+type layerStats struct {
+	entries, uncompressed, compressed int64
+	digest                            string
+	dropped                           []string
+}
+
+// writeLayer tars rootfs in lexical order. Timestamps are clamped to created;
+// owners are kept numerically (no names); setuid/setgid bits, device nodes,
+// FIFOs, sockets and all xattrs (so file capabilities) are left out: the image
+// must not carry anything that grants privileges.
+func writeLayer(rootfs, out string, created time.Time) (st layerStats, err error) {
+	f, err := os.Create(out)
+	if err != nil {
+		return st, err
+	}
+	defer f.Close()
+	zsum := sha256.New()
+	cw := &countWriter{w: io.MultiWriter(f, zsum)}
+	zw, err := gzip.NewWriterLevel(cw, gzip.DefaultCompression)
+	if err != nil {
+		return st, err
+	}
+	usum := sha256.New()
+	uw := &countWriter{w: io.MultiWriter(zw, usum)}
+	tw := tar.NewWriter(uw)
+
+	type inode struct{ dev, ino uint64 }
+	seen := map[inode]string{}
+	err = filepath.WalkDir(rootfs, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(rootfs, path)
+		if err != nil || rel == "." {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		sys := fi.Sys().(*syscall.Stat_t)
+		hdr := &tar.Header{
+			Name:    filepath.ToSlash(rel),
+			Mode:    int64(fi.Mode().Perm()),
+			Uid:     int(sys.Uid),
+			Gid:     int(sys.Gid),
+			ModTime: fi.ModTime(),
+			Format:  tar.FormatPAX,
+		}
+		if hdr.ModTime.After(created) {
+			hdr.ModTime = created
+		}
+		if fi.Mode()&fs.ModeSticky != 0 && fi.IsDir() {
+			hdr.Mode |= 01000 // /tmp-style dirs keep their sticky bit
+		}
+		if fi.Mode()&(fs.ModeSetuid|fs.ModeSetgid) != 0 {
+			st.dropped = append(st.dropped, rel+" (setuid/setgid bit)")
+		}
+		switch {
+		case fi.IsDir():
+			hdr.Typeflag = tar.TypeDir
+			hdr.Name += "/"
+		case fi.Mode()&fs.ModeSymlink != 0:
+			hdr.Typeflag = tar.TypeSymlink
+			if hdr.Linkname, err = os.Readlink(path); err != nil {
+				return err
+			}
+		case fi.Mode().IsRegular():
+			key := inode{uint64(sys.Dev), sys.Ino}
+			if first, ok := seen[key]; ok && sys.Nlink > 1 {
+				hdr.Typeflag = tar.TypeLink
+				hdr.Linkname = first
+				break
+			}
+			seen[key] = hdr.Name
+			hdr.Typeflag = tar.TypeReg
+			hdr.Size = fi.Size()
+		default:
+			st.dropped = append(st.dropped, rel+" ("+fi.Mode().Type().String()+")")
+			return nil
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return fmt.Errorf("%s: %w", rel, err)
+		}
+		st.entries++
+		if hdr.Typeflag == tar.TypeReg {
+			src, err := os.Open(path)
+			if err != nil {
+				return err
+			}
+			n, err := io.Copy(tw, src)
+			src.Close()
+			if err != nil {
+				return fmt.Errorf("%s: %w", rel, err)
+			}
+			if n != hdr.Size {
+				return fmt.Errorf("%s: changed while being read", rel)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return st, fmt.Errorf("tar %s: %w", rootfs, err)
+	}
+	if err := tw.Close(); err != nil {
+		return st, err
+	}
+	if err := zw.Close(); err != nil {
+		return st, err
+	}
+	if err := f.Close(); err != nil {
+		return st, err
+	}
+	st.uncompressed, st.compressed = uw.n, cw.n
+	st.digest = hex.EncodeToString(zsum.Sum(nil))
+	return st, nil
+}
+
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+func writeLayout(dir string, img v1.Image, tag name.Tag) error {
+	tmp := dir + ".tmp"
+	if err := os.RemoveAll(tmp); err != nil {
+		return err
+	}
+	p, err := layout.Write(tmp, empty.Index)
+	if err != nil {
+		return fmt.Errorf("oci layout: %w", err)
+	}
+	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{
+		"org.opencontainers.image.ref.name": tag.TagStr(),
+		"io.containerd.image.name":          tag.Name(),
+	})); err != nil {
+		return fmt.Errorf("oci layout: %w", err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	return os.Rename(tmp, dir)
+}
+
+func writeArchive(path string, img v1.Image, tag name.Tag) error {
+	tmp := path + ".tmp"
+	if err := tarball.WriteToFile(tmp, tag, img); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("docker-archive: %w", err)
+	}
+	return os.Rename(tmp, path)
+}
+
+// verify reads both outputs back with go-containerregistry's own readers (the
+// docker-archive reader parses the same manifest.json `docker load` does) and
+// checks that they hold the image we meant to write.
+func verify(oci, archive string, want v1.Image) error {
+	wantDigest, _ := want.Digest()
+	wantConfig, _ := want.ConfigName()
+	wantLayers, _ := want.Layers()
+
+	idx, err := layout.ImageIndexFromPath(oci)
+	if err != nil {
+		return fmt.Errorf("verify oci layout: %w", err)
+	}
+	im, err := idx.IndexManifest()
+	if err != nil || len(im.Manifests) != 1 || im.Manifests[0].Digest != wantDigest {
+		return fmt.Errorf("verify oci layout: index does not name %s (%v)", wantDigest, err)
+	}
+	got, err := idx.Image(wantDigest)
+	if err != nil {
+		return fmt.Errorf("verify oci layout: %w", err)
+	}
+	if err := sameContent(got, wantConfig, wantLayers); err != nil {
+		return fmt.Errorf("verify oci layout: %w", err)
+	}
+
+	got, err = tarball.ImageFromPath(archive, nil)
+	if err != nil {
+		return fmt.Errorf("verify docker-archive: %w", err)
+	}
+	if err := sameContent(got, wantConfig, wantLayers); err != nil {
+		return fmt.Errorf("verify docker-archive: %w", err)
+	}
+	return nil
+}
+
+func sameContent(got v1.Image, config v1.Hash, layers []v1.Layer) error {
+	c, err := got.ConfigName()
+	if err != nil {
+		return err
+	}
+	if c != config {
+		return fmt.Errorf("config %s, want %s", c, config)
+	}
+	gl, err := got.Layers()
+	if err != nil {
+		return err
+	}
+	if len(gl) != len(layers) {
+		return fmt.Errorf("%d layers, want %d", len(gl), len(layers))
+	}
+	for i := range gl {
+		g, err := gl[i].Digest()
+		if err != nil {
+			return err
+		}
+		w, _ := layers[i].Digest()
+		if g != w {
+			return fmt.Errorf("layer %d: %s, want %s", i, g, w)
+		}
+		// Re-hash the stored blob: catches a truncated or corrupted copy.
+		rc, err := gl[i].Compressed()
+		if err != nil {
+			return err
+		}
+		h, _, err := v1.SHA256(rc)
+		rc.Close()
+		if err != nil {
+			return err
+		}
+		if h != w {
+			return fmt.Errorf("layer %d: stored blob hashes to %s, want %s", i, h, w)
+		}
+	}
+	return nil
+}
