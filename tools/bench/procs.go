@@ -131,15 +131,18 @@ func smapsRollup(pid int) (rss, pss int64) {
 }
 
 // sandboxesBelow groups the processes below serverPid by memory cgroup,
-// leaving out those in the server's own cgroup (libcontainer's init helpers
-// between start and exec, for instance). At idle these are the pool.
+// keeping those in cgroups nested below the server's own (leaving out, for
+// instance, libcontainer's init helpers before they join the sandbox's
+// cgroup). At idle these are the pool.
 func sandboxesBelow(serverPid int) []sandboxMemory {
 	own, _ := memoryCgroup(serverPid)
 	byCg := map[string]*sandboxMemory{}
 	var order []string
 	for _, p := range descendants(serverPid) {
 		cg, ok := memoryCgroup(p)
-		if !ok || cg == own {
+		// Sandboxes nest below the server's own cgroup; anything else (a
+		// process caught between cgroups while it starts) is not one.
+		if !ok || !strings.HasPrefix(cg, strings.TrimSuffix(own, "/")+"/") {
 			continue
 		}
 		m := byCg[cg]
@@ -231,7 +234,7 @@ func cpuTicksByCgroup(pid int) map[string]int64 {
 	python := map[string]bool{}
 	for _, p := range descendants(pid) {
 		cg, ok := memoryCgroup(p)
-		if !ok || cg == own {
+		if !ok || !strings.HasPrefix(cg, strings.TrimSuffix(own, "/")+"/") {
 			continue
 		}
 		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
