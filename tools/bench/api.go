@@ -259,8 +259,19 @@ type serverProc struct {
 	cmd    *exec.Cmd
 	client *apiClient
 	dir    string // temp dir: work root, state root, rootfs cache
+	binDir string // temp dir holding the server's link to the binary
 	log    *os.File
 	done   chan error
+	// stopping is set by stop(); exitedEarly holds the time the server
+	// exited without being asked to (killed or signalled from outside).
+	stopping    atomic.Bool
+	exitedEarly atomic.Value
+}
+
+// exitedEarlyAt returns when the server exited on its own ("" if it did not).
+func (s *serverProc) exitedEarlyAt() string {
+	v, _ := s.exitedEarly.Load().(string)
+	return v
 }
 
 // serverOptions configure startServer.
@@ -319,7 +330,26 @@ func startServer(ctx context.Context, o serverOptions) (*serverProc, error) {
 		env = append(env, "EXECUTION_POOL_SIZE="+strconv.Itoa(o.PoolSize))
 	}
 	env = append(env, o.ExtraEnv...)
-	cmd := exec.Command(o.Binary, "serve")
+	// Run a link of the binary under a name of its own: other tools on a
+	// shared host stop *their* server with `pkill -f "sandboxd serve"` and
+	// the like (observed here: SIGTERM mid-run), which must not hit ours.
+	// It sits in a directory apart from the state root (GUIDE §2).
+	binDir, err := os.MkdirTemp("", "sbxbench-bin-")
+	if err != nil {
+		logf.Close()
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	bin := filepath.Join(binDir, "sbxbench-server")
+	if err := os.Link(o.Binary, bin); err != nil {
+		if err := copyFile(o.Binary, bin); err != nil {
+			logf.Close()
+			os.RemoveAll(dir)
+			os.RemoveAll(binDir)
+			return nil, fmt.Errorf("copy %s: %w", o.Binary, err)
+		}
+	}
+	cmd := exec.Command(bin, "serve")
 	cmd.Env = env
 	cmd.Stdout = logf
 	cmd.Stderr = logf
@@ -331,9 +361,15 @@ func startServer(ctx context.Context, o serverOptions) (*serverProc, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("start %s serve: %w", o.Binary, err)
 	}
-	s := &serverProc{cmd: cmd, dir: dir, log: logf, done: make(chan error, 1),
+	s := &serverProc{cmd: cmd, dir: dir, binDir: binDir, log: logf, done: make(chan error, 1),
 		client: newAPIClient(fmt.Sprintf("http://127.0.0.1:%d", port))}
-	go func() { s.done <- cmd.Wait() }()
+	go func() {
+		err := cmd.Wait()
+		if !s.stopping.Load() {
+			s.exitedEarly.Store(time.Now().UTC().Format("15:04:05.000"))
+		}
+		s.done <- err
+	}()
 	readyCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -354,6 +390,7 @@ func startServer(ctx context.Context, o serverOptions) (*serverProc, error) {
 // stop sends SIGTERM to the server (it drains and cleans up its sandboxes),
 // waits for it, and kills it by PID if it does not exit within a minute.
 func (s *serverProc) stop() {
+	s.stopping.Store(true)
 	if s.cmd.ProcessState == nil {
 		_ = s.cmd.Process.Signal(syscall.SIGTERM)
 		select {
@@ -365,6 +402,15 @@ func (s *serverProc) stop() {
 	}
 	s.log.Close()
 	os.RemoveAll(s.dir)
+	os.RemoveAll(s.binDir)
+}
+
+func copyFile(src, dst string) error {
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, data, 0o755)
 }
 
 func (s *serverProc) pid() int { return s.cmd.Process.Pid }

@@ -304,6 +304,12 @@ func runAPI(ctx context.Context, cfg config, rep *Report, logf func(string, ...a
 		logf("stopping sandboxd serve (%s)", label)
 		live := sandboxesBelow(srv.pid())
 		srv.stop()
+		if at := srv.exitedEarlyAt(); at != "" {
+			note := fmt.Sprintf("%s: the server exited at %s UTC before the bench stopped it; the cells after that failed with 'connection refused'. Its log: %s",
+				label, at, firstSignalLine(filepath.Join(absOut(cfg), "server-pool-"+pool+".log")))
+			rep.Notes = append(rep.Notes, note)
+			logf("%s", note)
+		}
 		// A clean shutdown destroys every sandbox, the idle pool included.
 		if left := leftoverCgroups(live); len(left) > 0 {
 			removed := removeLeftoverCgroups(left)
@@ -648,4 +654,17 @@ func binaryRevision(bin string) string {
 		}
 	}
 	return rev
+}
+
+// firstSignalLine returns the server log's line about a received signal or
+// a panic, or its last line.
+func firstSignalLine(path string) string {
+	data, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	for _, l := range lines {
+		if strings.Contains(l, "signal received") || strings.HasPrefix(l, "panic") || strings.Contains(l, "fatal error") {
+			return "`" + tail(l, 300) + "`"
+		}
+	}
+	return "`" + tail(lines[len(lines)-1], 300) + "`"
 }
