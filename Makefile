@@ -100,9 +100,9 @@ test-v2vm:
 # the same workloads cold with sandboxd run, runc, crun, bubblewrap and docker
 # run (Docker only as a peer to measure against) on the same rootfs; it writes
 # build/bench/{report.md,results.json,latency.png}. Root only.
-#   bench-full   everything (~5-10 min on 2 cores); also copies the report and
+#   bench-full   everything (3-5 min on 2 cores); also copies the report and
 #                chart to tools/bench/RESULTS.md and latency.png (committed)
-#   bench-quick  few samples of everything (~2 min): a smoke run
+#   bench-quick  few samples of everything (~1-2 min): a smoke run
 #   bench-api    the HTTP API matrix only;  bench-peers  the cold launchers only
 # The rootfs is the one `make runtime-rootfs` unpacked (BENCH_ROOTFS=DIR
 # overrides it); BENCH_FLAGS adds flags (go run ./tools/bench -h lists them).
