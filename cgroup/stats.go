@@ -44,7 +44,7 @@ type Stats struct {
 // cgroups.Manager.GetPaths() returns them: v1 maps controller names to
 // absolute directories (hybrid hosts add "" for the cgroup2 mount, ignored
 // here, as are hierarchies other than memory, pids, cpu and cpuacct); v2 has
-// the single key "". A directory read from that cannot be opened is an error;
+// the single key "". A directory read from that does not exist is an error;
 // a missing file (older kernel) leaves its counter zero.
 func ReadStats(paths map[string]string) (Stats, error) {
 	var s Stats
@@ -57,7 +57,7 @@ func ReadStats(paths map[string]string) (Stats, error) {
 		// hierarchies it skipped (devices with SkipDevices) and, on hybrid
 		// hosts, a cgroup2 dir with no counters we use.
 		if (v2 || slices.Contains(requiredV1, c)) && d != "" {
-			if _, err := os.ReadDir(d); err != nil {
+			if _, err := os.Stat(d); err != nil {
 				return s, fmt.Errorf("cgroup stats: %w", err)
 			}
 		}

@@ -278,8 +278,7 @@ func hasEnv(env []string, key string) bool {
 // It returns the dropped output (normally empty). Call it before Wait.
 func (s *Sandbox) Handoff(timeout time.Duration) (droppedStdout, droppedStderr []byte) {
 	droppedStdout, droppedStderr = s.stdout.reset(), s.stderr.reset()
-	s.readStats() // caches the cgroup paths
-	if cpu, err := cgroup.ReadCPUUsage(s.cgroupPaths); err == nil {
+	if cpu, err := cgroup.ReadCPUUsage(s.paths()); err == nil {
 		s.cpuBaselineNS = cpu
 	}
 	s.startedAt = time.Now()

@@ -22,8 +22,8 @@ import (
 // Every test binary gets its own state root and cgroup parent, so the
 // leftover check at the end sees only what this binary created.
 var (
-	testStateRoot    = fmt.Sprintf("/run/sandboxd-test-%d/state", os.Getpid())
-	testCgroupParent = fmt.Sprintf("sandboxd-test-%d", os.Getpid())
+	testStateRoot    = nsjailtest.StateRoot
+	testCgroupParent = nsjailtest.CgroupParent
 )
 
 func TestMain(m *testing.M) {
@@ -453,10 +453,11 @@ func TestUsageIsReported(t *testing.T) {
 func TestConcurrentSandboxesAreIsolated(t *testing.T) {
 	r := newRunner(t)
 	const n = 4
+	rootfs := nsjailtest.ProbeRootfs(t) // t.Fatal must not run in the goroutines
 	results := make(chan *nsjail.Result, n)
 	for i := range n {
 		go func() {
-			res, err := r.Run(context.Background(), nsjail.Spec{Rootfs: nsjailtest.ProbeRootfs(t),
+			res, err := r.Run(context.Background(), nsjail.Spec{Rootfs: rootfs,
 				Args: sh(fmt.Sprintf(`echo %d > /tmp/mine; echo %d > /dev/shm/mine; sleep 0.3; cat /tmp/mine /dev/shm/mine; ls /tmp | wc -l`, i, i))})
 			if err != nil {
 				t.Error(err)

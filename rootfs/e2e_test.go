@@ -24,8 +24,8 @@ import (
 // handles that before TestMain. Every test binary gets its own state root and
 // cgroup parent so the leftover check sees only what this binary created.
 var (
-	e2eStateRoot    = fmt.Sprintf("/run/sandboxd-rootfs-test-%d/state", os.Getpid())
-	e2eCgroupParent = fmt.Sprintf("sandboxd-rootfs-test-%d", os.Getpid())
+	e2eStateRoot    = nsjailtest.StateRoot
+	e2eCgroupParent = nsjailtest.CgroupParent
 )
 
 func TestMain(m *testing.M) {

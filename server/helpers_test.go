@@ -26,8 +26,8 @@ import (
 // pool tests use), so the leftover check at the end sees only what this
 // binary created.
 var (
-	testStateRoot    = fmt.Sprintf("/run/sandboxd-test-%d/state", os.Getpid())
-	testCgroupParent = fmt.Sprintf("sandboxd-test-%d", os.Getpid())
+	testStateRoot    = nsjailtest.StateRoot
+	testCgroupParent = nsjailtest.CgroupParent
 )
 
 func TestMain(m *testing.M) {

@@ -3,7 +3,6 @@ package server
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -24,8 +23,8 @@ func newPoolRunner(t testing.TB) *nsjail.Runner {
 	t.Helper()
 	nsjailtest.RequireRoot(t)
 	r, err := nsjail.NewRunner(nsjail.Options{
-		StateRoot:    fmt.Sprintf("/run/sandboxd-test-%d/state", os.Getpid()),
-		CgroupParent: fmt.Sprintf("sandboxd-test-%d", os.Getpid()),
+		StateRoot:    nsjailtest.StateRoot,
+		CgroupParent: nsjailtest.CgroupParent,
 		Logger:       poolQuietLog,
 	})
 	if err != nil {

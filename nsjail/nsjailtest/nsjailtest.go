@@ -111,7 +111,8 @@ var (
 )
 
 // ProbeRootfs returns a copy of BusyboxRootfs with /bin/probe, a static Go
-// program (nsjail/nsjailtest/probe) that reports errnos of raw syscalls.
+// program (nsjail/nsjailtest/probe) that reports errnos of raw syscalls. It
+// is built with the go command, or copied from $SANDBOXD_PROBE when set.
 func ProbeRootfs(t testing.TB) string {
 	t.Helper()
 	bb := BusyboxRootfs(t)
@@ -125,13 +126,22 @@ func ProbeRootfs(t testing.TB) string {
 			probeErr = fmt.Errorf("copy busybox rootfs: %v: %s", err, out)
 			return
 		}
-		_, self, _, _ := runtime.Caller(0)
-		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, "bin/probe"), ".")
-		cmd.Dir = filepath.Join(filepath.Dir(self), "probe")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			probeErr = fmt.Errorf("build probe: %v: %s", err, out)
-			return
+		dst := filepath.Join(dir, "bin/probe")
+		if prebuilt := os.Getenv("SANDBOXD_PROBE"); prebuilt != "" {
+			// A machine without a Go toolchain (the v2 VM) ships it built.
+			if out, err := exec.Command("cp", prebuilt, dst).CombinedOutput(); err != nil {
+				probeErr = fmt.Errorf("copy $SANDBOXD_PROBE: %v: %s", err, out)
+				return
+			}
+		} else {
+			_, self, _, _ := runtime.Caller(0)
+			cmd := exec.Command("go", "build", "-o", dst, ".")
+			cmd.Dir = filepath.Join(filepath.Dir(self), "probe")
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				probeErr = fmt.Errorf("build probe: %v: %s", err, out)
+				return
+			}
 		}
 		probeDir = dir
 	})
@@ -140,3 +150,11 @@ func ProbeRootfs(t testing.TB) string {
 	}
 	return probeDir
 }
+
+// StateRoot and CgroupParent are this test binary's own: sandboxes started by
+// different test binaries (go test runs packages in parallel) never meet, and
+// the leftover check at the end of each binary sees only its own.
+var (
+	StateRoot    = fmt.Sprintf("/run/sandboxd-test-%d/state", os.Getpid())
+	CgroupParent = fmt.Sprintf("sandboxd-test-%d", os.Getpid())
+)

@@ -168,14 +168,10 @@ for entry in "${PLAN[@]}"; do
 done
 [ -s "$PLANFILE" ] || die "nothing to run"
 # nsjailtest.ProbeRootfs builds nsjail/nsjailtest/probe with `go build` at
-# test time; the VM has no toolchain, so build it here and let the /bin/go
-# shim hand it over.
+# test time; the VM has no toolchain, so build it here and hand it over
+# through $SANDBOXD_PROBE (init2 exports it).
 if [ -d nsjail/nsjailtest/probe ]; then
 	CGO_ENABLED=0 "$GO" build -o "$ROOT/tests/probe" ./nsjail/nsjailtest/probe || die "building the probe failed"
-	cp tools/v2vm/go-shim "$ROOT/bin/go"
-	# ProbeRootfs runs it in the probe's source directory (a path compiled
-	# into the test binary): that directory must exist.
-	mkdir -p "$ROOT$PWD/nsjail/nsjailtest/probe"
 fi
 
 INITRD=$OUT/initramfs.cpio
