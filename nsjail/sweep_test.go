@@ -77,3 +77,42 @@ func TestSweepAfterWorkerCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestClaimIsExclusive(t *testing.T) {
+	dir := t.TempDir()
+	r1 := newRunnerAt(t, dir+"/state", testCgroupParent+"-claim")
+	r2 := newRunnerAt(t, dir+"/state", testCgroupParent+"-claim")
+	release, err := r1.Claim()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r2.Claim(); err == nil {
+		t.Fatal("a second runner claimed the same state root and cgroup parent")
+	}
+	r3 := newRunnerAt(t, dir+"/other-state", testCgroupParent+"-claim")
+	if _, err := r3.Claim(); err == nil {
+		t.Fatal("a second runner claimed the same cgroup parent")
+	}
+	release()
+	release2, err := r2.Claim()
+	if err != nil {
+		t.Fatalf("claim after release: %v", err)
+	}
+	release2()
+}
+
+func newRunnerAt(t *testing.T, stateRoot, cgroupParent string) *nsjail.Runner {
+	t.Helper()
+	nsjailtest.RequireRoot(t)
+	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: stateRoot, CgroupParent: cgroupParent, Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		dirs, _ := nsjailtest.ParentCgroupDirs(cgroupParent)
+		for _, d := range dirs {
+			os.Remove(d)
+		}
+	})
+	return r
+}

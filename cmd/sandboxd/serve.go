@@ -55,6 +55,13 @@ func cmdServe(args []string) error {
 	if err != nil {
 		return err
 	}
+	// The sweep below treats everything under the state root and cgroup
+	// parent as ours: refuse to start beside a live worker using them.
+	release, err := runner.Claim()
+	if err != nil {
+		return err
+	}
+	defer release()
 	// A previous worker killed with SIGKILL left sandboxes and workspaces
 	// behind (GUIDE §4 case 22): clear them before serving.
 	if err := server.SweepOrphans(runner, cfg.WorkRoot, log); err != nil {
