@@ -339,6 +339,12 @@ wait:
 		}
 	}
 	if !haveReport && killedFor != "" {
+		// And the cgroup, should anything of the sandbox live outside its
+		// pid namespace's reach: cgroup.kill on v2 (Linux 5.14+), else a
+		// SIGKILL per pid until cgroup.procs is empty.
+		if err := cgroup.KillAll(s.paths()); err != nil {
+			s.log.Error("unable to kill the sandbox's cgroup", "error", err)
+		}
 		waitErr = <-exited
 	}
 	res.FinishedAt = time.Now()
