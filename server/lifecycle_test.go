@@ -85,6 +85,7 @@ func TestOverCapacity(t *testing.T) {
 	e := newEnv(t, shellRootfs(t), func(c *Config) { c.MaxConcurrent = 1; c.MaxQueued = 1 })
 	running := e.post(ExecutionRequest{ID: "run-1", Code: "sleep 1003"})
 	e.waitStatus("run-1", StatusRunning)
+	waitFor(t, func() bool { return e.sandbox.started.Load() == 1 }) // running is reported just before the start
 	queued := e.post(ExecutionRequest{ID: "queued-1", Code: "echo never"})
 	e.waitStatus("queued-1", StatusQueued)
 	code, h, body := e.do("POST", "/v1/executions", ExecutionRequest{Code: "true"})
@@ -318,6 +319,9 @@ func TestDrain(t *testing.T) {
 	slow := e.post(ExecutionRequest{ID: "slow", Code: "sleep 1005"})
 	e.waitStatus("quick", StatusRunning)
 	e.waitStatus("slow", StatusRunning)
+	// "running" is reported once admitted, a moment before the sandbox
+	// starts: wait for both sandboxes, so the drain sees them in flight.
+	waitFor(t, func() bool { return e.sandbox.started.Load() == 2 })
 	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
 	defer cancel()
 	drained := make(chan int, 1)
