@@ -186,7 +186,11 @@ func (r *Runner) Start(spec Spec) (*Sandbox, error) {
 	if id == "" {
 		id = newID()
 	}
-	log := r.log.With("sandbox", id)
+	log := r.log
+	if spec.Logger != nil {
+		log = spec.Logger
+	}
+	log = log.With("sandbox", id)
 	fail := func(format string, a ...any) (*Sandbox, error) {
 		now := time.Now()
 		res := &Result{ID: id, Status: StatusSandboxError, ExitCode: -1, LimitsHit: []string{},
@@ -286,6 +290,14 @@ func (s *Sandbox) Handoff(timeout time.Duration) (droppedStdout, droppedStderr [
 		s.lim.Timeout = timeout
 	}
 	return droppedStdout, droppedStderr
+}
+
+// SetLogger sends the sandbox's further log lines to l (the warm pool hands
+// over the execution's logger with the code).
+func (s *Sandbox) SetLogger(l *slog.Logger) {
+	if l != nil {
+		s.log = l.With("sandbox", s.id)
+	}
 }
 
 // MemoryBytes is the sandbox's current memory use as its cgroup accounts it

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -161,6 +162,9 @@ type Spec struct {
 	// pool for its control pipe). Leave nil for untrusted commands: every other
 	// host fd is closed before the command starts.
 	ExtraFiles []*os.File
+	// Logger, when set, receives this sandbox's log lines instead of the
+	// Runner's (the server passes one carrying execution_id and policy).
+	Logger *slog.Logger
 }
 
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)

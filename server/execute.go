@@ -219,6 +219,7 @@ func (s *Server) execute(ctx context.Context, p *plan) (*ExecutionResponse, *api
 	}()
 
 	spec := s.spec(p, rootfs, python, ws.Dir)
+	spec.Logger = log // execution_id and policy on the sandbox's lines too
 	log.Info("sandbox starting")
 	res, err := sandbox.Run(ctx, spec)
 	if err != nil {

@@ -277,6 +277,7 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec, ex
 	if err != nil {
 		return nil, err
 	}
+	w.sb.SetLogger(spec.Logger)
 	if err := w.sb.SetNice(0); err != nil {
 		p.log.Warn("warm pool: unable to restore the sandbox's priority", "sandbox", w.sb.ID(), "error", err)
 	}
