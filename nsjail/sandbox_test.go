@@ -31,16 +31,7 @@ func TestMain(m *testing.M) {
 		crashyWorker()
 		return
 	}
-	code := m.Run()
-	nsjail.WaitForCleanup()
-	if os.Geteuid() == 0 {
-		if err := nsjailtest.CheckNoLeftovers(testStateRoot, testCgroupParent); err != nil {
-			fmt.Fprintln(os.Stderr, "LEFTOVERS after the suite:", err)
-			code = 1
-		}
-		os.RemoveAll(filepath.Dir(testStateRoot))
-	}
-	os.Exit(code)
+	os.Exit(nsjailtest.RunAndCheck(m))
 }
 
 var quietLog = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))

@@ -29,15 +29,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if os.Geteuid() == 0 {
-		if err := nsjailtest.CheckNoLeftovers(e2eStateRoot, e2eCgroupParent); err != nil {
-			fmt.Fprintln(os.Stderr, "LEFTOVERS after the suite:", err)
-			code = 1
-		}
-		os.RemoveAll(filepath.Dir(e2eStateRoot))
-	}
-	os.Exit(code)
+	os.Exit(nsjailtest.RunAndCheck(m))
 }
 
 // runtimeRootfs is the unpacked python-runtime: $SANDBOXD_RUNTIME_ROOTFS

@@ -27,21 +27,14 @@ import (
 // Every test binary gets its own state root and cgroup parent, so the
 // leftover check sees only what this binary created.
 var (
-	testStateRoot    = fmt.Sprintf("/run/sandboxd-seccomp-test-%d/state", os.Getpid())
-	testCgroupParent = fmt.Sprintf("sandboxd-seccomp-test-%d", os.Getpid())
+	testStateRoot    = nsjailtest.StateRoot
+	testCgroupParent = nsjailtest.CgroupParent
 )
 
 func TestMain(m *testing.M) {
-	code := m.Run()
+	code := nsjailtest.RunAndCheck(m)
 	if probeDir != "" {
 		os.RemoveAll(probeDir)
-	}
-	if os.Geteuid() == 0 {
-		if err := nsjailtest.CheckNoLeftovers(testStateRoot, testCgroupParent); err != nil {
-			fmt.Fprintln(os.Stderr, "LEFTOVERS after the suite:", err)
-			code = 1
-		}
-		os.RemoveAll(filepath.Dir(testStateRoot))
 	}
 	os.Exit(code)
 }

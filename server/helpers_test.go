@@ -34,18 +34,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(crashWorkerEnv) != "" {
 		crashWorker() // never returns
 	}
-	code := m.Run()
-	nsjail.WaitForCleanup()
-	if os.Geteuid() == 0 {
-		for _, p := range [][2]string{{testStateRoot, testCgroupParent}, {crashStateRoot, crashCgroupParent}} {
-			if err := nsjailtest.CheckNoLeftovers(p[0], p[1]); err != nil {
-				fmt.Fprintln(os.Stderr, "LEFTOVERS after the suite:", err)
-				code = 1
-			}
-		}
-		os.RemoveAll(filepath.Dir(testStateRoot))
-	}
-	os.Exit(code)
+	os.Exit(nsjailtest.RunAndCheck(m, [2]string{crashStateRoot, crashCgroupParent}))
 }
 
 // countingSandbox is the real runner, counting the sandboxes it starts, so a

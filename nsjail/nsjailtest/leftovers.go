@@ -9,8 +9,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"testing"
 
 	"github.com/sandboxd/sandboxd/cgroup"
+	"github.com/sandboxd/sandboxd/nsjail"
 )
 
 // CheckNoLeftovers reports every trace of a sandbox that outlived the suite:
@@ -128,4 +130,26 @@ func ProcessesMatching(s string) []int {
 		}
 	}
 	return pids
+}
+
+// RunAndCheck runs m's tests, waits for the background removal of finished
+// sandboxes, and returns a failing exit code if anything of this binary's
+// sandboxes (StateRoot and CgroupParent, plus any extra state-root/cgroup
+// pairs) outlived them. The empty parents are removed. Use it as
+// os.Exit(nsjailtest.RunAndCheck(m)) in TestMain.
+func RunAndCheck(m *testing.M, extra ...[2]string) int {
+	code := m.Run()
+	nsjail.WaitForCleanup()
+	if os.Geteuid() != 0 {
+		return code
+	}
+	for _, p := range append([][2]string{{StateRoot, CgroupParent}}, extra...) {
+		if err := CheckNoLeftovers(p[0], p[1]); err != nil {
+			fmt.Fprintln(os.Stderr, "LEFTOVERS after the suite:", err)
+			code = 1
+		}
+		os.RemoveAll(p[0])
+	}
+	os.Remove(filepath.Dir(StateRoot))
+	return code
 }
