@@ -88,7 +88,9 @@ func cmdRun(args []string) error {
 	}
 	// One command's own events are its result; only problems are logged.
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	r, err := nsjail.NewRunner(nsjail.Options{Logger: log})
+	// A state root and cgroup parent of its own: a `sandboxd serve` on the
+	// same host sweeps everything under its own as orphans on start.
+	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: runStateRoot, CgroupParent: runCgroupParent, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -98,6 +100,9 @@ func cmdRun(args []string) error {
 	if err != nil {
 		return usagef("%v", err)
 	}
+	// The sandbox is removed in the background once the result is known;
+	// let that finish before the process exits.
+	defer nsjail.WaitForCleanup()
 	if *asJSON {
 		return json.NewEncoder(os.Stdout).Encode(struct {
 			*nsjail.Result
@@ -125,6 +130,11 @@ func cmdRun(args []string) error {
 	fmt.Fprintln(os.Stderr)
 	return nil
 }
+
+const (
+	runStateRoot    = "/run/sandboxd/run"
+	runCgroupParent = "sandboxd-run"
+)
 
 type multiFlag []string
 

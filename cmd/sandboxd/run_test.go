@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -42,6 +43,37 @@ func TestRunJSON(t *testing.T) {
 	for _, k := range []string{"limits_hit", "stdout_truncated", "stderr_truncated", "usage", "started_at", "finished_at"} {
 		if _, ok := res[k]; !ok {
 			t.Errorf("result lacks %q", k)
+		}
+	}
+}
+
+// The sandbox is removed in the background once its result is known; the
+// CLI must let that finish before it exits (a race: several runs make a
+// missed wait show up).
+func TestRunLeavesNothing(t *testing.T) {
+	nsjailtest.RequireRoot(t)
+	bin := buildCLI(t)
+	rootfs := nsjailtest.BusyboxRootfs(t)
+	dirs, err := nsjailtest.ParentCgroupDirs(runCgroupParent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		out, err := exec.Command(bin, "run", "--rootfs", rootfs, "--json", "--", "true").Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var res struct{ ID string }
+		if err := json.Unmarshal(out, &res); err != nil || res.ID == "" {
+			t.Fatalf("result %s: %v", out, err)
+		}
+		if _, err := os.Stat(filepath.Join(runStateRoot, res.ID)); !os.IsNotExist(err) {
+			t.Errorf("state directory of %s left behind: %v", res.ID, err)
+		}
+		for _, d := range dirs {
+			if _, err := os.Stat(filepath.Join(d, res.ID)); !os.IsNotExist(err) {
+				t.Errorf("cgroup %s left behind", filepath.Join(d, res.ID))
+			}
 		}
 	}
 }
