@@ -83,8 +83,11 @@ func killPids(dirs []string, pids []int) error {
 			fds[pid] = fd
 		case errors.Is(err, unix.ENOSYS):
 			legacy = true // Linux < 5.3
-		case errors.Is(err, unix.ESRCH):
-			// already gone
+		case errors.Is(err, unix.ESRCH), errors.Is(err, unix.EINVAL):
+			// Already gone. EINVAL: an exiting process can still be listed
+			// in cgroup.procs after it stopped being a thread-group leader,
+			// which pidfd_open refuses (seen on 6.1 right after
+			// cgroup.kill); the next round reads the list again.
 		default:
 			return fmt.Errorf("pidfd_open(%d): %w", pid, err)
 		}
