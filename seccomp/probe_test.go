@@ -76,16 +76,8 @@ func probeRootfs(t *testing.T) string {
 	nsjailtest.RequireRoot(t)
 	bb := nsjailtest.BusyboxRootfs(t)
 	probeOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "sandboxd-seccomp-probe-")
+		dir, err := nsjailtest.CopyRootfs(bb, "sandboxd-seccomp-probe-")
 		if err != nil {
-			probeErr = err
-			return
-		}
-		if out, err := exec.Command("cp", "-a", bb+"/.", dir).CombinedOutput(); err != nil {
-			probeErr = fmt.Errorf("copy busybox rootfs: %v: %s", err, out)
-			return
-		}
-		if err := os.Chmod(dir, 0o755); err != nil {
 			probeErr = err
 			return
 		}

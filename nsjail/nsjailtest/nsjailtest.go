@@ -104,6 +104,20 @@ func RuntimeRootfs(t testing.TB) string {
 	return dir
 }
 
+// CopyRootfs copies the rootfs src into a new temporary directory (its name
+// starting with prefix, mode 0755 so the sandbox's mapped root can reach
+// it) that a test may add files to.
+func CopyRootfs(src, prefix string) (string, error) {
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		return "", err
+	}
+	if out, err := exec.Command("cp", "-a", src+"/.", dir).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("copy rootfs %s: %v: %s", src, err, out)
+	}
+	return dir, os.Chmod(dir, 0o755)
+}
+
 var (
 	probeOnce sync.Once
 	probeDir  string
@@ -117,13 +131,9 @@ func ProbeRootfs(t testing.TB) string {
 	t.Helper()
 	bb := BusyboxRootfs(t)
 	probeOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "sandboxd-probe-")
+		dir, err := CopyRootfs(bb, "sandboxd-probe-")
 		if err != nil {
 			probeErr = err
-			return
-		}
-		if out, err := exec.Command("cp", "-a", bb+"/.", dir).CombinedOutput(); err != nil {
-			probeErr = fmt.Errorf("copy busybox rootfs: %v: %s", err, out)
 			return
 		}
 		dst := filepath.Join(dir, "bin/probe")
