@@ -50,7 +50,9 @@ func TestKillAllForkBomb(t *testing.T) {
 		pidsDir = paths[""]
 	}
 	writeT(t, filepath.Join(pidsDir, "pids.max"), "64")
-	startIn(t, cgroupDirs(paths), `b() { b & b & wait; }; b 2>/dev/null`)
+	// Restarted forever: a bomb whose forks all fail at the limit can
+	// collapse (every b returns), and the test needs it alive.
+	startIn(t, cgroupDirs(paths), `b() { b & b & wait; }; while :; do b; done 2>/dev/null`)
 	waitProcs(t, paths, 32)
 	start := time.Now()
 	if err := KillAll(paths); err != nil {
