@@ -59,12 +59,7 @@ func (p *Profile) Markdown(arches ...Arch) ([]byte, error) {
 	var rows []row
 	for i := range p.Rules {
 		r := &p.Rules[i]
-		var ra []Arch
-		for _, a := range p.RuleArches(r) {
-			if containsArch(arches, a) {
-				ra = append(ra, a)
-			}
-		}
+		ra := p.ruleArchesIn(r, arches)
 		if len(ra) == 0 {
 			continue
 		}

@@ -111,12 +111,7 @@ func (p *Profile) OCI(arches ...Arch) (*OCIProfile, error) {
 	}
 	for i := range p.Rules {
 		r := &p.Rules[i]
-		var ra []Arch
-		for _, a := range p.RuleArches(r) {
-			if containsArch(arches, a) {
-				ra = append(ra, a)
-			}
-		}
+		ra := p.ruleArchesIn(r, arches)
 		if len(ra) == 0 {
 			continue
 		}

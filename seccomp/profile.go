@@ -204,6 +204,17 @@ func (p *Profile) RuleArches(r *Rule) []Arch {
 	return r.Arches
 }
 
+// ruleArchesIn is RuleArches limited to arches (the ones an export covers).
+func (p *Profile) ruleArchesIn(r *Rule, arches []Arch) []Arch {
+	var in []Arch
+	for _, a := range p.RuleArches(r) {
+		if containsArch(arches, a) {
+			in = append(in, a)
+		}
+	}
+	return in
+}
+
 var syscallName = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 
 // Validate rejects a profile that libcontainer would compile into something
