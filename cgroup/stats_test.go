@@ -9,7 +9,7 @@ import (
 
 // v1Sources are the files ReadStats reads on v1, per controller.
 var v1Sources = map[string][]string{
-	"memory":  {"memory.oom_control", "memory.max_usage_in_bytes"},
+	"memory":  {"memory.oom_control", "memory.max_usage_in_bytes", "memory.usage_in_bytes"},
 	"pids":    {"pids.events", "pids.current", "pids.peak", "pids.max"},
 	"cpu":     {"cpu.stat", "cpu.cfs_quota_us", "cpu.cfs_period_us"},
 	"cpuacct": {"cpuacct.usage"},
@@ -104,23 +104,38 @@ func TestReadStatsV1Recorded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Stats{OOMKills: 1, PidsLimitHits: 1, MemoryPeakBytes: 33554432, CPUUsageNS: 87911475,
-		PidsCurrent: 6, PidsPeak: 8, CPUThrottledPeriods: 8, CPUThrottledNS: 698934713}
+	want := Stats{OOMKills: 1, PidsLimitHits: 1, MemoryPeakBytes: 33554432, MemoryCurrentBytes: 1732608,
+		CPUUsageNS: 87860796, PidsCurrent: 6, PidsPeak: 8, CPUThrottledPeriods: 8, CPUThrottledNS: 692805811}
 	if got != want {
 		t.Errorf("\n got %+v\nwant %+v", got, want)
+	}
+	wantCPUUsage(t, paths, want.CPUUsageNS)
+}
+
+// wantCPUUsage checks ReadCPUUsage (the warm pool's hand-off read) against
+// what ReadStats reads from the same tree.
+func wantCPUUsage(t *testing.T, paths map[string]string, want uint64) {
+	t.Helper()
+	if got, err := ReadCPUUsage(paths); err != nil || got != want {
+		t.Errorf("ReadCPUUsage = %d, %v; want %d", got, err, want)
 	}
 }
 
 // Written in the formats of Documentation/admin-guide/cgroup-v2.rst.
 func TestReadStatsV2Recorded(t *testing.T) {
-	got, err := ReadStats(map[string]string{"": filepath.Join("..", "testdata", "cgroup", "v2", "sandbox")})
+	paths := map[string]string{"": filepath.Join("..", "testdata", "cgroup", "v2", "sandbox")}
+	got, err := ReadStats(paths)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Stats{OOMKills: 2, PidsLimitHits: 17, MemoryPeakBytes: 268435456, CPUUsageNS: 1834211000,
-		PidsCurrent: 3, PidsPeak: 64, CPUThrottledPeriods: 31, CPUThrottledNS: 2703344000}
+	want := Stats{OOMKills: 2, PidsLimitHits: 17, MemoryPeakBytes: 268435456, MemoryCurrentBytes: 4194304,
+		CPUUsageNS: 1834211000, PidsCurrent: 3, PidsPeak: 64, CPUThrottledPeriods: 31, CPUThrottledNS: 2703344000}
 	if got != want {
 		t.Errorf("\n got %+v\nwant %+v", got, want)
+	}
+	wantCPUUsage(t, paths, want.CPUUsageNS)
+	if _, err := ReadCPUUsage(map[string]string{"memory": t.TempDir()}); err == nil {
+		t.Error("ReadCPUUsage without a cpuacct or cgroup2 path: no error")
 	}
 }
 
