@@ -2,6 +2,7 @@ package server
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	_ "embed"
 	"encoding/json"
@@ -272,7 +273,7 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec, ex
 	}
 	msg, err := json.Marshal(map[string]any{
 		"path": spec.Args[1], "argv": []string{spec.Args[1]},
-		"cwd": cmpOr(spec.Cwd, "/"), "env": extraEnv,
+		"cwd": cmp.Or(spec.Cwd, "/"), "env": extraEnv,
 	})
 	if err != nil {
 		return nil, err
@@ -296,13 +297,6 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec, ex
 	// in it with O_NOFOLLOW and never follows a link.
 	res.Workspace = w.workspace
 	return res, nil
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 func truncateForLog(b []byte) string {
