@@ -9,6 +9,7 @@
 package nsjail
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -71,36 +72,16 @@ var DefaultLimits = Limits{
 // withDefaults returns l with every zero field taken from DefaultLimits.
 func (l Limits) withDefaults() Limits {
 	d := DefaultLimits
-	if l.Timeout == 0 {
-		l.Timeout = d.Timeout
-	}
-	if l.MemoryBytes == 0 {
-		l.MemoryBytes = d.MemoryBytes
-	}
-	if l.Pids == 0 {
-		l.Pids = d.Pids
-	}
-	if l.CPUs == 0 {
-		l.CPUs = d.CPUs
-	}
-	if l.StdoutBytes == 0 {
-		l.StdoutBytes = d.StdoutBytes
-	}
-	if l.StderrBytes == 0 {
-		l.StderrBytes = d.StderrBytes
-	}
-	if l.TmpBytes == 0 {
-		l.TmpBytes = d.TmpBytes
-	}
-	if l.ShmBytes == 0 {
-		l.ShmBytes = d.ShmBytes
-	}
-	if l.FileSizeBytes == 0 {
-		l.FileSizeBytes = d.FileSizeBytes
-	}
-	if l.OpenFiles == 0 {
-		l.OpenFiles = d.OpenFiles
-	}
+	l.Timeout = cmp.Or(l.Timeout, d.Timeout)
+	l.MemoryBytes = cmp.Or(l.MemoryBytes, d.MemoryBytes)
+	l.Pids = cmp.Or(l.Pids, d.Pids)
+	l.CPUs = cmp.Or(l.CPUs, d.CPUs)
+	l.StdoutBytes = cmp.Or(l.StdoutBytes, d.StdoutBytes)
+	l.StderrBytes = cmp.Or(l.StderrBytes, d.StderrBytes)
+	l.TmpBytes = cmp.Or(l.TmpBytes, d.TmpBytes)
+	l.ShmBytes = cmp.Or(l.ShmBytes, d.ShmBytes)
+	l.FileSizeBytes = cmp.Or(l.FileSizeBytes, d.FileSizeBytes)
+	l.OpenFiles = cmp.Or(l.OpenFiles, d.OpenFiles)
 	return l
 }
 
