@@ -1,5 +1,10 @@
 # sandboxd: see README.md. Everything builds with cgo and -tags seccomp
 # (libseccomp-dev at build time, libseccomp2 at run time).
+#
+# Targets install the Debian packages they need first (tools/deps/install.sh
+# GROUP: as root with apt-get when missing, else it names the command; a few
+# ms when nothing is missing), so a fresh Debian 12 VM with Go, git and make
+# goes straight to `make run` / `make test`.
 
 GO        ?= go
 GOFLAGS   ?=
@@ -7,6 +12,7 @@ TAGS      := seccomp
 BIN       := bin/sandboxd
 BUILD     := build
 PKGS      := ./...
+DEPS      := tools/deps/install.sh
 export CGO_ENABLED := 1
 
 .PHONY: all build test test-short bench lint run clean
@@ -14,15 +20,18 @@ export CGO_ENABLED := 1
 all: build
 
 build:
+	@$(DEPS) build
 	$(GO) build -tags $(TAGS) -o $(BIN) ./cmd/sandboxd
 
 # The default suite: real sandboxes on the real kernel (as root), including
 # the end-to-end tests on the python-runtime image (built or reused first).
 test: build runtime-rootfs
+	@$(DEPS) test
 	SANDBOXD_RUNTIME_ROOTFS=$$(cat $(RUNTIME_ROOTFS_OUT)) $(GO) test -tags $(TAGS) -count=1 -timeout 20m $(PKGS)
 
 # Unprivileged, no image: what runs without root.
 test-short:
+	@$(DEPS) build test
 	$(GO) test -tags $(TAGS) -short -count=1 $(PKGS)
 
 # The Go benchmarks (cold /bin/true sandbox, warm and cold print(1) through
@@ -33,6 +42,7 @@ bench: build runtime-rootfs
 	$(MAKE) bench-full
 
 lint:
+	@$(DEPS) build
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt: $$out"; exit 1; fi
 	$(GO) vet -tags $(TAGS) $(PKGS)
 
@@ -65,6 +75,7 @@ RUNTIME_IMAGE_SRC  := $(filter-out %.md,$(wildcard tools/runtime-image/*))
 runtime-image: $(RUNTIME_OCI)/index.json $(RUNTIME_TAR)
 
 $(RUNTIME_OCI)/index.json $(RUNTIME_TAR) &: $(RUNTIME_IMAGE_SRC)
+	@$(DEPS) image
 	tools/runtime-image/build.sh $(BUILD)
 
 runtime-rootfs: runtime-image build
@@ -85,18 +96,22 @@ bench-rootfs:
 # seccomp/rules.go; seccomp-check fails when the committed ones are stale.
 .PHONY: seccomp seccomp-check
 seccomp:
+	@$(DEPS) build
 	$(GO) run -tags $(TAGS) ./tools/seccompgen -dir seccomp
 
 seccomp-check:
+	@$(DEPS) build
 	$(GO) run -tags $(TAGS) ./tools/seccompgen -dir seccomp -check
 
 # --- cgroup v2 VM harness (tools/v2vm) ---
 # Boots Debian's kernel in qemu with cgroup v2 only and runs the privileged
 # tests of tools/v2vm, cgroup/ and nsjail/ there (tools/v2vm/README.md).
-# Needs what tools/v2vm/deps.sh installs; fails when a test fails or the VM
-# does not finish within V2VM_TIMEOUT seconds (default 600).
+# Installs qemu, cpio and busybox-static (and refreshes the apt lists when
+# they cannot resolve the kernel package it downloads); fails when a test
+# fails or the VM does not finish within V2VM_TIMEOUT seconds (default 600).
 .PHONY: test-v2vm
 test-v2vm:
+	@$(DEPS) build v2vm
 	GO="$(GO)" tools/v2vm/run.sh
 
 # --- benchmarks (tools/bench) ---

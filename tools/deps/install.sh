@@ -8,7 +8,8 @@
 #   image   the python-runtime image: mmdebstrap (root mode), the Debian
 #           archive keyring and CA certificates for the mirror
 #   test    busybox-static: the small rootfs of the nsjail/seccomp tests
-#   v2vm    the cgroup v2 VM harness: qemu-system-x86, cpio, busybox-static
+#   v2vm    the cgroup v2 VM harness: qemu-system-x86, cpio, busybox-static;
+#           and apt lists that know the kernel package it downloads
 #
 # As root, missing packages are installed with apt-get (after one
 # `apt-get update`); otherwise it names the exact command and fails. Nothing
@@ -36,13 +37,34 @@ for p in "${want[@]}"; do
 done
 # One name once, in a stable order.
 mapfile -t missing < <(printf '%s\n' "${missing[@]}" | awk 'NF && !seen[$0]++')
-[ ${#missing[@]} -eq 0 ] && exit 0
 
-if [ "$(id -u)" != 0 ]; then
-	echo "deps: missing Debian packages: ${missing[*]}; run: sudo apt-get install -y --no-install-recommends ${missing[*]}" >&2
-	exit 1
-fi
-echo "deps: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+updated=
+if [ ${#missing[@]} -gt 0 ]; then
+	if [ "$(id -u)" != 0 ]; then
+		echo "deps: missing Debian packages: ${missing[*]}; run: sudo apt-get install -y --no-install-recommends ${missing[*]}" >&2
+		exit 1
+	fi
+	echo "deps: installing ${missing[*]}" >&2
+	apt-get update -qq
+	updated=1
+	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# v2vm: tools/v2vm/run.sh resolves the kernel package and `apt-get download`s
+# it (no install), which needs apt lists that know it. Without them run.sh
+# falls back to a cached kernel, so a non-root caller is only told.
+if [[ " $* " == *" v2vm "* ]] && [ -z "$updated" ]; then
+	kernel=${V2VM_KERNEL:-linux-image-amd64}
+	# Not `apt-cache | grep -q`: with pipefail a SIGPIPE'd apt-cache would
+	# turn a match into a failure.
+	policy=$(apt-cache policy "$kernel" 2>/dev/null || true)
+	if [[ $policy != *"Candidate: "[0-9]* ]]; then
+		if [ "$(id -u)" = 0 ]; then
+			echo "deps: apt lists do not know $kernel (the VM's kernel): apt-get update" >&2
+			apt-get update -qq
+		else
+			echo "deps: apt lists do not know $kernel (the VM's kernel); run: sudo apt-get update" >&2
+		fi
+	fi
+fi

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # cgroup v2 VM harness: boots Debian's kernel in qemu with cgroup v2 only and
 # runs the privileged tests of tools/v2vm, nsjail and cgroup inside it.
-# See tools/v2vm/README.md. Needs what tools/v2vm/deps.sh installs; installs
-# nothing itself (the kernel package is only downloaded and unpacked).
+# See tools/v2vm/README.md. Needs what `tools/deps/install.sh build v2vm`
+# installs (`make test-v2vm` runs it first); installs nothing itself (the
+# kernel package is only downloaded and unpacked).
 #
 # Exit status: the tests' (0 only if every test binary passed and no cgroup
 # leaked), 124 if the VM did not finish within V2VM_TIMEOUT, 2 on setup errors.
@@ -57,7 +58,7 @@ is_static() {
 log() { echo "v2vm: $*" >&2; }
 
 for tool in qemu-system-x86_64 busybox cpio dpkg-deb apt-get readelf "$GO"; do
-	command -v "$tool" >/dev/null || die "$tool not found: run tools/v2vm/deps.sh (as root)"
+	command -v "$tool" >/dev/null || die "$tool not found: run tools/deps/install.sh build v2vm (as root), or make test-v2vm"
 done
 t0=$SECONDS
 mkdir -p "$OUT"
