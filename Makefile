@@ -47,9 +47,11 @@ lint:
 	$(GO) vet -tags $(TAGS) $(PKGS)
 
 # Build, build or reuse the runtime image, serve on 127.0.0.1:3100 with the
-# defaults (EXECUTION_* variables or --config override them).
+# defaults (EXECUTION_* variables override them): the image is serve's
+# default python_image, oci-layout:build/python-runtime.oci (relative to this
+# directory), unpacked into RUNTIME_CACHE, the cache `make test` uses too.
 run: build runtime-image
-	$(BIN) serve
+	EXECUTION_ROOTFS_CACHE="$${EXECUTION_ROOTFS_CACHE:-$(RUNTIME_CACHE)}" $(BIN) serve
 
 clean:
 	rm -rf bin $(BUILD)
@@ -58,15 +60,17 @@ clean:
 # runtime-image: build/python-runtime.oci (OCI layout) and .tar (docker-archive)
 # from Debian trixie with mmdebstrap (root; ~2 min, ~200 MB download); a no-op
 # while both are newer than tools/runtime-image/*.
-# runtime-rootfs: unpacks it into build/cache (a no-op, ~ms, once done) and
+# runtime-rootfs: unpacks it into RUNTIME_CACHE (a no-op, ~ms, once done) and
 # writes the rootfs path to build/runtime-rootfs.path, so that
 #   SANDBOXD_RUNTIME_ROOTFS=$$(cat build/runtime-rootfs.path)
 RUNTIME_OCI        := $(BUILD)/python-runtime.oci
 RUNTIME_TAR        := $(BUILD)/python-runtime.tar
-# The cache and every directory above it must be searchable (o+x) by the
-# sandbox's mapped root; CI points it outside the clone (which may sit
-# under a 0700 home).
-RUNTIME_CACHE      ?= $(BUILD)/cache
+# The sandbox's root maps to an unprivileged host uid, and libcontainer's init
+# bind-mounts the rootfs by path from inside the user namespace: that uid must
+# search every directory above it. So the cache is not under the checkout
+# (which may sit in a 0700 home such as /root) but serve's own default
+# rootfs_cache: `make run` and `make test` share one unpack.
+RUNTIME_CACHE      ?= /var/lib/sandboxd/rootfs
 RUNTIME_ROOTFS_OUT := $(BUILD)/runtime-rootfs.path
 RUNTIME_IMAGE_SRC  := $(filter-out %.md,$(wildcard tools/runtime-image/*))
 
