@@ -12,7 +12,7 @@ import (
 // them, as libcontainer's init does.
 func cgroupDirs(paths map[string]string) []string { return uniqueDirs(paths) }
 
-// GUIDE §4 case 6: a double-forked, setsid'ed daemon and a SIGTERM-ignoring
+// SECURITY.md case 6: a double-forked, setsid'ed daemon and a SIGTERM-ignoring
 // process die with the rest. The direct child is deliberately not reaped
 // before KillAll returns: zombies must not keep it waiting.
 func TestKillAllTree(t *testing.T) {
@@ -41,7 +41,7 @@ func TestKillAllTree(t *testing.T) {
 	}
 }
 
-// GUIDE §4 case 1: a fork bomb under a pids limit cannot outrun the loop.
+// SECURITY.md case 1: a fork bomb under a pids limit cannot outrun the loop.
 func TestKillAllForkBomb(t *testing.T) {
 	h := realHost(t)
 	paths := sandboxCgroup(t, h, "forkbomb")

@@ -12,7 +12,7 @@ import (
 	"testing"
 )
 
-// GUIDE §4 case 22: after a worker crash, its sandboxes' cgroups (with
+// SECURITY.md case 22: after a worker crash, its sandboxes' cgroups (with
 // processes, and a child cgroup) are killed and removed in every hierarchy;
 // live ones are left alone.
 func TestSweepOrphans(t *testing.T) {

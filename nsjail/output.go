@@ -7,7 +7,7 @@ import (
 )
 
 // capture reads one output stream of the sandbox until EOF. It keeps at most
-// limit bytes and drains and counts the rest, so a flood (GUIDE §4 case 8)
+// limit bytes and drains and counts the rest, so a flood (SECURITY.md case 8)
 // costs the worker a fixed buffer, never more memory.
 type capture struct {
 	mu    sync.Mutex

@@ -132,7 +132,7 @@ func TestInvalidSpecStartsNothing(t *testing.T) {
 	}
 }
 
-// GUIDE §4 case 1: fork bomb and thread bomb.
+// SECURITY.md case 1: fork bomb and thread bomb.
 func TestForkBombHitsPidsLimit(t *testing.T) {
 	r := newRunner(t)
 	res := run(t, r, nsjail.Spec{
@@ -156,7 +156,7 @@ func TestThreadBombHitsPidsLimit(t *testing.T) {
 	}
 }
 
-// GUIDE §4 case 2: memory bomb. The OOM-killed process is a child of a shell
+// SECURITY.md case 2: memory bomb. The OOM-killed process is a child of a shell
 // that exits 0: the status comes from the cgroup's counter, not exit codes.
 func TestMemoryBombIsOOM(t *testing.T) {
 	r := newRunner(t)
@@ -173,7 +173,7 @@ func TestMemoryBombIsOOM(t *testing.T) {
 	wantStatus(t, run(t, r, nsjail.Spec{Args: []string{"true"}}), nsjail.StatusSucceeded)
 }
 
-// GUIDE §4 case 3 (/tmp and /dev/shm) and case 4 (read-only root).
+// SECURITY.md case 3 (/tmp and /dev/shm) and case 4 (read-only root).
 func TestFilesystemLimits(t *testing.T) {
 	r := newRunner(t)
 	res := run(t, r, nsjail.Spec{
@@ -233,7 +233,7 @@ func TestWorkspaceIsWritable(t *testing.T) {
 	}
 }
 
-// GUIDE §4 case 5: busy loop and a SIGTERM-ignoring process.
+// SECURITY.md case 5: busy loop and a SIGTERM-ignoring process.
 func TestTimeoutKillsBusyAndTermIgnoringProcesses(t *testing.T) {
 	r := newRunner(t)
 	for name, script := range map[string]string{
@@ -267,7 +267,7 @@ func TestCancel(t *testing.T) {
 	wantStatus(t, res, nsjail.StatusCancelled)
 }
 
-// GUIDE §4 case 6 and 7: a setsid daemon that outlives main, and a grandchild
+// SECURITY.md case 6 and 7: a setsid daemon that outlives main, and a grandchild
 // holding stdout open. Main exits at once; the collection must not hang and
 // no process may survive.
 func TestNoProcessSurvivesAndNoHang(t *testing.T) {
@@ -289,7 +289,7 @@ func TestNoProcessSurvivesAndNoHang(t *testing.T) {
 	}
 }
 
-// GUIDE §4 case 8: a 1 GB flood, invalid UTF-8 and one giant line.
+// SECURITY.md case 8: a 1 GB flood, invalid UTF-8 and one giant line.
 func TestOutputFloodIsCapped(t *testing.T) {
 	r := newRunner(t)
 	var before runtime.MemStats
@@ -314,7 +314,7 @@ func TestOutputFloodIsCapped(t *testing.T) {
 	}
 }
 
-// GUIDE §4 case 11: the inside view.
+// SECURITY.md case 11: the inside view.
 func TestInsideView(t *testing.T) {
 	r := newRunner(t)
 	res := run(t, r, nsjail.Spec{Args: sh(`id -u; id -g; grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp):' /proc/self/status; /bin/probe setuid0; hostname`)})
@@ -327,7 +327,7 @@ func TestInsideView(t *testing.T) {
 	}
 }
 
-// GUIDE §4 case 12: /proc/sys, sysrq-trigger and /sys are not writable;
+// SECURITY.md case 12: /proc/sys, sysrq-trigger and /sys are not writable;
 // kcore and keys are masked. Case 10 (network): only loopback exists.
 func TestProcAndSysAreProtected(t *testing.T) {
 	r := newRunner(t)
@@ -355,7 +355,7 @@ func TestProcAndSysAreProtected(t *testing.T) {
 	}
 }
 
-// GUIDE §4 case 13: nothing of the worker's environment leaks in.
+// SECURITY.md case 13: nothing of the worker's environment leaks in.
 func TestEnvironmentIsOnlyTheSpec(t *testing.T) {
 	r := newRunner(t)
 	t.Setenv("SANDBOXD_TEST_SECRET", "hunter2")
@@ -372,7 +372,7 @@ func TestEnvironmentIsOnlyTheSpec(t *testing.T) {
 	}
 }
 
-// GUIDE §4 case 14 (CVE-2019-5736): the sandbox cannot open the runtime's
+// SECURITY.md case 14 (CVE-2019-5736): the sandbox cannot open the runtime's
 // binary for writing through /proc/self/exe or /proc/1/exe.
 func TestCannotOverwriteRuntimeBinary(t *testing.T) {
 	r := newRunner(t)
@@ -401,7 +401,7 @@ func fileDigest(t *testing.T, path string) string {
 	return fmt.Sprintf("%x", sha256.Sum256(b))
 }
 
-// GUIDE §4 case 15 (CVE-2024-21626): a host fd left open without CLOEXEC
+// SECURITY.md case 15 (CVE-2024-21626): a host fd left open without CLOEXEC
 // must not reach the sandbox.
 func TestNoHostFdsLeak(t *testing.T) {
 	r := newRunner(t)
@@ -417,7 +417,7 @@ func TestNoHostFdsLeak(t *testing.T) {
 	}
 }
 
-// GUIDE §4 case 16: no mknod, and /dev holds only the five nodes.
+// SECURITY.md case 16: no mknod, and /dev holds only the five nodes.
 func TestDevices(t *testing.T) {
 	r := newRunner(t)
 	res := run(t, r, nsjail.Spec{Args: sh(`/bin/probe mknod /tmp/mem; /bin/probe mknod /dev/shm/null2
@@ -440,7 +440,7 @@ func TestUsageIsReported(t *testing.T) {
 	}
 }
 
-// GUIDE §4 case 18: concurrent sandboxes share nothing.
+// SECURITY.md case 18: concurrent sandboxes share nothing.
 func TestConcurrentSandboxesAreIsolated(t *testing.T) {
 	r := newRunner(t)
 	const n = 4

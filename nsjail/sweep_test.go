@@ -28,7 +28,7 @@ func crashyWorker() {
 	sb.Wait(context.Background())
 }
 
-// GUIDE §4 case 22: the worker is SIGKILLed mid-execution; its sandbox dies
+// SECURITY.md case 22: the worker is SIGKILLed mid-execution; its sandbox dies
 // with it (parent-death signal) and Sweep on restart removes every state
 // directory and cgroup it left.
 func TestSweepAfterWorkerCrash(t *testing.T) {

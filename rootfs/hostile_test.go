@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// GUIDE §4 case 19: every hostile layer is refused with a clear error (and
+// SECURITY.md case 19: every hostile layer is refused with a clear error (and
 // nothing is published, nothing outside the cache changes) or its dangerous
 // part is dropped.
 func TestHostileLayersRejected(t *testing.T) {

@@ -71,7 +71,7 @@ func Default() *Profile {
 		"open", "creat", "stat", "lstat", "access", "readlink", "getdents", "mkdir", "rmdir", "rename", "link", "unlink", "symlink",
 		"chmod", "chown", "lchown", "utime", "utimes", "futimesat", "dup2")
 	// mknod: only FIFOs (os.mkfifo). Device nodes need CAP_MKNOD anyway;
-	// refusing them here keeps GUIDE case 16 independent of capabilities.
+	// refusing them here keeps SECURITY.md case 16 independent of capabilities.
 	p.Rules = append(p.Rules,
 		Rule{Names: []string{"mknodat"}, Action: ActAllow, Group: "files",
 			Args:   []Cond{{Index: 2, Name: "mode", Op: MaskedEqual, Mask: unix.S_IFMT, Value: unix.S_IFIFO}},

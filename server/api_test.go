@@ -60,7 +60,7 @@ func TestExecuteEndToEnd(t *testing.T) {
 }
 
 // The request's env reaches the run; nothing of the worker's own env does
-// (GUIDE §4 case 13).
+// (SECURITY.md case 13).
 func TestExecuteEnv(t *testing.T) {
 	t.Setenv("SANDBOXD_SECRET_TEST", "leak")
 	e := newEnv(t, shellRootfs(t), nil)

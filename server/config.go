@@ -78,7 +78,7 @@ type Config struct {
 	AllowedEnv []string `toml:"allowed_env" doc:"env names a request may set (comma-separated in the env)"`
 
 	// WorkspaceBytes sizes the tmpfs mounted on every workspace: code,
-	// input and everything the run writes must fit (GUIDE §4 case 3: filling
+	// input and everything the run writes must fit (SECURITY.md case 3: filling
 	// the workspace ends in ENOSPC, not in a full host disk).
 	WorkspaceBytes int64 `toml:"workspace_bytes" doc:"size of each execution's /workspace tmpfs"`
 

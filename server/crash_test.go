@@ -56,7 +56,7 @@ func crashWorker() {
 	select {}
 }
 
-// GUIDE §4 case 22: the worker is SIGKILLed mid-execution; the restart's
+// SECURITY.md case 22: the worker is SIGKILLed mid-execution; the restart's
 // sweep (SweepOrphans, what `sandboxd serve` runs first) removes the orphan
 // sandbox (processes, cgroups, state), its workspace and its tmpfs, and the
 // new worker serves.

@@ -49,7 +49,7 @@ func TestTimeout(t *testing.T) {
 	wantNoProcess(t, "sleep 1001")
 }
 
-// GUIDE §4 case 24: DELETE during the run kills it; the POST answers
+// SECURITY.md case 24: DELETE during the run kills it; the POST answers
 // cancelled, GET too, and nothing is left.
 func TestCancelRunning(t *testing.T) {
 	e := newEnv(t, shellRootfs(t), nil)
@@ -79,7 +79,7 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 }
 
-// GUIDE §4 case 21: beyond the slots and the queue, 429 with Retry-After and
+// SECURITY.md case 21: beyond the slots and the queue, 429 with Retry-After and
 // nothing started; a queued execution can be cancelled before it starts.
 func TestOverCapacity(t *testing.T) {
 	e := newEnv(t, shellRootfs(t), func(c *Config) { c.MaxConcurrent = 1; c.MaxQueued = 1 })
@@ -144,7 +144,7 @@ func TestLegacyExecute(t *testing.T) {
 	wantNoProcess(t, "sleep 1004")
 }
 
-// GUIDE §4 case 17 on the runtime image: symlinks (to a host file, to a
+// SECURITY.md case 17 on the runtime image: symlinks (to a host file, to a
 // directory, dangling), a hardlink, a FIFO nobody writes, a listening unix
 // socket, a sparse 900 MB file, too many and too large files; result.json a
 // symlink to a host secret. Nothing is followed, nothing blocks, each refusal
@@ -211,7 +211,7 @@ for n in "abc": open("/workspace/output/artifacts/" + n, "w").write("q" * 600)
 	}
 }
 
-// GUIDE §4 case 18: what run 1 wrote (workspace, /tmp, /dev/shm) is not in
+// SECURITY.md case 18: what run 1 wrote (workspace, /tmp, /dev/shm) is not in
 // run 2, and concurrent runs see only their own files.
 func TestIsolationBetweenRuns(t *testing.T) {
 	e := newEnv(t, shellRootfs(t), nil)
@@ -243,7 +243,7 @@ mkdir -p /workspace/output/artifacts/d; echo s > /workspace/input/secret1`}), "s
 	}
 }
 
-// GUIDE §4 case 3 for the workspace: filling it ends in ENOSPC at
+// SECURITY.md case 3 for the workspace: filling it ends in ENOSPC at
 // workspace_bytes, the result is still collected, the host disk untouched.
 func TestWorkspaceFull(t *testing.T) {
 	e := newEnv(t, shellRootfs(t), func(c *Config) {
@@ -266,7 +266,7 @@ echo '{"ok":true}' > /workspace/output/result.json; df -k /workspace | tail -1`}
 	}
 }
 
-// GUIDE §4 case 23: the work root itself is full (a small tmpfs with no
+// SECURITY.md case 23: the work root itself is full (a small tmpfs with no
 // inodes or bytes left): a clear 507 with Retry-After, nothing started; once
 // space returns the worker serves again.
 func TestWorkRootFull(t *testing.T) {

@@ -50,7 +50,7 @@ func (p Policies) Names() []string {
 
 // Apply returns the policy for typ with the request's timeout applied. A
 // timeout above the policy's maximum is an error, not silently capped: the
-// caller asked for something it will not get (GUIDE §4 case 20).
+// caller asked for something it will not get (SECURITY.md case 20).
 func (p Policies) Apply(typ string, timeoutMS int64) (Policy, error) {
 	if typ == "" {
 		typ = TypeDynamic
@@ -98,7 +98,7 @@ var reservedEnv = map[string]bool{
 // BaseEnv is the environment every run of the policy gets: fixed values and
 // thread counts from the CPU limit (BLAS would otherwise start one thread per
 // host CPU and hit the pids limit). Nothing of the worker's own environment
-// is passed in (GUIDE §4 case 13). The warm pool's templates use exactly
+// is passed in (SECURITY.md case 13). The warm pool's templates use exactly
 // this, so it must not depend on the request.
 func (p Policy) BaseEnv() []string {
 	threads := strconv.Itoa(max(1, int(math.Ceil(p.CPUs))))

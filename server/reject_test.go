@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// GUIDE §4 cases 20 and 21, and every other 4xx path: a clear message, the
+// SECURITY.md cases 20 and 21, and every other 4xx path: a clear message, the
 // right status, the rejection counted, and no sandbox started.
 func TestRejections(t *testing.T) {
 	e := newEnv(t, shellRootfs(t), func(c *Config) {

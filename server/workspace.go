@@ -205,7 +205,7 @@ func (w *Workspace) Remove() error {
 
 // SweepWorkspaces removes every workspace under root, cold or warm, its tmpfs
 // unmounted first: run at start-up, when no execution can be live, it clears
-// what a SIGKILLed worker left behind (GUIDE §4 case 22). It returns the
+// what a SIGKILLed worker left behind (SECURITY.md case 22). It returns the
 // names it removed.
 func SweepWorkspaces(root string) ([]string, error) {
 	entries, err := os.ReadDir(root)
@@ -230,7 +230,7 @@ func SweepWorkspaces(root string) ([]string, error) {
 	return removed, errors.Join(errs...)
 }
 
-// SweepOrphans clears what a worker killed with SIGKILL left behind (GUIDE §4
+// SweepOrphans clears what a worker killed with SIGKILL left behind (SECURITY.md
 // case 22): its sandboxes (containers, cgroups, state, via Runner.Sweep) and
 // then its workspaces and their tmpfs mounts. Call it on start, before
 // serving and before the warm pool starts anything.

@@ -1,7 +1,7 @@
 package server
 
 // Every workspace, cold or warm, is its own size-limited tmpfs: a run that
-// fills /workspace gets ENOSPC at workspace_bytes (GUIDE §4 case 3) instead
+// fills /workspace gets ENOSPC at workspace_bytes (SECURITY.md case 3) instead
 // of filling the host disk under the work root, and everything it wrote is
 // freed at once by one lazy unmount, whatever it left there (no walk over
 // a million hostile entries). The pages are charged to the sandbox's memory

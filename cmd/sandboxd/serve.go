@@ -63,7 +63,7 @@ func cmdServe(args []string) error {
 	}
 	defer release()
 	// A previous worker killed with SIGKILL left sandboxes and workspaces
-	// behind (GUIDE §4 case 22): clear them before serving.
+	// behind (SECURITY.md case 22): clear them before serving.
 	if err := server.SweepOrphans(runner, cfg.WorkRoot, log); err != nil {
 		return err
 	}

@@ -302,7 +302,7 @@ func startServer(ctx context.Context, o serverOptions) (*serverProc, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The state root must not sit beside the binary (GUIDE §2: the
+	// The state root must not sit beside the binary (libcontainer's
 	// /proc/self/exe sealing would then copy the binary on every start).
 	dir, err := os.MkdirTemp("", "sandboxd-bench-")
 	if err != nil {
@@ -333,7 +333,7 @@ func startServer(ctx context.Context, o serverOptions) (*serverProc, error) {
 	// Run a link of the binary under a name of its own: other tools on a
 	// shared host stop *their* server with `pkill -f "sandboxd serve"` and
 	// the like (observed here: SIGTERM mid-run), which must not hit ours.
-	// It sits in a directory apart from the state root (GUIDE §2).
+	// It sits in a directory apart from the state root (as above).
 	binDir, err := os.MkdirTemp("", "sbxbench-bin-")
 	if err != nil {
 		logf.Close()

@@ -11,7 +11,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
-// deniedSyscalls fail with EPERM in the peers' seccomp profile: the GUIDE §4
+// deniedSyscalls fail with EPERM in the peers' seccomp profile: the SECURITY.md
 // case 9 set (ptrace, mount, namespaces, keyring, bpf, perf, userfaultfd,
 // io_uring: the usual container-escape and kernel-attack-surface calls) plus
 // what Docker's default profile also refuses (modules, kexec, clock and host
@@ -34,7 +34,7 @@ var deniedSyscalls = []string{
 }
 
 // enosysSyscalls fail with ENOSYS: glibc falls back from clone3 to clone
-// only on ENOSYS, and EPERM would break thread creation (GUIDE §2).
+// only on ENOSYS, and EPERM would break thread creation.
 var enosysSyscalls = []string{"clone3"}
 
 // peerSeccomp is an allowlist: every known syscall but the denied ones, and
