@@ -84,6 +84,9 @@ $(RUNTIME_OCI)/index.json $(RUNTIME_TAR) &: $(RUNTIME_IMAGE_SRC)
 
 runtime-rootfs: runtime-image build
 	test -e $(BUILD)/go.mod || printf 'module sandboxd.invalid/build-output\n' >$(BUILD)/go.mod
+	@# The sandbox's mapped root must traverse every directory above the
+	@# cache: create missing ones 0755 whatever the caller's umask.
+	(umask 022 && mkdir -p $(RUNTIME_CACHE))
 	$(BIN) image unpack --image oci-layout:$(RUNTIME_OCI) --cache $(RUNTIME_CACHE) >$(RUNTIME_ROOTFS_OUT).out
 	awk '/^rootfs /{print $$2}' $(RUNTIME_ROOTFS_OUT).out >$(RUNTIME_ROOTFS_OUT).tmp
 	test -s $(RUNTIME_ROOTFS_OUT).tmp
