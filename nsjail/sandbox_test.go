@@ -355,6 +355,24 @@ func TestProcAndSysAreProtected(t *testing.T) {
 	}
 }
 
+// SECURITY.md case 10: the network namespace has only loopback, so every
+// address off this host is unreachable (no exfiltration, no SSRF towards
+// the metadata service or the LAN), while loopback itself works.
+func TestOnlyLoopbackIsReachable(t *testing.T) {
+	r := newRunner(t)
+	res := run(t, r, nsjail.Spec{Args: sh(`
+		for a in "1.1.1.1 53" "10.0.0.1 80" "169.254.169.254 80" "192.168.1.1 80" "2606:4700::1111 53" "::ffff:8.8.8.8 53"; do
+			/bin/probe connect $a
+		done
+		/bin/probe connect 127.0.0.1 9
+		/bin/probe connect ::1 9`)})
+	wantStatus(t, res, nsjail.StatusSucceeded)
+	want := strings.Repeat("ENETUNREACH\n", 6) + "ECONNREFUSED\nECONNREFUSED\n"
+	if string(res.Stdout) != want {
+		t.Fatalf("connect results:\n%s\nwant:\n%s\nstderr: %s", res.Stdout, want, res.Stderr)
+	}
+}
+
 // SECURITY.md case 13: nothing of the worker's environment leaks in.
 func TestEnvironmentIsOnlyTheSpec(t *testing.T) {
 	r := newRunner(t)

@@ -5,6 +5,7 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"runtime"
 	"sort"
@@ -17,7 +18,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: probe setuid0|fds|segv|threadbomb|openwrite PATH|mknod PATH")
+		fmt.Fprintln(os.Stderr, "usage: probe setuid0|fds|segv|threadbomb|openwrite PATH|mknod PATH|connect IP PORT")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -72,6 +73,9 @@ func main() {
 		}
 		f.Close()
 		fmt.Println("OK")
+	case "connect":
+		// connect IP PORT: one TCP connect, raw syscalls, no DNS.
+		fmt.Println(connect(os.Args[2], os.Args[3]))
 	case "mknod":
 		err := syscall.Mknod(os.Args[2], syscall.S_IFCHR|0o666, 1<<8|3)
 		fmt.Println(errOf(err))
@@ -79,6 +83,28 @@ func main() {
 		fmt.Fprintln(os.Stderr, "unknown probe", os.Args[1])
 		os.Exit(2)
 	}
+}
+
+func connect(ip, port string) string {
+	addr := net.ParseIP(ip)
+	p, err := strconv.Atoi(port)
+	if addr == nil || err != nil {
+		fail(fmt.Errorf("connect: bad address %s %s", ip, port))
+	}
+	var sa syscall.Sockaddr
+	family := syscall.AF_INET
+	if v4 := addr.To4(); v4 != nil && !strings.Contains(ip, ":") {
+		sa = &syscall.SockaddrInet4{Port: p, Addr: [4]byte(v4)}
+	} else {
+		family = syscall.AF_INET6
+		sa = &syscall.SockaddrInet6{Port: p, Addr: [16]byte(addr.To16())}
+	}
+	fd, err := syscall.Socket(family, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		return errOf(err)
+	}
+	defer syscall.Close(fd)
+	return errOf(syscall.Connect(fd, sa))
 }
 
 func errOf(err error) string {
@@ -96,7 +122,8 @@ func errOf(err error) string {
 
 func errName(e syscall.Errno) string {
 	names := map[syscall.Errno]string{0: "OK", syscall.EPERM: "EPERM", syscall.EACCES: "EACCES",
-		syscall.EROFS: "EROFS", syscall.ETXTBSY: "ETXTBSY", syscall.ENOSYS: "ENOSYS", syscall.EINVAL: "EINVAL"}
+		syscall.EROFS: "EROFS", syscall.ETXTBSY: "ETXTBSY", syscall.ENOSYS: "ENOSYS", syscall.EINVAL: "EINVAL",
+		syscall.ENETUNREACH: "ENETUNREACH", syscall.ECONNREFUSED: "ECONNREFUSED"}
 	if n, ok := names[e]; ok {
 		return n
 	}
