@@ -56,7 +56,7 @@ func realHost(t testing.TB) *Hierarchy {
 // libcontainer would create a sandbox's cgroup (v1: all mounted ones, v2: the
 // delegated base), removes it (and the parent, when empty) at cleanup, and
 // returns the paths the way libcontainer's GetPaths() would.
-func sandboxCgroup(t testing.TB, h *Hierarchy, id string) map[string]string {
+func sandboxCgroup(t testing.TB, h *Hierarchy, id string) Paths {
 	t.Helper()
 	if err := h.PrepareParent(testParent); err != nil {
 		t.Fatal(err)
@@ -65,7 +65,7 @@ func sandboxCgroup(t testing.TB, h *Hierarchy, id string) map[string]string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	paths := map[string]string{}
+	paths := Paths{}
 	for c, p := range parents {
 		paths[c] = filepath.Join(p, id)
 		if err := os.MkdirAll(paths[c], 0o755); err != nil {

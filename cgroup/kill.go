@@ -36,12 +36,12 @@ var killTimeout = 10 * time.Second
 // KillAll does not wait for the caller to reap its own children, and the
 // cgroups can be removed before that too. A cgroup that no longer exists
 // holds nothing to kill: KillAll is idempotent.
-func KillAll(paths map[string]string) error {
+func KillAll(paths Paths) error {
 	dirs := uniqueDirs(paths)
 	if len(dirs) == 0 {
 		return errors.New("cgroup kill: no cgroup paths given")
 	}
-	if d, v2 := paths[""]; v2 && len(paths) == 1 {
+	if d, ok := paths.V2(); ok {
 		// On failure the loop below does the work and reports what is left.
 		if kill := filepath.Join(d, "cgroup.kill"); fileExists(kill) {
 			_ = writeFile(kill, "1")

@@ -10,7 +10,7 @@ import (
 
 // cgroupDirs returns the directories a started process should join: all of
 // them, as libcontainer's init does.
-func cgroupDirs(paths map[string]string) []string { return uniqueDirs(paths) }
+func cgroupDirs(paths Paths) []string { return uniqueDirs(paths) }
 
 // SECURITY.md case 6: a double-forked, setsid'ed daemon and a SIGTERM-ignoring
 // process die with the rest. The direct child is deliberately not reaped
@@ -62,7 +62,7 @@ func TestKillAllForkBomb(t *testing.T) {
 }
 
 // waitProcs waits until paths hold at least n processes.
-func waitProcs(t testing.TB, paths map[string]string, n int) {
+func waitProcs(t testing.TB, paths Paths, n int) {
 	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		pids, err := procs(uniqueDirs(paths))
@@ -81,14 +81,14 @@ func waitProcs(t testing.TB, paths map[string]string, n int) {
 // cgroup.kill (Linux 5.14+) is preferred on v2; without it the loop runs.
 func TestKillAllV2UsesCgroupKill(t *testing.T) {
 	dir := copyTree(t, filepath.Join("..", "testdata", "cgroup", "v2", "sandbox"))
-	if err := KillAll(map[string]string{"": dir}); err != nil {
+	if err := KillAll(Paths{"": dir}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "cgroup.kill")); err == nil {
 		t.Fatal("cgroup.kill created on a kernel that lacks it")
 	}
 	writeT(t, filepath.Join(dir, "cgroup.kill"), "")
-	if err := KillAll(map[string]string{"": dir}); err != nil {
+	if err := KillAll(Paths{"": dir}); err != nil {
 		t.Fatal(err)
 	}
 	if got := readT(t, filepath.Join(dir, "cgroup.kill")); got != "1" {
@@ -96,7 +96,7 @@ func TestKillAllV2UsesCgroupKill(t *testing.T) {
 	}
 	// v1 (and hybrid) never write cgroup.kill, even where the cgroup2 dir has one.
 	writeT(t, filepath.Join(dir, "cgroup.kill"), "")
-	if err := KillAll(map[string]string{"": dir, "memory": t.TempDir()}); err != nil {
+	if err := KillAll(Paths{"": dir, "memory": t.TempDir()}); err != nil {
 		t.Fatal(err)
 	}
 	if got := readT(t, filepath.Join(dir, "cgroup.kill")); got != "" {

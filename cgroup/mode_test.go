@@ -64,7 +64,7 @@ func TestParseProcCgroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	svc := "/system.slice/sandboxd.service"
-	want := map[string]string{"freezer": "/", "pids": svc, "memory": svc, "cpu": svc, "cpuacct": svc, "name=systemd": svc}
+	want := Paths{"freezer": "/", "pids": svc, "memory": svc, "cpu": svc, "cpuacct": svc, "name=systemd": svc}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("v1: %v, want %v", got, want)
 	}
@@ -72,7 +72,7 @@ func TestParseProcCgroup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := map[string]string{"": svc}; !reflect.DeepEqual(got, want) {
+	if want := (Paths{"": svc}); !reflect.DeepEqual(got, want) {
 		t.Errorf("v2: %v, want %v", got, want)
 	}
 	for _, bad := range []string{"garbage\n", "4:memory:relative/path\n"} {

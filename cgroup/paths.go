@@ -12,17 +12,34 @@ import (
 	"github.com/moby/sys/mountinfo"
 )
 
+// Paths maps each cgroup controller to a directory, keyed the way
+// /proc/<pid>/cgroup and libcontainer's Manager.GetPaths() key them: v1
+// controllers by name ("cpu" and "cpuacct" both, when co-mounted; named
+// hierarchies as "name=systemd"), the cgroup2 hierarchy by "" (v2Key).
+type Paths map[string]string
+
+// v2Key is the key of the cgroup2 hierarchy in Paths.
+const v2Key = ""
+
+// V2 returns the cgroup v2 directory when p are the paths of a cgroup on a
+// unified host, where libcontainer reports the cgroup2 directory alone. A
+// hybrid host's cgroup2 directory beside v1 controllers is not v2: the
+// controllers sandboxd needs live in the v1 hierarchies (see Mode.V2).
+func (p Paths) V2() (dir string, ok bool) {
+	dir = p[v2Key]
+	return dir, len(p) == 1 && dir != ""
+}
+
 // ParseProcCgroup parses a /proc/<pid>/cgroup text into the process's cgroup
-// path per controller, relative to each hierarchy's root: v1 lines give one
-// entry per controller ("cpu" and "cpuacct" both, when co-mounted; named
-// hierarchies as "name=systemd"), the v2 line ("0::/path") gives the key "".
-func ParseProcCgroup(r io.Reader) (map[string]string, error) {
-	paths, unified, err := cgroups.ParseCgroupFromReaderUnified(r)
+// path per controller, relative to each hierarchy's root (see Paths).
+func ParseProcCgroup(r io.Reader) (Paths, error) {
+	raw, unified, err := cgroups.ParseCgroupFromReaderUnified(r)
 	if err != nil {
 		return nil, fmt.Errorf("parse /proc/self/cgroup: %w", err)
 	}
+	paths := Paths(raw)
 	if unified != "" {
-		paths[""] = unified
+		paths[v2Key] = unified
 	}
 	for c, p := range paths {
 		if !strings.HasPrefix(p, "/") {
@@ -34,7 +51,7 @@ func ParseProcCgroup(r io.Reader) (map[string]string, error) {
 
 // OwnPaths returns the worker's own cgroup per controller from
 // /proc/self/cgroup (see ParseProcCgroup).
-func OwnPaths() (map[string]string, error) {
+func OwnPaths() (Paths, error) {
 	f, err := os.Open("/proc/thread-self/cgroup")
 	if err != nil {
 		return nil, err
@@ -50,7 +67,7 @@ type Hierarchy struct {
 	// Own maps each controller to the absolute directory of the worker's own
 	// cgroup in it, e.g. v1 "memory" → /sys/fs/cgroup/memory/<own>; v2 ""
 	// → /sys/fs/cgroup/<own>. In Hybrid mode "" is its dir in the cgroup2 mount.
-	Own map[string]string
+	Own Paths
 }
 
 // Host describes the calling process's own cgroups on this host.
@@ -88,9 +105,9 @@ func NewHierarchy(mode Mode, mountInfo, procCgroup io.Reader) (*Hierarchy, error
 	if err != nil {
 		return nil, err
 	}
-	h := &Hierarchy{Mode: mode, Own: map[string]string{}}
+	h := &Hierarchy{Mode: mode, Own: Paths{}}
 	for ctrl, p := range paths {
-		if mode == Unified && ctrl != "" {
+		if mode.V2() && ctrl != v2Key {
 			continue // on a unified host only the "0::" line counts
 		}
 		for _, m := range mounts {
@@ -105,16 +122,16 @@ func NewHierarchy(mode Mode, mountInfo, procCgroup io.Reader) (*Hierarchy, error
 			break
 		}
 	}
-	if mode.V2() && h.Own[""] == "" {
-		return nil, fmt.Errorf("cgroup v2: own cgroup %q is not visible under any cgroup2 mount", paths[""])
+	if mode.V2() && h.Own[v2Key] == "" {
+		return nil, fmt.Errorf("cgroup v2: own cgroup %q is not visible under any cgroup2 mount", paths[v2Key])
 	}
 	return h, nil
 }
 
 // mountCarries reports whether mount m is the hierarchy of controller ctrl
-// ("" = cgroup2; v1 controllers and "name=X" are super options).
+// (v2Key = cgroup2; v1 controllers and "name=X" are super options).
 func mountCarries(m *mountinfo.Info, ctrl string) bool {
-	if ctrl == "" {
+	if ctrl == v2Key {
 		return m.FSType == "cgroup2"
 	}
 	return m.FSType == "cgroup" && slices.Contains(strings.Split(m.VFSOptions, ","), ctrl)
@@ -129,7 +146,7 @@ const supervisorLeaf = "supervisor"
 // is in <own>/supervisor, so that parent is <own>. Before it, the parent
 // would be above the worker's cgroup, which we never touch.
 func (h *Hierarchy) base() (string, error) {
-	own := h.Own[""]
+	own := h.Own[v2Key]
 	if filepath.Base(own) != supervisorLeaf {
 		return "", fmt.Errorf("cgroup v2: worker is in %s, not in its %q leaf: call PrepareParent first (libcontainer would nest sandboxes beside it, above the worker's cgroup)", own, supervisorLeaf)
 	}
@@ -140,17 +157,17 @@ func (h *Hierarchy) base() (string, error) {
 // cgroups: <own>/<parent> (v1: one per hierarchy; v2: "" → <base>/<parent>).
 // These are the parents of what libcontainer creates for the relative
 // Cgroups.Path "<parent>/<id>".
-func (h *Hierarchy) ParentDirs(parent string) (map[string]string, error) {
+func (h *Hierarchy) ParentDirs(parent string) (Paths, error) {
 	if err := checkParent(parent); err != nil {
 		return nil, err
 	}
-	dirs := map[string]string{}
+	dirs := Paths{}
 	if h.Mode.V2() {
 		b, err := h.base()
 		if err != nil {
 			return nil, err
 		}
-		dirs[""] = filepath.Join(b, parent)
+		dirs[v2Key] = filepath.Join(b, parent)
 		return dirs, nil
 	}
 	for ctrl, own := range h.Own {
@@ -173,7 +190,7 @@ func checkParent(parent string) error {
 
 // uniqueDirs returns the distinct directories of paths, sorted (co-mounted
 // v1 controllers share one).
-func uniqueDirs(paths map[string]string) []string {
+func uniqueDirs(paths Paths) []string {
 	var dirs []string
 	for _, d := range paths {
 		if d != "" && !slices.Contains(dirs, d) {

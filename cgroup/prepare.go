@@ -17,16 +17,6 @@ var (
 	requiredV1 = []string{"cpu", "cpuacct", "memory", "pids"}
 )
 
-// PrepareParent makes <own>/<parent> usable for sandbox cgroups on this host.
-// See Hierarchy.PrepareParent.
-func PrepareParent(parent string) error {
-	h, err := Host()
-	if err != nil {
-		return err
-	}
-	return h.PrepareParent(parent)
-}
-
 // PrepareParent makes the sandboxes' parent cgroup usable. Call it once at
 // start-up, before any sandbox exists; it is idempotent.
 //
@@ -40,7 +30,7 @@ func PrepareParent(parent string) error {
 // <own>/supervisor, then writes "+cpu +memory +pids" to
 // <own>/cgroup.subtree_control and <own>/<parent>/cgroup.subtree_control.
 // Nothing above <own> is read or written: in a privileged container the
-// host's whole tree is visible and writable. On success h.Own[""] is the
+// host's whole tree is visible and writable. On success h.Own[v2Key] is the
 // supervisor leaf, as /proc/self/cgroup now says.
 func (h *Hierarchy) PrepareParent(parent string) error {
 	if err := checkParent(parent); err != nil {
@@ -61,8 +51,20 @@ func (h *Hierarchy) PrepareParent(parent string) error {
 	return nil
 }
 
+// SwapAccounting reports whether a sandbox's memory+swap can be limited:
+// always on v2 (memory.swap.max); on v1 and hybrid only when the kernel
+// accounts swap (swapaccount=1), which puts memory.memsw.* in every memory
+// cgroup, the worker's own included.
+func (h *Hierarchy) SwapAccounting() bool {
+	if h.Mode.V2() {
+		return true
+	}
+	own, ok := h.Own["memory"]
+	return ok && fileExists(filepath.Join(own, "memory.memsw.limit_in_bytes"))
+}
+
 func (h *Hierarchy) delegateV2(parent string) error {
-	own := h.Own[""]
+	own := h.Own[v2Key]
 	leaf := own
 	if filepath.Base(own) == supervisorLeaf {
 		own = filepath.Dir(own) // already moved (PrepareParent ran before)
@@ -99,13 +101,13 @@ func (h *Hierarchy) delegateV2(parent string) error {
 	if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return fmt.Errorf("cgroup v2: create the worker's leaf: %w", err)
 	}
-	if h.Own[""] != leaf {
+	if h.Own[v2Key] != leaf {
 		// Moves every thread of this process (cgroup.procs moves the whole
 		// thread group); no other process is touched.
 		if err := writeFile(filepath.Join(leaf, "cgroup.procs"), strconv.Itoa(self)); err != nil {
 			return fmt.Errorf("cgroup v2: move the worker into %s: %w", leaf, err)
 		}
-		h.Own[""] = leaf
+		h.Own[v2Key] = leaf
 	}
 	enable := "+" + strings.Join(requiredV2, " +")
 	if err := writeFile(filepath.Join(own, "cgroup.subtree_control"), enable); err != nil {

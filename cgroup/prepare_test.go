@@ -69,7 +69,7 @@ func v2Tree(t *testing.T, name string) (root, own string, h *Hierarchy) {
 	root = copyTree(t, filepath.Join("..", "testdata", "cgroup", "v2", name))
 	own = filepath.Join(root, "system.slice", "sandboxd.service")
 	writeT(t, filepath.Join(own, "cgroup.procs"), strconv.Itoa(os.Getpid())+"\n")
-	return root, own, &Hierarchy{Mode: Unified, Own: map[string]string{"": own}}
+	return root, own, &Hierarchy{Mode: Unified, Own: Paths{"": own}}
 }
 
 func TestPrepareParentV2Delegates(t *testing.T) {
@@ -153,7 +153,7 @@ func TestPrepareParentV2Refuses(t *testing.T) {
 
 func TestPrepareParentV1MissingHierarchy(t *testing.T) {
 	dir := t.TempDir()
-	h := &Hierarchy{Mode: Hybrid, Own: map[string]string{"memory": dir, "cpu": dir, "cpuacct": dir}}
+	h := &Hierarchy{Mode: Hybrid, Own: Paths{"memory": dir, "cpu": dir, "cpuacct": dir}}
 	err := h.PrepareParent("sandboxd")
 	if err == nil || !strings.Contains(err.Error(), "pids") {
 		t.Fatalf("err = %v, want the unmounted pids hierarchy named", err)
@@ -183,5 +183,34 @@ func TestPrepareParentV1Real(t *testing.T) {
 	}
 	if after := readT(t, "/proc/self/cgroup"); after != before {
 		t.Errorf("v1 PrepareParent moved the process:\n%s\n→\n%s", before, after)
+	}
+}
+
+func TestSwapAccounting(t *testing.T) {
+	if !(&Hierarchy{Mode: Unified, Own: Paths{"": t.TempDir()}}).SwapAccounting() {
+		t.Error("v2: memory.swap.max is always there; want true")
+	}
+	mem := t.TempDir()
+	for _, mode := range []Mode{Legacy, Hybrid} {
+		h := &Hierarchy{Mode: mode, Own: Paths{"memory": mem, "": t.TempDir()}}
+		if h.SwapAccounting() {
+			t.Errorf("%v without memory.memsw.*: want false", mode)
+		}
+	}
+	writeT(t, filepath.Join(mem, "memory.memsw.limit_in_bytes"), "9223372036854771712\n")
+	for _, mode := range []Mode{Legacy, Hybrid} {
+		if !(&Hierarchy{Mode: mode, Own: Paths{"memory": mem}}).SwapAccounting() {
+			t.Errorf("%v with memory.memsw.*: want true", mode)
+		}
+	}
+	if (&Hierarchy{Mode: Legacy, Own: Paths{"cpu": mem}}).SwapAccounting() {
+		t.Error("v1 without a memory hierarchy: want false")
+	}
+	// On this host: the same answer as the root memory cgroup's files give.
+	if h, err := Host(); err == nil && !h.Mode.V2() {
+		_, err := os.Stat("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes")
+		if got, want := h.SwapAccounting(), err == nil; got != want {
+			t.Errorf("host: SwapAccounting() = %v, the root memory cgroup says %v", got, want)
+		}
 	}
 }

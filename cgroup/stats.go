@@ -44,14 +44,14 @@ type Stats struct {
 // cgroups.Manager.GetPaths() returns them: v1 maps controller names to
 // absolute directories (hybrid hosts add "" for the cgroup2 mount, ignored
 // here, as are hierarchies other than memory, pids, cpu and cpuacct); v2 has
-// the single key "". A directory read from that does not exist is an error;
-// a missing file (older kernel) leaves its counter zero.
-func ReadStats(paths map[string]string) (Stats, error) {
+// the single key "" (Paths.V2). A directory read from that does not exist is
+// an error; a missing file (older kernel) leaves its counter zero.
+func ReadStats(paths Paths) (Stats, error) {
 	var s Stats
 	if len(paths) == 0 {
 		return s, errors.New("cgroup stats: no cgroup paths given")
 	}
-	v2 := len(paths) == 1 && paths[""] != ""
+	_, v2 := paths.V2()
 	for c, d := range paths {
 		// Only the dirs read below must exist: libcontainer also reports
 		// hierarchies it skipped (devices with SkipDevices) and, on hybrid
@@ -63,8 +63,7 @@ func ReadStats(paths map[string]string) (Stats, error) {
 		}
 	}
 	r := statReader{}
-	if v2 {
-		dir := paths[""]
+	if dir, ok := paths.V2(); ok {
 		ev := r.keyed(dir, "memory.events")
 		s.OOMKills = ev["oom_kill"]
 		s.MemoryPeakBytes = r.int(dir, "memory.peak")
@@ -152,13 +151,13 @@ func (r *statReader) keyed(dir, name string) map[string]uint64 {
 // ReadCPUUsage reads only the CPU time of a sandbox's cgroup (v1
 // cpuacct.usage, v2 cpu.stat usage_usec): the one counter the warm pool
 // needs at hand-off, where ReadStats would cost ten file reads.
-func ReadCPUUsage(paths map[string]string) (uint64, error) {
+func ReadCPUUsage(paths Paths) (uint64, error) {
 	r := statReader{}
+	if dir, ok := paths.V2(); ok {
+		return r.keyed(dir, "cpu.stat")["usage_usec"] * 1000, r.err
+	}
 	if dir, ok := paths["cpuacct"]; ok {
 		return uint64(r.int(dir, "cpuacct.usage")), r.err
-	}
-	if dir := paths[""]; dir != "" {
-		return r.keyed(dir, "cpu.stat")["usage_usec"] * 1000, r.err
 	}
 	return 0, errors.New("cgroup stats: no cpuacct or cgroup2 path")
 }

@@ -94,7 +94,7 @@ func TestReadStatsV1Live(t *testing.T) {
 // Recorded on this VM by TestReadStatsV1Live -record.
 func TestReadStatsV1Recorded(t *testing.T) {
 	dir := filepath.Join("..", "testdata", "cgroup", "v1", "sandbox")
-	paths := map[string]string{}
+	paths := Paths{}
 	for c := range v1Sources {
 		paths[c] = filepath.Join(dir, c)
 	}
@@ -114,7 +114,7 @@ func TestReadStatsV1Recorded(t *testing.T) {
 
 // wantCPUUsage checks ReadCPUUsage (the warm pool's hand-off read) against
 // what ReadStats reads from the same tree.
-func wantCPUUsage(t *testing.T, paths map[string]string, want uint64) {
+func wantCPUUsage(t *testing.T, paths Paths, want uint64) {
 	t.Helper()
 	if got, err := ReadCPUUsage(paths); err != nil || got != want {
 		t.Errorf("ReadCPUUsage = %d, %v; want %d", got, err, want)
@@ -123,7 +123,7 @@ func wantCPUUsage(t *testing.T, paths map[string]string, want uint64) {
 
 // Written in the formats of Documentation/admin-guide/cgroup-v2.rst.
 func TestReadStatsV2Recorded(t *testing.T) {
-	paths := map[string]string{"": filepath.Join("..", "testdata", "cgroup", "v2", "sandbox")}
+	paths := Paths{"": filepath.Join("..", "testdata", "cgroup", "v2", "sandbox")}
 	got, err := ReadStats(paths)
 	if err != nil {
 		t.Fatal(err)
@@ -134,7 +134,7 @@ func TestReadStatsV2Recorded(t *testing.T) {
 		t.Errorf("\n got %+v\nwant %+v", got, want)
 	}
 	wantCPUUsage(t, paths, want.CPUUsageNS)
-	if _, err := ReadCPUUsage(map[string]string{"memory": t.TempDir()}); err == nil {
+	if _, err := ReadCPUUsage(Paths{"memory": t.TempDir()}); err == nil {
 		t.Error("ReadCPUUsage without a cpuacct or cgroup2 path: no error")
 	}
 }
@@ -142,7 +142,7 @@ func TestReadStatsV2Recorded(t *testing.T) {
 func TestReadStatsErrors(t *testing.T) {
 	empty := t.TempDir()
 	// Older kernels: every file missing reads as zero.
-	for _, paths := range []map[string]string{
+	for _, paths := range []Paths{
 		{"": empty},
 		{"memory": empty, "pids": empty, "cpu": empty, "cpuacct": empty},
 	} {
@@ -153,17 +153,17 @@ func TestReadStatsErrors(t *testing.T) {
 	if _, err := ReadStats(nil); err == nil {
 		t.Error("no paths: no error")
 	}
-	if _, err := ReadStats(map[string]string{"memory": filepath.Join(empty, "gone")}); err == nil {
+	if _, err := ReadStats(Paths{"memory": filepath.Join(empty, "gone")}); err == nil {
 		t.Error("missing cgroup dir: no error")
 	}
 	bad := t.TempDir()
 	writeT(t, filepath.Join(bad, "memory.peak"), "lots\n")
-	if _, err := ReadStats(map[string]string{"": bad}); err == nil || !strings.Contains(err.Error(), "memory.peak") {
+	if _, err := ReadStats(Paths{"": bad}); err == nil || !strings.Contains(err.Error(), "memory.peak") {
 		t.Errorf("malformed memory.peak: %v", err)
 	}
 	writeT(t, filepath.Join(bad, "memory.peak"), "1\n")
 	writeT(t, filepath.Join(bad, "memory.events"), "oom_kill -1\n")
-	if _, err := ReadStats(map[string]string{"": bad}); err == nil || !strings.Contains(err.Error(), "memory.events") {
+	if _, err := ReadStats(Paths{"": bad}); err == nil || !strings.Contains(err.Error(), "memory.events") {
 		t.Errorf("malformed memory.events: %v", err)
 	}
 }

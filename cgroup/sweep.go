@@ -38,7 +38,7 @@ func (h *Hierarchy) SweepOrphans(parent string, live func(id string) bool, log *
 	if err != nil {
 		return nil, err
 	}
-	orphans := map[string]map[string]string{} // id → controller → dir
+	orphans := map[string]Paths{} // id → controller → dir
 	for ctrl, pd := range dirs {
 		entries, err := os.ReadDir(pd)
 		if errors.Is(err, fs.ErrNotExist) {
@@ -52,7 +52,7 @@ func (h *Hierarchy) SweepOrphans(parent string, live func(id string) bool, log *
 				continue
 			}
 			if orphans[e.Name()] == nil {
-				orphans[e.Name()] = map[string]string{}
+				orphans[e.Name()] = Paths{}
 			}
 			orphans[e.Name()][ctrl] = filepath.Join(pd, e.Name())
 		}

@@ -21,7 +21,7 @@ func TestSweepOrphans(t *testing.T) {
 	live := sandboxCgroup(t, h, "live-b")
 	// A child cgroup inside the orphan, as a sandbox could not make but a
 	// buggy one might leave: removed children first.
-	nested := map[string]string{}
+	nested := Paths{}
 	for c, d := range orphan {
 		nested[c] = filepath.Join(d, "sub")
 		if err := os.Mkdir(nested[c], 0o755); err != nil {

@@ -14,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/configs"
 	"github.com/sandboxd/sandboxd/cgroup"
@@ -74,10 +73,14 @@ func NewRunner(opts Options) (*Runner, error) {
 	if err := os.MkdirAll(opts.StateRoot, 0o700); err != nil {
 		return nil, fmt.Errorf("unable to create state root: %w", err)
 	}
+	cg, err := cgroup.Host()
+	if err != nil {
+		return nil, fmt.Errorf("unable to prepare the sandboxes' parent cgroup: %w", err)
+	}
 	// On v2 this moves the worker into a leaf of its own cgroup and
 	// delegates cpu, memory and pids to the sandboxes' parent; on v1 it only
 	// checks the hierarchies and creates the parent under our own cgroups.
-	if err := cgroup.PrepareParent(opts.CgroupParent); err != nil {
+	if err := cg.PrepareParent(opts.CgroupParent); err != nil {
 		return nil, fmt.Errorf("unable to prepare the sandboxes' parent cgroup: %w", err)
 	}
 	if opts.Seccomp == nil {
@@ -91,18 +94,8 @@ func NewRunner(opts Options) (*Runner, error) {
 	if r.log == nil {
 		r.log = slog.Default()
 	}
-	r.swapAccounting = swapAccounting()
+	r.swapAccounting = cg.SwapAccounting()
 	return r, nil
-}
-
-// swapAccounting reports whether memory+swap can be limited: always on v2,
-// on v1 only when the kernel accounts swap (memory.memsw.* exists).
-func swapAccounting() bool {
-	if cgroups.IsCgroup2UnifiedMode() {
-		return true
-	}
-	_, err := os.Stat("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes")
-	return err == nil
 }
 
 // HostUID is the host uid that the sandbox user (10001) appears as; a
@@ -161,7 +154,7 @@ type Sandbox struct {
 	log       *slog.Logger
 	mntns     *os.File
 	// cgroupPaths are the sandbox's cgroup directories (fixed at start).
-	cgroupPaths map[string]string
+	cgroupPaths cgroup.Paths
 	// exitReport, when set, delivers the exit status reported by the
 	// sandbox itself (see SetExitReport).
 	exitReport <-chan int

@@ -17,7 +17,7 @@ func (s *Sandbox) readStats() cgroup.Stats {
 
 // paths returns the sandbox's cgroup directories, read once from
 // libcontainer's state (they never change).
-func (s *Sandbox) paths() map[string]string {
+func (s *Sandbox) paths() cgroup.Paths {
 	if s.cgroupPaths == nil {
 		state, err := s.c.State()
 		if err != nil {

@@ -57,7 +57,8 @@ func ParentCgroupDirs(parent string) ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
-		return []string{dirs[""]}, nil
+		dir, _ := dirs.V2()
+		return []string{dir}, nil
 	}
 	own := map[string]string{} // controller list ("memory", "cpu,cpuacct", "" for v2) → path
 	data, err := os.ReadFile("/proc/thread-self/cgroup")
