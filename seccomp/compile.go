@@ -3,7 +3,6 @@
 package seccomp
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 
@@ -202,32 +201,6 @@ func scmpOp(op configs.Operator) (libseccomp.ScmpCompareOp, error) {
 	return libseccomp.CompareInvalid, fmt.Errorf("operator %d is not used by sandboxd profiles", op)
 }
 
-// PFC returns libseccomp's human-readable export of the filter for a,
-// preceded by comments stating what runc adds around it.
-func (p *Profile) PFC(a Arch) ([]byte, error) {
-	f, err := p.filterFor(a)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Release()
-	above, err := p.ENOSYSAbove(a)
-	if err != nil {
-		return nil, err
-	}
-	out, err := exportPFC(f)
-	if err != nil {
-		return nil, err
-	}
-	var b bytes.Buffer
-	fmt.Fprintf(&b, "#\n# sandboxd seccomp filter for %s, generated from seccomp/rules.go by `make seccomp`.\n", a)
-	fmt.Fprintf(&b, "# libseccomp %s PFC export of the filter runc v1.5.3 builds (libcontainer/seccomp.InitSeccomp).\n", LibseccompVersion())
-	fmt.Fprintf(&b, "# runc's patchbpf prepends, before this filter:\n")
-	fmt.Fprintf(&b, "#   if ($arch == %s && $syscall > %d) action ERRNO(%d);  # ENOSYS for syscalls newer than the profile\n", a, above, 38)
-	fmt.Fprintf(&b, "# Any other architecture (i386, x32 numbers with bit 30 set) takes the bad-arch action below.\n#\n")
-	b.Write(out)
-	return b.Bytes(), nil
-}
-
 // BPF returns the classic BPF program libseccomp generates for a (without
 // runc's ENOSYS stub).
 func (p *Profile) BPF(a Arch) ([]byte, error) {
@@ -240,7 +213,17 @@ func (p *Profile) BPF(a Arch) ([]byte, error) {
 	return exportVia(f.ExportBPF)
 }
 
-func exportPFC(f *libseccomp.ScmpFilter) ([]byte, error) { return exportVia(f.ExportPFC) }
+// ExportPFC returns libseccomp's human-readable (PFC) export of the filter
+// for a, as libseccomp writes it; audit.PFC adds the header that states
+// what runc puts in front of it.
+func (p *Profile) ExportPFC(a Arch) ([]byte, error) {
+	f, err := p.filterFor(a)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Release()
+	return exportVia(f.ExportPFC)
+}
 
 func exportVia(export func(*os.File) error) ([]byte, error) {
 	tmp, err := os.CreateTemp("", "sandboxd-seccomp-export-")
@@ -253,26 +236,4 @@ func exportVia(export func(*os.File) error) ([]byte, error) {
 		return nil, fmt.Errorf("libseccomp export: %w", err)
 	}
 	return os.ReadFile(tmp.Name())
-}
-
-// numbered returns name→number on a for every name the profile mentions
-// (rules and denials), skipping names that do not exist there.
-func (p *Profile) numbered(a Arch) map[string]int {
-	m := map[string]int{}
-	add := func(n string) {
-		if nr, ok := SyscallNumber(n, a); ok {
-			m[n] = nr
-		}
-	}
-	for _, r := range p.Rules {
-		for _, n := range r.Names {
-			add(n)
-		}
-	}
-	for _, d := range p.Denied {
-		for _, n := range d.Names {
-			add(n)
-		}
-	}
-	return m
 }

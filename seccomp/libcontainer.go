@@ -45,7 +45,7 @@ func (p *Profile) libcontainerFor(a Arch) (*configs.Seccomp, error) {
 	cfg := &configs.Seccomp{
 		DefaultAction:   defAct,
 		DefaultErrnoRet: defErrno,
-		Architectures:   []string{a.goarch()},
+		Architectures:   []string{a.GOARCH()},
 	}
 	for i := range p.Rules {
 		r := &p.Rules[i]

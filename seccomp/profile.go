@@ -1,8 +1,9 @@
 // Package seccomp holds sandboxd's seccomp allowlist as typed Go data (one
 // source of truth, in the style of gVisor's runsc/boot/filter) and turns it
-// into what runc's libcontainer loads, plus the audit artifacts a security
-// reviewer reads: SECCOMP.md, an OCI/Docker-format JSON profile and
-// libseccomp's PFC export per architecture.
+// into what runc's libcontainer loads. The audit artifacts a security
+// reviewer reads (SECCOMP.md, an OCI/Docker-format JSON profile, libseccomp's
+// PFC export per architecture) and the profile diff are rendered from it by
+// the sub-package seccomp/audit.
 //
 // Every rule carries a reason; rules whose action would equal the default
 // action are forbidden, because libcontainer silently drops them
@@ -34,25 +35,14 @@ const (
 // used by every artifact.
 var Arches = []Arch{ArchX86_64, ArchAArch64}
 
-// goarch is the Go GOARCH name (what Docker's "includes.arches" and runc's
-// configs.Seccomp.Architectures use).
-func (a Arch) goarch() string {
+// GOARCH is the Go GOARCH name (what runc's configs.Seccomp.Architectures
+// and Docker's "includes.arches" use).
+func (a Arch) GOARCH() string {
 	switch a {
 	case ArchX86_64:
 		return "amd64"
 	case ArchAArch64:
 		return "arm64"
-	}
-	return ""
-}
-
-// ociName is the SCMP_ARCH_* name of the OCI runtime spec.
-func (a Arch) ociName() string {
-	switch a {
-	case ArchX86_64:
-		return "SCMP_ARCH_X86_64"
-	case ArchAArch64:
-		return "SCMP_ARCH_AARCH64"
 	}
 	return ""
 }
@@ -204,17 +194,6 @@ func (p *Profile) RuleArches(r *Rule) []Arch {
 	return r.Arches
 }
 
-// ruleArchesIn is RuleArches limited to arches (the ones an export covers).
-func (p *Profile) ruleArchesIn(r *Rule, arches []Arch) []Arch {
-	var in []Arch
-	for _, a := range p.RuleArches(r) {
-		if containsArch(arches, a) {
-			in = append(in, a)
-		}
-	}
-	return in
-}
-
 var syscallName = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 
 // Validate rejects a profile that libcontainer would compile into something
@@ -236,7 +215,7 @@ func (p *Profile) Validate() error {
 		errs = append(errs, errors.New("at least one architecture is required"))
 	}
 	for _, a := range p.Arches {
-		if a.goarch() == "" {
+		if a.GOARCH() == "" {
 			errs = append(errs, fmt.Errorf("architecture %q is not supported: want x86_64 or aarch64 (no compat ABIs)", a))
 		}
 	}

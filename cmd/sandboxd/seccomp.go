@@ -7,6 +7,7 @@ import (
 	"os"
 
 	"github.com/sandboxd/sandboxd/seccomp"
+	"github.com/sandboxd/sandboxd/seccomp/audit"
 )
 
 func init() {
@@ -53,9 +54,9 @@ func seccompPrint(w io.Writer, args []string) error {
 	var err error
 	switch *format {
 	case "table":
-		out, err = p.Markdown(arches...)
+		out, err = audit.Markdown(p, arches...)
 	case "json":
-		out, err = p.JSON(arches...)
+		out, err = audit.JSON(p, arches...)
 	case "pfc":
 		a := seccomp.Arch("")
 		if len(arches) == 1 {
@@ -63,7 +64,7 @@ func seccompPrint(w io.Writer, args []string) error {
 		} else if a, err = seccomp.NativeArch(); err != nil {
 			return err
 		}
-		out, err = p.PFC(a)
+		out, err = audit.PFC(p, a)
 	default:
 		return usagef("unknown format %q: want table, json or pfc", *format)
 	}
@@ -88,7 +89,7 @@ func seccompDiff(w io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	header, changes, err := seccomp.Diff(oldData, newData)
+	header, changes, err := audit.Diff(oldData, newData)
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/seccomp"
+	"github.com/sandboxd/sandboxd/seccomp/audit"
 )
 
 func TestSeccompPrint(t *testing.T) {
@@ -53,14 +54,14 @@ func TestSeccompPrint(t *testing.T) {
 
 func TestSeccompDiffCommand(t *testing.T) {
 	dir := t.TempDir()
-	old, err := seccomp.Default().JSON()
+	old, err := audit.JSON(seccomp.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := seccomp.Default()
 	p.Rules = append(p.Rules, seccomp.Rule{Names: []string{"ptrace"}, Action: seccomp.ActAllow, Group: "debug", Reason: "let a debugger attach"})
 	p.Denied = nil
-	nw, err := p.JSON()
+	nw, err := audit.JSON(p)
 	if err != nil {
 		t.Fatal(err)
 	}

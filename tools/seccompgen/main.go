@@ -1,7 +1,8 @@
 // Command seccompgen writes the seccomp audit artifacts (SECCOMP.md,
-// profile.json, pfc/<arch>.pfc) from seccomp.Default(), or with -check
-// fails when the committed ones differ. Used by `make seccomp` and
-// `make seccomp-check`; build it with cgo and -tags seccomp.
+// profile.json, pfc/<arch>.pfc, rendered by seccomp/audit) from
+// seccomp.Default(), or with -check fails when the committed ones differ.
+// Used by `make seccomp` and `make seccomp-check`; build it with cgo and
+// -tags seccomp.
 package main
 
 import (
@@ -11,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/sandboxd/sandboxd/seccomp"
+	"github.com/sandboxd/sandboxd/seccomp/audit"
 )
 
 func main() {
@@ -19,7 +21,7 @@ func main() {
 	flag.Parse()
 	p := seccomp.Default()
 	if *check {
-		stale, err := p.CheckArtifacts(*dir)
+		stale, err := audit.CheckArtifacts(p, *dir)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "seccompgen: %v\n", err)
 			os.Exit(2)
@@ -30,7 +32,7 @@ func main() {
 		}
 		return
 	}
-	if err := p.WriteArtifacts(*dir); err != nil {
+	if err := audit.WriteArtifacts(p, *dir); err != nil {
 		fmt.Fprintf(os.Stderr, "seccompgen: %v\n", err)
 		os.Exit(1)
 	}

@@ -1,4 +1,10 @@
-package seccomp
+// Package audit renders sandboxd's seccomp profile (package seccomp, the
+// policy the sandboxes run under) into what a security reviewer reads, and
+// compares profiles: SECCOMP.md (Markdown), profile.json (Docker/OCI JSON),
+// pfc/<arch>.pfc (libseccomp's PFC export), and a diff of two JSON profiles
+// by syscall and architecture. Nothing here runs in the worker's sandbox
+// path; tools/seccompgen and `sandboxd seccomp` use it.
+package audit
 
 import (
 	"bytes"
@@ -6,25 +12,28 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+
+	"github.com/sandboxd/sandboxd/seccomp"
 )
 
-// Artifacts renders every committed audit file, keyed by its path relative
-// to the seccomp/ directory. The output depends only on the profile and on
-// libseccomp's version (which the files name), so it is byte-reproducible.
-func (p *Profile) Artifacts() (map[string][]byte, error) {
+// Artifacts renders every committed audit file of p, keyed by its path
+// relative to the seccomp/ directory. The output depends only on the profile
+// and on libseccomp's version (which the files name), so it is
+// byte-reproducible.
+func Artifacts(p *seccomp.Profile) (map[string][]byte, error) {
 	out := map[string][]byte{}
-	md, err := p.Markdown()
+	md, err := Markdown(p)
 	if err != nil {
 		return nil, err
 	}
 	out["SECCOMP.md"] = md
-	js, err := p.JSON()
+	js, err := JSON(p)
 	if err != nil {
 		return nil, err
 	}
 	out["profile.json"] = js
 	for _, a := range p.Arches {
-		pfc, err := p.PFC(a)
+		pfc, err := PFC(p, a)
 		if err != nil {
 			return nil, fmt.Errorf("PFC for %s: %w", a, err)
 		}
@@ -33,11 +42,11 @@ func (p *Profile) Artifacts() (map[string][]byte, error) {
 	return out, nil
 }
 
-// CheckArtifacts compares the files under dir with Artifacts and returns
+// CheckArtifacts compares the files under dir with Artifacts(p) and returns
 // the relative paths that are missing or differ, plus files in pfc/ that
 // the profile no longer produces.
-func (p *Profile) CheckArtifacts(dir string) ([]string, error) {
-	want, err := p.Artifacts()
+func CheckArtifacts(p *seccomp.Profile, dir string) ([]string, error) {
+	want, err := Artifacts(p)
 	if err != nil {
 		return nil, err
 	}
@@ -59,9 +68,9 @@ func (p *Profile) CheckArtifacts(dir string) ([]string, error) {
 	return stale, nil
 }
 
-// WriteArtifacts writes Artifacts under dir, removing stale pfc files.
-func (p *Profile) WriteArtifacts(dir string) error {
-	files, err := p.Artifacts()
+// WriteArtifacts writes Artifacts(p) under dir, removing stale pfc files.
+func WriteArtifacts(p *seccomp.Profile, dir string) error {
+	files, err := Artifacts(p)
 	if err != nil {
 		return err
 	}

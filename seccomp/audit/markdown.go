@@ -1,25 +1,27 @@
 //go:build cgo && seccomp
 
-package seccomp
+package audit
 
 import (
 	"bytes"
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/sandboxd/sandboxd/seccomp"
 )
 
-// Markdown renders SECCOMP.md: the policy stated up front, then one row per
-// syscall and rule, then the documented denials with their effect per
-// architecture.
-func (p *Profile) Markdown(arches ...Arch) ([]byte, error) {
+// Markdown renders SECCOMP.md from p: the policy stated up front, then one
+// row per syscall and rule, then the documented denials with their effect
+// per architecture (all of p's architectures when none are given).
+func Markdown(p *seccomp.Profile, arches ...seccomp.Arch) ([]byte, error) {
 	if err := p.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid seccomp profile: %w", err)
 	}
 	if len(arches) == 0 {
 		arches = p.Arches
 	}
-	above := map[Arch]int{}
+	above := map[seccomp.Arch]int{}
 	for _, a := range arches {
 		n, err := p.ENOSYSAbove(a)
 		if err != nil {
@@ -27,14 +29,14 @@ func (p *Profile) Markdown(arches ...Arch) ([]byte, error) {
 		}
 		above[a] = n
 	}
-	nums := map[Arch]map[string]int{}
+	nums := map[seccomp.Arch]map[string]int{}
 	for _, a := range arches {
-		nums[a] = p.numbered(a)
+		nums[a] = numbered(p, a)
 	}
 	var b bytes.Buffer
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	w("# sandboxd seccomp profile\n\n")
-	w("Generated from `seccomp/rules.go` by `make seccomp` (libseccomp %s); do not edit by hand.\n", LibseccompVersion())
+	w("Generated from `seccomp/rules.go` by `make seccomp` (libseccomp %s); do not edit by hand.\n", seccomp.LibseccompVersion())
 	w("`make seccomp-check` fails when this file, `profile.json` or `pfc/*.pfc` differ from the source.\n")
 	w("See [README.md](README.md) for how to review, change and verify the profile.\n\n")
 	w("- **Default action:** %s: every syscall that no rule below allows fails with `%s` without running.\n", p.Default, errnoName(p.Default.Errno))
@@ -59,7 +61,7 @@ func (p *Profile) Markdown(arches ...Arch) ([]byte, error) {
 	var rows []row
 	for i := range p.Rules {
 		r := &p.Rules[i]
-		ra := p.ruleArchesIn(r, arches)
+		ra := archesIn(p, r, arches)
 		if len(ra) == 0 {
 			continue
 		}
@@ -106,7 +108,7 @@ func (p *Profile) Markdown(arches ...Arch) ([]byte, error) {
 			var line strings.Builder
 			fmt.Fprintf(&line, "| `%s` |", n)
 			for _, a := range arches {
-				fmt.Fprintf(&line, " %s |", DeniedErrno(nums[a], above[a], n, p.Default))
+				fmt.Fprintf(&line, " %s |", deniedErrno(nums[a], above[a], n, p.Default))
 			}
 			fmt.Fprintf(&line, " %s | %s | %s |\n", d.Group, cell(d.Reason), ref(d.Ref))
 			drows = append(drows, row{d.Group, n, i, line.String()})
@@ -124,23 +126,23 @@ func (p *Profile) Markdown(arches ...Arch) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
-// DeniedErrno is the documented outcome of a syscall no rule allows: the
+// deniedErrno is the documented outcome of a syscall no rule allows: the
 // default errno, ENOSYS above the stub's threshold, or "—" when the
 // syscall does not exist on the architecture.
-func DeniedErrno(nums map[string]int, above int, name string, def Action) string {
+func deniedErrno(nums map[string]int, above int, name string, def seccomp.Action) string {
 	nr, ok := nums[name]
 	switch {
 	case !ok:
 		return "—"
 	case nr > above:
 		return "ENOSYS"
-	case def.Kind == Errno:
+	case def.Kind == seccomp.Errno:
 		return errnoName(def.Errno)
 	}
 	return def.String()
 }
 
-func numbers(nums map[Arch]map[string]int, arches []Arch, name string) string {
+func numbers(nums map[seccomp.Arch]map[string]int, arches []seccomp.Arch, name string) string {
 	var s []string
 	for _, a := range arches {
 		if n, ok := nums[a][name]; ok {
@@ -152,7 +154,7 @@ func numbers(nums map[Arch]map[string]int, arches []Arch, name string) string {
 	return strings.Join(s, " / ")
 }
 
-func archList(as []Arch, sep string) string {
+func archList(as []seccomp.Arch, sep string) string {
 	var s []string
 	for _, a := range as {
 		s = append(s, string(a))
@@ -172,4 +174,26 @@ func ref(r string) string {
 		return "<" + r + ">"
 	}
 	return r
+}
+
+// numbered returns name→number on a for every name p mentions (rules and
+// denials), skipping names that do not exist there.
+func numbered(p *seccomp.Profile, a seccomp.Arch) map[string]int {
+	m := map[string]int{}
+	add := func(n string) {
+		if nr, ok := seccomp.SyscallNumber(n, a); ok {
+			m[n] = nr
+		}
+	}
+	for _, r := range p.Rules {
+		for _, n := range r.Names {
+			add(n)
+		}
+	}
+	for _, d := range p.Denied {
+		for _, n := range d.Names {
+			add(n)
+		}
+	}
+	return m
 }
