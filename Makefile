@@ -11,7 +11,10 @@ GOFLAGS   ?=
 TAGS      := seccomp
 BIN       := bin/sandboxd
 BUILD     := build
-PKGS      := ./...
+# tools/bench is its own module (its chart and OCI dependencies stay out of
+# the product's go.mod); go.work puts both in one workspace, where ./... is
+# the root module only, so the bench's packages are named too.
+PKGS      := ./... ./tools/bench/...
 DEPS      := tools/deps/install.sh
 export CGO_ENABLED := 1
 

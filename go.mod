@@ -10,11 +10,9 @@ require (
 	github.com/moby/sys/mountinfo v0.7.2 // finding cgroup mounts (also used by libcontainer)
 	github.com/opencontainers/cgroups v0.1.0 // libcontainer cgroup types and device rules
 	github.com/opencontainers/runc v1.5.3 // libcontainer: the sandbox itself
-	github.com/opencontainers/runtime-spec v1.3.0 // tools/bench: config.json of the runc/crun peers
 	github.com/pelletier/go-toml/v2 v2.4.3 // strict TOML config
 	github.com/prometheus/client_golang v1.25.0 // /metrics
 	github.com/seccomp/libseccomp-golang v0.12.0 // seccomp compile/export (the version runc 1.5 needs)
-	golang.org/x/image v0.48.0 // tools/bench: bitmap font for the latency chart
 	golang.org/x/sys v0.50.0 // raw syscalls
 )
 
@@ -38,6 +36,7 @@ require (
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/opencontainers/go-digest v1.0.0 // indirect
 	github.com/opencontainers/image-spec v1.1.1 // indirect
+	github.com/opencontainers/runtime-spec v1.3.0 // indirect
 	github.com/opencontainers/selinux v1.13.1 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
