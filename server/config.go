@@ -90,6 +90,17 @@ type Config struct {
 	// PoolPreload are the modules a warm sandbox imports before hand-off.
 	PoolPreload []string `toml:"pool_preload" doc:"modules imported by warm sandboxes (comma-separated in the env)"`
 
+	// What one client may make the worker itself hold (SECURITY.md cases
+	// 32 and 33): request files and workspace inodes, bodies being decoded
+	// at once, and how long a connection may take to send or receive.
+	MaxInputFiles     int      `toml:"max_input_files" doc:"files and directories a request's files create under input/"`
+	WorkspaceInodes   int64    `toml:"workspace_inodes" doc:"inodes of each execution's /workspace tmpfs (nr_inodes)"`
+	MaxDecoding       int      `toml:"max_decoding" doc:"request bodies read and decoded at once (429 beyond)"`
+	ReadHeaderTimeout Duration `toml:"read_header_timeout" doc:"time a client has to send a request's headers"`
+	ReadTimeout       Duration `toml:"read_timeout" doc:"time a client has to send a whole request, body included"`
+	WriteTimeout      Duration `toml:"write_timeout" doc:"time a response may take to write, from when it is ready"`
+	IdleTimeout       Duration `toml:"idle_timeout" doc:"keep-alive connection idle this long is closed"`
+
 	ResultsMax      int   `toml:"results_max" doc:"finished results kept for GET"`
 	ResultsTTLMS    int64 `toml:"results_ttl_ms" doc:"how long a finished result is kept"`
 	ShutdownGraceMS int64 `toml:"shutdown_grace_ms" doc:"SIGTERM: time in-flight runs get before they are cancelled"`
@@ -127,6 +138,13 @@ func DefaultConfig() Config {
 		PoolSize:          2,
 		PoolMaxIdle:       Duration(10 * time.Minute),
 		PoolPreload:       slices.Clone(DefaultPreload),
+		MaxInputFiles:     1000,
+		WorkspaceInodes:   16384,
+		MaxDecoding:       4,
+		ReadHeaderTimeout: Duration(10 * time.Second),
+		ReadTimeout:       Duration(2 * time.Minute),
+		WriteTimeout:      Duration(time.Minute),
+		IdleTimeout:       Duration(time.Minute),
 		ResultsMax:        1000,
 		ResultsTTLMS:      15 * 60 * 1000,
 		ShutdownGraceMS:   30_000,
@@ -367,6 +385,8 @@ func (c Config) Validate() error {
 		{"max_code_bytes", c.MaxCodeBytes, 1},
 		{"max_input_bytes", c.MaxInputBytes, 1},
 		{"max_concurrent", int64(c.MaxConcurrent), 1},
+		{"max_input_files", int64(c.MaxInputFiles), 0},
+		{"max_decoding", int64(c.MaxDecoding), 1},
 		{"max_queued", int64(c.MaxQueued), 0},
 		{"max_stdout_bytes", c.MaxStdoutBytes, 1},
 		{"max_stderr_bytes", c.MaxStderrBytes, 1},
@@ -395,6 +415,24 @@ func (c Config) Validate() error {
 	if need := c.MaxCodeBytes + c.MaxInputBytes + 1<<20; c.WorkspaceBytes >= 1<<20 && c.WorkspaceBytes < need {
 		// The request files alone would not fit in the workspace.
 		bad("workspace_bytes must be >= max_code_bytes + max_input_bytes + 1MiB (%d), got: %d", need, c.WorkspaceBytes)
+	}
+	if need := int64(c.MaxInputFiles) + workspaceLayoutInodes + minOutputInodes; c.WorkspaceInodes < need {
+		// The server's own files must fit, and leave the code some room.
+		bad("workspace_inodes must be >= max_input_files + %d (%d), got: %d", workspaceLayoutInodes+minOutputInodes, need, c.WorkspaceInodes)
+	}
+	for _, p := range []struct {
+		key string
+		v   Duration
+	}{
+		{"read_header_timeout", c.ReadHeaderTimeout}, {"read_timeout", c.ReadTimeout},
+		{"write_timeout", c.WriteTimeout}, {"idle_timeout", c.IdleTimeout},
+	} {
+		if p.v <= 0 {
+			bad("%s must be > 0, got: %s", p.key, time.Duration(p.v))
+		}
+	}
+	if c.ReadTimeout < c.ReadHeaderTimeout {
+		bad("read_timeout must be >= read_header_timeout (%s), got: %s", time.Duration(c.ReadHeaderTimeout), time.Duration(c.ReadTimeout))
 	}
 	if time.Duration(c.PoolMaxIdle) < time.Second {
 		bad("pool_max_idle must be >= 1s, got: %s", time.Duration(c.PoolMaxIdle))

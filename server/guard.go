@@ -51,9 +51,4 @@ func (s *Server) guard(next http.Handler) http.Handler {
 	})
 }
 
-func quote(s string) string {
-	if len(s) > 100 {
-		s = s[:100] + "…"
-	}
-	return `"` + strings.ToValidUTF8(s, "?") + `"`
-}
+func quote(s string) string { return `"` + clip(s) + `"` }
