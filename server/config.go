@@ -40,6 +40,14 @@ type Config struct {
 	// AllowedHosts are the extra Host header values accepted besides
 	// localhost, 127.0.0.1, [::1] and WorkerHost (DNS-rebinding defence).
 	AllowedHosts []string `toml:"allowed_hosts" doc:"extra accepted Host header names (comma-separated in the env)"`
+	// WorkerSocket, when set, serves the same API on a unix socket at this
+	// path too (access on one host is then the file's group and mode).
+	WorkerSocket string `toml:"worker_socket" doc:"unix socket path serving the API too (empty: none)"`
+	// WorkerSocketGroup owns the socket (a group name or gid; empty: the
+	// worker's own group).
+	WorkerSocketGroup string `toml:"worker_socket_group" doc:"group of worker_socket (name or gid; empty: the worker's)"`
+	// WorkerSocketMode is the socket's permission bits.
+	WorkerSocketMode FileMode `toml:"worker_socket_mode" doc:"permission bits of worker_socket (octal)"`
 
 	// WorkRoot holds one directory per execution, removed after the response.
 	WorkRoot string `toml:"work_root" doc:"directory for per-execution workspaces"`
@@ -138,6 +146,7 @@ func DefaultConfig() Config {
 		PoolSize:          2,
 		PoolMaxIdle:       Duration(10 * time.Minute),
 		PoolPreload:       slices.Clone(DefaultPreload),
+		WorkerSocketMode:  0o660,
 		MaxInputFiles:     1000,
 		WorkspaceInodes:   16384,
 		MaxDecoding:       4,
@@ -292,6 +301,23 @@ func (d *Duration) UnmarshalText(b []byte) error {
 // MarshalText writes the duration as a Go duration string.
 func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
 
+// FileMode is a file's permission bits, written in octal ("0660") in TOML
+// and in the environment.
+type FileMode os.FileMode
+
+// UnmarshalText parses octal permission bits.
+func (m *FileMode) UnmarshalText(b []byte) error {
+	v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 8, 32)
+	if err != nil || v > 0o777 {
+		return fmt.Errorf("not octal permission bits (want e.g. 0660): %q", b)
+	}
+	*m = FileMode(v)
+	return nil
+}
+
+// MarshalText writes the bits in octal with a leading 0.
+func (m FileMode) MarshalText() ([]byte, error) { return fmt.Appendf(nil, "%#o", uint32(m)), nil }
+
 func setFromString(v reflect.Value, raw string) error {
 	raw = strings.TrimSpace(raw)
 	if u, ok := v.Addr().Interface().(encoding.TextUnmarshaler); ok {
@@ -433,6 +459,17 @@ func (c Config) Validate() error {
 	}
 	if c.ReadTimeout < c.ReadHeaderTimeout {
 		bad("read_timeout must be >= read_header_timeout (%s), got: %s", time.Duration(c.ReadHeaderTimeout), time.Duration(c.ReadTimeout))
+	}
+	if sock := c.WorkerSocket; sock != "" {
+		switch {
+		case !filepath.IsAbs(sock) || filepath.Clean(sock) != sock:
+			bad("worker_socket must be a clean absolute path, got: %q", sock)
+		case len(sock) > maxSocketPath:
+			bad("worker_socket must be at most %d bytes (the kernel's sun_path, with room for a temporary name), got: %d", maxSocketPath, len(sock))
+		}
+	}
+	if c.WorkerSocketMode&^0o777 != 0 {
+		bad("worker_socket_mode must be permission bits (at most 0777), got: %#o", uint32(c.WorkerSocketMode))
 	}
 	if time.Duration(c.PoolMaxIdle) < time.Second {
 		bad("pool_max_idle must be >= 1s, got: %s", time.Duration(c.PoolMaxIdle))

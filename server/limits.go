@@ -16,6 +16,7 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -70,7 +71,8 @@ func (d decodeSlots) acquire(ctx context.Context) (release func(), e *apiError) 
 }
 
 // HTTPServer returns the http.Server for the API with the configured
-// timeouts. errorLog may be nil.
+// timeouts; serve it on every listener (TCP, and the unix socket from
+// ListenUnix). errorLog may be nil.
 func (s *Server) HTTPServer(errorLog *log.Logger) *http.Server {
 	return &http.Server{
 		Handler:           s.handler,
@@ -79,6 +81,7 @@ func (s *Server) HTTPServer(errorLog *log.Logger) *http.Server {
 		WriteTimeout:      time.Duration(s.cfg.WriteTimeout),
 		IdleTimeout:       time.Duration(s.cfg.IdleTimeout),
 		MaxHeaderBytes:    maxHeaderBytes,
+		ConnContext:       markUnixConn,
 		ErrorLog:          errorLog,
 	}
 }
@@ -134,3 +137,19 @@ func (d *deadlineWriter) Write(b []byte) (int, error) {
 
 // Unwrap lets http.NewResponseController reach the connection.
 func (d *deadlineWriter) Unwrap() http.ResponseWriter { return d.ResponseWriter }
+
+// unixConnKey marks the context of a request that came over the unix socket.
+type unixConnKey struct{}
+
+func markUnixConn(ctx context.Context, c net.Conn) context.Context {
+	if _, ok := c.(*net.UnixConn); ok {
+		return context.WithValue(ctx, unixConnKey{}, true)
+	}
+	return ctx
+}
+
+// viaUnixSocket reports whether r came over the unix socket.
+func viaUnixSocket(r *http.Request) bool {
+	v, _ := r.Context().Value(unixConnKey{}).(bool)
+	return v
+}

@@ -82,11 +82,25 @@ func cmdServe(args []string) error {
 	if err != nil {
 		return err
 	}
+	listeners := []net.Listener{ln}
+	if cfg.WorkerSocket != "" {
+		// The same API for clients on this host, access by the socket's
+		// group and mode; closed (and removed) by Shutdown below.
+		uln, err := server.ListenUnix(cfg.WorkerSocket, cfg.WorkerSocketGroup, os.FileMode(cfg.WorkerSocketMode))
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		defer uln.Close()
+		listeners = append(listeners, uln)
+	}
 	// Timeouts and header limits: SECURITY.md case 32.
 	hs := srv.HTTPServer(slog.NewLogLogger(log.Handler(), slog.LevelWarn))
-	served := make(chan error, 1)
-	go func() { served <- hs.Serve(ln) }()
-	log.Info("serving", "addr", ln.Addr().String())
+	served := make(chan error, len(listeners))
+	for _, l := range listeners {
+		go func() { served <- hs.Serve(l) }()
+		log.Info("serving", "addr", l.Addr().String())
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
