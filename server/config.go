@@ -40,6 +40,14 @@ type Config struct {
 	// AllowedHosts are the extra Host header values accepted besides
 	// localhost, 127.0.0.1, [::1] and WorkerHost (DNS-rebinding defence).
 	AllowedHosts []string `toml:"allowed_hosts" doc:"extra accepted Host header names (comma-separated in the env)"`
+	// WorkerSocket, when set, serves the same API on a unix socket at this
+	// path too (access on one host is then the file's group and mode).
+	WorkerSocket string `toml:"worker_socket" doc:"unix socket path serving the API too (empty: none)"`
+	// WorkerSocketGroup owns the socket (a group name or gid; empty: the
+	// worker's own group).
+	WorkerSocketGroup string `toml:"worker_socket_group" doc:"group of worker_socket (name or gid; empty: the worker's)"`
+	// WorkerSocketMode is the socket's permission bits.
+	WorkerSocketMode FileMode `toml:"worker_socket_mode" doc:"permission bits of worker_socket (octal)"`
 
 	// WorkRoot holds one directory per execution, removed after the response.
 	WorkRoot string `toml:"work_root" doc:"directory for per-execution workspaces"`
@@ -90,6 +98,17 @@ type Config struct {
 	// PoolPreload are the modules a warm sandbox imports before hand-off.
 	PoolPreload []string `toml:"pool_preload" doc:"modules imported by warm sandboxes (comma-separated in the env)"`
 
+	// What one client may make the worker itself hold (SECURITY.md cases
+	// 32 and 33): request files and workspace inodes, bodies being decoded
+	// at once, and how long a connection may take to send or receive.
+	MaxInputFiles     int      `toml:"max_input_files" doc:"files and directories a request's files create under input/"`
+	WorkspaceInodes   int64    `toml:"workspace_inodes" doc:"inodes of each execution's /workspace tmpfs (nr_inodes)"`
+	MaxDecoding       int      `toml:"max_decoding" doc:"request bodies read and decoded at once (429 beyond)"`
+	ReadHeaderTimeout Duration `toml:"read_header_timeout" doc:"time a client has to send a request's headers"`
+	ReadTimeout       Duration `toml:"read_timeout" doc:"time a client has to send a whole request, body included"`
+	WriteTimeout      Duration `toml:"write_timeout" doc:"time a response may take to write, from when it is ready"`
+	IdleTimeout       Duration `toml:"idle_timeout" doc:"keep-alive connection idle this long is closed"`
+
 	ResultsMax      int   `toml:"results_max" doc:"finished results kept for GET"`
 	ResultsTTLMS    int64 `toml:"results_ttl_ms" doc:"how long a finished result is kept"`
 	ShutdownGraceMS int64 `toml:"shutdown_grace_ms" doc:"SIGTERM: time in-flight runs get before they are cancelled"`
@@ -127,6 +146,14 @@ func DefaultConfig() Config {
 		PoolSize:          2,
 		PoolMaxIdle:       Duration(10 * time.Minute),
 		PoolPreload:       slices.Clone(DefaultPreload),
+		WorkerSocketMode:  0o660,
+		MaxInputFiles:     1000,
+		WorkspaceInodes:   16384,
+		MaxDecoding:       4,
+		ReadHeaderTimeout: Duration(10 * time.Second),
+		ReadTimeout:       Duration(2 * time.Minute),
+		WriteTimeout:      Duration(time.Minute),
+		IdleTimeout:       Duration(time.Minute),
 		ResultsMax:        1000,
 		ResultsTTLMS:      15 * 60 * 1000,
 		ShutdownGraceMS:   30_000,
@@ -274,6 +301,23 @@ func (d *Duration) UnmarshalText(b []byte) error {
 // MarshalText writes the duration as a Go duration string.
 func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
 
+// FileMode is a file's permission bits, written in octal ("0660") in TOML
+// and in the environment.
+type FileMode os.FileMode
+
+// UnmarshalText parses octal permission bits.
+func (m *FileMode) UnmarshalText(b []byte) error {
+	v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 8, 32)
+	if err != nil || v > 0o777 {
+		return fmt.Errorf("not octal permission bits (want e.g. 0660): %q", b)
+	}
+	*m = FileMode(v)
+	return nil
+}
+
+// MarshalText writes the bits in octal with a leading 0.
+func (m FileMode) MarshalText() ([]byte, error) { return fmt.Appendf(nil, "%#o", uint32(m)), nil }
+
 func setFromString(v reflect.Value, raw string) error {
 	raw = strings.TrimSpace(raw)
 	if u, ok := v.Addr().Interface().(encoding.TextUnmarshaler); ok {
@@ -367,6 +411,8 @@ func (c Config) Validate() error {
 		{"max_code_bytes", c.MaxCodeBytes, 1},
 		{"max_input_bytes", c.MaxInputBytes, 1},
 		{"max_concurrent", int64(c.MaxConcurrent), 1},
+		{"max_input_files", int64(c.MaxInputFiles), 0},
+		{"max_decoding", int64(c.MaxDecoding), 1},
 		{"max_queued", int64(c.MaxQueued), 0},
 		{"max_stdout_bytes", c.MaxStdoutBytes, 1},
 		{"max_stderr_bytes", c.MaxStderrBytes, 1},
@@ -395,6 +441,35 @@ func (c Config) Validate() error {
 	if need := c.MaxCodeBytes + c.MaxInputBytes + 1<<20; c.WorkspaceBytes >= 1<<20 && c.WorkspaceBytes < need {
 		// The request files alone would not fit in the workspace.
 		bad("workspace_bytes must be >= max_code_bytes + max_input_bytes + 1MiB (%d), got: %d", need, c.WorkspaceBytes)
+	}
+	if need := int64(c.MaxInputFiles) + workspaceLayoutInodes + minOutputInodes; c.WorkspaceInodes < need {
+		// The server's own files must fit, and leave the code some room.
+		bad("workspace_inodes must be >= max_input_files + %d (%d), got: %d", workspaceLayoutInodes+minOutputInodes, need, c.WorkspaceInodes)
+	}
+	for _, p := range []struct {
+		key string
+		v   Duration
+	}{
+		{"read_header_timeout", c.ReadHeaderTimeout}, {"read_timeout", c.ReadTimeout},
+		{"write_timeout", c.WriteTimeout}, {"idle_timeout", c.IdleTimeout},
+	} {
+		if p.v <= 0 {
+			bad("%s must be > 0, got: %s", p.key, time.Duration(p.v))
+		}
+	}
+	if c.ReadTimeout < c.ReadHeaderTimeout {
+		bad("read_timeout must be >= read_header_timeout (%s), got: %s", time.Duration(c.ReadHeaderTimeout), time.Duration(c.ReadTimeout))
+	}
+	if sock := c.WorkerSocket; sock != "" {
+		switch {
+		case !filepath.IsAbs(sock) || filepath.Clean(sock) != sock:
+			bad("worker_socket must be a clean absolute path, got: %q", sock)
+		case len(sock) > maxSocketPath:
+			bad("worker_socket must be at most %d bytes (the kernel's sun_path, with room for a temporary name), got: %d", maxSocketPath, len(sock))
+		}
+	}
+	if c.WorkerSocketMode&^0o777 != 0 {
+		bad("worker_socket_mode must be permission bits (at most 0777), got: %#o", uint32(c.WorkerSocketMode))
 	}
 	if time.Duration(c.PoolMaxIdle) < time.Second {
 		bad("pool_max_idle must be >= 1s, got: %s", time.Duration(c.PoolMaxIdle))

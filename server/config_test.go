@@ -77,3 +77,55 @@ func TestConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+// The limits, timeouts and unix socket settings: parsed from the env and
+// TOML, printed, and validated with clear messages.
+func TestLimitsConfig(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "c.toml")
+	os.WriteFile(file, []byte("worker_socket_mode = \"0640\"\nread_timeout = \"3m\"\n"), 0o600)
+	cfg, src, err := LoadConfig(file, []string{"EXECUTION_WORKER_SOCKET=/run/sandboxd/api.sock", "EXECUTION_WORKER_SOCKET_GROUP=sandboxd",
+		"EXECUTION_MAX_INPUT_FILES=10", "EXECUTION_WORKSPACE_INODES=500", "EXECUTION_IDLE_TIMEOUT=5s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.WorkerSocketMode != 0o640 || time.Duration(cfg.ReadTimeout) != 3*time.Minute || src["read_timeout"] != SourceFile ||
+		cfg.WorkerSocket != "/run/sandboxd/api.sock" || cfg.MaxInputFiles != 10 || cfg.WorkspaceInodes != 500 || time.Duration(cfg.IdleTimeout) != 5*time.Second {
+		t.Errorf("loaded: %+v", cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	cfg.Print(&out, src)
+	for _, want := range []string{"worker_socket_mode   = '0640'", "EXECUTION_WORKER_SOCKET_GROUP", "max_decoding         = 4 ", "write_timeout        = '1m0s'"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("print lacks %q:\n%s", want, out.String())
+		}
+	}
+	if _, _, err := LoadConfig("", []string{"EXECUTION_WORKER_SOCKET_MODE=0999"}); err == nil || !strings.Contains(err.Error(), "octal") {
+		t.Errorf("bad mode: %v", err)
+	}
+
+	c := DefaultConfig()
+	c.MaxInputFiles = 1000
+	c.WorkspaceInodes = 1000
+	c.MaxDecoding = 0
+	c.ReadHeaderTimeout = Duration(time.Minute)
+	c.ReadTimeout = Duration(time.Second)
+	c.WriteTimeout = 0
+	c.WorkerSocket = "run/api.sock"
+	c.WorkerSocketMode = 0o4660
+	err = c.Validate()
+	for _, want := range []string{"workspace_inodes must be >= max_input_files + 71 (1071), got: 1000", "max_decoding must be >= 1",
+		"read_timeout must be >= read_header_timeout (1m0s), got: 1s", "write_timeout must be > 0", "worker_socket must be a clean absolute path",
+		"worker_socket_mode must be permission bits"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate lacks %q: %v", want, err)
+		}
+	}
+	c = DefaultConfig()
+	c.WorkerSocket = "/" + strings.Repeat("s", 110)
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "worker_socket must be at most 103 bytes") {
+		t.Errorf("long socket path: %v", err)
+	}
+}

@@ -92,7 +92,7 @@ func (s *Server) validate(req *ExecutionRequest) (*plan, *apiError) {
 	if p.id == "" {
 		p.id = newID()
 	} else if !execIDPattern.MatchString(p.id) {
-		return nil, badRequest("id %q is invalid: want [A-Za-z0-9][A-Za-z0-9_.-]{0,63}", p.id)
+		return nil, badRequest("id %q is invalid: want [A-Za-z0-9][A-Za-z0-9_.-]{0,63}", clip(p.id))
 	}
 	pol, err := s.policies.Apply(req.Type, req.TimeoutMS)
 	if err != nil {
@@ -109,7 +109,10 @@ func (s *Server) validate(req *ExecutionRequest) (*plan, *apiError) {
 	if len(req.Input) > 0 && string(req.Input) != "null" {
 		p.input = req.Input
 	}
-	files, total, err := decodeFiles(req.Files)
+	files, total, err := decodeFiles(req.Files, s.cfg.MaxInputFiles)
+	if errors.Is(err, errTooManyFiles) {
+		return nil, &apiError{status: http.StatusRequestEntityTooLarge, reason: "too_large", msg: err.Error()}
+	}
 	if err != nil {
 		return nil, badRequest("%v", err)
 	}
@@ -124,10 +127,10 @@ func (s *Server) validate(req *ExecutionRequest) (*plan, *apiError) {
 	}
 	for k, v := range req.Env {
 		if !allowed[k] {
-			return nil, badRequest("env %q is not allowed: allowed names are %v", k, s.cfg.AllowedEnv)
+			return nil, badRequest("env %q is not allowed: allowed names are %v", clip(k), s.cfg.AllowedEnv)
 		}
 		if strings.ContainsRune(v, 0) {
-			return nil, badRequest("env %q contains a NUL byte", k)
+			return nil, badRequest("env %q contains a NUL byte", clip(k))
 		}
 	}
 	p.env = pol.Env(req.Env)
@@ -190,7 +193,7 @@ func (s *Server) execute(ctx context.Context, p *plan) (*ExecutionResponse, *api
 	s.store.setRunning(rec)
 
 	sandbox := s.runSandbox()
-	ws, err := CreateWorkspace(s.cfg.WorkRoot, p.id, s.cfg.WorkspaceBytes, sandbox.HostUID(), sandbox.HostGID(), p.code, p.input, p.files)
+	ws, err := CreateWorkspace(s.cfg.WorkRoot, p.id, s.cfg.WorkspaceBytes, s.cfg.WorkspaceInodes, sandbox.HostUID(), sandbox.HostGID(), p.code, p.input, p.files)
 	if err != nil {
 		s.store.forget(rec)
 		log.Error("workspace failed", "err", err)
@@ -199,6 +202,9 @@ func (s *Server) execute(ctx context.Context, p *plan) (*ExecutionResponse, *api
 		}
 		return nil, &apiError{status: http.StatusInternalServerError, reason: "workspace", msg: err.Error()}
 	}
+	// The request's bytes are in the workspace now: let them go while the
+	// run lasts (only queued executions hold them; see server/README.md).
+	p.code, p.input, p.files = "", nil, nil
 	// Removal (lazy unmounts, whose RCU waits cost milliseconds) happens
 	// after the response; Drain waits for it. outputs is a warm sandbox's
 	// own workspace, when one served the run.

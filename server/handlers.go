@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"time"
 
@@ -18,12 +19,18 @@ func (s *Server) maxBody() int64 {
 	return 2*s.cfg.MaxCodeBytes + 2*s.cfg.MaxInputBytes + 64<<10
 }
 
-// decodeBody decodes a JSON body strictly into v: an unknown field, trailing
-// data or a body over the limit is refused.
-func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) *apiError {
+// decodeBody takes a decoding turn (see decodeSlots) and decodes a JSON
+// body strictly into v: an unknown field, trailing data or a body over the
+// limit is refused. On success the caller holds the turn until it has
+// validated v (base64 decoding is part of it) and then calls release.
+func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) (release func(), e *apiError) {
 	if r.ContentLength > s.maxBody() {
-		return &apiError{status: http.StatusRequestEntityTooLarge, reason: "too_large",
+		return nil, &apiError{status: http.StatusRequestEntityTooLarge, reason: "too_large",
 			msg: fmt.Sprintf("request body is %d bytes, more than %d", r.ContentLength, s.maxBody())}
+	}
+	release, e = s.decoding.acquire(r.Context())
+	if e != nil {
+		return nil, e
 	}
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.maxBody()))
 	dec.DisallowUnknownFields()
@@ -31,29 +38,41 @@ func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) *apiE
 	if err == nil && dec.Decode(new(json.RawMessage)) != io.EOF {
 		err = errors.New("trailing data after the JSON object")
 	}
+	if err == nil {
+		liftReadDeadline(w)
+		return release, nil
+	}
+	release()
 	var tooBig *http.MaxBytesError
+	var netErr net.Error
 	switch {
-	case err == nil:
-		return nil
 	case errors.As(err, &tooBig):
-		return &apiError{status: http.StatusRequestEntityTooLarge, reason: "too_large",
+		return nil, &apiError{status: http.StatusRequestEntityTooLarge, reason: "too_large",
 			msg: fmt.Sprintf("request body is more than %d bytes", tooBig.Limit)}
+	case errors.As(err, &netErr) && netErr.Timeout():
+		// SECURITY.md case 32: a body trickled in slower than read_timeout.
+		return nil, &apiError{status: http.StatusRequestTimeout, reason: "timeout",
+			msg: fmt.Sprintf("request body not received within read_timeout (%s)", time.Duration(s.cfg.ReadTimeout))}
 	case errors.Is(err, io.EOF):
-		return badRequest("request body is empty: want a JSON object")
+		return nil, badRequest("request body is empty: want a JSON object")
 	default:
-		return badRequest("invalid JSON body: %v", err)
+		// An unknown field's name is the client's: clipped.
+		return nil, badRequest("invalid JSON body: %s", clip(err.Error()))
 	}
 }
 
 func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, _ httprouter.Params) {
 	var req ExecutionRequest
-	if e := s.decodeBody(w, r, &req); e != nil {
-		s.reject(w, e.reason, e.status, e.msg)
+	decoded, e := s.decodeBody(w, r, &req)
+	if e != nil {
+		s.logReject(e)
+		writeAPIError(w, e)
 		return
 	}
 	p, e := s.validate(&req)
+	decoded()
 	if e != nil {
-		s.logReject(e, "execution_id", req.ID, "policy", req.Type)
+		s.logReject(e, "execution_id", clip(req.ID), "policy", clip(req.Type))
 		writeAPIError(w, e)
 		return
 	}
@@ -87,7 +106,7 @@ func (v view) running() runningView {
 func (s *Server) handleGet(w http.ResponseWriter, _ *http.Request, ps httprouter.Params) {
 	v, ok := s.store.get(ps.ByName("id"))
 	if !ok {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("no execution %q (unknown, or its result has expired)", ps.ByName("id")))
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no execution %q (unknown, or its result has expired)", clip(ps.ByName("id"))))
 		return
 	}
 	if v.resp != nil {
@@ -104,7 +123,7 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request, ps httprou
 	id := ps.ByName("id")
 	v, ok := s.store.get(id)
 	if !ok {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("no execution %q", id))
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no execution %q", clip(id)))
 		return
 	}
 	if v.resp != nil {

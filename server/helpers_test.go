@@ -84,13 +84,33 @@ func shellRootfs(t testing.TB) string {
 
 var quietLog = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 
-// testEnv is one server on a real runner behind an httptest server.
+// testEnv is one server on a real runner behind an httptest server that
+// runs the production http.Server settings (Server.HTTPServer).
 type testEnv struct {
 	t       *testing.T
 	srv     *Server
 	sandbox *countingSandbox
 	http    *httptest.Server
 	cfg     Config
+	logs    *syncBuffer // the server's log lines, warnings and up
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent log writes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // newEnv starts a server on rootfs with cfg adjusted by mod. The work root is
@@ -111,12 +131,13 @@ func newEnv(t *testing.T, rootfs string, mod func(*Config)) *testEnv {
 		t.Fatal(err)
 	}
 	cs := &countingSandbox{Runner: r}
+	logs := &syncBuffer{}
 	srv, err := New(Deps{
 		Config:        cfg,
 		Sandbox:       cs,
 		Runner:        r,
 		ResolveRootfs: func(context.Context) (string, error) { return rootfs, nil },
-		Logger:        quietLog,
+		Logger:        slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -124,9 +145,14 @@ func newEnv(t *testing.T, rootfs string, mod func(*Config)) *testEnv {
 	if err := srv.Prepare(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	hs := httptest.NewServer(srv.Handler())
-	e := &testEnv{t: t, srv: srv, sandbox: cs, http: hs, cfg: cfg}
+	hs := httptest.NewUnstartedServer(nil)
+	hs.Config = srv.HTTPServer(nil)
+	hs.Start()
+	e := &testEnv{t: t, srv: srv, sandbox: cs, http: hs, cfg: cfg, logs: logs}
 	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("server log:\n%s", logs)
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		srv.Drain(ctx)

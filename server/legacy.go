@@ -36,11 +36,14 @@ const (
 // Flask clients never had a policy to respect.
 func (s *Server) handleLegacyExecute(w http.ResponseWriter, r *http.Request, _ httprouter.Params) {
 	var req LegacyRequest
-	if e := s.decodeBody(w, r, &req); e != nil {
-		s.reject(w, e.reason, e.status, e.msg)
+	decoded, e := s.decodeBody(w, r, &req)
+	if e != nil {
+		s.logReject(e)
+		writeAPIError(w, e)
 		return
 	}
 	if req.Timeout < 0 || math.IsNaN(req.Timeout) || math.IsInf(req.Timeout, 0) {
+		decoded()
 		s.reject(w, "bad_request", http.StatusBadRequest, fmt.Sprintf("timeout must be a positive number of seconds, got: %v", req.Timeout))
 		return
 	}
@@ -49,6 +52,7 @@ func (s *Server) handleLegacyExecute(w http.ResponseWriter, r *http.Request, _ h
 		timeoutMS = max
 	}
 	p, e := s.validate(&ExecutionRequest{Type: TypeDynamic, Code: req.Code, TimeoutMS: timeoutMS})
+	decoded()
 	if e != nil {
 		s.logReject(e, "policy", TypeDynamic)
 		writeAPIError(w, e)

@@ -57,7 +57,7 @@ func (p Policies) Apply(typ string, timeoutMS int64) (Policy, error) {
 	}
 	pol, ok := p[typ]
 	if !ok {
-		return Policy{}, fmt.Errorf("unknown type %q: want one of %v", typ, p.Names())
+		return Policy{}, fmt.Errorf("unknown type %q: want one of %v", clip(typ), p.Names())
 	}
 	switch {
 	case timeoutMS < 0:

@@ -45,6 +45,8 @@ type PoolConfig struct {
 	// the workspaces are plain directories and WorkRoot must be on the same
 	// filesystem as the server's workspaces (entries are renamed).
 	WorkspaceBytes int64
+	// WorkspaceInodes is the tmpfs's nr_inodes (default: the config's).
+	WorkspaceInodes int64
 }
 
 // Template describes the sandboxes of one policy: a request whose Spec has
@@ -131,6 +133,7 @@ func NewPool(runner *nsjail.Runner, cfg PoolConfig, templates []Template, log *s
 	if cfg.Preload == nil {
 		cfg.Preload = DefaultPreload
 	}
+	cfg.WorkspaceInodes = cmp.Or(cfg.WorkspaceInodes, DefaultConfig().WorkspaceInodes)
 	for _, m := range cfg.Preload {
 		if m == "" || strings.ContainsAny(m, ", \t\n") {
 			return nil, fmt.Errorf("preload module name %q is invalid", m)
@@ -416,7 +419,7 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 		return nil, err
 	}
 	if p.cfg.WorkspaceBytes > 0 {
-		if err := mountWorkspace(ws, p.cfg.WorkspaceBytes, p.runner.HostUID(), p.runner.HostGID()); err != nil {
+		if err := mountWorkspace(ws, p.cfg.WorkspaceBytes, p.cfg.WorkspaceInodes, p.runner.HostUID(), p.runner.HostGID()); err != nil {
 			os.RemoveAll(ws)
 			return nil, err
 		}

@@ -55,7 +55,7 @@ func poolWorkspace(t *testing.T, r *nsjail.Runner, code string, tmpfsBytes ...in
 		if err := os.Mkdir(ws, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		if err := mountWorkspace(ws, tmpfsBytes[0], r.HostUID(), r.HostGID()); err != nil {
+		if err := mountWorkspace(ws, tmpfsBytes[0], DefaultConfig().WorkspaceInodes, r.HostUID(), r.HostGID()); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() {

@@ -13,6 +13,7 @@ func TestRejections(t *testing.T) {
 	e := newEnv(t, shellRootfs(t), func(c *Config) {
 		c.MaxCodeBytes = 1000
 		c.MaxInputBytes = 2000
+		c.MaxInputFiles = 3
 	})
 	big := strings.Repeat("x", 1001)
 	cases := []struct {
@@ -40,6 +41,14 @@ func TestRejections(t *testing.T) {
 		{"file path absolute", "POST", "/v1/executions", ExecutionRequest{Code: "true", Files: []File{{Path: "/etc/passwd", ContentBase64: ""}}}, nil, 400, "absolute"},
 		{"file path unclean", "POST", "/v1/executions", ExecutionRequest{Code: "true", Files: []File{{Path: "a//b", ContentBase64: ""}}}, nil, 400, "not a clean"},
 		{"file path reserved", "POST", "/v1/executions", ExecutionRequest{Code: "true", Files: []File{{Path: "request.json", ContentBase64: ""}}}, nil, 400, "reserved"},
+		// These three failed with 500 when the workspace was written (or,
+		// without input, made request.json a directory).
+		{"file path dot", "POST", "/v1/executions", ExecutionRequest{Code: "true", Files: []File{{Path: "."}}}, nil, 400, "input/ itself"},
+		{"file path dot slash", "POST", "/v1/executions", ExecutionRequest{Code: "true", Files: []File{{Path: "./"}}}, nil, 400, "not a clean"},
+		{"file under reserved", "POST", "/v1/executions", ExecutionRequest{Code: "true", Files: []File{{Path: "request.json/x"}}}, nil, 400, "reserved"},
+		{"file under reserved with input", "POST", "/v1/executions", ExecutionRequest{Code: "true", Input: json.RawMessage(`{}`), Files: []File{{Path: "request.json/a/b"}}}, nil, 400, "reserved"},
+		{"too many files", "POST", "/v1/executions", ExecutionRequest{Code: "true", Files: []File{{Path: "a"}, {Path: "b"}, {Path: "c"}, {Path: "d"}}}, nil, 413, "4 files, more than max_input_files (3)"},
+		{"too many entries", "POST", "/v1/executions", ExecutionRequest{Code: "true", Files: []File{{Path: "a/b/c"}, {Path: "a/d"}}}, nil, 413, "4 entries under input/ (2 files, 2 directories)"},
 		{"file duplicate", "POST", "/v1/executions", ExecutionRequest{Code: "true", Files: []File{{Path: "a"}, {Path: "a"}}}, nil, 400, "duplicate"},
 		{"file and dir", "POST", "/v1/executions", ExecutionRequest{Code: "true", Files: []File{{Path: "a"}, {Path: "a/b"}}}, nil, 400, "both a file and a directory"},
 		{"bad base64", "POST", "/v1/executions", ExecutionRequest{Code: "true", Files: []File{{Path: "a", ContentBase64: "!!"}}}, nil, 400, "not valid base64"},
@@ -72,7 +81,7 @@ func TestRejections(t *testing.T) {
 	}
 	e.wantNoWorkspaces()
 	_, _, metrics := e.do("GET", "/metrics", nil)
-	for _, want := range []string{`reason="too_large"} 5`, `reason="forbidden"} 5`, `reason="bad_request"} 21`} {
+	for _, want := range []string{`reason="too_large"} 7`, `reason="forbidden"} 5`, `reason="bad_request"} 25`} {
 		if !strings.Contains(string(metrics), want) {
 			t.Errorf("/metrics lacks %s", want)
 		}

@@ -62,6 +62,7 @@ type Server struct {
 
 	store     *Store
 	admission *Admission
+	decoding  decodeSlots
 	metrics   *metrics
 	handler   http.Handler
 
@@ -105,13 +106,14 @@ func New(d Deps) (*Server, error) {
 		log:      d.Logger,
 		store:    NewStore(d.Config.ResultsMax, time.Duration(d.Config.ResultsTTLMS)*time.Millisecond),
 		metrics:  newMetrics(),
+		decoding: make(decodeSlots, d.Config.MaxDecoding),
 	}
 	s.admission = NewAdmission(d.Config.MaxConcurrent, d.Config.MaxQueued, func(running, queued int) {
 		s.metrics.inFlight.Set(float64(running))
 		s.metrics.queued.Set(float64(queued))
 	})
 	s.metrics.reg.MustRegister(&poolCollector{size: d.Config.PoolSize, stats: s.PoolStats})
-	s.handler = s.guard(s.router())
+	s.handler = s.deadlines(s.guard(s.router()))
 	return s, nil
 }
 
@@ -186,11 +188,12 @@ func (s *Server) Prepare(ctx context.Context) error {
 			preload = []string{}
 		}
 		pool, err = NewPool(s.runner, PoolConfig{
-			Size:           s.cfg.PoolSize,
-			MaxIdle:        time.Duration(s.cfg.PoolMaxIdle),
-			Preload:        preload,
-			WorkRoot:       s.cfg.WorkRoot,
-			WorkspaceBytes: s.cfg.WorkspaceBytes,
+			Size:            s.cfg.PoolSize,
+			MaxIdle:         time.Duration(s.cfg.PoolMaxIdle),
+			Preload:         preload,
+			WorkRoot:        s.cfg.WorkRoot,
+			WorkspaceBytes:  s.cfg.WorkspaceBytes,
+			WorkspaceInodes: s.cfg.WorkspaceInodes,
 		}, templates, s.log)
 		if err != nil {
 			err = fmt.Errorf("warm pool: %w", err)

@@ -45,32 +45,47 @@ type File struct {
 // left; the API answers 507 and keeps serving.
 var ErrWorkspaceFull = errors.New("work root is full")
 
+// errTooManyFiles: a request's files would create more than max_input_files
+// entries (HTTP 413).
+var errTooManyFiles = errors.New("too many files")
+
+// reservedInput is the one name under /workspace/input/ the server writes
+// itself: no request file may be it or below it.
+const reservedInput = "request.json"
+
 // checkFilePath rejects request file paths that could land outside
-// /workspace/input/ (path traversal, CWE-22) or collide with request.json.
+// /workspace/input/ (path traversal, CWE-22), name input/ itself, or collide
+// with request.json: each would otherwise fail only when the workspace is
+// written (a 500), or turn request.json into a directory. Messages carry the
+// path clipped.
 func checkFilePath(p string) error {
+	q := clip(p)
 	switch {
 	case p == "":
 		return errors.New("path is empty")
 	case strings.ContainsRune(p, 0):
-		return fmt.Errorf("path %q contains a NUL byte", p)
+		return fmt.Errorf("path %q contains a NUL byte", q)
 	case strings.HasPrefix(p, "/"):
-		return fmt.Errorf("path %q is absolute: want a path relative to /workspace/input/", p)
+		return fmt.Errorf("path %q is absolute: want a path relative to /workspace/input/", q)
 	case strings.Contains(p, "\\"):
-		return fmt.Errorf("path %q contains a backslash", p)
+		return fmt.Errorf("path %q contains a backslash", q)
 	}
 	for _, c := range strings.Split(p, "/") {
 		if c == ".." {
-			return fmt.Errorf("path %q contains ..", p)
+			return fmt.Errorf("path %q contains ..", q)
 		}
 	}
 	if !filepath.IsLocal(p) || path.Clean(p) != p {
-		return fmt.Errorf("path %q is not a clean relative path", p)
+		return fmt.Errorf("path %q is not a clean relative path", q)
+	}
+	if p == "." {
+		return errors.New(`path "." names /workspace/input/ itself: want a file name`)
 	}
 	if strings.Count(p, "/") >= maxFileDepth {
-		return fmt.Errorf("path %q is deeper than %d directories", p, maxFileDepth)
+		return fmt.Errorf("path %q is deeper than %d directories", q, maxFileDepth)
 	}
-	if p == "request.json" {
-		return errors.New(`path "request.json" is reserved for the request's input`)
+	if p == reservedInput || strings.HasPrefix(p, reservedInput+"/") {
+		return fmt.Errorf("path %q is reserved: %s holds the request's input", q, reservedInput)
 	}
 	return nil
 }
@@ -81,32 +96,45 @@ type decodedFile struct {
 	data []byte
 }
 
-// decodeFiles validates every path and decodes every content; total counts
-// the decoded bytes.
-func decodeFiles(files []File) (out []decodedFile, total int64, err error) {
+// decodeFiles validates every path, checks that files and the directories
+// they need are at most maxEntries (each is an inode of the workspace tmpfs,
+// charged to the worker: SECURITY.md case 33), then decodes every content;
+// total counts the decoded bytes.
+func decodeFiles(files []File, maxEntries int) (out []decodedFile, total int64, err error) {
+	if len(files) > maxEntries {
+		return nil, 0, fmt.Errorf("%w: %d files, more than max_input_files (%d)", errTooManyFiles, len(files), maxEntries)
+	}
 	seen := map[string]bool{}
 	for i, f := range files {
 		if err := checkFilePath(f.Path); err != nil {
 			return nil, 0, fmt.Errorf("files[%d]: %w", i, err)
 		}
 		if seen[f.Path] {
-			return nil, 0, fmt.Errorf("files[%d]: duplicate path %q", i, f.Path)
+			return nil, 0, fmt.Errorf("files[%d]: duplicate path %q", i, clip(f.Path))
 		}
 		seen[f.Path] = true
+	}
+	// A file and a directory of the same name cannot both exist.
+	dirs := map[string]bool{}
+	for p := range seen {
+		for d := path.Dir(p); d != "." && !dirs[d]; d = path.Dir(d) {
+			if seen[d] {
+				return nil, 0, fmt.Errorf("files: %q is both a file and a directory", clip(d))
+			}
+			dirs[d] = true
+		}
+	}
+	if n := len(seen) + len(dirs); n > maxEntries {
+		return nil, 0, fmt.Errorf("%w: the files create %d entries under input/ (%d files, %d directories), more than max_input_files (%d)",
+			errTooManyFiles, n, len(seen), len(dirs), maxEntries)
+	}
+	for i, f := range files {
 		data, err := base64.StdEncoding.DecodeString(f.ContentBase64)
 		if err != nil {
-			return nil, 0, fmt.Errorf("files[%d] (%s): content_base64 is not valid base64: %v", i, f.Path, err)
+			return nil, 0, fmt.Errorf("files[%d] (%s): content_base64 is not valid base64: %v", i, clip(f.Path), err)
 		}
 		total += int64(len(data))
 		out = append(out, decodedFile{f.Path, data})
-	}
-	// A file and a directory of the same name cannot both exist.
-	for p := range seen {
-		for d := path.Dir(p); d != "."; d = path.Dir(d) {
-			if seen[d] {
-				return nil, 0, fmt.Errorf("files: %q is both a file and a directory", d)
-			}
-		}
 	}
 	return out, total, nil
 }
@@ -119,11 +147,20 @@ type Workspace struct {
 // workspaceLayout is what a sandbox finds in /workspace.
 var workspaceLayout = []string{"code", "input", "output", "output/artifacts"}
 
+// workspaceLayoutInodes are the inodes the server itself takes in a
+// workspace tmpfs: its root, code/, code/main.py, input/,
+// input/request.json, output/, output/artifacts/.
+const workspaceLayoutInodes = 7
+
+// minOutputInodes is the least room workspace_inodes must leave the code
+// beyond the layout and max_input_files.
+const minOutputInodes = 64
+
 // CreateWorkspace makes a fresh workspace under root for execution id, mounts
-// a tmpfs of size bytes on it (see mountWorkspace), writes the code, the
-// input and the files, and hands everything to the sandbox's host uid/gid so
-// uid 10001 inside can read it and write output/.
-func CreateWorkspace(root, id string, size int64, uid, gid int, code string, input []byte, files []decodedFile) (ws *Workspace, err error) {
+// a tmpfs of size bytes and inodes inodes on it (see mountWorkspace), writes
+// the code, the input and the files, and hands everything to the sandbox's
+// host uid/gid so uid 10001 inside can read it and write output/.
+func CreateWorkspace(root, id string, size, inodes int64, uid, gid int, code string, input []byte, files []decodedFile) (ws *Workspace, err error) {
 	if err := os.MkdirAll(root, 0o711); err != nil {
 		return nil, wrapSpace(fmt.Errorf("work root: %w", err))
 	}
@@ -138,7 +175,7 @@ func CreateWorkspace(root, id string, size int64, uid, gid int, code string, inp
 			ws = nil
 		}
 	}()
-	if err := mountWorkspace(dir, size, uid, gid); err != nil {
+	if err := mountWorkspace(dir, size, inodes, uid, gid); err != nil {
 		return ws, err
 	}
 	// os.Root: every write below stays inside dir whatever the names say

@@ -24,9 +24,16 @@ import (
 const workspaceMountFlags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
 
 // mountWorkspace mounts a tmpfs of size bytes on dir, its root owned by
-// uid:gid (the sandbox user as the host sees it) with mode 0700.
-func mountWorkspace(dir string, size int64, uid, gid int) error {
-	data := fmt.Sprintf("size=%d,mode=0700,uid=%d,gid=%d", size, uid, gid)
+// uid:gid (the sandbox user as the host sees it) with mode 0700. inodes
+// (nr_inodes) bounds its files: without it tmpfs allows half the host's RAM
+// pages, and a run creating millions of empty files fills the kernel's
+// inode and dentry slabs while using no bytes (SECURITY.md case 33).
+func mountWorkspace(dir string, size, inodes int64, uid, gid int) error {
+	if size <= 0 || inodes <= 0 {
+		// 0 means "unlimited" to tmpfs.
+		return fmt.Errorf("workspace tmpfs on %s: size and inodes must be > 0, got: %d, %d", dir, size, inodes)
+	}
+	data := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0700,uid=%d,gid=%d", size, inodes, uid, gid)
 	if err := unix.Mount("sandboxd-workspace", dir, "tmpfs", workspaceMountFlags, data); err != nil {
 		return fmt.Errorf("unable to mount the workspace tmpfs on %s: %w", dir, err)
 	}

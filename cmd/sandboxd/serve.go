@@ -82,14 +82,25 @@ func cmdServe(args []string) error {
 	if err != nil {
 		return err
 	}
-	hs := &http.Server{
-		Handler:           srv.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	listeners := []net.Listener{ln}
+	if cfg.WorkerSocket != "" {
+		// The same API for clients on this host, access by the socket's
+		// group and mode; closed (and removed) by Shutdown below.
+		uln, err := server.ListenUnix(cfg.WorkerSocket, cfg.WorkerSocketGroup, os.FileMode(cfg.WorkerSocketMode))
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		defer uln.Close()
+		listeners = append(listeners, uln)
 	}
-	served := make(chan error, 1)
-	go func() { served <- hs.Serve(ln) }()
-	log.Info("serving", "addr", ln.Addr().String())
+	// Timeouts and header limits: SECURITY.md case 32.
+	hs := srv.HTTPServer(slog.NewLogLogger(log.Handler(), slog.LevelWarn))
+	served := make(chan error, len(listeners))
+	for _, l := range listeners {
+		go func() { served <- hs.Serve(l) }()
+		log.Info("serving", "addr", l.Addr().String())
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

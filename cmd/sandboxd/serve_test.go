@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -52,8 +54,10 @@ func freePort(t *testing.T) int {
 }
 
 // `sandboxd serve` end to end: config from the environment, sweep, rootfs,
-// ready, an execution, then SIGTERM with one execution in flight past the
-// grace period: it is cancelled, the worker exits 0 and leaves nothing.
+// ready, an execution over TCP and one over worker_socket (its group and
+// mode as configured), a silent connection closed at read_header_timeout,
+// then SIGTERM with one execution in flight past the grace period: it is
+// cancelled, the worker exits 0 and leaves nothing, the socket included.
 func TestServeDrainsOnSIGTERM(t *testing.T) {
 	nsjailtest.RequireRoot(t)
 	bin := buildCLI(t)
@@ -64,10 +68,13 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 	work := filepath.Join(t.TempDir(), "work")
 	port := freePort(t)
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	sock := filepath.Join(filepath.Dir(state), "api.sock")
+	gid := socketGroup(t)
 	cmd := exec.Command(bin, "serve")
 	cmd.Env = append(os.Environ(), "EXECUTION_PYTHON_IMAGE=dir:"+rootfs, "EXECUTION_WORK_ROOT="+work,
 		"EXECUTION_STATE_ROOT="+state, "EXECUTION_CGROUP_PARENT="+cgroup, fmt.Sprintf("EXECUTION_WORKER_PORT=%d", port),
-		"EXECUTION_POOL_SIZE=0", "EXECUTION_SHUTDOWN_GRACE_MS=300", "EXECUTION_SOMETHING_ELSE=1")
+		"EXECUTION_POOL_SIZE=0", "EXECUTION_SHUTDOWN_GRACE_MS=300", "EXECUTION_SOMETHING_ELSE=1",
+		"EXECUTION_WORKER_SOCKET="+sock, fmt.Sprintf("EXECUTION_WORKER_SOCKET_GROUP=%d", gid), "EXECUTION_READ_HEADER_TIMEOUT=1s")
 	var logs bytes.Buffer
 	cmd.Stderr = &logs
 	if err := cmd.Start(); err != nil {
@@ -110,6 +117,32 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 	if code, v := post("echo served"); code != 200 || v["stdout"] != "served\n" {
 		t.Fatalf("execution: %d %v", code, v)
 	}
+	var st syscall.Stat_t
+	if err := syscall.Lstat(sock, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFSOCK || st.Mode&0o7777 != 0o660 || int(st.Gid) != gid {
+		t.Fatalf("worker_socket: mode %o gid %d (%v), want a socket 0660 gid %d", st.Mode, st.Gid, err, gid)
+	}
+	overSocket := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	resp, err := overSocket.Post("http://localhost/v1/executions", "application/json", strings.NewReader(`{"code": "echo via socket"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `"stdout":"via socket\n"`) {
+		t.Fatalf("execution over worker_socket: %d %s", resp.StatusCode, body)
+	}
+	// SECURITY.md case 32: a connection that sends nothing is closed.
+	silent, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	silent.SetReadDeadline(time.Now().Add(15 * time.Second))
+	if _, err := io.Copy(io.Discard, silent); err != nil {
+		t.Fatalf("a silent connection was not closed: %v", err)
+	}
+	silent.Close()
 	long := make(chan map[string]any, 1)
 	go func() { _, v := post("sleep 1007"); long <- v }()
 	for deadline := time.Now().Add(10 * time.Second); len(nsjailtest.ProcessesMatching("sleep 1007")) == 0; time.Sleep(10 * time.Millisecond) {
@@ -138,11 +171,28 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 	if err := nsjailtest.CheckNoLeftovers(state, cgroup); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`"msg":"swept orphans"`, `"msg":"rootfs ready"`, `"msg":"drained","cancelled":1`, `EXECUTION_SOMETHING_ELSE`} {
+	if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("worker_socket left after exit: %v", err)
+	}
+	for _, want := range []string{`"msg":"swept orphans"`, `"addr":"` + sock + `"`, `"msg":"rootfs ready"`, `"msg":"drained","cancelled":1`, `EXECUTION_SOMETHING_ELSE`} {
 		if !strings.Contains(logs.String(), want) {
 			t.Errorf("serve log lacks %s", want)
 		}
 	}
+}
+
+// socketGroup is a gid of this host other than root's.
+func socketGroup(t *testing.T) int {
+	data, _ := os.ReadFile("/etc/group")
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Split(line, ":"); len(f) > 2 && f[2] != "0" {
+			if gid, err := strconv.Atoi(f[2]); err == nil {
+				return gid
+			}
+		}
+	}
+	t.Skip("no group other than root")
+	return 0
 }
 
 func TestServeRefusesBadConfig(t *testing.T) {
