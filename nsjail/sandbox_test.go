@@ -61,7 +61,9 @@ func run(t *testing.T, r *nsjail.Runner, spec nsjail.Spec) *nsjail.Result {
 	return res
 }
 
-func sh(script string) []string { return []string{"/bin/sh", "-c", script} }
+func sh(script string, args ...string) []string {
+	return append([]string{"/bin/sh", "-c", script, "sh"}, args...)
+}
 
 func wantStatus(t *testing.T, res *nsjail.Result, want nsjail.Status) {
 	t.Helper()
@@ -352,6 +354,24 @@ func TestProcAndSysAreProtected(t *testing.T) {
 	}
 	if lines[6] != "lo" {
 		t.Fatalf("network interfaces: %q, want only lo", lines[6])
+	}
+}
+
+// SECURITY.md case 27 (Docker's GHSA-6fw5-f8r9-fgfm): each CPU's thermal
+// throttle counters are hidden: the directory is an empty tmpfs inside.
+// Only hosts whose CPUs have them (Intel, bare metal) can run it.
+func TestThermalThrottleIsMasked(t *testing.T) {
+	dirs, _ := filepath.Glob("/sys/devices/system/cpu/cpu*/thermal_throttle")
+	if len(dirs) == 0 {
+		t.Skip("no /sys/devices/system/cpu/cpu*/thermal_throttle on this host")
+	}
+	r := newRunner(t)
+	res := run(t, r, nsjail.Spec{Args: sh(`for d in "$@"; do echo "$d $(ls -A "$d" | wc -l)"; done`, dirs...)})
+	wantStatus(t, res, nsjail.StatusSucceeded)
+	for _, d := range dirs {
+		if !strings.Contains(string(res.Stdout), d+" 0\n") {
+			t.Errorf("%s is not empty inside the sandbox:\n%s", d, res.Stdout)
+		}
 	}
 }
 
