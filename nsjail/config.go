@@ -46,8 +46,15 @@ func (r *Runner) buildConfig(id string, spec *Spec, lim Limits) (*configs.Config
 		NoNewPrivileges: true,
 		Seccomp:         r.seccomp,
 		Rlimits:         rlimits(lim),
-		NoNewKeyring:    true, // keyctl is denied anyway; no session keyring to leak
-		Version:         "1.2.0",
+		// A new session keyring per sandbox ("_ses.<id>", runc's default),
+		// joined by libcontainer's init before seccomp is loaded: with
+		// NoNewKeyring every sandbox kept the worker's session keyring, or
+		// host root's user-session keyring when the worker had none
+		// (SECURITY.md case 28). keyctl stays denied (GUIDE §4 case 9).
+		// Each live sandbox's keyring counts as one key of host uid
+		// HostIDBase against kernel.keys.maxkeys (server/README.md).
+		NoNewKeyring: false,
+		Version:      "1.2.0",
 	}
 	if cfg.Hostname == "" {
 		cfg.Hostname = "sandbox"

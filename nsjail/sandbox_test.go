@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,6 +18,8 @@ import (
 
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+	"github.com/sandboxd/sandboxd/seccomp"
+	"golang.org/x/sys/unix"
 )
 
 // Every test binary gets its own state root and cgroup parent, so the
@@ -372,6 +375,41 @@ func TestThermalThrottleIsMasked(t *testing.T) {
 		if !strings.Contains(string(res.Stdout), d+" 0\n") {
 			t.Errorf("%s is not empty inside the sandbox:\n%s", d, res.Stdout)
 		}
+	}
+}
+
+// SECURITY.md case 28: each sandbox gets a new session keyring of its own,
+// as runc gives a container by default, instead of the worker's. The probe
+// needs keyctl, which the real profile denies (GUIDE §4 case 9), so this
+// sandbox runs under the profile plus keyctl.
+func TestSessionKeyringIsTheSandboxOwn(t *testing.T) {
+	nsjailtest.RequireRoot(t)
+	p := seccomp.Default()
+	for i := range p.Denied {
+		p.Denied[i].Names = slices.DeleteFunc(p.Denied[i].Names, func(n string) bool { return n == "keyctl" })
+	}
+	p.Rules = append(p.Rules, seccomp.Rule{Names: []string{"keyctl"}, Action: seccomp.ActAllow, Group: "test",
+		Reason: "the test reads the sandbox's session keyring"})
+	filter, err := p.Libcontainer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: testStateRoot, CgroupParent: testCgroupParent, Seccomp: filter, Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	worker, err := unix.KeyctlGetKeyringID(unix.KEY_SPEC_SESSION_KEYRING, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := run(t, r, nsjail.Spec{Args: []string{"/bin/probe", "keyring"}})
+	wantStatus(t, res, nsjail.StatusSucceeded)
+	serial, desc, _ := strings.Cut(strings.TrimSpace(string(res.Stdout)), " ")
+	if serial == strconv.Itoa(worker) {
+		t.Errorf("the sandbox shares the worker's session keyring %d: %s", worker, res.Stdout)
+	}
+	if want := ";_ses." + res.ID; !strings.HasSuffix(desc, want) {
+		t.Errorf("session keyring inside: %q, want a keyring named _ses.%s", res.Stdout, res.ID)
 	}
 }
 
