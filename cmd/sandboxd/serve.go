@@ -56,8 +56,8 @@ func cmdServe(args []string) error {
 	if err != nil {
 		return err
 	}
-	// The sweep below treats everything under the state root and cgroup
-	// parent as ours: refuse to start beside a live worker using them.
+	// The sweep below treats every sandbox under the state root and cgroup
+	// parent as an orphan: refuse to start beside a live worker using them.
 	release, err := runner.Claim()
 	if err != nil {
 		return err
