@@ -73,7 +73,7 @@ func TestLibcontainerContract(t *testing.T) {
 	if s.PidsCurrent != 1 || s.MemoryPeakBytes == 0 {
 		t.Errorf("stats of a cgroup holding one sleep: %+v", s)
 	}
-	removed, err := h.SweepOrphans(testParent, func(string) bool { return false }, nil)
+	removed, err := h.SweepOrphans(testParent, func(id string) bool { return id == "lc" }, nil)
 	if err != nil || len(removed) != 1 || removed[0] != "lc" {
 		t.Fatalf("sweep: %v, %v; want [lc]", removed, err)
 	}

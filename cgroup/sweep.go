@@ -14,23 +14,24 @@ import (
 
 // SweepOrphans removes the sandbox cgroups a crashed worker left behind on
 // this host. See Hierarchy.SweepOrphans.
-func SweepOrphans(parent string, live func(id string) bool, log *slog.Logger) ([]string, error) {
+func SweepOrphans(parent string, orphan func(id string) bool, log *slog.Logger) ([]string, error) {
 	h, err := Host()
 	if err != nil {
 		return nil, err
 	}
-	return h.SweepOrphans(parent, live, log)
+	return h.SweepOrphans(parent, orphan, log)
 }
 
 // SweepOrphans finds, in every hierarchy, the child cgroups of <own>/<parent>
-// whose id is not live, kills their processes (KillAll), waits until they are
-// empty and removes them, children first. It returns the ids removed; an id
-// that failed is left for the next sweep and its error joined into err.
-// Call it at start-up, after PrepareParent (on v2 the sandboxes' parent is
-// only known once the worker sits in its leaf) and before sandboxes start,
-// with live reporting the ids of sandboxes this worker still runs (none
-// after a restart).
-func (h *Hierarchy) SweepOrphans(parent string, live func(id string) bool, log *slog.Logger) (removed []string, err error) {
+// for which orphan(id) is true, kills their processes (KillAll), waits until
+// they are empty and removes them, children first. It returns the ids
+// removed; an id that failed is left for the next sweep and its error joined
+// into err. Every other child is left alone, whatever it holds: orphan must
+// name only cgroups the caller knows it created (SECURITY.md case 29; a
+// mistaken parent must never kill someone else's processes). Call it at
+// start-up, after PrepareParent (on v2 the sandboxes' parent is only known
+// once the worker sits in its leaf) and before sandboxes start.
+func (h *Hierarchy) SweepOrphans(parent string, orphan func(id string) bool, log *slog.Logger) (removed []string, err error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -48,7 +49,7 @@ func (h *Hierarchy) SweepOrphans(parent string, live func(id string) bool, log *
 			return nil, fmt.Errorf("cgroup sweep: %w", err)
 		}
 		for _, e := range entries {
-			if !e.IsDir() || live(e.Name()) {
+			if !e.IsDir() || !orphan(e.Name()) {
 				continue
 			}
 			if orphans[e.Name()] == nil {

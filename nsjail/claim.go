@@ -13,9 +13,9 @@ import (
 // Claim makes this Runner the only one on the host using its state root and
 // its cgroup parent, until release is called or the process exits (the
 // kernel drops flock locks with the process, so a SIGKILLed worker never
-// leaves a stale claim). Sweep treats everything under both as orphans of a
-// crashed worker: two live workers sharing either would kill each other's
-// sandboxes. A worker calls Claim before Sweep; a second one fails with a
+// leaves a stale claim). Sweep treats every sandbox under both as an orphan
+// of a crashed worker: two live workers sharing either would kill each
+// other's sandboxes. A worker calls Claim before Sweep; a second one fails with a
 // clear error instead.
 func (r *Runner) Claim() (release func(), err error) {
 	parentKey := strings.ReplaceAll(r.opts.CgroupParent, "/", "_")

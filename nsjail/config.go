@@ -2,7 +2,13 @@ package nsjail
 
 import (
 	"fmt"
+	"os"
 	"path"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
 
 	"github.com/opencontainers/cgroups"
 	devcfg "github.com/opencontainers/cgroups/devices/config"
@@ -30,7 +36,7 @@ func (r *Runner) buildConfig(id string, spec *Spec, lim Limits) (*configs.Config
 		},
 		Mounts:        mounts(spec, lim),
 		Devices:       devices(),
-		MaskPaths:     maskedPaths,
+		MaskPaths:     maskedPaths(),
 		ReadonlyPaths: readonlyPaths,
 		// Loopback only: the sandbox has no route anywhere else.
 		Networks: []*configs.Network{{Type: "loopback", Address: "127.0.0.1/0", Gateway: "localhost"}},
@@ -40,8 +46,15 @@ func (r *Runner) buildConfig(id string, spec *Spec, lim Limits) (*configs.Config
 		NoNewPrivileges: true,
 		Seccomp:         r.seccomp,
 		Rlimits:         rlimits(lim),
-		NoNewKeyring:    true, // keyctl is denied anyway; no session keyring to leak
-		Version:         "1.2.0",
+		// A new session keyring per sandbox ("_ses.<id>", runc's default),
+		// joined by libcontainer's init before seccomp is loaded: with
+		// NoNewKeyring every sandbox kept the worker's session keyring, or
+		// host root's user-session keyring when the worker had none
+		// (SECURITY.md case 28). keyctl stays denied (GUIDE §4 case 9).
+		// Each live sandbox's keyring counts as one key of host uid
+		// HostIDBase against kernel.keys.maxkeys (server/README.md).
+		NoNewKeyring: false,
+		Version:      "1.2.0",
 	}
 	if cfg.Hostname == "" {
 		cfg.Hostname = "sandbox"
@@ -106,12 +119,76 @@ func devices() []*devcfg.Device {
 	}
 }
 
-// maskedPaths hide kernel information that helps an attacker (kernel memory,
-// keys, timing side channels); runc's defaults plus /proc/kallsyms.
-var maskedPaths = []string{
+// staticMaskedPaths hide kernel information that helps an attacker (kernel
+// memory, keys, timing side channels); runc's defaults plus /proc/kallsyms
+// and /sys/devices/virtual/powercap (RAPL energy counters, PLATYPUS,
+// CVE-2020-8694).
+var staticMaskedPaths = []string{
 	"/proc/acpi", "/proc/asound", "/proc/interrupts", "/proc/kcore", "/proc/keys",
 	"/proc/kallsyms", "/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats",
 	"/proc/sched_debug", "/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap",
+}
+
+// maskedPaths are staticMaskedPaths plus every possible CPU's
+// thermal_throttle directory (SECURITY.md case 27, Docker's
+// GHSA-6fw5-f8r9-fgfm): its throttle counters, like the thermal interrupt
+// counts in /proc/interrupts, are a host-wide thermal side channel on what
+// runs on each core. libcontainer masks literal paths, so they are listed per
+// CPU; the list is built once, without checking which exist (the kernel
+// adds the directory when a CPU comes online, and libcontainer skips
+// absent paths at each start). Directories after the first cost one bind
+// mount each: libcontainer reuses one read-only tmpfs for all of them.
+var maskedPaths = sync.OnceValue(func() []string {
+	return append(slices.Clip(staticMaskedPaths), thermalThrottlePaths("/sys")...)
+})
+
+// thermalThrottlePaths lists /sys/devices/system/cpu/cpuN/thermal_throttle
+// for every CPU in sysRoot's devices/system/cpu/possible.
+func thermalThrottlePaths(sysRoot string) []string {
+	data, err := os.ReadFile(filepath.Join(sysRoot, "devices/system/cpu/possible"))
+	if err != nil {
+		return nil // no sysfs CPU list, no per-CPU directories either
+	}
+	cpus, err := parseCPUList(strings.TrimSpace(string(data)))
+	if err != nil {
+		return nil
+	}
+	paths := make([]string, 0, len(cpus))
+	for _, n := range cpus {
+		paths = append(paths, fmt.Sprintf("/sys/devices/system/cpu/cpu%d/thermal_throttle", n))
+	}
+	return paths
+}
+
+// maxCPUs bounds a CPU list (the kernel's NR_CPUS maximum is 8192).
+const maxCPUs = 8192
+
+// parseCPUList parses the kernel's CPU list format ("0-3,8,10-11").
+func parseCPUList(s string) ([]int, error) {
+	var cpus []int
+	if s == "" {
+		return nil, nil
+	}
+	for _, part := range strings.Split(s, ",") {
+		lo, hi, isRange := strings.Cut(part, "-")
+		first, err := strconv.Atoi(lo)
+		if err != nil || first < 0 {
+			return nil, fmt.Errorf("bad CPU list %q", s)
+		}
+		last := first
+		if isRange {
+			if last, err = strconv.Atoi(hi); err != nil || last < first {
+				return nil, fmt.Errorf("bad CPU list %q", s)
+			}
+		}
+		if last >= maxCPUs || len(cpus)+last-first+1 > maxCPUs {
+			return nil, fmt.Errorf("CPU list %q names more than %d CPUs", s, maxCPUs)
+		}
+		for n := first; n <= last; n++ {
+			cpus = append(cpus, n)
+		}
+	}
+	return cpus, nil
 }
 
 // readonlyPaths cannot be written even by the sandbox's root: /proc/sys

@@ -200,6 +200,12 @@ func (r *Runner) Start(spec Spec) (*Sandbox, error) {
 	if err != nil {
 		return fail("unable to create sandbox: %v", err)
 	}
+	// Before anything runs or any cgroup exists: Sweep removes only what
+	// carries the marker.
+	if err := markOwned(r.stateDir(id)); err != nil {
+		_ = c.Destroy()
+		return fail("unable to mark the sandbox's state directory: %v", err)
+	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
 		_ = c.Destroy()

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,6 +18,8 @@ import (
 
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+	"github.com/sandboxd/sandboxd/seccomp"
+	"golang.org/x/sys/unix"
 )
 
 // Every test binary gets its own state root and cgroup parent, so the
@@ -61,7 +64,9 @@ func run(t *testing.T, r *nsjail.Runner, spec nsjail.Spec) *nsjail.Result {
 	return res
 }
 
-func sh(script string) []string { return []string{"/bin/sh", "-c", script} }
+func sh(script string, args ...string) []string {
+	return append([]string{"/bin/sh", "-c", script, "sh"}, args...)
+}
 
 func wantStatus(t *testing.T, res *nsjail.Result, want nsjail.Status) {
 	t.Helper()
@@ -370,6 +375,59 @@ func TestOnlyLoopbackIsReachable(t *testing.T) {
 	want := strings.Repeat("ENETUNREACH\n", 6) + "ECONNREFUSED\nECONNREFUSED\n"
 	if string(res.Stdout) != want {
 		t.Fatalf("connect results:\n%s\nwant:\n%s\nstderr: %s", res.Stdout, want, res.Stderr)
+	}
+}
+
+// SECURITY.md case 27 (Docker's GHSA-6fw5-f8r9-fgfm): each CPU's thermal
+// throttle counters are hidden: the directory is an empty tmpfs inside.
+// Only hosts whose CPUs have them (Intel, bare metal) can run it.
+func TestThermalThrottleIsMasked(t *testing.T) {
+	dirs, _ := filepath.Glob("/sys/devices/system/cpu/cpu*/thermal_throttle")
+	if len(dirs) == 0 {
+		t.Skip("no /sys/devices/system/cpu/cpu*/thermal_throttle on this host")
+	}
+	r := newRunner(t)
+	res := run(t, r, nsjail.Spec{Args: sh(`for d in "$@"; do echo "$d $(ls -A "$d" | wc -l)"; done`, dirs...)})
+	wantStatus(t, res, nsjail.StatusSucceeded)
+	for _, d := range dirs {
+		if !strings.Contains(string(res.Stdout), d+" 0\n") {
+			t.Errorf("%s is not empty inside the sandbox:\n%s", d, res.Stdout)
+		}
+	}
+}
+
+// SECURITY.md case 28: each sandbox gets a new session keyring of its own,
+// as runc gives a container by default, instead of the worker's. The probe
+// needs keyctl, which the real profile denies (GUIDE §4 case 9), so this
+// sandbox runs under the profile plus keyctl.
+func TestSessionKeyringIsTheSandboxOwn(t *testing.T) {
+	nsjailtest.RequireRoot(t)
+	p := seccomp.Default()
+	for i := range p.Denied {
+		p.Denied[i].Names = slices.DeleteFunc(p.Denied[i].Names, func(n string) bool { return n == "keyctl" })
+	}
+	p.Rules = append(p.Rules, seccomp.Rule{Names: []string{"keyctl"}, Action: seccomp.ActAllow, Group: "test",
+		Reason: "the test reads the sandbox's session keyring"})
+	filter, err := p.Libcontainer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: testStateRoot, CgroupParent: testCgroupParent, Seccomp: filter, Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	worker, err := unix.KeyctlGetKeyringID(unix.KEY_SPEC_SESSION_KEYRING, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := run(t, r, nsjail.Spec{Args: []string{"/bin/probe", "keyring"}})
+	wantStatus(t, res, nsjail.StatusSucceeded)
+	serial, desc, _ := strings.Cut(strings.TrimSpace(string(res.Stdout)), " ")
+	if serial == strconv.Itoa(worker) {
+		t.Errorf("the sandbox shares the worker's session keyring %d: %s", worker, res.Stdout)
+	}
+	if want := ";_ses." + res.ID; !strings.HasSuffix(desc, want) {
+		t.Errorf("session keyring inside: %q, want a keyring named _ses.%s", res.Stdout, res.ID)
 	}
 }
 

@@ -13,30 +13,62 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// ownerMarker is the file, in a sandbox's state directory, that says
+// sandboxd created it. Start writes it right after libcontainer creates the
+// directory, before the sandbox's cgroups exist or anything runs in them;
+// libcontainer removes the cgroups before the directory. So every cgroup and
+// container of ours has a marked state directory for as long as it exists,
+// SIGKILL of the worker included.
+const ownerMarker = "sandboxd-owner"
+
+func markOwned(stateDir string) error {
+	f, err := os.OpenFile(filepath.Join(stateDir, ownerMarker), os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString("sandboxd\n")
+	return errors.Join(err, f.Close())
+}
+
+// isOwned reports whether the state directory carries ownerMarker as a
+// regular file.
+func isOwned(stateDir string) bool {
+	fi, err := os.Lstat(filepath.Join(stateDir, ownerMarker))
+	return err == nil && fi.Mode().IsRegular()
+}
+
 // Sweep removes every sandbox left behind by a worker that died without
 // cleaning up (SIGKILL, OOM, power loss): for each state directory under the
-// state root it kills what is still running (only the init libcontainer
-// recorded, identified by pid and start time, so a reused pid is never
-// signalled) and destroys the container, which removes its cgroups. Call it
-// on start, before serving; it must not run concurrently with Run or Start
-// (it treats every sandbox under the cgroup parent as an orphan).
+// state root that carries sandboxd's marker, it kills what is still running
+// (only the init libcontainer recorded, identified by pid and start time, so
+// a reused pid is never signalled) and destroys the container, which removes
+// its cgroups; then it kills and removes the cgroups of marked sandboxes
+// whose start died half-way. Anything unmarked, under the state root or the
+// cgroup parent, is left alone and logged: a mistaken state_root or
+// cgroup_parent (pointing at runc's, or at a parent with other cgroups)
+// never kills someone else's containers (SECURITY.md case 29). Call it on
+// start, before serving; it must not run concurrently with Run or Start.
 func (r *Runner) Sweep() (removed []string, err error) {
 	entries, err := os.ReadDir(r.opts.StateRoot)
 	if err != nil {
 		return nil, fmt.Errorf("unable to read state root: %w", err)
 	}
 	var errs []error
+	ours := map[string]bool{}
+	var halfStarted []string
 	for _, e := range entries {
 		id := e.Name()
+		if !e.IsDir() || !isOwned(r.stateDir(id)) {
+			r.log.Warn("sweep: leaving an entry sandboxd did not create", "path", r.stateDir(id))
+			continue
+		}
+		ours[id] = true
 		c, err := libcontainer.Load(r.opts.StateRoot, id)
 		if err != nil {
-			// A state directory without a usable state.json: a start that
-			// died half-way. Nothing runs from it; drop the directory.
-			if rmErr := os.RemoveAll(r.stateDir(id)); rmErr != nil {
-				errs = append(errs, rmErr)
-				continue
-			}
-			removed = append(removed, id)
+			// No usable state.json: a start that died half-way. Its init
+			// may be running in its cgroups; they are swept below, then the
+			// directory goes.
+			halfStarted = append(halfStarted, id)
 			continue
 		}
 		if err := c.Signal(unix.SIGKILL); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
@@ -49,11 +81,21 @@ func (r *Runner) Sweep() (removed []string, err error) {
 		r.log.Info("swept orphan sandbox", "sandbox", id)
 		removed = append(removed, id)
 	}
-	// Cgroups whose state directory never existed or is already gone (a
-	// crash between the two): kill what they hold and remove them.
-	cgRemoved, err := cgroup.SweepOrphans(r.opts.CgroupParent, func(string) bool { return false }, r.log)
-	if err != nil {
-		errs = append(errs, err)
+	// The cgroups of marked sandboxes that are still there (half-started
+	// ones); no other child of the parent is touched.
+	cgRemoved, cgErr := cgroup.SweepOrphans(r.opts.CgroupParent, func(id string) bool { return ours[id] }, r.log)
+	if cgErr != nil {
+		// Keep the half-started state directories: their marker is what
+		// lets the next sweep retry their cgroups.
+		errs = append(errs, cgErr)
+	} else {
+		for _, id := range halfStarted {
+			if err := os.RemoveAll(r.stateDir(id)); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			removed = append(removed, id)
+		}
 	}
 	for _, id := range cgRemoved {
 		if !slices.Contains(removed, id) {

@@ -3,11 +3,16 @@ package nsjail_test
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
@@ -115,4 +120,111 @@ func newRunnerAt(t *testing.T, stateRoot, cgroupParent string) *nsjail.Runner {
 		}
 	})
 	return r
+}
+
+// SECURITY.md case 29: the sweep removes only what carries sandboxd's
+// marker. Under the same state root and cgroup parent, a running container
+// without the marker (a sandbox whose marker the test removed: to the sweep,
+// someone else's libcontainer container), a foreign cgroup with a process in
+// it and a stray file all survive; a marked half-started sandbox (state
+// directory without state.json, its cgroup holding a process) is removed.
+func TestSweepRemovesOnlyMarked(t *testing.T) {
+	r := newRunner(t)
+	foreign, err := r.Start(nsjail.Spec{Rootfs: nsjailtest.BusyboxRootfs(t), Args: []string{"sleep", "3001"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		foreign.Wait(ctx)
+		nsjail.WaitForCleanup()
+	}()
+	if err := os.Remove(filepath.Join(testStateRoot, foreign.ID(), "sandboxd-owner")); err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	stray := filepath.Join(testStateRoot, "not-a-sandbox")
+	if err := os.WriteFile(stray, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(stray)
+
+	dirs, err := nsjailtest.ParentCgroupDirs(testCgroupParent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreignCg := cgroupWithProcess(t, dirs, "foreign-cgroup", "sleep 3002")
+	const half = "sbx-half-started"
+	if err := os.MkdirAll(filepath.Join(testStateRoot, half), 0o711); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(testStateRoot, half, "sandboxd-owner"), []byte("sandboxd\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cgroupWithProcess(t, dirs, half, "sleep 3003")
+
+	removed, err := newRunner(t).Sweep()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(removed, []string{half}) {
+		t.Errorf("swept %v, want only [%s]", removed, half)
+	}
+	if len(nsjailtest.ProcessesMatching("sleep 3003")) > 0 {
+		t.Errorf("the half-started sandbox's process was not killed")
+	}
+	if _, err := os.Stat(filepath.Join(testStateRoot, half)); !os.IsNotExist(err) {
+		t.Errorf("the half-started sandbox's state directory is still there: %v", err)
+	}
+	for name, pat := range map[string]string{"unmarked container": "sleep 3001", "foreign cgroup": "sleep 3002"} {
+		if len(nsjailtest.ProcessesMatching(pat)) == 0 {
+			t.Errorf("the %s's process was killed", name)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(testStateRoot, foreign.ID(), "state.json")); err != nil {
+		t.Errorf("the unmarked container's state is gone: %v", err)
+	}
+	if _, err := os.Stat(stray); err != nil {
+		t.Errorf("a stray file under the state root is gone: %v", err)
+	}
+	_ = foreignCg.Process.Kill()
+	_ = foreignCg.Wait()
+}
+
+// cgroupWithProcess creates <dir>/<name> in every parent cgroup directory
+// and starts sh -c "exec <command>" in one of them (not cpuset, which v1
+// leaves empty). The cgroups are removed at cleanup, after the process.
+func cgroupWithProcess(t *testing.T, parents []string, name, command string) *exec.Cmd {
+	t.Helper()
+	var join string
+	var made []string
+	for _, p := range parents {
+		d := filepath.Join(p, name)
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		made = append(made, d)
+		if join == "" && !strings.Contains(p, "cpuset") {
+			join = d
+		}
+	}
+	cmd := exec.Command("sh", "-c", fmt.Sprintf("echo $$ > %q/cgroup.procs && exec %s", join, command))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		for _, d := range made {
+			_ = os.Remove(d)
+		}
+	})
+	for range 500 {
+		if procs, _ := os.ReadFile(filepath.Join(join, "cgroup.procs")); strings.Contains(string(procs), strconv.Itoa(cmd.Process.Pid)) {
+			return cmd
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%s did not join %s", command, join)
+	return nil
 }

@@ -7,10 +7,12 @@
 //	DIR/images/sha256-<hex>/image.json  what it is (Image, as JSON)
 //	DIR/tmp/                            unpacks in progress (0700)
 //	DIR/locks/sha256-<hex>.lock         flock: one unpack per digest at a time
+//	DIR/locks/sha256-<hex>.use          flock, shared: the image is in use
 //
 // Trees are keyed by manifest digest and appear only by one atomic rename of a
 // complete, verified tree; a failed unpack removes its temporary directory, and
-// a crashed one is swept by the next unpack of that digest or by GC.
+// a crashed one is swept by the next unpack of that digest or by GC. GC
+// removes a tree only while it can lock both files exclusively.
 package rootfs
 
 import (
@@ -162,22 +164,70 @@ func (c *Cache) Unpack(ctx context.Context, ref string) (Image, error) {
 	return c.UnpackImage(ctx, ref, img)
 }
 
-// UnpackImage is Unpack for an image already resolved; ref is only recorded.
-func (c *Cache) UnpackImage(ctx context.Context, ref string, img v1.Image) (Image, error) {
+// UnpackAndUse is Unpack that returns with the image already marked in use
+// (see Use), so no GC can remove it between the unpack and its use.
+func (c *Cache) UnpackAndUse(ctx context.Context, ref string) (Image, func(), error) {
+	img, err := Resolve(ctx, ref)
+	if err != nil {
+		return Image{}, nil, err
+	}
+	return c.UnpackImageAndUse(ctx, ref, img)
+}
+
+// testHookUnpacked, when set, runs in UnpackImageAndUse after the unpack and
+// before it returns: where `serve` used to release the unpack's lock and
+// then take the in-use hold.
+var testHookUnpacked func()
+
+// UnpackImageAndUse is UnpackAndUse for an image already resolved. The
+// in-use hold is taken first, before the cache is even looked at, and GC
+// removes nothing held (SECURITY.md case 36): there is no moment between
+// publishing (or finding) the tree and holding it.
+func (c *Cache) UnpackImageAndUse(ctx context.Context, ref string, img v1.Image) (Image, func(), error) {
+	key, err := imageKey(ref, img)
+	if err != nil {
+		return Image{}, nil, err
+	}
+	release, err := c.lock(ctx, key+".use", unix.LOCK_SH)
+	if err != nil {
+		return Image{}, nil, fmt.Errorf("unpack %s: %w", ref, err)
+	}
+	meta, err := c.UnpackImage(ctx, ref, img)
+	if err != nil {
+		release()
+		return Image{}, nil, err
+	}
+	if testHookUnpacked != nil {
+		testHookUnpacked()
+	}
+	return meta, release, nil
+}
+
+func imageKey(ref string, img v1.Image) (string, error) {
 	d, err := img.Digest()
 	if err != nil {
-		return Image{}, fmt.Errorf("unpack %s: %w", ref, err)
+		return "", fmt.Errorf("unpack %s: %w", ref, err)
 	}
 	key, err := keyOf(d.String())
 	if err != nil {
-		return Image{}, fmt.Errorf("unpack %s: %w", ref, err)
+		return "", fmt.Errorf("unpack %s: %w", ref, err)
 	}
+	return key, nil
+}
+
+// UnpackImage is Unpack for an image already resolved; ref is only recorded.
+func (c *Cache) UnpackImage(ctx context.Context, ref string, img v1.Image) (Image, error) {
+	key, err := imageKey(ref, img)
+	if err != nil {
+		return Image{}, err
+	}
+	d := "sha256:" + strings.TrimPrefix(key, "sha256-")
 	if pub, err := c.readPublished(key); err == nil {
 		pub.Cached = true
 		return pub, nil
 	}
 
-	unlock, err := c.lock(ctx, key, unix.LOCK_EX)
+	unlock, err := c.lock(ctx, key+".lock", unix.LOCK_EX)
 	if err != nil {
 		return Image{}, fmt.Errorf("unpack %s: %w", ref, err)
 	}
@@ -207,7 +257,7 @@ func (c *Cache) UnpackImage(ctx context.Context, ref string, img v1.Image) (Imag
 	if err != nil {
 		return Image{}, fmt.Errorf("unpack %s: %w", ref, err)
 	}
-	meta.Digest = d.String()
+	meta.Digest = d
 	meta.Ref = ref
 	meta.UnpackedAt = time.Now().UTC()
 	data, err := json.MarshalIndent(meta, "", "  ")
@@ -299,9 +349,11 @@ func syncDir(dir string) error {
 	return unix.Syncfs(int(f.Fd()))
 }
 
-// lock takes an flock on the digest's lock file, polling so ctx can cancel.
-func (c *Cache) lock(ctx context.Context, key string, how int) (func(), error) {
-	f, err := os.OpenFile(filepath.Join(c.dir, "locks", key+".lock"), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+// lock takes an flock on the file locks/<name>, polling so ctx can cancel.
+// The lock lasts until the returned func is called: it keeps the file
+// reachable, so no finalizer closes it (and drops the lock) before.
+func (c *Cache) lock(ctx context.Context, name string, how int) (func(), error) {
+	f, err := os.OpenFile(filepath.Join(c.dir, "locks", name), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, err
 	}
@@ -312,7 +364,7 @@ func (c *Cache) lock(ctx context.Context, key string, how int) (func(), error) {
 		}
 		if !errors.Is(err, unix.EWOULDBLOCK) {
 			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", key, err)
+			return nil, fmt.Errorf("lock %s: %w", name, err)
 		}
 		select {
 		case <-ctx.Done():
@@ -324,14 +376,15 @@ func (c *Cache) lock(ctx context.Context, key string, how int) (func(), error) {
 }
 
 // Use marks a published image as in use until release is called: GC skips
-// it. A worker calls it once for the image it serves and holds it for its
-// lifetime (it keeps one file descriptor open).
+// it. It holds one file descriptor open; the caller must keep release
+// reachable and call it (a worker, at exit). UnpackAndUse takes the same
+// hold without a gap after unpacking.
 func (c *Cache) Use(ctx context.Context, digest string) (release func(), err error) {
 	key, err := keyOf(digest)
 	if err != nil {
 		return nil, err
 	}
-	unlock, err := c.lock(ctx, key, unix.LOCK_SH)
+	unlock, err := c.lock(ctx, key+".use", unix.LOCK_SH)
 	if err != nil {
 		return nil, err
 	}
@@ -385,9 +438,14 @@ func (c *Cache) GC(keep ...string) ([]string, error) {
 			continue
 		}
 		key, _ := keyOf(img.Digest)
-		unlock, err := c.tryLock(key)
+		unuse, err := c.tryLock(key + ".use")
 		if err != nil {
-			continue // in use or being unpacked
+			continue // in use
+		}
+		unlock, err := c.tryLock(key + ".lock")
+		if err != nil {
+			unuse()
+			continue // being unpacked
 		}
 		// Unpublish atomically first, then delete at leisure.
 		trash, err := os.MkdirTemp(filepath.Join(c.dir, "tmp"), "gc-")
@@ -399,6 +457,7 @@ func (c *Cache) GC(keep ...string) ([]string, error) {
 			removed = append(removed, img.Digest)
 		}
 		unlock()
+		unuse()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("gc %s: %w", img.Digest, err))
 		}
@@ -412,7 +471,7 @@ func (c *Cache) GC(keep ...string) ([]string, error) {
 			continue
 		}
 		if i := strings.LastIndexByte(name, '-'); i > 0 {
-			if unlock, err := c.tryLock(name[:i]); err == nil {
+			if unlock, err := c.tryLock(name[:i] + ".lock"); err == nil {
 				os.RemoveAll(filepath.Join(c.dir, "tmp", name))
 				unlock()
 			}
@@ -421,8 +480,8 @@ func (c *Cache) GC(keep ...string) ([]string, error) {
 	return removed, errors.Join(errs...)
 }
 
-func (c *Cache) tryLock(key string) (func(), error) {
+func (c *Cache) tryLock(name string) (func(), error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // one attempt only
-	return c.lock(ctx, key, unix.LOCK_EX)
+	return c.lock(ctx, name, unix.LOCK_EX)
 }

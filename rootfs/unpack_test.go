@@ -257,6 +257,44 @@ func TestListUseGC(t *testing.T) {
 	}
 }
 
+// SECURITY.md case 36: UnpackAndUse returns with the image held, and no GC
+// can slip in between the unpack and the hold: the hook runs GC exactly
+// where `serve` used to go from Unpack to Use. Both a fresh unpack and a
+// cached one.
+func TestUnpackAndUseLeavesNoGapForGC(t *testing.T) {
+	w := newWorld(t)
+	img := imageOf(t, tarOf(t, file("a", "a")))
+	var gcRemoved []string
+	testHookUnpacked = func() {
+		removed, err := w.cache.GC()
+		if err != nil {
+			t.Error(err)
+		}
+		gcRemoved = append(gcRemoved, removed...)
+	}
+	t.Cleanup(func() { testHookUnpacked = nil })
+	for _, wantCached := range []bool{false, true} {
+		got, release, err := w.cache.UnpackImageAndUse(ctx(t), "a", img)
+		if err != nil {
+			t.Fatalf("cached=%v: %v", wantCached, err)
+		}
+		if got.Cached != wantCached {
+			t.Errorf("Cached = %v, want %v", got.Cached, wantCached)
+		}
+		if len(gcRemoved) > 0 {
+			t.Fatalf("cached=%v: a GC right after the unpack removed %v", wantCached, gcRemoved)
+		}
+		if _, err := os.Stat(filepath.Join(got.RootfsPath, "a")); err != nil {
+			t.Fatalf("cached=%v: rootfs gone: %v", wantCached, err)
+		}
+		release()
+	}
+	testHookUnpacked = nil
+	if removed, err := w.cache.GC(); err != nil || len(removed) != 1 {
+		t.Errorf("GC after release removed %v (%v), want the image", removed, err)
+	}
+}
+
 // busyboxImage is a real, runnable image: busybox-static's /bin/busybox with
 // its applet symlinks in a first layer, and a second layer that deletes one
 // applet and adds a file, so whiteouts are exercised on a real tree.

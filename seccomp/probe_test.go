@@ -213,6 +213,11 @@ func deniedProbes(t *testing.T, p *seccomp.Profile, defErr unix.Errno) []probe {
 		probe{"socket-inet6-allowed", fmt.Sprintf("nr %d %d 0xffff 0", nr("socket"), unix.AF_INET6), errnoStr(unix.EINVAL)},
 		probe{"mknodat-fifo-allowed", fmt.Sprintf("nr %d -100 1 %#x 0", nr("mknodat"), unix.S_IFIFO|0o644), errnoStr(unix.EFAULT)},
 		probe{"mknodat-chardev", fmt.Sprintf("nr %d -100 1 %#x 0x103", nr("mknodat"), unix.S_IFCHR|0o666), errnoStr(defErr)},
+		// SECURITY.md case 26: calls that would succeed (and charge host
+		// root's inotify/fanotify counts) if the filter let them through.
+		probe{"inotify_init1-valid", fmt.Sprintf("nr %d %#x", nr("inotify_init1"), unix.IN_CLOEXEC), errnoStr(defErr)},
+		probe{"fanotify_init-unprivileged", fmt.Sprintf("nr %d %#x %#x", nr("fanotify_init"),
+			unix.FAN_CLASS_NOTIF|unix.FAN_REPORT_FID|unix.FAN_CLOEXEC, unix.O_RDONLY), errnoStr(defErr)},
 		probe{"first-number-above-profile", fmt.Sprintf("nr %d", above+1), errnoStr(unix.ENOSYS)},
 		probe{"future-syscall-1000", "nr 1000", errnoStr(unix.ENOSYS)},
 	)

@@ -146,10 +146,9 @@ func Default() *Profile {
 
 	// --- event loops
 	allow("events", "I/O multiplexing: selectors, asyncio, the Go runtime's netpoller, joblib/loky's executor", "",
-		"pselect6", "ppoll", "epoll_create1", "epoll_ctl", "epoll_pwait", "epoll_pwait2", "eventfd2", "pipe2",
-		"inotify_init1", "inotify_add_watch", "inotify_rm_watch")
+		"pselect6", "ppoll", "epoll_create1", "epoll_ctl", "epoll_pwait", "epoll_pwait2", "eventfd2", "pipe2")
 	allowX86("events", "legacy forms of the event calls",
-		"select", "poll", "epoll_create", "epoll_wait", "eventfd", "pipe", "inotify_init")
+		"select", "poll", "epoll_create", "epoll_wait", "eventfd", "pipe")
 
 	// --- system information
 	allow("info", "uname (platform module), sysinfo (os.cpu_count fallbacks), getrandom (hash seeds, secrets, numpy's default_rng)", "",
@@ -245,7 +244,14 @@ func defaultDenied() []Denial {
 		{Names: []string{"swapon", "swapoff", "acct", "quotactl", "syslog", "vhangup", "sethostname", "setdomainname"}, Group: "kernel",
 			Reason: "host administration",
 			Ref:    refDockerDefault},
-		{Names: []string{"fanotify_init", "mbind", "set_mempolicy", "migrate_pages", "move_pages", "personality", "uselib", "ustat", "sysfs", "iopl", "ioperm", "modify_ldt", "lookup_dcookie"}, Group: "kernel",
+		// SECURITY.md case 26: the inotify limits are per-user counts
+		// charged up the user namespace chain (kernel ucounts).
+		{Names: []string{"inotify_init", "inotify_init1", "inotify_add_watch", "inotify_rm_watch", "fanotify_init", "fanotify_mark"}, Group: "isolation",
+			Reason: "file-change watches, unused by the stack (asyncio and selectors poll with epoll). Their instances, watches and marks count " +
+				"against the user namespace owner's limits, host root's, so one sandbox could use up fs.inotify.max_user_instances for the whole " +
+				"host (systemd, journald); and a watch on the shared read-only rootfs would see the files other sandboxes open",
+			Ref: "https://man7.org/linux/man-pages/man7/inotify.7.html"},
+		{Names: []string{"mbind", "set_mempolicy", "migrate_pages", "move_pages", "personality", "uselib", "ustat", "sysfs", "iopl", "ioperm", "modify_ldt", "lookup_dcookie"}, Group: "kernel",
 			Reason: "host-wide or legacy interfaces with no use in the sandbox (modify_ldt: CVE-2015-5157)",
 			Ref:    refDockerDefault},
 		{Names: []string{"shmget", "shmat", "shmdt", "shmctl", "semget", "semop", "semctl", "semtimedop", "msgget", "msgsnd", "msgrcv", "msgctl", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr"}, Group: "ipc",

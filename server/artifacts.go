@@ -20,7 +20,9 @@ import (
 	"os"
 	"path"
 	"sort"
+	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 )
@@ -54,6 +56,7 @@ const (
 	ReasonCountLimit     = "count_limit"
 	ReasonUnreadable     = "unreadable"
 	ReasonTooManyEntries = "too_many_entries"
+	ReasonNameNotUTF8    = "name_not_utf8"
 )
 
 // ArtifactLimits bound what is collected.
@@ -268,6 +271,15 @@ func (c *collector) walk(dirfd int, prefix string, depth int) {
 	sort.Strings(names)
 	for _, name := range names {
 		rel := path.Join(prefix, name)
+		if !utf8.ValidString(name) {
+			// JSON has only UTF-8: encoding/json turns each invalid byte
+			// into U+FFFD, so files whose names differ only there would
+			// come back under one name (SECURITY.md case 30). Not returned;
+			// the omitted entry names it Go-quoted, which is injective, and
+			// only this reason carries quoted names.
+			c.omit(quotedName(rel), ReasonNameNotUTF8)
+			continue
+		}
 		var st unix.Stat_t
 		if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			c.omit(rel, ReasonUnreadable)
@@ -317,4 +329,12 @@ func (c *collector) walk(dirfd int, prefix string, depth int) {
 			ContentBase64: base64.StdEncoding.EncodeToString(data),
 		})
 	}
+}
+
+// quotedName is name as a Go string literal without its outer quotes:
+// invalid bytes become \xNN and a backslash \\, so different names never
+// print the same.
+func quotedName(name string) string {
+	q := strconv.Quote(name)
+	return q[1 : len(q)-1]
 }

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -55,8 +56,8 @@ func cmdServe(args []string) error {
 	if err != nil {
 		return err
 	}
-	// The sweep below treats everything under the state root and cgroup
-	// parent as ours: refuse to start beside a live worker using them.
+	// The sweep below treats every sandbox under the state root and cgroup
+	// parent as an orphan: refuse to start beside a live worker using them.
 	release, err := runner.Claim()
 	if err != nil {
 		return err
@@ -68,11 +69,13 @@ func cmdServe(args []string) error {
 		return err
 	}
 
+	resolve, releaseImage := resolveRootfs(cfg, log)
+	defer releaseImage()
 	srv, err := server.New(server.Deps{
 		Config:        cfg,
 		Sandbox:       runner,
 		Runner:        runner,
-		ResolveRootfs: resolveRootfs(cfg, log),
+		ResolveRootfs: resolve,
 		Logger:        log,
 	})
 	if err != nil {
@@ -161,9 +164,20 @@ func cmdServe(args []string) error {
 // is an image reference (oci-layout:PATH[:TAG], docker-archive:PATH or a
 // registry reference) unpacked into rootfs_cache by package rootfs when its
 // digest is not there yet, or dir:PATH, an already-unpacked rootfs used as is
-// (development and tests; nothing verifies it).
-func resolveRootfs(cfg server.Config, log *slog.Logger) func(ctx context.Context) (string, error) {
-	return func(ctx context.Context) (string, error) {
+// (development and tests; nothing verifies it). The image is held in use
+// from before the unpack until release, which the worker calls at exit.
+func resolveRootfs(cfg server.Config, log *slog.Logger) (resolve func(ctx context.Context) (string, error), release func()) {
+	var mu sync.Mutex
+	var holds []func()
+	release = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, h := range holds {
+			h()
+		}
+		holds = nil
+	}
+	resolve = func(ctx context.Context) (string, error) {
 		if dir, ok := strings.CutPrefix(cfg.PythonImage, "dir:"); ok {
 			abs, err := filepath.Abs(dir)
 			if err != nil {
@@ -180,17 +194,20 @@ func resolveRootfs(cfg server.Config, log *slog.Logger) func(ctx context.Context
 			return "", err
 		}
 		start := time.Now()
-		img, err := cache.Unpack(ctx, cfg.PythonImage)
+		// Held from before the unpack for the worker's lifetime, so the
+		// cache's GC never removes the rootfs sandboxes run on (SECURITY.md
+		// case 36). The hold is one open fd: it stays referenced in holds,
+		// or a finalizer would close it and drop the hold.
+		img, hold, err := cache.UnpackAndUse(ctx, cfg.PythonImage)
 		if err != nil {
 			return "", fmt.Errorf("python_image %q: %w", cfg.PythonImage, err)
 		}
-		// Held for the worker's lifetime (one fd, closed at exit): the
-		// cache's GC must not remove the rootfs sandboxes run on.
-		if _, err := cache.Use(ctx, img.Digest); err != nil {
-			return "", err
-		}
+		mu.Lock()
+		holds = append(holds, hold)
+		mu.Unlock()
 		log.Info("runtime image ready", "ref", cfg.PythonImage, "digest", img.Digest, "cached", img.Cached,
 			"rootfs", img.RootfsPath, "unpack_ms", time.Since(start).Milliseconds())
 		return img.RootfsPath, nil
 	}
+	return resolve, release
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+	"github.com/sandboxd/sandboxd/rootfs"
 )
 
 // ociLayout writes an OCI image layout holding one image whose only layer is
@@ -117,7 +118,7 @@ func TestServeUnpacksPythonImage(t *testing.T) {
 		cmd := exec.Command(bin, "serve")
 		cmd.Env = append(os.Environ(), "EXECUTION_PYTHON_IMAGE="+ref, "EXECUTION_ROOTFS_CACHE="+cache,
 			"EXECUTION_WORK_ROOT="+filepath.Join(t.TempDir(), "work"), "EXECUTION_STATE_ROOT="+state,
-			"EXECUTION_CGROUP_PARENT="+cgroup, fmt.Sprintf("EXECUTION_WORKER_PORT=%d", port), "EXECUTION_POOL_SIZE=0")
+			"EXECUTION_CGROUP_PARENT="+cgroup, fmt.Sprintf("EXECUTION_WORKER_PORT=%d", port), "EXECUTION_POOL_SIZE=0", "GOGC=1")
 		var logs bytes.Buffer
 		cmd.Stderr = &logs
 		if err := cmd.Start(); err != nil {
@@ -130,24 +131,56 @@ func TestServeUnpacksPythonImage(t *testing.T) {
 				ready = resp.StatusCode == 200
 			}
 		}
-		var out []byte
-		if ready {
+		execute := func() string {
 			resp, err := http.Post(base+"/v1/executions", "application/json", strings.NewReader(`{"code": "echo from-image"}`))
-			if err == nil {
-				out, _ = io.ReadAll(resp.Body)
-				resp.Body.Close()
+			if err != nil {
+				return err.Error()
+			}
+			defer resp.Body.Close()
+			out, _ := io.ReadAll(resp.Body)
+			return string(out)
+		}
+		var out, gcErr string
+		var gcRemoved []string
+		if ready {
+			out = execute()
+			// SECURITY.md case 36: the worker holds its image in use for its
+			// whole life, so a GC of the cache (`sandboxd image gc`, here
+			// with nothing kept) leaves it; GOGC=1 makes the worker collect
+			// garbage often, as a long-lived one does.
+			gcRemoved, err = gcCache(cache)
+			if err != nil {
+				gcErr = err.Error()
+			}
+			if len(gcRemoved) == 0 {
+				out += execute()
 			}
 		}
 		cmd.Process.Signal(syscall.SIGTERM)
 		cmd.Wait()
-		if !ready || !strings.Contains(string(out), `"stdout":"from-image\n"`) || !strings.Contains(logs.String(), wantCached) {
+		if !ready || strings.Count(out, `"stdout":"from-image\n"`) != 2 || !strings.Contains(logs.String(), wantCached) {
 			t.Fatalf("ready %v, answer %s, want %s in log:\n%s", ready, out, wantCached, logs.String())
+		}
+		if len(gcRemoved) > 0 || gcErr != "" {
+			t.Fatalf("a GC while the worker ran removed %v (error %q): the worker's image was not held", gcRemoved, gcErr)
 		}
 	}
 	if err := nsjailtest.CheckNoLeftovers(state, cgroup); err != nil {
 		t.Fatal(err)
 	}
 	os.RemoveAll(filepath.Dir(state))
+}
+
+// gcCache runs the cache's GC keeping nothing, as `sandboxd image gc` would
+// for an image it is not told to keep.
+func gcCache(dir string) ([]string, error) {
+	c, err := rootfs.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	// Give the worker's garbage collector (GOGC=1) time to run finalizers.
+	time.Sleep(200 * time.Millisecond)
+	return c.GC()
 }
 
 func mustDiffIDs(t *testing.T, img v1.Image) []v1.Hash {

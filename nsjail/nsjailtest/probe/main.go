@@ -18,7 +18,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: probe setuid0|fds|segv|threadbomb|openwrite PATH|mknod PATH|connect IP PORT")
+		fmt.Fprintln(os.Stderr, "usage: probe setuid0|fds|segv|threadbomb|keyring|openwrite PATH|mknod PATH|connect IP PORT")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -76,6 +76,24 @@ func main() {
 	case "connect":
 		// connect IP PORT: one TCP connect, raw syscalls, no DNS.
 		fmt.Println(connect(os.Args[2], os.Args[3]))
+	case "keyring":
+		// The session keyring's serial and description (keyctl(2)
+		// KEYCTL_GET_KEYRING_ID, KEYCTL_DESCRIBE); needs a filter that
+		// allows keyctl.
+		const getKeyringID, describe = 0, 6
+		sessionKeyring := -3 // KEY_SPEC_SESSION_KEYRING
+		id, _, e := syscall.RawSyscall(syscall.SYS_KEYCTL, getKeyringID, uintptr(sessionKeyring), 0)
+		if e != 0 {
+			fmt.Println(errName(e))
+			return
+		}
+		buf := make([]byte, 512)
+		n, _, e := syscall.RawSyscall6(syscall.SYS_KEYCTL, describe, id, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), 0, 0)
+		if e != 0 {
+			fmt.Println(int32(id), errName(e))
+			return
+		}
+		fmt.Println(int32(id), strings.TrimRight(string(buf[:min(int(n), len(buf))]), "\x00"))
 	case "mknod":
 		err := syscall.Mknod(os.Args[2], syscall.S_IFCHR|0o666, 1<<8|3)
 		fmt.Println(errOf(err))
