@@ -78,15 +78,22 @@ const (
 	noSuidDevExec = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
 )
 
+// tmpfsInodes caps a sandbox tmpfs's inodes at one per 16 KiB of its size
+// (at least 1024). Without nr_inodes the kernel allows half of the host's
+// RAM pages, and empty files cost no bytes: their inodes and dentries
+// (~1 KiB of slab each, not charged to the sandbox's v1 memory cgroup) could
+// grow the host's kernel memory without bound (SECURITY.md case 33).
+func tmpfsInodes(size int64) int64 { return max(1024, size/(16<<10)) }
+
 func mounts(spec *Spec, lim Limits) []*configs.Mount {
 	m := []*configs.Mount{
 		{Source: "proc", Destination: "/proc", Device: "proc", Flags: noSuidDevExec},
-		{Source: "tmpfs", Destination: "/dev", Device: "tmpfs", Flags: unix.MS_NOSUID | unix.MS_STRICTATIME, Data: "mode=755,size=64k"},
+		{Source: "tmpfs", Destination: "/dev", Device: "tmpfs", Flags: unix.MS_NOSUID | unix.MS_STRICTATIME, Data: "mode=755,size=64k,nr_inodes=128"},
 		// Python multiprocessing's semaphores live in /dev/shm.
 		{Source: "shm", Destination: "/dev/shm", Device: "tmpfs", Flags: noSuidDevExec,
-			Data: fmt.Sprintf("mode=1777,size=%d", lim.ShmBytes)},
+			Data: fmt.Sprintf("mode=1777,size=%d,nr_inodes=%d", lim.ShmBytes, tmpfsInodes(lim.ShmBytes))},
 		{Source: "tmpfs", Destination: "/tmp", Device: "tmpfs", Flags: unix.MS_NOSUID | unix.MS_NODEV,
-			Data: fmt.Sprintf("mode=1777,size=%d", lim.TmpBytes)},
+			Data: fmt.Sprintf("mode=1777,size=%d,nr_inodes=%d", lim.TmpBytes, tmpfsInodes(lim.TmpBytes))},
 		// Read-only sysfs of the sandbox's own network namespace: numpy and
 		// joblib read CPU topology from it; nothing there is writable.
 		{Source: "sysfs", Destination: "/sys", Device: "sysfs", Flags: noSuidDevExec | unix.MS_RDONLY},

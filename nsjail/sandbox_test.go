@@ -178,7 +178,8 @@ func TestMemoryBombIsOOM(t *testing.T) {
 	wantStatus(t, run(t, r, nsjail.Spec{Args: []string{"true"}}), nsjail.StatusSucceeded)
 }
 
-// SECURITY.md case 3 (/tmp and /dev/shm) and case 4 (read-only root).
+// SECURITY.md cases 3 and 33: /tmp and /dev/shm fill up at their size, and
+// empty files at their inode limit; case 4: the root is read-only.
 func TestFilesystemLimits(t *testing.T) {
 	r := newRunner(t)
 	res := run(t, r, nsjail.Spec{
@@ -186,11 +187,18 @@ func TestFilesystemLimits(t *testing.T) {
 			dd if=/dev/zero of=/tmp/fill bs=1M count=64 2>&1 | grep -o 'No space left on device' | head -1
 			dd if=/dev/zero of=/dev/shm/fill bs=1M count=64 2>&1 | grep -o 'No space left on device' | head -1
 			for p in /rootfile /bin/newfile /etc/passwd; do echo x 2>&1 > $p | grep -o 'Read-only file system'; done
-			mkdir /usr/x 2>&1 | grep -o 'Read-only file system'`),
+			mkdir /usr/x 2>&1 | grep -o 'Read-only file system'
+			# Empty files cost no bytes: the inode limit stops them.
+			rm -f /tmp/fill /dev/shm/fill
+			for d in /tmp /dev/shm; do
+				i=0; while [ $i -lt 5000 ] && true 2>/dev/null > $d/e$i; do i=$((i+1)); done; echo $d $i
+			done`),
 		Limits: nsjail.Limits{TmpBytes: 4 << 20, ShmBytes: 2 << 20},
 	})
 	wantStatus(t, res, nsjail.StatusSucceeded)
-	want := "No space left on device\nNo space left on device\n" + strings.Repeat("Read-only file system\n", 4)
+	// 1024 inodes each, one of them the root directory.
+	want := "No space left on device\nNo space left on device\n" + strings.Repeat("Read-only file system\n", 4) +
+		"/tmp 1023\n/dev/shm 1023\n"
 	if string(res.Stdout) != want {
 		t.Fatalf("stdout:\n%s\nwant:\n%s\nstderr: %s", res.Stdout, want, res.Stderr)
 	}
@@ -398,7 +406,7 @@ func TestThermalThrottleIsMasked(t *testing.T) {
 
 // SECURITY.md case 28: each sandbox gets a new session keyring of its own,
 // as runc gives a container by default, instead of the worker's. The probe
-// needs keyctl, which the real profile denies (GUIDE §4 case 9), so this
+// needs keyctl, which the real profile denies (SECURITY.md case 9), so this
 // sandbox runs under the profile plus keyctl.
 func TestSessionKeyringIsTheSandboxOwn(t *testing.T) {
 	nsjailtest.RequireRoot(t)
