@@ -6,7 +6,8 @@
 //
 // Layout under the store's directory:
 //
-//	results.db        bbolt: one record (an Entry, as JSON) per execution id
+//	results.db        bbolt: one record (an Entry, as JSON) per execution id,
+//	                  and the text of small answers without parts
 //	run-…/doc.json    the answer: a JSON text with holes
 //	run-…/part-N      the file whose base64 fills hole N (an artifact)
 //
@@ -26,6 +27,7 @@
 package results
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -51,7 +53,17 @@ const (
 	partPrefix = "part-"
 )
 
-var bucket = []byte("executions")
+var (
+	bucket      = []byte("executions")
+	textsBucket = []byte("texts") // id → the text of an Inline answer
+)
+
+// inlineMax is the largest answer kept in the database rather than in files:
+// an answer without artifacts then costs no directory and no file (their
+// creation was most of the store's cost per execution), and the database
+// stays small (at most results_max × inlineMax), so that reading it through
+// bbolt's mmap adds little to the worker's resident memory.
+const inlineMax = 16 << 10
 
 // RunPattern is what a run name must look like: it names a directory.
 var RunPattern = regexp.MustCompile(`^run-[0-9a-f]{8,64}$`)
@@ -88,6 +100,8 @@ type Entry struct {
 	TextBytes int64   `json:"text_bytes,omitempty"`
 	Holes     []int64 `json:"holes,omitempty"`
 	PartBytes []int64 `json:"part_bytes,omitempty"`
+	// Inline: the text is in the database (no parts, at most inlineMax).
+	Inline bool `json:"inline,omitempty"`
 }
 
 // Final reports whether the execution's answer is stored.
@@ -247,6 +261,9 @@ func check(db *bolt.DB) (err error) {
 		return err
 	}
 	return db.Update(func(tx *bolt.Tx) error {
+		if _, err := tx.CreateBucketIfNotExists(textsBucket); err != nil {
+			return err
+		}
 		b, err := tx.CreateBucketIfNotExists(bucket)
 		if err != nil {
 			return err
@@ -266,6 +283,7 @@ func check(db *bolt.DB) (err error) {
 func (s *Store) load() error {
 	var drop []*Entry
 	err := s.db.View(func(tx *bolt.Tx) error {
+		texts := tx.Bucket(textsBucket)
 		return tx.Bucket(bucket).ForEach(func(k, v []byte) error {
 			e := &Entry{}
 			if err := json.Unmarshal(v, e); err != nil {
@@ -277,7 +295,11 @@ func (s *Store) load() error {
 				return nil
 			}
 			if e.Final() {
-				if err := s.checkFiles(e); err != nil {
+				err := s.checkFiles(e)
+				if e.Inline && int64(len(texts.Get(k))) != e.TextBytes {
+					err = errors.New("the text is not in the database")
+				}
+				if err != nil {
 					s.log.Error("result store: dropping a result whose files are damaged", "execution_id", e.ID, "err", err)
 					drop = append(drop, e)
 					return nil
@@ -306,7 +328,10 @@ func (s *Store) load() error {
 
 // checkFiles verifies that e's files have the sizes recorded.
 func (s *Store) checkFiles(e *Entry) error {
-	want := map[string]int64{docName: e.TextBytes}
+	want := map[string]int64{}
+	if !e.Inline {
+		want[docName] = e.TextBytes
+	}
 	for i, n := range e.PartBytes {
 		want[partName(i)] = n
 	}
@@ -388,7 +413,7 @@ func (s *Store) Create(id, run, bodyHash string, info []byte) (Entry, error) {
 		return *e, ErrExists
 	}
 	e := &Entry{ID: id, Run: run, BodyHash: bodyHash, Info: info, CreatedAt: s.opts.Now()}
-	if err := s.putLocked(e); err != nil {
+	if err := s.putLocked(e, nil); err != nil {
 		return Entry{}, err
 	}
 	s.entries[id] = e
@@ -441,15 +466,21 @@ func (s *Store) Finish(id string, text []byte, holes []int64) (*Reader, error) {
 		return nil, fmt.Errorf("results: %q is not a pending execution", id)
 	}
 	dir := filepath.Join(s.dir, e.Run)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("results: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, docName), text, 0o600); err != nil {
-		return nil, fmt.Errorf("results: %w", err)
-	}
-	sizes, err := s.settleParts(dir, len(holes))
-	if err != nil {
-		return nil, err
+	inline := len(holes) == 0 && len(text) <= inlineMax
+	var sizes []int64
+	if inline {
+		os.RemoveAll(dir) // parts written and then all refused
+	} else {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("results: %w", err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, docName), text, 0o600); err != nil {
+			return nil, fmt.Errorf("results: %w", err)
+		}
+		var err error
+		if sizes, err = s.settleParts(dir, len(holes)); err != nil {
+			return nil, err
+		}
 	}
 
 	s.mu.Lock()
@@ -464,7 +495,11 @@ func (s *Store) Finish(id string, text []byte, holes []int64) (*Reader, error) {
 	}
 	done := *cur
 	done.FinishedAt, done.TextBytes, done.Holes, done.PartBytes = s.opts.Now(), int64(len(text)), holes, sizes
-	if err := s.putLocked(&done); err != nil {
+	done.Inline = inline
+	if !inline {
+		text = nil
+	}
+	if err := s.putLocked(&done, text); err != nil {
 		s.mu.Unlock()
 		return nil, err
 	}
@@ -547,19 +582,32 @@ func (s *Store) Open(id string) (*Reader, error) {
 // left s.entries (under s.mu), so they exist here; once open, they stay
 // readable after an eviction removes them.
 func (s *Store) openLocked(e *Entry) (*Reader, error) {
-	dir := filepath.Join(s.dir, e.Run)
 	r := &Reader{holes: e.Holes, textBytes: e.TextBytes, partBytes: e.PartBytes}
-	var err error
-	if r.text, err = os.Open(filepath.Join(dir, docName)); err != nil {
+	if e.Inline {
+		var text []byte
+		err := s.db.View(func(tx *bolt.Tx) error {
+			text = bytes.Clone(tx.Bucket(textsBucket).Get([]byte(e.ID))) // valid in the tx only
+			return nil
+		})
+		if err != nil || int64(len(text)) != e.TextBytes {
+			return nil, fmt.Errorf("results: the text of %q is missing (%v)", e.ID, err)
+		}
+		r.text = bytes.NewReader(text)
+		return r, nil
+	}
+	dir := filepath.Join(s.dir, e.Run)
+	f, err := os.Open(filepath.Join(dir, docName))
+	if err != nil {
 		return nil, fmt.Errorf("results: %w", err)
 	}
+	r.text, r.files = f, append(r.files, f)
 	for i := range e.Holes {
 		f, err := os.Open(filepath.Join(dir, partName(i)))
 		if err != nil {
 			r.Close()
 			return nil, fmt.Errorf("results: %w", err)
 		}
-		r.parts = append(r.parts, f)
+		r.parts, r.files = append(r.parts, f), append(r.files, f)
 	}
 	return r, nil
 }
@@ -604,13 +652,20 @@ func (s *Store) evictLocked() []string {
 	return runs
 }
 
-// putLocked commits e's record.
-func (s *Store) putLocked(e *Entry) error {
+// putLocked commits e's record, with its text when it is Inline.
+func (s *Store) putLocked(e *Entry, text []byte) error {
 	data, err := json.Marshal(e)
 	if err != nil {
 		return fmt.Errorf("results: %w", err)
 	}
-	err = s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucket).Put([]byte(e.ID), data) })
+	err = s.db.Update(func(tx *bolt.Tx) error {
+		if text != nil {
+			if err := tx.Bucket(textsBucket).Put([]byte(e.ID), text); err != nil {
+				return err
+			}
+		}
+		return tx.Bucket(bucket).Put([]byte(e.ID), data)
+	})
 	if err != nil {
 		return fmt.Errorf("results: record %q: %w", e.ID, err)
 	}
@@ -625,9 +680,9 @@ func (s *Store) deleteRecords(es []*Entry) {
 		return
 	}
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucket)
+		b, texts := tx.Bucket(bucket), tx.Bucket(textsBucket)
 		for _, e := range es {
-			if err := b.Delete([]byte(e.ID)); err != nil {
+			if err := errors.Join(b.Delete([]byte(e.ID)), texts.Delete([]byte(e.ID))); err != nil {
 				return err
 			}
 		}
@@ -701,8 +756,9 @@ func partName(i int) string { return partPrefix + strconv.Itoa(i) }
 
 // Reader is one opened answer. WriteTo writes it; Close releases its files.
 type Reader struct {
-	text      *os.File
+	text      io.ReaderAt
 	parts     []*os.File
+	files     []*os.File // to close
 	holes     []int64
 	textBytes int64
 	partBytes []int64
@@ -768,10 +824,7 @@ func (r *Reader) WriteTo(w io.Writer) (int64, error) {
 // Close closes the answer's files.
 func (r *Reader) Close() error {
 	var errs []error
-	if r.text != nil {
-		errs = append(errs, r.text.Close())
-	}
-	for _, f := range r.parts {
+	for _, f := range r.files {
 		errs = append(errs, f.Close())
 	}
 	return errors.Join(errs...)

@@ -5,12 +5,15 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 )
 
 // clock is a settable time source.
@@ -429,4 +432,77 @@ func TestClosed(t *testing.T) {
 	if _, err := s.Create("y", run(), "", nil); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Create after Close = %v", err)
 	}
+}
+
+// BenchmarkExecutionRecord is the store's cost per execution without
+// artifacts: the pending record, the answer (a 1 KiB text) and its reading.
+func BenchmarkExecutionRecord(b *testing.B) {
+	s, err := Open(b.TempDir(), Options{MaxBytes: 1 << 30, MaxCount: 1000, TTL: time.Hour})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	text := bytes.Repeat([]byte("x"), 1024)
+	for i := range b.N {
+		id := fmt.Sprintf("id-%d", i)
+		if _, err := s.Create(id, fmt.Sprintf("run-%08x", i), "h", nil); err != nil {
+			b.Fatal(err)
+		}
+		rd, err := s.Finish(id, text, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		rd.WriteTo(io.Discard)
+		rd.Close()
+	}
+}
+
+// A small answer without parts lives in the database: no directory, and it
+// survives a restart and goes with its record.
+func TestSmallAnswerInDatabase(t *testing.T) {
+	dir := t.TempDir()
+	clk := newClock()
+	s := open(t, dir, Options{TTL: time.Minute, Now: clk.now})
+	s.Create("small", "run-00005a11", "h", nil)
+	f, _ := s.CreatePart("small", 0) // written, then refused by the caller
+	f.Close()
+	text := []byte(`{"stdout":"hi\n"}`)
+	rd, err := s.Finish("small", text, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd.Close()
+	big := bytes.Repeat([]byte("b"), inlineMax+1)
+	s.Create("big", "run-0000b1b1", "h", nil)
+	if rd, err = s.Finish("big", big, nil); err != nil {
+		t.Fatal(err)
+	}
+	rd.Close()
+	if runs := runDirs(t, dir); len(runs) != 1 || runs[0] != "run-0000b1b1" {
+		t.Fatalf("run directories: %v (only the big answer's expected)", runs)
+	}
+	s.Close()
+	s = open(t, dir, Options{TTL: time.Minute, Now: clk.now})
+	if got, err := read(t, s, "small"); err != nil || got != string(text) {
+		t.Fatalf("small answer after restart: %v %q", err, got)
+	}
+	if got, err := read(t, s, "big"); err != nil || got != string(big) {
+		t.Fatalf("big answer after restart: %v, %d bytes", err, len(got))
+	}
+	if _, b := s.Stats(); b != int64(len(text)+len(big)) {
+		t.Fatalf("bytes = %d", b)
+	}
+	clk.add(time.Minute)
+	s.Sweep()
+	s.Close()
+	s = open(t, dir, Options{TTL: time.Minute, Now: clk.now})
+	if n, _ := s.Stats(); n != 0 {
+		t.Fatalf("%d answers after their TTL", n)
+	}
+	s.db.View(func(tx *bolt.Tx) error {
+		if n := tx.Bucket(textsBucket).Stats().KeyN; n != 0 {
+			t.Errorf("%d texts left in the database", n)
+		}
+		return nil
+	})
 }
