@@ -90,6 +90,12 @@ type Config struct {
 	// PoolPreload are the modules a warm sandbox imports before hand-off.
 	PoolPreload []string `toml:"pool_preload" doc:"modules imported by warm sandboxes (comma-separated in the env)"`
 
+	// ResultsDir holds the result store (server/results): finished results
+	// on disk, so they survive a restart and never sit in memory.
+	ResultsDir string `toml:"results_dir" doc:"directory of the result store"`
+	// ResultsMaxBytes bounds the stored results' disk bytes (answers' JSON
+	// and artifacts), oldest evicted first (SECURITY.md case 31).
+	ResultsMaxBytes int64 `toml:"results_max_bytes" doc:"disk bytes of the finished results kept"`
 	ResultsMax      int   `toml:"results_max" doc:"finished results kept for GET"`
 	ResultsTTLMS    int64 `toml:"results_ttl_ms" doc:"how long a finished result is kept"`
 	ShutdownGraceMS int64 `toml:"shutdown_grace_ms" doc:"SIGTERM: time in-flight runs get before they are cancelled"`
@@ -127,6 +133,8 @@ func DefaultConfig() Config {
 		PoolSize:          2,
 		PoolMaxIdle:       Duration(10 * time.Minute),
 		PoolPreload:       slices.Clone(DefaultPreload),
+		ResultsDir:        "/var/lib/sandboxd/results",
+		ResultsMaxBytes:   2 << 30,
 		ResultsMax:        1000,
 		ResultsTTLMS:      15 * 60 * 1000,
 		ShutdownGraceMS:   30_000,
@@ -339,6 +347,7 @@ func (c Config) Validate() error {
 	}
 	for _, p := range []struct{ key, v string }{
 		{"work_root", c.WorkRoot}, {"rootfs_cache", c.RootfsCache}, {"state_root", c.StateRoot},
+		{"results_dir", c.ResultsDir},
 	} {
 		if !filepath.IsAbs(p.v) {
 			bad("%s must be an absolute path, got: %q", p.key, p.v)
@@ -396,6 +405,10 @@ func (c Config) Validate() error {
 		// The request files alone would not fit in the workspace.
 		bad("workspace_bytes must be >= max_code_bytes + max_input_bytes + 1MiB (%d), got: %d", need, c.WorkspaceBytes)
 	}
+	if need := c.maxResultBytes(); c.ResultsMaxBytes < need {
+		// The newest result must fit, or it would evict itself.
+		bad("results_max_bytes must be >= the largest result, max_artifacts_bytes + 6×(max_stdout_bytes + max_stderr_bytes) + max_result_bytes + 1MiB (%d), got: %d", need, c.ResultsMaxBytes)
+	}
 	if time.Duration(c.PoolMaxIdle) < time.Second {
 		bad("pool_max_idle must be >= 1s, got: %s", time.Duration(c.PoolMaxIdle))
 	}
@@ -412,6 +425,13 @@ func (c Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// maxResultBytes bounds one stored result: its artifacts, its JSON (stdout
+// and stderr at most 6 bytes per byte once escaped as \uXXXX, result.json
+// compacted) and room for the rest.
+func (c Config) maxResultBytes() int64 {
+	return c.MaxArtifactsBytes + 6*(c.MaxStdoutBytes+c.MaxStderrBytes) + c.MaxResultBytes + 1<<20
 }
 
 func isLoopbackHost(h string) bool {

@@ -66,7 +66,7 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	cmd := exec.Command(bin, "serve")
 	cmd.Env = append(os.Environ(), "EXECUTION_PYTHON_IMAGE=dir:"+rootfs, "EXECUTION_WORK_ROOT="+work,
-		"EXECUTION_STATE_ROOT="+state, "EXECUTION_CGROUP_PARENT="+cgroup, fmt.Sprintf("EXECUTION_WORKER_PORT=%d", port),
+		"EXECUTION_RESULTS_DIR="+filepath.Join(t.TempDir(), "results"), "EXECUTION_STATE_ROOT="+state, "EXECUTION_CGROUP_PARENT="+cgroup, fmt.Sprintf("EXECUTION_WORKER_PORT=%d", port),
 		"EXECUTION_POOL_SIZE=0", "EXECUTION_SHUTDOWN_GRACE_MS=300", "EXECUTION_SOMETHING_ELSE=1")
 	var logs bytes.Buffer
 	cmd.Stderr = &logs
