@@ -47,7 +47,6 @@ type record struct {
 	typ       string
 	policy    Policy
 	status    string // queued, then running
-	createdAt time.Time
 	startedAt time.Time
 	cancel    context.CancelFunc
 	done      chan struct{} // closed once it left the table
@@ -121,7 +120,7 @@ type pendingInfo struct {
 // errIDTaken when the id is live or stored.
 func (s *Server) claim(p *plan, cancel context.CancelFunc) (*record, error) {
 	r := &record{id: p.id, hash: p.hash, typ: p.policy.Name, policy: p.policy, status: StatusQueued,
-		createdAt: time.Now(), cancel: cancel, done: make(chan struct{})}
+		cancel: cancel, done: make(chan struct{})}
 	s.live.mu.Lock()
 	if _, ok := s.live.recs[p.id]; ok {
 		s.live.mu.Unlock()
