@@ -13,6 +13,7 @@ require (
 	github.com/pelletier/go-toml/v2 v2.4.3 // strict TOML config
 	github.com/prometheus/client_golang v1.25.0 // /metrics
 	github.com/seccomp/libseccomp-golang v0.12.0 // seccomp compile/export (the version runc 1.5 needs)
+	go.etcd.io/bbolt v1.5.0 // the result store's records (server/results)
 	golang.org/x/sys v0.50.0 // raw syscalls
 )
 

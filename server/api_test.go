@@ -90,11 +90,12 @@ func TestPoliciesAndProbes(t *testing.T) {
 		}
 	}
 	// A server whose rootfs is not ready refuses executions with 503.
-	srv, err := New(Deps{Config: e.cfg, Sandbox: e.sandbox, Runner: e.sandbox.Runner, Logger: quietLog,
+	srv, err := New(Deps{Config: e.otherConfig(), Sandbox: e.sandbox, Runner: e.sandbox.Runner, Logger: quietLog,
 		ResolveRootfs: e.srv.resolve})
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer srv.Close()
 	rec := newRecorder(srv, "GET", "/readyz", "")
 	if rec.Code != http.StatusServiceUnavailable {
 		t.Errorf("readyz before Prepare = %d", rec.Code)
@@ -139,11 +140,12 @@ func TestPrepareRefusesUnreachableRootfs(t *testing.T) {
 	if err := os.Mkdir(hidden, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := New(Deps{Config: e.cfg, Sandbox: e.sandbox, Runner: e.sandbox.Runner, Logger: quietLog,
+	srv, err := New(Deps{Config: e.otherConfig(), Sandbox: e.sandbox, Runner: e.sandbox.Runner, Logger: quietLog,
 		ResolveRootfs: func(context.Context) (string, error) { return hidden, nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer srv.Close()
 	if err := srv.Prepare(context.Background()); err == nil || !strings.Contains(err.Error(), "needs o+x on every parent") {
 		t.Fatalf("Prepare = %v", err)
 	}

@@ -11,7 +11,6 @@ package server
 import (
 	"bytes"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -131,6 +130,25 @@ func typeReason(mode uint32) string {
 // readRegularAt reads name under dirfd if, and only if, it is a regular file
 // with one link and at most limit bytes. reason is set when it is refused.
 func readRegularAt(dirfd int, name string, limit int64) (data []byte, reason string, err error) {
+	f, reason, err := openRegularAt(dirfd, name, limit)
+	if f == nil {
+		return nil, reason, err
+	}
+	defer f.Close()
+	data, err = io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, ReasonUnreadable, err
+	}
+	if int64(len(data)) > limit {
+		return nil, ReasonTooLarge, nil
+	}
+	return data, "", nil
+}
+
+// openRegularAt opens name under dirfd if, and only if, it is a regular file
+// with one link and at most limit bytes. reason is set when it is refused.
+// The file may still grow while it is read: read at most limit+1 bytes.
+func openRegularAt(dirfd int, name string, limit int64) (f *os.File, reason string, err error) {
 	var st unix.Stat_t
 	if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return nil, ReasonUnreadable, err
@@ -145,8 +163,12 @@ func readRegularAt(dirfd int, name string, limit int64) (data []byte, reason str
 		}
 		return nil, ReasonUnreadable, err
 	}
-	f := os.NewFile(uintptr(fd), name)
-	defer f.Close()
+	file := os.NewFile(uintptr(fd), name)
+	defer func() {
+		if f == nil {
+			file.Close()
+		}
+	}()
 	// The fstat of the open fd is what counts: the entry may have been
 	// swapped between the Fstatat above and the open.
 	if err := unix.Fstat(fd, &st); err != nil {
@@ -166,14 +188,7 @@ func readRegularAt(dirfd int, name string, limit int64) (data []byte, reason str
 	if st.Size > limit {
 		return nil, ReasonTooLarge, nil
 	}
-	data, err = io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, ReasonUnreadable, err
-	}
-	if int64(len(data)) > limit {
-		return nil, ReasonTooLarge, nil
-	}
-	return data, "", nil
+	return file, "", nil
 }
 
 // ReadResult reads output/result.json. It returns the JSON, or nil and the
@@ -208,9 +223,16 @@ func ReadResult(workspace string, limit int64) (result json.RawMessage, errMsg s
 	return buf.Bytes(), ""
 }
 
+// SaveArtifact copies the content of the i-th accepted artifact from r
+// (into the result store) and returns the bytes copied. An artifact refused
+// after its copy (it grew past the limit) is followed by another with the
+// same i, whose copy replaces it.
+type SaveArtifact func(i int, r io.Reader) (int64, error)
+
 // collector walks output/artifacts/ within its limits.
 type collector struct {
 	lim       ArtifactLimits
+	save      SaveArtifact
 	total     int64
 	entries   int
 	artifacts []Artifact
@@ -227,9 +249,12 @@ func (c *collector) omit(name, reason string) {
 }
 
 // CollectArtifacts returns the regular files under output/artifacts/ of the
-// workspace, in name order, and what it left out with a reason.
-func CollectArtifacts(workspace string, lim ArtifactLimits) ([]Artifact, []Omitted) {
-	c := &collector{lim: lim}
+// workspace, in name order, and what it left out with a reason. Their
+// contents go through save, streamed: the returned Artifacts have no
+// ContentBase64, and no artifact is ever held in memory (SECURITY.md case
+// 31: a client fills the worker's memory with large results).
+func CollectArtifacts(workspace string, lim ArtifactLimits, save SaveArtifact) ([]Artifact, []Omitted) {
+	c := &collector{lim: lim, save: save}
 	out, err := openOutput(workspace)
 	if err != nil {
 		return nil, nil
@@ -314,19 +339,29 @@ func (c *collector) walk(dirfd int, prefix string, depth int) {
 			c.omit(rel, ReasonTotalLimit)
 			continue
 		}
-		data, reason, _ := readRegularAt(dirfd, name, min(c.lim.MaxFileBytes, c.lim.MaxTotalBytes-c.total))
+		limit := min(c.lim.MaxFileBytes, c.lim.MaxTotalBytes-c.total)
+		f, reason, _ := openRegularAt(dirfd, name, limit)
 		if reason != "" {
 			c.omit(rel, reason)
 			continue
 		}
-		sum := sha256.Sum256(data)
-		c.total += int64(len(data))
+		sum := sha256.New()
+		n, err := c.save(len(c.artifacts), io.TeeReader(io.LimitReader(f, limit+1), sum))
+		f.Close()
+		switch {
+		case err != nil:
+			c.omit(rel, ReasonUnreadable)
+			continue
+		case n > limit:
+			c.omit(rel, ReasonTooLarge)
+			continue
+		}
+		c.total += n
 		c.artifacts = append(c.artifacts, Artifact{
-			Name:          rel,
-			Size:          int64(len(data)),
-			MediaType:     MediaType(rel),
-			SHA256:        hex.EncodeToString(sum[:]),
-			ContentBase64: base64.StdEncoding.EncodeToString(data),
+			Name:      rel,
+			Size:      n,
+			MediaType: MediaType(rel),
+			SHA256:    hex.EncodeToString(sum.Sum(nil)),
 		})
 	}
 }

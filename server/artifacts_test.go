@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -56,7 +57,8 @@ func TestArtifactNamesNotUTF8AreOmittedDistinctly(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	arts, omitted := CollectArtifacts(ws, ArtifactLimits{MaxFileBytes: 1 << 20, MaxTotalBytes: 1 << 20, MaxCount: 10})
+	arts, omitted := CollectArtifacts(ws, ArtifactLimits{MaxFileBytes: 1 << 20, MaxTotalBytes: 1 << 20, MaxCount: 10},
+		func(_ int, r io.Reader) (int64, error) { return io.Copy(io.Discard, r) })
 	names, omittedNames := artifactNames(t, arts, omitted)
 	if want := []string{`a\xff.txt`, "a\uFFFD.txt"}; !slices.Equal(names, want) {
 		t.Errorf("artifacts = %q, want %q", names, want)

@@ -23,6 +23,7 @@ func BenchmarkAPIGroupby(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			cfg := DefaultConfig()
 			cfg.WorkRoot = filepath.Join(b.TempDir(), "work")
+			cfg.ResultsDir = filepath.Join(b.TempDir(), "results")
 			cfg.StateRoot = testStateRoot
 			cfg.PoolSize = size
 			cfg.MaxConcurrent = 1
@@ -38,6 +39,7 @@ func BenchmarkAPIGroupby(b *testing.B) {
 			if err := srv.Prepare(context.Background()); err != nil {
 				b.Fatal(err)
 			}
+			defer srv.Close()
 			defer srv.Drain(context.Background())
 			body, _ := json.Marshal(ExecutionRequest{Code: groupbyCode, Input: json.RawMessage(`{"by": "region"}`),
 				Files: []File{{Path: "sales.csv", ContentBase64: b64(salesCSV)}}})

@@ -109,6 +109,12 @@ type Config struct {
 	WriteTimeout      Duration `toml:"write_timeout" doc:"time a response may take to write, from when it is ready"`
 	IdleTimeout       Duration `toml:"idle_timeout" doc:"keep-alive connection idle this long is closed"`
 
+	// ResultsDir holds the result store (server/results): finished results
+	// on disk, so they survive a restart and never sit in memory.
+	ResultsDir string `toml:"results_dir" doc:"directory of the result store"`
+	// ResultsMaxBytes bounds the stored results' disk bytes (answers' JSON
+	// and artifacts), oldest evicted first (SECURITY.md case 31).
+	ResultsMaxBytes int64 `toml:"results_max_bytes" doc:"disk bytes of the finished results kept"`
 	ResultsMax      int   `toml:"results_max" doc:"finished results kept for GET"`
 	ResultsTTLMS    int64 `toml:"results_ttl_ms" doc:"how long a finished result is kept"`
 	ShutdownGraceMS int64 `toml:"shutdown_grace_ms" doc:"SIGTERM: time in-flight runs get before they are cancelled"`
@@ -154,6 +160,8 @@ func DefaultConfig() Config {
 		ReadTimeout:       Duration(2 * time.Minute),
 		WriteTimeout:      Duration(time.Minute),
 		IdleTimeout:       Duration(time.Minute),
+		ResultsDir:        "/var/lib/sandboxd/results",
+		ResultsMaxBytes:   2 << 30,
 		ResultsMax:        1000,
 		ResultsTTLMS:      15 * 60 * 1000,
 		ShutdownGraceMS:   30_000,
@@ -383,6 +391,7 @@ func (c Config) Validate() error {
 	}
 	for _, p := range []struct{ key, v string }{
 		{"work_root", c.WorkRoot}, {"rootfs_cache", c.RootfsCache}, {"state_root", c.StateRoot},
+		{"results_dir", c.ResultsDir},
 	} {
 		if !filepath.IsAbs(p.v) {
 			bad("%s must be an absolute path, got: %q", p.key, p.v)
@@ -471,6 +480,10 @@ func (c Config) Validate() error {
 	if c.WorkerSocketMode&^0o777 != 0 {
 		bad("worker_socket_mode must be permission bits (at most 0777), got: %#o", uint32(c.WorkerSocketMode))
 	}
+	if need := c.maxResultBytes(); c.ResultsMaxBytes < need {
+		// The newest result must fit, or it would evict itself.
+		bad("results_max_bytes must be >= the largest result, max_artifacts_bytes + 6×(max_stdout_bytes + max_stderr_bytes) + max_result_bytes + 1MiB (%d), got: %d", need, c.ResultsMaxBytes)
+	}
 	if time.Duration(c.PoolMaxIdle) < time.Second {
 		bad("pool_max_idle must be >= 1s, got: %s", time.Duration(c.PoolMaxIdle))
 	}
@@ -487,6 +500,13 @@ func (c Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// maxResultBytes bounds one stored result: its artifacts, its JSON (stdout
+// and stderr at most 6 bytes per byte once escaped as \uXXXX, result.json
+// compacted) and room for the rest.
+func (c Config) maxResultBytes() int64 {
+	return c.MaxArtifactsBytes + 6*(c.MaxStdoutBytes+c.MaxStderrBytes) + c.MaxResultBytes + 1<<20
 }
 
 func isLoopbackHost(h string) bool {

@@ -129,3 +129,21 @@ func TestLimitsConfig(t *testing.T) {
 		t.Errorf("long socket path: %v", err)
 	}
 }
+
+func TestConfigResultsStore(t *testing.T) {
+	cfg, src, err := LoadConfig("", []string{"EXECUTION_RESULTS_DIR=/srv/results", "EXECUTION_RESULTS_MAX_BYTES=1073741824"})
+	if err != nil || cfg.ResultsDir != "/srv/results" || cfg.ResultsMaxBytes != 1<<30 || src["results_max_bytes"] != SourceEnv {
+		t.Fatalf("env: %v %q %d %s", err, cfg.ResultsDir, cfg.ResultsMaxBytes, src["results_max_bytes"])
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	cfg.ResultsDir = "results"
+	cfg.ResultsMaxBytes = 64 << 20 // below one result of the default limits (65 MiB)
+	err = cfg.Validate()
+	for _, want := range []string{`results_dir must be an absolute path, got: "results"`, "results_max_bytes must be >= the largest result"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate lacks %q: %v", want, err)
+		}
+	}
+}

@@ -3,7 +3,9 @@ package server
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,13 +28,21 @@ var (
 
 const crashWorkerEnv = "SANDBOXD_CRASH_WORKER"
 
+// The crash worker's executions: one finished before the crash, one running
+// when it comes.
+const (
+	crashDoneBody    = `{"id": "done-before-crash", "code": "echo kept; printf abc > /workspace/output/artifacts/a.txt"}`
+	crashRunningBody = `{"id": "running-at-crash", "code": "echo x > /workspace/output/partial; sleep 1006"}`
+)
+
 // crashWorker is this test binary re-executed as a worker: it serves one
-// long execution through the API, reports "started" once the sandbox runs,
-// and waits to be SIGKILLed.
+// execution to the end and then a long one, reports "started" once the
+// latter's sandbox runs, and waits to be SIGKILLed.
 func crashWorker() {
 	fail := func(err error) { fmt.Println("error", err); os.Exit(1) }
 	cfg := DefaultConfig()
 	cfg.WorkRoot = os.Getenv("CRASH_WORK_ROOT")
+	cfg.ResultsDir = os.Getenv("CRASH_RESULTS")
 	cfg.StateRoot = os.Getenv("CRASH_STATE")
 	cfg.PoolSize = 0
 	rootfs := os.Getenv("CRASH_ROOTFS")
@@ -48,7 +58,10 @@ func crashWorker() {
 	if err := srv.Prepare(context.Background()); err != nil {
 		fail(err)
 	}
-	go newRecorder(srv, "POST", "/v1/executions", `{"code": "echo x > /workspace/output/partial; sleep 1006"}`)
+	if rec := newRecorder(srv, "POST", "/v1/executions", crashDoneBody); rec.Code != 200 {
+		fail(fmt.Errorf("first execution: %d %s", rec.Code, rec.Body))
+	}
+	go newRecorder(srv, "POST", "/v1/executions", crashRunningBody)
 	for len(nsjailtest.ProcessesMatching("sleep 1006")) == 0 {
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -59,14 +72,17 @@ func crashWorker() {
 // SECURITY.md case 22: the worker is SIGKILLed mid-execution; the restart's
 // sweep (SweepOrphans, what `sandboxd serve` runs first) removes the orphan
 // sandbox (processes, cgroups, state), its workspace and its tmpfs, and the
-// new worker serves.
+// new worker serves. The result finished before the crash survives it, and
+// the execution it cut short is answered interrupted, also to a retry of
+// its POST (the code does not run again).
 func TestRestartAfterSIGKILLSweepsOrphans(t *testing.T) {
 	nsjailtest.RequireRoot(t)
 	work := filepath.Join(t.TempDir(), "work")
+	resultsDir := filepath.Join(t.TempDir(), "results")
 	self, _ := os.Executable()
 	cmd := exec.Command(self, "-test.run=^$")
 	cmd.Env = append(os.Environ(), crashWorkerEnv+"=1", "CRASH_STATE="+crashStateRoot, "CRASH_CGROUP="+crashCgroupParent,
-		"CRASH_ROOTFS="+shellRootfs(t), "CRASH_WORK_ROOT="+work)
+		"CRASH_ROOTFS="+shellRootfs(t), "CRASH_WORK_ROOT="+work, "CRASH_RESULTS="+resultsDir)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -116,17 +132,41 @@ func TestRestartAfterSIGKILLSweepsOrphans(t *testing.T) {
 	}
 	// The restarted worker serves.
 	cfg := DefaultConfig()
-	cfg.WorkRoot, cfg.StateRoot, cfg.PoolSize = work, crashStateRoot, 0
+	cfg.WorkRoot, cfg.ResultsDir, cfg.StateRoot, cfg.PoolSize = work, resultsDir, crashStateRoot, 0
 	rootfs := shellRootfs(t)
-	srv, err := New(Deps{Config: cfg, Sandbox: r, Runner: r, Logger: quietLog,
+	cs := &countingSandbox{Runner: r}
+	srv, err := New(Deps{Config: cfg, Sandbox: cs, Runner: r, Logger: quietLog,
 		ResolveRootfs: func(context.Context) (string, error) { return rootfs, nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer srv.Close()
+	// The stored results are answered even before the rootfs is ready.
+	var done ExecutionResponse
+	if rec := newRecorder(srv, "GET", "/v1/executions/done-before-crash", ""); rec.Code != 200 || json.Unmarshal(rec.Body.Bytes(), &done) != nil ||
+		done.Status != "succeeded" || done.Stdout != "kept\n" || len(done.Artifacts) != 1 || done.Artifacts[0].ContentBase64 != b64("abc") {
+		t.Fatalf("result finished before the crash: %d %s", rec.Code, rec.Body)
+	}
+	var cut ExecutionResponse
+	rec := newRecorder(srv, "GET", "/v1/executions/running-at-crash", "")
+	if rec.Code != 200 || json.Unmarshal(rec.Body.Bytes(), &cut) != nil || cut.Status != StatusInterrupted ||
+		cut.Error != interruptedError || cut.Type != "dynamic" || cut.Policy.TimeoutMS != cfg.DynamicTimeoutMS ||
+		cut.FinishedAt.Before(cut.StartedAt) || len(cut.Artifacts) != 0 {
+		t.Fatalf("execution running at the crash: %d %s", rec.Code, rec.Body)
+	}
 	if err := srv.Prepare(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	rec := newRecorder(srv, "POST", "/v1/executions", `{"code": "ls /workspace/output; echo fresh"}`)
+	if rec := newRecorder(srv, "POST", "/v1/executions", crashRunningBody); rec.Code != 200 || !strings.Contains(rec.Body.String(), `"status":"interrupted"`) {
+		t.Fatalf("retried POST of the interrupted execution: %d %s", rec.Code, rec.Body)
+	}
+	if rec := newRecorder(srv, "POST", "/v1/executions", `{"id": "running-at-crash", "code": "echo other"}`); rec.Code != http.StatusConflict {
+		t.Fatalf("another request with the interrupted id: %d %s", rec.Code, rec.Body)
+	}
+	if n := cs.started.Load(); n != 0 {
+		t.Fatalf("%d sandboxes started for retries", n)
+	}
+	rec = newRecorder(srv, "POST", "/v1/executions", `{"code": "ls /workspace/output; echo fresh"}`)
 	if rec.Code != 200 || !strings.Contains(rec.Body.String(), `"stdout":"artifacts\nfresh\n"`) {
 		t.Fatalf("after restart: %d %s", rec.Code, rec.Body)
 	}

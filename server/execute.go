@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"regexp"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/server/results"
 )
 
 // ExecutionRequest is the body of POST /v1/executions.
@@ -75,9 +77,21 @@ func newID() string {
 	return "ex-" + hex.EncodeToString(b[:])
 }
 
+// newRunName names one run: its sandbox (container, cgroup, state), its
+// workspace and its files in the result store. It is never the client's id,
+// so an id reused right after its result expired cannot meet a sandbox or
+// files of the previous run still being removed.
+func newRunName() string {
+	var b [10]byte
+	rand.Read(b[:])
+	return "run-" + hex.EncodeToString(b[:])
+}
+
 // plan is a validated request, ready to run.
 type plan struct {
 	id     string
+	run    string // newRunName
+	hash   string // requestHash of the request
 	policy Policy
 	code   string
 	input  []byte
@@ -88,7 +102,7 @@ type plan struct {
 // validate turns a request into a plan, or says why not. Nothing is started
 // and nothing is written before it succeeds.
 func (s *Server) validate(req *ExecutionRequest) (*plan, *apiError) {
-	p := &plan{id: req.ID, code: req.Code}
+	p := &plan{id: req.ID, run: newRunName(), hash: requestHash(req), code: req.Code}
 	if p.id == "" {
 		p.id = newID()
 	} else if !execIDPattern.MatchString(p.id) {
@@ -137,30 +151,54 @@ func (s *Server) validate(req *ExecutionRequest) (*plan, *apiError) {
 	return p, nil
 }
 
-// execute runs a validated request end to end: admission, workspace,
-// sandbox, output collection, cleanup. It returns only once the workspace is
-// gone. The context cancels the run (client gone, DELETE, drain).
-func (s *Server) execute(ctx context.Context, p *plan) (*ExecutionResponse, *apiError) {
-	log := s.log.With("execution_id", p.id, "policy", p.policy.Name)
+// idTaken: executeNew lost the race for the id to another request.
+var idTaken = &apiError{status: http.StatusConflict, reason: "conflict", msg: "id taken"}
+
+// execute answers a validated request: with the stored answer of the
+// execution that has its id when it is the same request (a retry; the code
+// does not run twice), with 409 when it is another, else by running it.
+// The answer is opened in the result store, to be streamed.
+func (s *Server) execute(ctx context.Context, p *plan) (*results.Reader, *apiError) {
+	for {
+		if rd, e, found := s.existing(ctx, p); found {
+			return rd, e
+		}
+		_, rd, e := s.executeNew(ctx, p)
+		if e != idTaken {
+			return rd, e
+		}
+	}
+}
+
+// executeNew runs a validated request end to end: admission, workspace,
+// sandbox, output collection, the stored answer, cleanup. It returns only
+// once the workspace is gone. The context cancels the run (client gone,
+// DELETE, drain).
+func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *results.Reader, *apiError) {
+	log := s.log.With("execution_id", p.id, "run", p.run, "policy", p.policy.Name)
 	rootfs, python, err := s.ready()
 	if err != nil {
-		return nil, &apiError{status: http.StatusServiceUnavailable, reason: "not_ready", msg: "not ready: " + err.Error(), retryAfter: "5"}
+		return nil, nil, &apiError{status: http.StatusServiceUnavailable, reason: "not_ready", msg: "not ready: " + err.Error(), retryAfter: "5"}
 	}
 	if !s.enter() {
-		return nil, &apiError{status: http.StatusServiceUnavailable, reason: "draining", msg: "shutting down: not accepting executions"}
+		return nil, nil, &apiError{status: http.StatusServiceUnavailable, reason: "draining", msg: "shutting down: not accepting executions"}
 	}
-	defer s.live.Done()
+	defer s.inFlight.Done()
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	rec, err := s.store.add(p.id, p.policy.Name, p.policy, cancel)
+	rec, err := s.claim(p, cancel)
+	if errors.Is(err, errIDTaken) {
+		return nil, nil, idTaken
+	}
 	if err != nil {
-		return nil, &apiError{status: http.StatusConflict, reason: "conflict", msg: fmt.Sprintf("id %q: %v", p.id, err)}
+		log.Error("recording the execution failed", "err", err)
+		return nil, nil, storeError(err)
 	}
 	ticket, err := s.admission.Reserve()
 	if err != nil {
-		s.store.forget(rec)
-		return nil, &apiError{status: http.StatusTooManyRequests, reason: "over_capacity", msg: err.Error(), retryAfter: "1"}
+		s.forget(rec)
+		return nil, nil, &apiError{status: http.StatusTooManyRequests, reason: "over_capacity", msg: err.Error(), retryAfter: "1"}
 	}
 	defer ticket.Release()
 	admitted := time.Now()
@@ -168,7 +206,7 @@ func (s *Server) execute(ctx context.Context, p *plan) (*ExecutionResponse, *api
 
 	resp := &ExecutionResponse{ID: p.id, Type: p.policy.Name, Policy: p.policy,
 		Artifacts: []Artifact{}, ArtifactsOmitted: []Omitted{}, LimitsHit: []string{}}
-	finish := func() (*ExecutionResponse, *apiError) {
+	finish := func() (*ExecutionResponse, *results.Reader, *apiError) {
 		if resp.StartedAt.IsZero() {
 			resp.StartedAt = admitted
 		}
@@ -178,11 +216,22 @@ func (s *Server) execute(ctx context.Context, p *plan) (*ExecutionResponse, *api
 		resp.DurationMS = resp.FinishedAt.Sub(resp.StartedAt).Milliseconds()
 		s.metrics.executions.WithLabelValues(resp.Type, resp.Status).Inc()
 		s.metrics.duration.WithLabelValues(resp.Type).Observe(time.Since(admitted).Seconds())
-		s.store.finish(rec, resp)
+		// Stored before it leaves the live table: a lookup finds one or
+		// the other.
+		text, holes := storedDocument(resp)
+		rd, err := s.results.Finish(p.id, text, holes)
+		if err != nil {
+			log.Error("storing the result failed", "status", resp.Status, "err", err)
+			s.forget(rec)
+			e := storeError(err)
+			e.msg = fmt.Sprintf("execution %q ended (%s) but its result could not be stored: %s", p.id, resp.Status, e.msg)
+			return nil, nil, e
+		}
+		s.live.remove(rec)
 		log.Info("execution finished", "status", resp.Status, "exit_code", resp.ExitCode,
 			"duration_ms", resp.DurationMS, "limits_hit", resp.LimitsHit, "artifacts", len(resp.Artifacts),
 			"artifacts_omitted", len(resp.ArtifactsOmitted))
-		return resp, nil
+		return resp, rd, nil
 	}
 
 	if err := ticket.Wait(ctx); err != nil {
@@ -190,17 +239,17 @@ func (s *Server) execute(ctx context.Context, p *plan) (*ExecutionResponse, *api
 		resp.Error = "cancelled while queued"
 		return finish()
 	}
-	s.store.setRunning(rec)
+	s.live.setRunning(rec)
 
 	sandbox := s.runSandbox()
-	ws, err := CreateWorkspace(s.cfg.WorkRoot, p.id, s.cfg.WorkspaceBytes, s.cfg.WorkspaceInodes, sandbox.HostUID(), sandbox.HostGID(), p.code, p.input, p.files)
+	ws, err := CreateWorkspace(s.cfg.WorkRoot, p.run, s.cfg.WorkspaceBytes, s.cfg.WorkspaceInodes, sandbox.HostUID(), sandbox.HostGID(), p.code, p.input, p.files)
 	if err != nil {
-		s.store.forget(rec)
+		s.forget(rec)
 		log.Error("workspace failed", "err", err)
 		if errors.Is(err, ErrWorkspaceFull) {
-			return nil, &apiError{status: http.StatusInsufficientStorage, reason: "disk_full", msg: err.Error(), retryAfter: "5"}
+			return nil, nil, &apiError{status: http.StatusInsufficientStorage, reason: "disk_full", msg: err.Error(), retryAfter: "5"}
 		}
-		return nil, &apiError{status: http.StatusInternalServerError, reason: "workspace", msg: err.Error()}
+		return nil, nil, &apiError{status: http.StatusInternalServerError, reason: "workspace", msg: err.Error()}
 	}
 	// The request's bytes are in the workspace now: let them go while the
 	// run lasts (only queued executions hold them; see server/README.md).
@@ -240,7 +289,21 @@ func (s *Server) execute(ctx context.Context, p *plan) (*ExecutionResponse, *api
 	if res.Workspace != "" && res.Workspace != ws.Dir {
 		outputs, dir = res.Workspace, res.Workspace
 	}
-	s.fill(resp, res, dir)
+	s.fill(resp, res, dir, func(i int, r io.Reader) (int64, error) {
+		f, err := s.results.CreatePart(p.id, i)
+		if err != nil {
+			log.Error("storing an artifact failed", "err", err)
+			return 0, err
+		}
+		n, err := io.Copy(f, r)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			log.Error("storing an artifact failed", "err", err)
+		}
+		return n, err
+	})
 	return finish()
 }
 
@@ -249,7 +312,7 @@ func (s *Server) execute(ctx context.Context, p *plan) (*ExecutionResponse, *api
 // Template.
 func (s *Server) spec(p *plan, rootfs, python, workspace string) nsjail.Spec {
 	return nsjail.Spec{
-		ID:        p.id,
+		ID:        p.run,
 		Rootfs:    rootfs,
 		Args:      []string{python, CodePath},
 		Env:       p.env,
@@ -259,8 +322,9 @@ func (s *Server) spec(p *plan, rootfs, python, workspace string) nsjail.Spec {
 	}
 }
 
-// fill copies the sandbox result and the workspace output into resp.
-func (s *Server) fill(resp *ExecutionResponse, res *nsjail.Result, dir string) {
+// fill copies the sandbox result and the workspace output into resp, and
+// the artifacts' contents through save.
+func (s *Server) fill(resp *ExecutionResponse, res *nsjail.Result, dir string, save SaveArtifact) {
 	resp.Status = string(res.Status)
 	resp.ExitCode = res.ExitCode
 	if res.Signal != "" {
@@ -289,7 +353,7 @@ func (s *Server) fill(resp *ExecutionResponse, res *nsjail.Result, dir string) {
 		MaxFileBytes:  s.cfg.MaxArtifactBytes,
 		MaxTotalBytes: s.cfg.MaxArtifactsBytes,
 		MaxCount:      s.cfg.MaxArtifacts,
-	})
+	}, save)
 	if resp.Artifacts == nil {
 		resp.Artifacts = []Artifact{}
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/julienschmidt/httprouter"
+	"github.com/sandboxd/sandboxd/server/results"
 )
 
 // maxBody bounds a request body before it is parsed: twice the code and input
@@ -76,13 +77,14 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, _ httprout
 		writeAPIError(w, e)
 		return
 	}
-	resp, e := s.execute(r.Context(), p)
+	rd, e := s.execute(r.Context(), p)
 	if e != nil {
 		s.logReject(e, "execution_id", p.id, "policy", p.policy.Name)
 		writeAPIError(w, e)
 		return
 	}
-	writeJSON(w, http.StatusOK, resp)
+	defer rd.Close()
+	s.writeStored(w, rd, p.id)
 }
 
 // runningView is what GET answers while an execution is queued or running.
@@ -104,16 +106,28 @@ func (v view) running() runningView {
 }
 
 func (s *Server) handleGet(w http.ResponseWriter, _ *http.Request, ps httprouter.Params) {
-	v, ok := s.store.get(ps.ByName("id"))
-	if !ok {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("no execution %q (unknown, or its result has expired)", clip(ps.ByName("id"))))
+	id := ps.ByName("id")
+	for range 2 { // once more if it finished between the two lookups
+		if v, ok := s.live.get(id); ok {
+			writeJSON(w, http.StatusOK, v.running())
+			return
+		}
+		rd, err := s.results.Open(id)
+		switch {
+		case errors.Is(err, results.ErrPending):
+			continue
+		case errors.Is(err, results.ErrNotFound):
+			writeError(w, http.StatusNotFound, fmt.Sprintf("no execution %q (unknown, or its result has expired)", clip(id)))
+			return
+		case err != nil:
+			writeAPIError(w, storeError(err))
+			return
+		}
+		defer rd.Close()
+		s.writeStored(w, rd, id)
 		return
 	}
-	if v.resp != nil {
-		writeJSON(w, http.StatusOK, v.resp)
-		return
-	}
-	writeJSON(w, http.StatusOK, v.running())
+	writeError(w, http.StatusNotFound, fmt.Sprintf("no execution %q (unknown, or its result has expired)", clip(id)))
 }
 
 // cancelWait bounds how long DELETE waits for the cancelled run's cleanup.
@@ -121,13 +135,13 @@ const cancelWait = 30 * time.Second
 
 func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request, ps httprouter.Params) {
 	id := ps.ByName("id")
-	v, ok := s.store.get(id)
+	v, ok := s.live.get(id)
 	if !ok {
+		if e, stored := s.results.Get(id); stored && e.Final() {
+			writeError(w, http.StatusConflict, fmt.Sprintf("execution %q already finished", clip(id)))
+			return
+		}
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no execution %q", clip(id)))
-		return
-	}
-	if v.resp != nil {
-		writeError(w, http.StatusConflict, fmt.Sprintf("execution %q already finished with status %s", id, v.resp.Status))
 		return
 	}
 	s.log.Info("cancel requested", "execution_id", id, "policy", v.typ)
@@ -140,8 +154,9 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request, ps httprou
 	case <-r.Context().Done():
 		return
 	}
-	if after, ok := s.store.get(id); ok && after.resp != nil {
-		writeJSON(w, http.StatusOK, after.resp)
+	if rd, err := s.results.Open(id); err == nil {
+		defer rd.Close()
+		s.writeStored(w, rd, id)
 		return
 	}
 	// It ended without a result (refused before it ran, or its result was

@@ -38,15 +38,26 @@ func TestMain(m *testing.M) {
 }
 
 // countingSandbox is the real runner, counting the sandboxes it starts, so a
-// rejection test can assert that none started.
+// rejection test can assert that none started, and keeping their specs.
 type countingSandbox struct {
 	*nsjail.Runner
 	started atomic.Int64
+	mu      sync.Mutex
+	specs   []nsjail.Spec
 }
 
 func (c *countingSandbox) Run(ctx context.Context, spec nsjail.Spec) (*nsjail.Result, error) {
 	c.started.Add(1)
+	c.mu.Lock()
+	c.specs = append(c.specs, spec)
+	c.mu.Unlock()
 	return c.Runner.Run(ctx, spec)
+}
+
+func (c *countingSandbox) lastSpec() nsjail.Spec {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.specs[len(c.specs)-1]
 }
 
 var (
@@ -120,6 +131,7 @@ func newEnv(t *testing.T, rootfs string, mod func(*Config)) *testEnv {
 	nsjailtest.RequireRoot(t)
 	cfg := DefaultConfig()
 	cfg.WorkRoot = filepath.Join(t.TempDir(), "work")
+	cfg.ResultsDir = filepath.Join(t.TempDir(), "results")
 	cfg.StateRoot = testStateRoot
 	cfg.PythonImage = "dir:" + rootfs
 	cfg.PoolSize = 0 // the pool tests turn it on
@@ -157,6 +169,7 @@ func newEnv(t *testing.T, rootfs string, mod func(*Config)) *testEnv {
 		defer cancel()
 		srv.Drain(ctx)
 		hs.Close()
+		srv.Close()
 		e.wantNoWorkspaces()
 	})
 	return e
@@ -288,3 +301,11 @@ func newRecorder(srv *Server, method, path, body string) *httptest.ResponseRecor
 }
 
 func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
+
+// otherConfig is e's config for a second server beside e's: its own result
+// store (a results_dir is one worker's).
+func (e *testEnv) otherConfig() Config {
+	cfg := e.cfg
+	cfg.ResultsDir = filepath.Join(e.t.TempDir(), "results")
+	return cfg
+}

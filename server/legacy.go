@@ -58,12 +58,15 @@ func (s *Server) handleLegacyExecute(w http.ResponseWriter, r *http.Request, _ h
 		writeAPIError(w, e)
 		return
 	}
-	resp, e := s.execute(r.Context(), p)
+	// A fresh id: no retry rule. Only stdout, stderr and the status are
+	// answered, from memory.
+	resp, rd, e := s.executeNew(r.Context(), p)
 	if e != nil {
 		s.logReject(e, "execution_id", p.id, "policy", TypeDynamic)
 		writeAPIError(w, e)
 		return
 	}
+	rd.Close()
 	writeJSON(w, http.StatusOK, legacyFrom(resp))
 }
 

@@ -279,6 +279,9 @@ func TestWorkRootFull(t *testing.T) {
 	work := filepath.Join(root, "work")
 	e := newEnv(t, shellRootfs(t), func(c *Config) { c.WorkRoot = work })
 	wantExecStatus(t, e.execute(ExecutionRequest{Code: "true"}), "succeeded")
+	// Its workspace is removed after the answer: a removal after the fill
+	// below would free an inode for the next one.
+	e.wantNoWorkspaces()
 	fill := filepath.Join(root, "fill")
 	os.Mkdir(fill, 0o700)
 	// Bytes first, then inodes: both are gone.

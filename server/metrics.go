@@ -49,6 +49,19 @@ func newMetrics() *metrics {
 	return m
 }
 
+// registerResults exports the result store's size.
+func (m *metrics) registerResults(stats func() (int, int64)) {
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sandboxd_results_stored",
+			Help: "Finished results kept for GET.",
+		}, func() float64 { n, _ := stats(); return float64(n) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sandboxd_results_bytes",
+			Help: "Bytes the kept results hold on disk (answers' JSON and artifacts), bounded by results_max_bytes.",
+		}, func() float64 { _, b := stats(); return float64(b) }))
+}
+
 func (m *metrics) handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
 }

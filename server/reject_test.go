@@ -87,9 +87,11 @@ func TestRejections(t *testing.T) {
 		}
 	}
 
-	// A duplicate id is a conflict, not a second run.
+	// A duplicate id with another request is a conflict, not a second run
+	// (the same request is a retry: TestRetryGetsTheSameExecution).
 	wantExecStatus(t, e.execute(ExecutionRequest{ID: "once", Code: "true"}), "succeeded")
-	if code, _, body := e.do("POST", "/v1/executions", ExecutionRequest{ID: "once", Code: "true"}); code != http.StatusConflict {
+	if code, _, body := e.do("POST", "/v1/executions", ExecutionRequest{ID: "once", Code: "true "}); code != http.StatusConflict ||
+		!strings.Contains(string(body), "taken by a different request") {
 		t.Fatalf("duplicate id = %d %s", code, body)
 	}
 	if code, _, _ := e.do("DELETE", "/v1/executions/once", nil); code != http.StatusConflict {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/julienschmidt/httprouter"
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/server/results"
 )
 
 // Sandboxer runs one execution in a fresh sandbox. *nsjail.Runner is one; a
@@ -60,7 +61,8 @@ type Server struct {
 	resolve  func(ctx context.Context) (string, error)
 	log      *slog.Logger
 
-	store     *Store
+	live      *liveTable
+	results   *results.Store
 	admission *Admission
 	decoding  decodeSlots
 	metrics   *metrics
@@ -71,12 +73,14 @@ type Server struct {
 	python   string // interpreter name found in the rootfs
 	prepErr  error
 	pool     *Pool          // set by Prepare when pool_size > 0
-	draining bool           // under mu: once set, live gets no new Add
-	live     sync.WaitGroup // executions between admission and cleanup
+	draining bool           // under mu: once set, inFlight gets no new Add
+	inFlight sync.WaitGroup // executions between admission and cleanup
 	cleanups sync.WaitGroup // workspace removals after the response
 }
 
-// New checks deps and builds a Server.
+// New checks deps and builds a Server. It opens the result store in
+// Config.ResultsDir, where the executions a dead worker left queued or
+// running are answered interrupted; Close closes it.
 func New(d Deps) (*Server, error) {
 	var errs []error
 	if d.Sandbox == nil {
@@ -104,10 +108,27 @@ func New(d Deps) (*Server, error) {
 		runner:   d.Runner,
 		resolve:  d.ResolveRootfs,
 		log:      d.Logger,
-		store:    NewStore(d.Config.ResultsMax, time.Duration(d.Config.ResultsTTLMS)*time.Millisecond),
+		live:     newLiveTable(),
 		metrics:  newMetrics(),
 		decoding: make(decodeSlots, d.Config.MaxDecoding),
 	}
+	store, err := results.Open(d.Config.ResultsDir, results.Options{
+		MaxBytes: d.Config.ResultsMaxBytes,
+		MaxCount: d.Config.ResultsMax,
+		TTL:      time.Duration(d.Config.ResultsTTLMS) * time.Millisecond,
+		Logger:   d.Logger,
+		Interrupted: func(e results.Entry, now time.Time) []byte {
+			d.Logger.Warn("execution interrupted by the worker's stop", "execution_id", e.ID, "run", e.Run)
+			text, typ := interruptedDocument(e, now)
+			s.metrics.executions.WithLabelValues(typ, StatusInterrupted).Inc()
+			return text
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.results = store
+	s.metrics.registerResults(store.Stats)
 	s.admission = NewAdmission(d.Config.MaxConcurrent, d.Config.MaxQueued, func(running, queued int) {
 		s.metrics.inFlight.Set(float64(running))
 		s.metrics.queued.Set(float64(queued))
@@ -281,7 +302,7 @@ func (s *Server) enter() bool {
 	if s.draining {
 		return false
 	}
-	s.live.Add(1)
+	s.inFlight.Add(1)
 	return true
 }
 
@@ -307,12 +328,12 @@ func (s *Server) Drain(ctx context.Context) int {
 	s.draining = true
 	s.mu.Unlock()
 	done := make(chan struct{})
-	go func() { s.live.Wait(); close(done) }()
+	go func() { s.inFlight.Wait(); close(done) }()
 	n := 0
 	select {
 	case <-done:
 	case <-ctx.Done():
-		n = s.store.cancelAll()
+		n = s.live.cancelAll()
 		s.log.Warn("grace period over, cancelling executions", "cancelled", n)
 		<-done
 	}
@@ -326,4 +347,11 @@ func (s *Server) Drain(ctx context.Context) int {
 	nsjail.WaitForCleanup()
 	s.log.Info("drained", "cancelled", n)
 	return n
+}
+
+// Close closes the result store; call it after Drain, once the HTTP server
+// has stopped (a request still in flight then gets 503). Stored results stay
+// on disk for the next worker.
+func (s *Server) Close() error {
+	return s.results.Close()
 }

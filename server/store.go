@@ -1,143 +1,272 @@
 package server
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
 	"sync"
 	"time"
+
+	"github.com/sandboxd/sandboxd/server/results"
 )
 
-// Execution states before a final nsjail status is known.
+// Execution states before a final nsjail status is known, and the final
+// status of an execution its worker did not live to finish.
 const (
 	StatusQueued  = "queued"
 	StatusRunning = "running"
+	// StatusInterrupted: the worker stopped (crash, kill, restart) while the
+	// execution was queued or running; the restarted worker answers it so.
+	StatusInterrupted = "interrupted"
 )
 
-// ErrDuplicateID is returned when an id is already in the store.
-var ErrDuplicateID = errors.New("an execution with this id exists")
+// interruptedError is the error of an interrupted execution.
+const interruptedError = "the worker stopped (crash or restart) while this execution was queued or running: " +
+	"it may have run in part, and its output is lost"
 
-// record is one execution as the store keeps it.
+// An execution lives in two places: the live table below while it is queued
+// or running (to be looked up, waited for and cancelled), and the result
+// store (package results) from admission on: pending there until its answer
+// is stored, which is what lets a restarted worker answer it interrupted.
+// An execution leaves the live table only after its answer is stored, so a
+// lookup that misses the live table finds the answer or nothing.
+
+// errIDTaken: claim lost a race for the id; the caller looks again.
+var errIDTaken = errors.New("id taken")
+
+// record is one live execution.
 type record struct {
 	id        string
+	hash      string // requestHash of its request
 	typ       string
 	policy    Policy
-	status    string // queued, running, then the final status
-	createdAt time.Time
+	status    string // queued, then running
 	startedAt time.Time
 	cancel    context.CancelFunc
-	done      chan struct{} // closed once resp is set and cleanup is done
-	resp      *ExecutionResponse
-	finished  time.Time
+	done      chan struct{} // closed once it left the table
 }
 
-// Store keeps live executions (so they can be looked up and cancelled) and
-// finished results, bounded by count and age. Live executions are never
-// evicted; there are at most max_concurrent + max_queued of them.
-type Store struct {
-	mu      sync.Mutex
-	recs    map[string]*record
-	order   []string // finished ids, oldest first
-	maxDone int
-	ttl     time.Duration
-	now     func() time.Time
+// liveTable holds the live executions; there are at most max_concurrent +
+// max_queued of them.
+type liveTable struct {
+	mu   sync.Mutex
+	recs map[string]*record
 }
 
-// NewStore returns a store keeping at most maxDone finished results for ttl.
-func NewStore(maxDone int, ttl time.Duration) *Store {
-	return &Store{recs: map[string]*record{}, maxDone: maxDone, ttl: ttl, now: time.Now}
-}
+func newLiveTable() *liveTable { return &liveTable{recs: map[string]*record{}} }
 
-// add registers a new execution in state queued.
-func (s *Store) add(id, typ string, pol Policy, cancel context.CancelFunc) (*record, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.evictLocked()
-	if _, ok := s.recs[id]; ok {
-		return nil, ErrDuplicateID
-	}
-	r := &record{id: id, typ: typ, policy: pol, status: StatusQueued, createdAt: s.now(), cancel: cancel, done: make(chan struct{})}
-	s.recs[id] = r
-	return r, nil
-}
-
-// forget drops a record that never ran (rejected after add).
-func (s *Store) forget(r *record) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.recs[r.id] == r {
-		delete(s.recs, r.id)
-	}
-	r.cancel()
-	close(r.done)
-}
-
-func (s *Store) setRunning(r *record) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r.status = StatusRunning
-	r.startedAt = s.now()
-}
-
-// finish stores the final response and wakes waiters.
-func (s *Store) finish(r *record, resp *ExecutionResponse) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r.status = resp.Status
-	r.resp = resp
-	r.finished = s.now()
-	r.cancel()
-	s.order = append(s.order, r.id)
-	s.evictLocked()
-	close(r.done)
-}
-
-func (s *Store) evictLocked() {
-	now := s.now()
-	for len(s.order) > 0 {
-		r := s.recs[s.order[0]]
-		if r != nil && r.resp != nil && len(s.order) <= s.maxDone && now.Sub(r.finished) < s.ttl {
-			break
-		}
-		if r != nil && r.resp != nil {
-			delete(s.recs, s.order[0])
-		}
-		s.order = s.order[1:]
-	}
-}
-
-// view is a consistent copy of a record.
+// view is a consistent copy of a live record.
 type view struct {
-	id, typ, status string
-	policy          Policy
-	createdAt       time.Time
-	startedAt       time.Time
-	resp            *ExecutionResponse
-	done            <-chan struct{}
-	cancel          context.CancelFunc
+	id, hash, typ, status string
+	policy                Policy
+	startedAt             time.Time
+	done                  <-chan struct{}
+	cancel                context.CancelFunc
 }
 
-func (s *Store) get(id string) (view, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.evictLocked()
-	r, ok := s.recs[id]
+func (t *liveTable) get(id string) (view, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r, ok := t.recs[id]
 	if !ok {
 		return view{}, false
 	}
-	return view{id: r.id, typ: r.typ, status: r.status, policy: r.policy, createdAt: r.createdAt, startedAt: r.startedAt, resp: r.resp, done: r.done, cancel: r.cancel}, true
+	return view{id: r.id, hash: r.hash, typ: r.typ, status: r.status, policy: r.policy, startedAt: r.startedAt,
+		done: r.done, cancel: r.cancel}, true
 }
 
-// cancelAll cancels every live execution (used when the drain's grace period
-// is over).
-func (s *Store) cancelAll() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
-	for _, r := range s.recs {
-		if r.resp == nil {
-			r.cancel()
-			n++
-		}
+func (t *liveTable) setRunning(r *record) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r.status = StatusRunning
+	r.startedAt = time.Now()
+}
+
+// remove takes r out of the table and wakes its waiters.
+func (t *liveTable) remove(r *record) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.recs[r.id] == r {
+		delete(t.recs, r.id)
 	}
-	return n
+	r.cancel()
+	close(r.done)
+}
+
+// cancelAll cancels every live execution (the drain's grace period is over).
+func (t *liveTable) cancelAll() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, r := range t.recs {
+		r.cancel()
+	}
+	return len(t.recs)
+}
+
+// pendingInfo is what the result store keeps of a pending execution for
+// the interrupted answer.
+type pendingInfo struct {
+	Type   string `json:"type"`
+	Policy Policy `json:"policy"`
+}
+
+// claim registers p as live and records it, pending, in the result store.
+// errIDTaken when the id is live or stored.
+func (s *Server) claim(p *plan, cancel context.CancelFunc) (*record, error) {
+	r := &record{id: p.id, hash: p.hash, typ: p.policy.Name, policy: p.policy, status: StatusQueued,
+		cancel: cancel, done: make(chan struct{})}
+	s.live.mu.Lock()
+	if _, ok := s.live.recs[p.id]; ok {
+		s.live.mu.Unlock()
+		return nil, errIDTaken
+	}
+	s.live.recs[p.id] = r
+	s.live.mu.Unlock()
+	info, _ := json.Marshal(pendingInfo{Type: p.policy.Name, Policy: p.policy})
+	if _, err := s.results.Create(p.id, p.run, p.hash, info); err != nil {
+		s.live.remove(r)
+		if errors.Is(err, results.ErrExists) {
+			return nil, errIDTaken
+		}
+		return nil, err
+	}
+	return r, nil
+}
+
+// forget drops an execution that never ran (refused after claim).
+func (s *Server) forget(r *record) {
+	s.results.Discard(r.id)
+	s.live.remove(r)
+}
+
+// existing answers a POST whose id is taken (found is true): the same
+// request (same hash) gets that execution's stored answer, waiting for it
+// while it runs; a different request gets 409. found is false when the id
+// is free (again: an execution that never ran frees it).
+func (s *Server) existing(ctx context.Context, p *plan) (rd *results.Reader, e *apiError, found bool) {
+	for tries := 0; ; tries++ {
+		v, live := s.live.get(p.id)
+		hash := v.hash
+		if !live {
+			stored, ok := s.results.Get(p.id)
+			if !ok {
+				return nil, nil, false
+			}
+			if !stored.Final() {
+				// Claimed between the two lookups: look again.
+				if tries > 1000 {
+					return nil, &apiError{status: http.StatusConflict, reason: "conflict",
+						msg: fmt.Sprintf("id %q is busy", p.id)}, true
+				}
+				time.Sleep(time.Millisecond)
+				continue
+			}
+			hash = stored.BodyHash
+		}
+		if hash != p.hash {
+			return nil, &apiError{status: http.StatusConflict, reason: "conflict", msg: fmt.Sprintf(
+				"id %q is taken by a different request (only a retry of the same request body gets its result)", p.id)}, true
+		}
+		if live {
+			select {
+			case <-v.done:
+				continue
+			case <-ctx.Done():
+				return nil, &apiError{status: http.StatusServiceUnavailable, reason: "client_gone",
+					msg: fmt.Sprintf("request ended while waiting for execution %q", p.id)}, true
+			}
+		}
+		rd, err := s.results.Open(p.id)
+		switch {
+		case errors.Is(err, results.ErrNotFound):
+			return nil, nil, false // expired meanwhile
+		case err != nil:
+			return nil, storeError(err), true
+		}
+		return rd, nil, true
+	}
+}
+
+func storeError(err error) *apiError {
+	if errors.Is(err, results.ErrClosed) {
+		return &apiError{status: http.StatusServiceUnavailable, reason: "draining", msg: "shutting down: " + err.Error()}
+	}
+	return &apiError{status: http.StatusInternalServerError, reason: "store", msg: "result store: " + err.Error()}
+}
+
+// requestHash identifies a request for the retry rule: the SHA-256 of its
+// canonical JSON (the decoded request encoded again: fields in a fixed
+// order, env sorted, input compacted), so a retry that re-serialises the
+// same request matches.
+func requestHash(req *ExecutionRequest) string {
+	data, err := json.Marshal(req)
+	if err != nil { // Input was checked valid by the decoder
+		data = []byte(err.Error())
+	}
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
+}
+
+// storedDocument is resp as the result store keeps it: its JSON text with a
+// hole where each artifact's content_base64 goes (the store fills them,
+// streaming, from the artifact files). The artifacts come last in the
+// object so that the text before them is resp's ordinary encoding.
+func storedDocument(resp *ExecutionResponse) (text []byte, holes []int64) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	// The outer Artifacts (omitted: nil) hides resp's own.
+	enc.Encode(struct {
+		*ExecutionResponse
+		Artifacts []Artifact `json:"artifacts,omitempty"`
+	}{ExecutionResponse: resp})
+	text = bytes.TrimSuffix(bytes.TrimRight(buf.Bytes(), "\n"), []byte("}"))
+	text = append(text[:len(text):len(text)], `,"artifacts":[`...) // a copy: buf is reused
+	for i, a := range resp.Artifacts {
+		if i > 0 {
+			text = append(text, ',')
+		}
+		buf.Reset()
+		enc.Encode(struct {
+			Name      string `json:"name"`
+			Size      int64  `json:"size"`
+			MediaType string `json:"media_type"`
+			SHA256    string `json:"sha256"`
+		}{a.Name, a.Size, a.MediaType, a.SHA256})
+		text = append(text, bytes.TrimSuffix(bytes.TrimRight(buf.Bytes(), "\n"), []byte("}"))...)
+		text = append(text, `,"content_base64":"`...)
+		holes = append(holes, int64(len(text)))
+		text = append(text, `"}`...)
+	}
+	return append(text, "]}\n"...), holes
+}
+
+// interruptedDocument is the stored answer of an execution found pending
+// when the store opened (its worker died), and its type.
+func interruptedDocument(e results.Entry, now time.Time) (text []byte, typ string) {
+	var info pendingInfo
+	json.Unmarshal(e.Info, &info)
+	resp := &ExecutionResponse{ID: e.ID, Type: info.Type, Policy: info.Policy, Status: StatusInterrupted, ExitCode: -1,
+		Artifacts: []Artifact{}, ArtifactsOmitted: []Omitted{}, LimitsHit: []string{},
+		StartedAt: e.CreatedAt, FinishedAt: now, DurationMS: now.Sub(e.CreatedAt).Milliseconds(), Error: interruptedError}
+	text, _ = storedDocument(resp)
+	return text, info.Type
+}
+
+// writeStored streams a stored answer from disk (SECURITY.md case 31: never
+// whole in memory).
+func (s *Server) writeStored(w http.ResponseWriter, rd *results.Reader, id string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Content-Length", strconv.FormatInt(rd.Len(), 10))
+	w.WriteHeader(http.StatusOK)
+	if _, err := rd.WriteTo(w); err != nil {
+		s.log.Debug("answer not fully sent", "execution_id", id, "err", err)
+	}
 }

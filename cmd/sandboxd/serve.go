@@ -146,6 +146,11 @@ func cmdServe(args []string) error {
 		hs.Close()
 	}
 	<-drained
+	// The HTTP server has stopped: the stored results are synced and kept
+	// for the next worker.
+	if err := srv.Close(); err != nil {
+		log.Error("closing the result store", "err", err)
+	}
 	// A Prepare still unpacking sees ctx cancelled; one that built a pool
 	// after Drain closes it itself. Wait for either, so nothing is left.
 	select {

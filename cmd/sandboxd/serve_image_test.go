@@ -117,7 +117,8 @@ func TestServeUnpacksPythonImage(t *testing.T) {
 		base := fmt.Sprintf("http://127.0.0.1:%d", port)
 		cmd := exec.Command(bin, "serve")
 		cmd.Env = append(os.Environ(), "EXECUTION_PYTHON_IMAGE="+ref, "EXECUTION_ROOTFS_CACHE="+cache,
-			"EXECUTION_WORK_ROOT="+filepath.Join(t.TempDir(), "work"), "EXECUTION_STATE_ROOT="+state,
+			"EXECUTION_WORK_ROOT="+filepath.Join(t.TempDir(), "work"), "EXECUTION_RESULTS_DIR="+filepath.Join(t.TempDir(), "results"),
+			"EXECUTION_STATE_ROOT="+state,
 			"EXECUTION_CGROUP_PARENT="+cgroup, fmt.Sprintf("EXECUTION_WORKER_PORT=%d", port), "EXECUTION_POOL_SIZE=0", "GOGC=1")
 		var logs bytes.Buffer
 		cmd.Stderr = &logs

@@ -72,7 +72,7 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 	gid := socketGroup(t)
 	cmd := exec.Command(bin, "serve")
 	cmd.Env = append(os.Environ(), "EXECUTION_PYTHON_IMAGE=dir:"+rootfs, "EXECUTION_WORK_ROOT="+work,
-		"EXECUTION_STATE_ROOT="+state, "EXECUTION_CGROUP_PARENT="+cgroup, fmt.Sprintf("EXECUTION_WORKER_PORT=%d", port),
+		"EXECUTION_RESULTS_DIR="+filepath.Join(t.TempDir(), "results"), "EXECUTION_STATE_ROOT="+state, "EXECUTION_CGROUP_PARENT="+cgroup, fmt.Sprintf("EXECUTION_WORKER_PORT=%d", port),
 		"EXECUTION_POOL_SIZE=0", "EXECUTION_SHUTDOWN_GRACE_MS=300", "EXECUTION_SOMETHING_ELSE=1",
 		"EXECUTION_WORKER_SOCKET="+sock, fmt.Sprintf("EXECUTION_WORKER_SOCKET_GROUP=%d", gid), "EXECUTION_READ_HEADER_TIMEOUT=1s")
 	var logs bytes.Buffer

@@ -318,6 +318,7 @@ func startServer(ctx context.Context, o serverOptions) (*serverProc, error) {
 		"EXECUTION_WORKER_HOST=127.0.0.1",
 		"EXECUTION_WORKER_PORT=" + strconv.Itoa(port),
 		"EXECUTION_WORK_ROOT=" + filepath.Join(dir, "work"),
+		"EXECUTION_RESULTS_DIR=" + filepath.Join(dir, "results"),
 		"EXECUTION_STATE_ROOT=" + filepath.Join(dir, "state"),
 		"EXECUTION_ROOTFS_CACHE=" + filepath.Join(dir, "rootfs-cache"),
 		"EXECUTION_PYTHON_IMAGE=" + o.Image,
