@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -77,7 +78,16 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, _ httprout
 		writeAPIError(w, e)
 		return
 	}
-	rd, e := s.execute(r.Context(), p)
+	// An execution the client named can be fetched again (GET, or a retry
+	// of this POST), so it outlives this connection: a client whose request
+	// timed out retries and gets the result instead of "cancelled". An
+	// unnamed one cannot be found again and is cancelled with its client.
+	// DELETE and the drain still cancel both.
+	ctx := r.Context()
+	if req.ID != "" {
+		ctx = context.WithoutCancel(ctx)
+	}
+	rd, e := s.execute(ctx, p)
 	if e != nil {
 		s.logReject(e, "execution_id", p.id, "policy", p.policy.Name)
 		writeAPIError(w, e)

@@ -53,6 +53,26 @@ func TestRetryGetsTheSameExecution(t *testing.T) {
 	}
 }
 
+// A POST with an id whose client gives up (its HTTP timeout) does not cancel
+// the run: the retry gets the finished result, and the code ran once.
+func TestRetryAfterClientTimeoutGetsTheResult(t *testing.T) {
+	e := newEnv(t, shellRootfs(t), nil)
+	body := `{"id": "gave-up", "code": "sleep 1; echo ran"}`
+	client := &http.Client{Timeout: 300 * time.Millisecond}
+	if resp, err := client.Post(e.http.URL+"/v1/executions", "application/json", strings.NewReader(body)); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the first POST did not time out: %s", resp.Status)
+	}
+	code, _, got := e.do("POST", "/v1/executions", body)
+	var resp ExecutionResponse
+	if code != 200 || json.Unmarshal(got, &resp) != nil || resp.Status != "succeeded" || resp.Stdout != "ran\n" {
+		t.Fatalf("retry = %d %s", code, got)
+	}
+	if n := e.sandbox.started.Load(); n != 1 {
+		t.Fatalf("%d sandboxes started, want 1", n)
+	}
+}
+
 // A finished result survives the worker's restart: a new server on the same
 // results_dir answers GET with the same bytes.
 func TestResultSurvivesRestart(t *testing.T) {
