@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 	"github.com/sandboxd/sandboxd/server/volume"
 )
@@ -78,10 +79,11 @@ func crashyWorker(dir, at string) {
 	os.Exit(1)
 }
 
-// The sandbox user as the host sees it (nsjail's default id base).
+// The sandbox user as the host sees it with nsjail's default id base
+// (Runner.HostUID; the sandbox tests check they agree).
 const (
-	testUID = 100000 + 10001
-	testGID = 100000 + 10001
+	testUID = 1<<30 + nsjail.SandboxUID
+	testGID = 1<<30 + nsjail.SandboxGID
 )
 
 func requireRoot(t testing.TB) {
@@ -181,6 +183,15 @@ func mountsAt(dir string) int {
 	return n
 }
 
+func fsDev(t testing.TB, v *volume.Volume) uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(v.Path(), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Dev
+}
+
 func duKiB(t testing.TB, p string) int64 {
 	t.Helper()
 	var st unix.Stat_t
@@ -221,6 +232,13 @@ func TestCreateMountsAnEmptyVolumeWithExactQuota(t *testing.T) {
 	t.Logf("empty %d MiB / %d-file volume: image %d KiB on disk", volume.DefaultMaxBytes>>20, volume.DefaultMaxFiles, duKiB(t, img))
 	if loopsOf(t, v) != 1 || mountsAt(v.Path()) != 1 {
 		t.Fatalf("%d loop devices, %d mounts; want 1 and 1", loopsOf(t, v), mountsAt(v.Path()))
+	}
+	// Direct I/O: the image's pages are not cached a second time.
+	sys := fmt.Sprintf("/sys/dev/block/%d:%d/loop/", unix.Major(fsDev(t, v)), unix.Minor(fsDev(t, v)))
+	for file, want := range map[string]string{"dio": "1", "autoclear": "1"} {
+		if b, err := os.ReadFile(sys + file); err != nil || strings.TrimSpace(string(b)) != want {
+			t.Errorf("%s%s = %q, %v; want %s", sys, file, b, err, want)
+		}
 	}
 	entries, _ := os.ReadDir(filepath.Dir(v.Dir()))
 	if len(entries) != 1 {
