@@ -29,6 +29,9 @@ import (
 
 const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
 
+// DefaultListLimit is List's limit when it is given none (limit <= 0).
+const DefaultListLimit = 1000
+
 // MaxListExamined bounds the directory entries one List looks at: a million
 // hard links or empty names cost a bounded walk.
 const MaxListExamined = 100_000
@@ -423,7 +426,8 @@ type Entry struct {
 
 // List returns the regular files whose path starts with prefix ("" for
 // all; "data/" for everything under data; "data/re" for what under data
-// starts with re), sorted by name, at most limit of them. It walks without
+// starts with re), sorted by name, at most limit of them (DefaultListLimit
+// when limit <= 0). It walks without
 // following links, at most MaxDepth deep and MaxListExamined entries far;
 // truncated says whether it stopped early. A prefix naming nothing lists
 // nothing. Symlinks, FIFOs, sockets, devices and what the sandbox user does
@@ -432,6 +436,9 @@ func (v *Volume) List(prefix string, limit int) (entries []Entry, truncated bool
 	dirPath, err := splitPrefix(prefix)
 	if err != nil {
 		return nil, false, err
+	}
+	if limit <= 0 {
+		limit = DefaultListLimit
 	}
 	root, err := v.openRoot()
 	if err != nil {

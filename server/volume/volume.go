@@ -146,7 +146,9 @@ func (v *Volume) statfs() (*unix.Statfs_t, error) {
 }
 
 // Create makes a new volume in dir, which must not exist (fs.ErrExist),
-// mounts it and returns it. Everything is built under a temporary name next
+// mounts it and returns it. Every directory above dir must be searchable by
+// the sandbox's mapped root (o+x), which binds Path by name, as for
+// work_root. Everything is built under a temporary name next
 // to dir and renamed into place only when complete and mounted.
 func Create(dir string, opts Options) (v *Volume, err error) {
 	m, err := opts.meta()
@@ -303,7 +305,10 @@ func ensureMounted(dir string, m meta) error {
 }
 
 // Close unmounts the volume; its files stay in the image for Open. It is
-// idempotent.
+// idempotent. Close only when no sandbox has the volume bound: a sandbox's
+// bind keeps the filesystem, and so its loop device, alive after the
+// unmount, and Open refuses to mount an image that is still attached
+// until that sandbox is gone.
 func (v *Volume) Close() error {
 	lock, err := lockDir(v.dir, true)
 	if err != nil {
