@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -464,5 +465,42 @@ func TestInterruptedCreateAndRemoveAreSwept(t *testing.T) {
 	}
 	if string(read(t, keep, "f")) != "kept" {
 		t.Fatal("Sweep touched a complete volume")
+	}
+}
+
+// Close while something still uses the volume (a sandbox's bind, or here an
+// open file) unmounts it lazily: the filesystem and its loop device live
+// on. Open must then refuse rather than attach the image a second time, and
+// succeed once the last user is gone.
+func TestOpenRefusesAnImageStillInUse(t *testing.T) {
+	v := newVolume(t, volume.Options{MaxBytes: 8 << 20, MaxFiles: 100})
+	put(t, v, "f", []byte("f"))
+	f, _, err := v.OpenFile("f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Close(); err != nil {
+		f.Close()
+		t.Fatal(err)
+	}
+	_, err = volume.Open(v.Dir())
+	if err == nil || loopsOf(t, v) != 1 {
+		f.Close()
+		t.Fatalf("Open of an image still attached: %v, %d loop devices; want an error and 1", err, loopsOf(t, v))
+	}
+	f.Close()
+	// The last user gone, the loop device detaches itself (autoclear).
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err = volume.Open(v.Dir()); err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("Open after the last user left: %v", err)
+	}
+	if string(read(t, v, "f")) != "f" || loopsOf(t, v) != 1 {
+		t.Fatal("reopened volume lost its file or has two loop devices")
 	}
 }
