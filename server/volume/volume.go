@@ -263,15 +263,16 @@ func build(tmp string, m meta) error {
 // without volume.json (never created, or a leftover) is fs.ErrNotExist.
 func Open(dir string) (*Volume, error) {
 	dir = filepath.Clean(dir)
-	m, err := readMeta(dir)
-	if err != nil {
-		return nil, fmt.Errorf("open volume %s: %w", dir, err)
-	}
 	lock, err := lockDir(dir, true)
 	if err != nil {
 		return nil, fmt.Errorf("open volume %s: %w", dir, err)
 	}
 	defer lock.Close()
+	// Read under the lock: a Remove that held it has renamed dir away.
+	m, err := readMeta(dir)
+	if err != nil {
+		return nil, fmt.Errorf("open volume %s: %w", dir, err)
+	}
 	if err := ensureMounted(dir, m); err != nil {
 		return nil, fmt.Errorf("open volume %s: %w", dir, err)
 	}
@@ -311,6 +312,9 @@ func ensureMounted(dir string, m meta) error {
 // until that sandbox is gone.
 func (v *Volume) Close() error {
 	lock, err := lockDir(v.dir, true)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // removed
+	}
 	if err != nil {
 		return fmt.Errorf("close volume %s: %w", v.dir, err)
 	}
