@@ -4,7 +4,9 @@
 # Usage: tools/deps/install.sh GROUP...   (the Makefile calls it)
 #
 #   build   cgo with -tags seccomp: libseccomp-dev (headers and libseccomp.a),
-#           pkg-config, gcc, libc6-dev
+#           pkg-config, gcc, libc6-dev; and e2fsprogs (mkfs.ext4, e2fsck for
+#           session volumes, server/volume: Debian priority "required", so
+#           present, but not Essential)
 #   image   the python-runtime image: mmdebstrap (root mode), the Debian
 #           archive keyring and CA certificates for the mirror
 #   test    busybox-static: the small rootfs of the nsjail/seccomp tests
@@ -17,7 +19,7 @@
 set -euo pipefail
 
 declare -A groups=(
-	[build]="libseccomp-dev pkg-config gcc libc6-dev"
+	[build]="libseccomp-dev pkg-config gcc libc6-dev e2fsprogs"
 	[image]="mmdebstrap debian-archive-keyring ca-certificates"
 	[test]="busybox-static"
 	[v2vm]="qemu-system-x86 cpio busybox-static"
