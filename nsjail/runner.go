@@ -173,6 +173,9 @@ type Sandbox struct {
 // ID is the sandbox's id (its container, cgroup and state directory name).
 func (s *Sandbox) ID() string { return s.id }
 
+// Pid is the host pid of the sandbox's first process.
+func (s *Sandbox) Pid() (int, error) { return s.proc.Pid() }
+
 // Start validates spec and starts its command in a fresh sandbox. The
 // returned Sandbox must be waited for. A validation error means nothing was
 // started; any other error is a *startError carrying a sandbox_error Result,
@@ -273,6 +276,41 @@ func hasEnv(env []string, key string) bool {
 		}
 	}
 	return false
+}
+
+// Alive reports whether the sandbox's first process is running and has not
+// been sent SIGKILL. Once it has (the host's kill, the OOM killer), it never
+// runs again and takes the whole sandbox with it, but tearing down a large
+// process takes milliseconds during which wait(2) still sees it alive: the
+// kill shows at once in its pending signals.
+func (s *Sandbox) Alive() bool {
+	pid, err := s.proc.Pid()
+	if err != nil {
+		return false
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	return err == nil && statusAlive(string(status))
+}
+
+// statusAlive reads a /proc/PID/status: not a zombie, no SIGKILL pending
+// for the thread or the process.
+func statusAlive(status string) bool {
+	for _, line := range strings.Split(status, "\n") {
+		key, value, _ := strings.Cut(line, ":")
+		value = strings.TrimSpace(value)
+		switch key {
+		case "State":
+			if strings.HasPrefix(value, "Z") || strings.HasPrefix(value, "X") {
+				return false
+			}
+		case "SigPnd", "ShdPnd":
+			mask, err := strconv.ParseUint(value, 16, 64)
+			if err != nil || mask&(1<<(unix.SIGKILL-1)) != 0 {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // Handoff marks the moment a pre-started sandbox (the warm pool's) is given
@@ -477,27 +515,38 @@ func destroy(c *libcontainer.Container, log *slog.Logger) {
 	}
 }
 
-// SetNice sets the scheduling niceness of every thread of the sandbox's
-// first process (threads it creates later inherit it). The warm pool
-// preloads at nice 19, so refills use idle CPU only, and restores 0 at
-// hand-off.
+// SetNice sets the scheduling niceness of every thread of every process
+// of the sandbox (the first process and its descendants; threads and
+// processes created later inherit it). The warm pool preloads at nice 19,
+// so refills use idle CPU only, and restores 0 at hand-off.
 func (s *Sandbox) SetNice(nice int) error {
 	pid, err := s.proc.Pid()
 	if err != nil {
 		return err
 	}
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if err != nil {
-		return err
-	}
 	var errs []error
-	for _, t := range tasks {
-		tid, err := strconv.Atoi(t.Name())
+	for queue := []int{pid}; len(queue) > 0; queue = queue[1:] {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", queue[0]))
 		if err != nil {
+			if !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
 			continue
 		}
-		if err := unix.Setpriority(unix.PRIO_PROCESS, tid, nice); err != nil && !errors.Is(err, unix.ESRCH) {
-			errs = append(errs, err)
+		for _, t := range tasks {
+			tid, err := strconv.Atoi(t.Name())
+			if err != nil {
+				continue
+			}
+			if err := unix.Setpriority(unix.PRIO_PROCESS, tid, nice); err != nil && !errors.Is(err, unix.ESRCH) {
+				errs = append(errs, err)
+			}
+			children, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", queue[0], tid))
+			for _, c := range strings.Fields(string(children)) {
+				if cpid, err := strconv.Atoi(c); err == nil {
+					queue = append(queue, cpid)
+				}
+			}
 		}
 	}
 	return errors.Join(errs...)

@@ -468,3 +468,32 @@ func TestConcurrentSandboxesAreIsolated(t *testing.T) {
 		}
 	}
 }
+
+// SECURITY.md case 34: a sandbox whose first process the host killed is not
+// alive from the moment of the kill, though wait(2) sees it only once the
+// kernel has torn it down.
+func TestAliveSeesAKillAtOnce(t *testing.T) {
+	r := newRunner(t)
+	sb, err := r.Start(nsjail.Spec{Rootfs: nsjailtest.ProbeRootfs(t), Args: []string{"sleep", "300"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sb.Alive() {
+		t.Error("a sleeping sandbox is not alive")
+	}
+	pid, err := sb.Pid()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	alive := sb.Alive()
+	res := sb.Wait(context.Background())
+	if alive {
+		t.Error("a killed sandbox is still alive")
+	}
+	if res.Signal != "SIGKILL" {
+		t.Errorf("signal %q, want SIGKILL", res.Signal)
+	}
+}
