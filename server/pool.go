@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -60,6 +61,9 @@ type Template struct {
 // PoolStats is the pool's state, for /metrics.
 type PoolStats struct {
 	Ready, Starting, Taken, RefillFailures, Retired uint64
+	// FallbackEnv counts executions that matched a template but ran cold
+	// because the request sets a variable a warm sandbox cannot apply.
+	FallbackEnv uint64
 	// IdleMemoryBytes sums what the ready sandboxes' cgroups account.
 	IdleMemoryBytes int64
 }
@@ -180,7 +184,7 @@ func (p *Pool) Stats() PoolStats {
 
 // Run serves spec from a ready sandbox when one matches, else cold.
 func (p *Pool) Run(ctx context.Context, spec nsjail.Spec) (*nsjail.Result, error) {
-	w, tp, extraEnv := p.take(&spec)
+	w, tp := p.take(&spec)
 	if w == nil {
 		return p.runner.Run(ctx, spec)
 	}
@@ -188,34 +192,43 @@ func (p *Pool) Run(ctx context.Context, spec nsjail.Spec) (*nsjail.Result, error
 	// the data stack is CPU-heavy, and on a small VM it would compete with
 	// the execution it replaces.
 	defer tp.wakeRefill()
-	return p.runWarm(ctx, w, spec, extraEnv)
+	return p.runWarm(ctx, w, spec)
 }
 
 // take finds a ready sandbox for spec. It matches when spec runs
 // `python[3] FILE` in the template's rootfs with its limits (timeout aside)
-// and every template variable in spec.Env with the same value; the other
-// variables of spec.Env travel with the hand-off.
-func (p *Pool) take(spec *nsjail.Spec) (*warmSandbox, *templatePool, map[string]string) {
+// and exactly the template's environment. Python reads most variables a
+// request may set (PYTHONHASHSEED, PYTHONIOENCODING, PYTHONWARNINGS, the
+// locale, TZ) only at start-up, and a preload may read any at import, long
+// before a hand-off: a request that sets one runs cold, counted.
+func (p *Pool) take(spec *nsjail.Spec) (*warmSandbox, *templatePool) {
 	if spec.Workspace == "" || len(spec.Args) != 2 || (spec.Args[0] != "python3" && spec.Args[0] != "python") ||
 		spec.Stdin != nil || len(spec.ExtraFiles) > 0 {
-		return nil, nil, nil
+		return nil, nil
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return nil, nil, nil
+		return nil, nil
 	}
+	envDiffers := false
 	for _, tp := range p.templates {
-		extra, ok := matches(tp.t, spec)
-		if !ok || len(tp.ready) == 0 {
+		shape, env := matches(tp.t, spec)
+		if shape && !env {
+			envDiffers = true
+		}
+		if !shape || !env || len(tp.ready) == 0 {
 			continue
 		}
 		w := tp.ready[0]
 		tp.ready = tp.ready[1:]
 		p.stats.Taken++
-		return w, tp, extra
+		return w, tp
 	}
-	return nil, nil, nil
+	if envDiffers {
+		p.stats.FallbackEnv++
+	}
+	return nil, nil
 }
 
 func (tp *templatePool) wakeRefill() {
@@ -225,28 +238,15 @@ func (tp *templatePool) wakeRefill() {
 	}
 }
 
-func matches(t Template, spec *nsjail.Spec) (map[string]string, bool) {
+// matches reports whether spec has t's shape (rootfs, limits but the
+// timeout, no hostname) and whether its environment is exactly t's.
+func matches(t Template, spec *nsjail.Spec) (shape, env bool) {
 	a, b := t.Limits, spec.Limits
 	a.Timeout, b.Timeout = 0, 0
 	if t.Rootfs != spec.Rootfs || a != b || spec.Hostname != "" {
-		return nil, false
+		return false, false
 	}
-	base := envMap(t.Env)
-	extra := map[string]string{}
-	for k, v := range envMap(spec.Env) {
-		if bv, ok := base[k]; ok {
-			if bv != v {
-				return nil, false
-			}
-			delete(base, k)
-			continue
-		}
-		extra[k] = v
-	}
-	if len(base) > 0 { // the template sets something the request does not
-		return nil, false
-	}
-	return extra, true
+	return true, maps.Equal(envMap(t.Env), envMap(spec.Env))
 }
 
 func envMap(env []string) map[string]string {
@@ -261,7 +261,7 @@ func envMap(env []string) map[string]string {
 // runWarm moves the request's workspace contents into the warm sandbox's
 // bound workspace, hands the file over, waits, and moves everything back so
 // the caller collects results exactly where it would after a cold run.
-func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec, extraEnv map[string]string) (*nsjail.Result, error) {
+func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (*nsjail.Result, error) {
 	// Two tmpfs workspaces: the request files (small, written by the
 	// server) are copied in; the results stay in the warm workspace, which
 	// the Result names and the caller collects from and removes.
@@ -273,7 +273,7 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec, ex
 	}
 	msg, err := json.Marshal(map[string]any{
 		"path": spec.Args[1], "argv": []string{spec.Args[1]},
-		"cwd": cmp.Or(spec.Cwd, "/"), "env": extraEnv,
+		"cwd": cmp.Or(spec.Cwd, "/"),
 	})
 	if err != nil {
 		return nil, err

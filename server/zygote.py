@@ -2,8 +2,7 @@
 # fresh, single-use sandbox, imports the preload modules, then blocks on fd 3
 # (after writing one byte on fd 4 to say it is ready) until the worker hands
 # it one execution:
-#   {"path": "/workspace/code/main.py", "argv": [...], "cwd": "/workspace",
-#    "env": {"NAME": "value"}}
+#   {"path": "/workspace/code/main.py", "argv": [...], "cwd": "/workspace"}
 # and runs that file exactly as `python3 path` would: __name__ == "__main__",
 # __file__, sys.argv, sys.path[0], cwd, exit codes and tracebacks. The sandbox
 # is destroyed afterwards; nothing here is ever reused. Just before exiting it
@@ -41,7 +40,6 @@ def _run(msg):
 
     job = json.loads(msg)
     path = job["path"]
-    os.environ.update(job.get("env") or {})
     os.chdir(job.get("cwd") or "/")
     sys.argv[:] = job.get("argv") or [path]
     try:
