@@ -162,9 +162,9 @@ type Sandbox struct {
 	mntns     *os.File
 	// cgroupPaths are the sandbox's cgroup directories (fixed at start).
 	cgroupPaths map[string]string
-	// exitReport, when set, delivers the exit status reported by the
-	// sandbox itself (see SetExitReport).
-	exitReport <-chan int
+	// exitReport, when set, delivers the command's wait status as reported
+	// by its parent in the sandbox (see SetExitReport).
+	exitReport <-chan syscall.WaitStatus
 	// cpuBaselineNS is the CPU time spent before Handoff (a warm sandbox's
 	// preload), subtracted from the reported usage.
 	cpuBaselineNS uint64
@@ -359,7 +359,8 @@ func (s *Sandbox) Wait(ctx context.Context) *Result {
 
 	var killedFor Status
 	var waitErr error
-	reported, haveReport := 0, false
+	var reported syscall.WaitStatus
+	haveReport := false
 	report := s.exitReport
 wait:
 	for {
@@ -421,6 +422,7 @@ wait:
 		defer pendingCleanups.Done()
 		if haveReport {
 			<-exited
+			s.crossCheckReport(reported, state)
 		}
 		destroy(s.c, s.log)
 		if s.mntns != nil {
@@ -452,17 +454,9 @@ wait:
 
 	res.ExitCode = -1
 	if haveReport {
-		res.ExitCode = reported
-	} else if state != nil {
-		if ws, ok := state.Sys().(syscall.WaitStatus); ok {
-			switch {
-			case ws.Exited():
-				res.ExitCode = ws.ExitStatus()
-			case ws.Signaled():
-				res.Signal = unix.SignalName(ws.Signal())
-				res.ExitCode = 128 + int(ws.Signal())
-			}
-		}
+		res.ExitCode, res.Signal = decodeWaitStatus(reported)
+	} else if ws, ok := initWaitStatus(state); ok {
+		res.ExitCode, res.Signal = decodeWaitStatus(ws)
 	}
 	switch {
 	case killedFor == StatusTimeout:
@@ -487,6 +481,45 @@ wait:
 	return res
 }
 
+// decodeWaitStatus is the exit code (128+N for a signal N, -1 when
+// neither) and signal name of a wait status.
+func decodeWaitStatus(ws syscall.WaitStatus) (code int, signal string) {
+	switch {
+	case ws.Exited():
+		return ws.ExitStatus(), ""
+	case ws.Signaled():
+		return 128 + int(ws.Signal()), unix.SignalName(ws.Signal())
+	}
+	return -1, ""
+}
+
+func initWaitStatus(state *os.ProcessState) (syscall.WaitStatus, bool) {
+	if state == nil {
+		return 0, false
+	}
+	ws, ok := state.Sys().(syscall.WaitStatus)
+	return ws, ok
+}
+
+// crossCheckReport compares an exit report with the sandbox init's own wait
+// status, which the kernel gave: the reporter exits with the status it
+// reported (a signal N as exit 128+N). A difference is logged. An init that
+// the kill after the report reached first says nothing either way.
+func (s *Sandbox) crossCheckReport(reported syscall.WaitStatus, state *os.ProcessState) {
+	if ws, ok := initWaitStatus(state); ok && reportMismatch(reported, ws) {
+		code, _ := decodeWaitStatus(reported)
+		s.log.Warn("exit report does not match the sandbox's exit status; the result used the report",
+			"reported_exit_code", code, "init_exit_code", ws.ExitStatus())
+	}
+}
+
+// reportMismatch tells whether an init that exited with status init
+// contradicts the report it sent.
+func reportMismatch(reported, init syscall.WaitStatus) bool {
+	code, _ := decodeWaitStatus(reported)
+	return init.Exited() && init.ExitStatus() != code
+}
+
 // pendingCleanups counts sandboxes whose removal is still under way.
 var pendingCleanups sync.WaitGroup
 
@@ -495,13 +528,16 @@ var pendingCleanups sync.WaitGroup
 // the result is returned; call this before exiting or checking for leftovers.
 func WaitForCleanup() { pendingCleanups.Wait() }
 
-// SetExitReport makes Wait take the command's exit status from report, the
-// moment trusted code in the sandbox (the warm pool's zygote) sends it just
-// before exiting, instead of waiting for the kernel to finish tearing the
-// process down (~8 ms for a Python that imported the data stack). Wait then
-// kills what is left of the sandbox, as it would have died with its init.
-// The command can only report a status it could also have exited with.
-func (s *Sandbox) SetExitReport(report <-chan int) { s.exitReport = report }
+// SetExitReport makes Wait take the command's wait status from report: the
+// warm pool's zygote, the sandbox's init, forks the process that runs the
+// code, reaps it and relays the status the kernel gave, then exits with it.
+// Wait answers then instead of waiting for the kernel to tear the zygote
+// down (~8-20 ms for a Python that imported the data stack), kills what is
+// left of the sandbox, and later cross-checks the report against the init's
+// own exit status, logging a mismatch. The report must come over a channel
+// that the code cannot reach (SECURITY.md case 25): its sender must be a
+// process that runs none of the code.
+func (s *Sandbox) SetExitReport(report <-chan syscall.WaitStatus) { s.exitReport = report }
 
 // destroy removes the container's cgroups and state directory. libcontainer
 // refuses to destroy a running container, so anything still alive (it should

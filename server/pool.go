@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
@@ -96,15 +97,17 @@ type templatePool struct {
 type warmSandbox struct {
 	sb        *nsjail.Sandbox
 	workspace string
-	control   *os.File // fd 3 of the zygote: the hand-off message
+	control   *os.File // fd 3 of the code's process: the hand-off message
 	readyAt   time.Time
 }
 
-// readExitReport delivers the status the zygote writes on fd 5 just before
-// it exits ("N\n"); the channel closes without a value when the pipe ends
-// otherwise (the code closed fd 5, or died).
-func readExitReport(r *os.File) <-chan int {
-	ch := make(chan int, 1)
+// readExitReport delivers the wait status the zygote writes on fd 5 ("N\n")
+// once the code's process has exited; the channel closes without a value
+// when the pipe ends otherwise (the zygote died). Only the zygote holds
+// fd 5: the code's process closes it before it reads its hand-off, and
+// cannot reach the zygote's (SECURITY.md case 25).
+func readExitReport(r *os.File) <-chan syscall.WaitStatus {
+	ch := make(chan syscall.WaitStatus, 1)
 	go func() {
 		defer close(ch)
 		defer r.Close()
@@ -114,11 +117,11 @@ func readExitReport(r *os.File) <-chan int {
 		if err != nil {
 			return
 		}
-		code, err := strconv.Atoi(strings.TrimSpace(line))
-		if err != nil || code < 0 || code > 255 {
+		status, err := strconv.Atoi(strings.TrimSpace(line))
+		if err != nil || status < 0 || status > 0xFFFF {
 			return
 		}
-		ch <- code
+		ch <- syscall.WaitStatus(status)
 	}()
 	return ch
 }
@@ -362,7 +365,7 @@ func (p *Pool) retireIdle(tp *templatePool) {
 }
 
 // retire ends an unused warm sandbox: EOF on its control pipe makes the
-// zygote exit 0; a bounded wait kills it otherwise.
+// code's process, then the zygote, exit 0; a bounded wait kills it otherwise.
 func (p *Pool) retire(w *warmSandbox) {
 	w.control.Close()
 	w.sb.Handoff(5 * time.Second)
@@ -402,6 +405,14 @@ func (p *Pool) startOne(tp *templatePool) bool {
 }
 
 var errPoolClosed = errors.New("pool closed")
+
+// zygoteArgs is the command line of a warm sandbox's first process. -P
+// keeps the cwd (the workspace) off its sys.path: no directory the sandbox
+// can write is there when the zygote imports (SECURITY.md case 35). -I would
+// also drop the template's PYTHON* variables, which a cold run honours.
+func zygoteArgs(preload []string) []string {
+	return []string{"python3", "-P", "-c", zygoteSource, strings.Join(preload, ",")}
+}
 
 // readyTimeout bounds the preload; a stack that takes longer is broken.
 const readyTimeout = 2 * time.Minute
@@ -444,7 +455,7 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 	}
 	spec := nsjail.Spec{
 		Rootfs:     t.Rootfs,
-		Args:       []string{"python3", "-c", zygoteSource, strings.Join(p.cfg.Preload, ",")},
+		Args:       zygoteArgs(p.cfg.Preload),
 		Env:        slices.Clone(t.Env),
 		Cwd:        nsjail.WorkspaceDir,
 		Workspace:  ws,

@@ -7,14 +7,145 @@ package server
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"log/slog"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 )
+
+// forgeryScript tries every way the code could fake the warm sandbox's exit
+// report: reports written to every fd 3..64 and to the zygote's fds through
+// /proc/1/fd, the zygote's memory, and signals to pid 1 that would stop or
+// kill a reporter. It then does what MODE says.
+const forgeryScript = `import os, signal, sys, time
+fds = sorted(os.listdir("/proc/self/fd"), key=int)
+forged = []
+for fd in range(3, 65):
+    for report in (b"0\n", b"1\n", b"9\n", b"R"):
+        try:
+            os.write(fd, report)
+            forged.append(fd)
+        except OSError:
+            pass
+    try:
+        with open("/proc/1/fd/%d" % fd, "wb", buffering=0) as f:
+            f.write(b"0\n")
+            forged.append("/proc/1/fd/%d" % fd)
+    except OSError:
+        pass
+try:
+    with open("/proc/1/mem", "r+b", buffering=0) as f:
+        forged.append("/proc/1/mem")
+except OSError:
+    pass
+print("fds", fds, "forged", forged, flush=True)
+for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD, signal.SIGSTOP, signal.SIGKILL):
+    try:
+        os.kill(1, sig)
+    except OSError:
+        pass
+MODE
+`
+
+// SECURITY.md case 25 (forged exit report over an inherited fd, warm pool)
+// and case 15 (only 0, 1, 2 open inside) on the warm path: the code sees
+// only its standard fds, cannot reach the channel its exit is reported on,
+// and the status is the kernel's: exit 7 stays 7, a process that keeps
+// running times out.
+func TestWarmExitReportCannotBeForged(t *testing.T) {
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	r := newPoolRunner(t)
+	tpl := poolTemplate(rootfs)
+	pool, err := NewPool(r, PoolConfig{Size: 1, WorkRoot: t.TempDir(), Preload: []string{"numpy"}}, []Template{tpl}, poolQuietLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var logs bytes.Buffer
+	var logMu sync.Mutex
+	log := slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &logMu}, nil))
+	for _, tc := range []struct {
+		name, mode string
+		status     nsjail.Status
+		exitCode   int
+	}{
+		{"then exits 7", "sys.exit(7)", nsjail.StatusFailed, 7},
+		{"then keeps running", "time.sleep(60)", nsjail.StatusTimeout, -1},
+		{"then exits 0", "sys.exit(0)", nsjail.StatusSucceeded, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			waitReady(t, pool, 1)
+			zygote := warmPid(t, pool, true)
+			if maps := writableSharedMappings(t, zygote); len(maps) > 0 {
+				t.Fatalf("the zygote shares writable memory with the code's process: %q", maps)
+			}
+			ws := poolWorkspace(t, r, strings.Replace(forgeryScript, "MODE", tc.mode, 1))
+			spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+				Env: tpl.Env, Cwd: nsjail.WorkspaceDir, Workspace: ws, Limits: tpl.Limits, Logger: log}
+			spec.Limits.Timeout = 3 * time.Second
+			before := pool.Stats().Taken
+			res, err := pool.Run(context.Background(), spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cleanupWarm(t, res, ws)
+			if pool.Stats().Taken != before+1 {
+				t.Fatal("the pool did not serve the run")
+			}
+			if want := "fds ['0', '1', '2', '3'] forged []\n"; string(res.Stdout) != want {
+				t.Errorf("stdout %q, want %q", res.Stdout, want)
+			}
+			if res.Status != tc.status || (tc.exitCode >= 0 && res.ExitCode != tc.exitCode) {
+				t.Fatalf("status %s exit %d, want %s exit %d (stderr: %.300s)", res.Status, res.ExitCode, tc.status, tc.exitCode, res.Stderr)
+			}
+		})
+	}
+	// The zygote exited with what it reported: the cross-check found nothing.
+	nsjail.WaitForCleanup()
+	logMu.Lock()
+	defer logMu.Unlock()
+	if bytes.Contains(logs.Bytes(), []byte("does not match")) {
+		t.Fatalf("exit report mismatch logged:\n%s", logs.String())
+	}
+}
+
+// writableSharedMappings lists pid's mappings that are writable and shared:
+// memory another process could change under it.
+func writableSharedMappings(t *testing.T, pid int) []string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && strings.Contains(f[1], "w") && strings.HasSuffix(f[1], "s") {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+type lockedWriter struct {
+	w  *bytes.Buffer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
 
 func cleanupWarm(t *testing.T, res *nsjail.Result, ws string) {
 	t.Helper()
@@ -119,4 +250,61 @@ func withEnv(env []string, extra map[string]string) []string {
 		out = append(out, k+"="+extra[k])
 	}
 	return out
+}
+
+// warmPid is the host pid of the ready warm sandbox's zygote (its first
+// process), or of the process that waits for the code.
+func warmPid(t *testing.T, p *Pool, zygote bool) int {
+	t.Helper()
+	p.mu.Lock()
+	w := p.templates[0].ready[0]
+	p.mu.Unlock()
+	pid, err := w.sb.Pid()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if zygote {
+		return pid
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	children := strings.Fields(string(b))
+	if len(children) != 1 {
+		t.Fatalf("the zygote has children %q, want one", children)
+	}
+	child, err := strconv.Atoi(children[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return child
+}
+
+// SECURITY.md case 35: no directory the sandbox can write is on the zygote's
+// sys.path at start-up, so nothing planted there (its cwd, the workspace) is
+// imported by the interpreter that later relays the code's exit status.
+func TestZygoteSysPathHasNoWritableDirectory(t *testing.T) {
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	r := newPoolRunner(t)
+	ws := poolWorkspace(t, r, `print(1)`)
+	if err := os.WriteFile(filepath.Join(ws, "planted.py"), []byte(`print("PLANTED")`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := zygoteArgs(nil)
+	// The zygote's interpreter and flags, running this probe instead.
+	i := slices.Index(args, "-c")
+	probe := `import os, sys
+print([p for p in sys.path if os.access(p or ".", os.W_OK)], flush=True)
+import planted`
+	args = append(args[:i+1:i+1], probe)
+	tpl := poolTemplate(rootfs)
+	res, err := r.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: args, Env: tpl.Env,
+		Cwd: nsjail.WorkspaceDir, Workspace: ws, Limits: tpl.Limits})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(res.Stdout) != "[]\n" || !bytes.Contains(res.Stderr, []byte("No module named 'planted'")) {
+		t.Fatalf("zygote flags %q: stdout %q stderr %.500s", args[:i], res.Stdout, res.Stderr)
+	}
 }

@@ -1,7 +1,9 @@
 package server
 
 import (
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -37,6 +39,35 @@ func TestMatchesTemplate(t *testing.T) {
 	} {
 		if shape, env := matches(tpl, tc.spec); shape != tc.shape || env != tc.env {
 			t.Errorf("%s: matches = %v %v, want %v %v", tc.name, shape, env, tc.shape, tc.env)
+		}
+	}
+}
+
+func TestReadExitReport(t *testing.T) {
+	for _, tc := range []struct {
+		name, written string
+		want          syscall.WaitStatus
+		ok            bool
+	}{
+		{"exit 0", "0\n", 0, true},
+		{"exit 7", "1792\n", 7 << 8, true},
+		{"SIGKILL", "9\n", syscall.WaitStatus(syscall.SIGKILL), true},
+		{"no newline", "0", 0, false},
+		{"garbage", "zero\n", 0, false},
+		{"out of range", "65536\n", 0, false},
+		{"negative", "-1\n", 0, false},
+		{"nothing", "", 0, false},
+	} {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch := readExitReport(r)
+		w.WriteString(tc.written)
+		w.Close()
+		got, ok := <-ch
+		if ok != tc.ok || got != tc.want {
+			t.Errorf("%s: report %#x %v, want %#x %v", tc.name, int(got), ok, int(tc.want), tc.ok)
 		}
 	}
 }
