@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"golang.org/x/sys/unix"
 )
 
 //go:embed zygote.py
@@ -62,9 +63,10 @@ type Template struct {
 // PoolStats is the pool's state, for /metrics.
 type PoolStats struct {
 	Ready, Starting, Taken, RefillFailures, Retired uint64
-	// FallbackEnv counts executions that matched a template but ran cold
-	// because the request sets a variable a warm sandbox cannot apply.
-	FallbackEnv uint64
+	// FallbackDead and FallbackEnv count executions that matched a
+	// template but ran cold: the warm sandbox had died, or the request sets
+	// a variable a warm sandbox cannot apply.
+	FallbackDead, FallbackEnv uint64
 	// IdleMemoryBytes sums what the ready sandboxes' cgroups account.
 	IdleMemoryBytes int64
 }
@@ -85,6 +87,8 @@ type Pool struct {
 	wg        sync.WaitGroup
 	stop      chan struct{}
 	stats     PoolStats
+	// retiring tracks the retirement of sandboxes found dead at hand-off.
+	retiring sync.WaitGroup
 }
 
 type templatePool struct {
@@ -98,7 +102,10 @@ type warmSandbox struct {
 	sb        *nsjail.Sandbox
 	workspace string
 	control   *os.File // fd 3 of the code's process: the hand-off message
-	readyAt   time.Time
+	// exit delivers the code's process's wait status, as the zygote got it
+	// from the kernel; it closes without a value if the zygote died.
+	exit    <-chan syscall.WaitStatus
+	readyAt time.Time
 }
 
 // readExitReport delivers the wait status the zygote writes on fd 5 ("N\n")
@@ -124,6 +131,20 @@ func readExitReport(r *os.File) <-chan syscall.WaitStatus {
 		ch <- syscall.WaitStatus(status)
 	}()
 	return ch
+}
+
+// dead reports whether the warm sandbox can no longer run an execution
+// (SECURITY.md case 34): its zygote was killed (by the host, the OOM killer)
+// or has exited, or its code's process has exited (the zygote reported it).
+// A code's process killed after this check never reads its hand-off, which
+// runWarm sees in the pipe.
+func (w *warmSandbox) dead() bool {
+	select {
+	case <-w.exit:
+		return true
+	default:
+		return !w.sb.Alive()
+	}
 }
 
 // NewPool starts filling cfg.Size sandboxes for each template in the
@@ -195,7 +216,20 @@ func (p *Pool) Run(ctx context.Context, spec nsjail.Spec) (*nsjail.Result, error
 	// the data stack is CPU-heavy, and on a small VM it would compete with
 	// the execution it replaces.
 	defer tp.wakeRefill()
-	return p.runWarm(ctx, w, spec)
+	res, delivered, err := p.runWarm(ctx, w, spec)
+	if err != nil {
+		return nil, err
+	}
+	if !delivered {
+		p.mu.Lock()
+		p.stats.FallbackDead++
+		p.mu.Unlock()
+		return p.runner.Run(ctx, spec)
+	}
+	p.mu.Lock()
+	p.stats.Taken++
+	p.mu.Unlock()
+	return res, nil
 }
 
 // take finds a ready sandbox for spec. It matches when spec runs
@@ -225,7 +259,6 @@ func (p *Pool) take(spec *nsjail.Spec) (*warmSandbox, *templatePool) {
 		}
 		w := tp.ready[0]
 		tp.ready = tp.ready[1:]
-		p.stats.Taken++
 		return w, tp
 	}
 	if envDiffers {
@@ -264,22 +297,24 @@ func envMap(env []string) map[string]string {
 // runWarm moves the request's workspace contents into the warm sandbox's
 // bound workspace, hands the file over, waits, and moves everything back so
 // the caller collects results exactly where it would after a cold run.
-func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (*nsjail.Result, error) {
+// delivered is false when the sandbox had died before its code's process
+// read the hand-off: nothing of the execution ran, the request's files are
+// back in spec.Workspace, and the caller runs it cold.
+func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (res *nsjail.Result, delivered bool, err error) {
 	// Two tmpfs workspaces: the request files (small, written by the
 	// server) are copied in; the results stay in the warm workspace, which
 	// the Result names and the caller collects from and removes.
 	if err := moveIntoWorkspace(spec.Workspace, w.workspace); err != nil {
-		w.control.Close() // the zygote exits 0 on EOF
-		w.sb.Wait(context.Background())
-		removeWorkspace(w.workspace)
-		return nil, fmt.Errorf("unable to move the workspace into the warm sandbox: %w", err)
+		p.retire(w)
+		return nil, false, fmt.Errorf("unable to move the workspace into the warm sandbox: %w", err)
 	}
 	msg, err := json.Marshal(map[string]any{
 		"path": spec.Args[1], "argv": []string{spec.Args[1]},
 		"cwd": cmp.Or(spec.Cwd, "/"),
 	})
 	if err != nil {
-		return nil, err
+		p.retire(w)
+		return nil, false, err
 	}
 	w.sb.SetLogger(spec.Logger)
 	if err := w.sb.SetNice(0); err != nil {
@@ -289,17 +324,69 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (*
 		p.log.Warn("warm sandbox wrote output before hand-off (dropped)", "sandbox", w.sb.ID(),
 			"stdout", truncateForLog(out), "stderr", truncateForLog(errOut))
 	}
-	_, werr := w.control.Write(msg)
+	if w.dead() {
+		return nil, false, p.dropDead(w, spec, false, "its zygote or code's process is gone")
+	}
+	w.sb.SetExitReport(w.exit)
+	// One line (JSON has no raw newline); the pipe stays open until the
+	// sandbox is gone, so that what is left unread in it tells whether the
+	// code's process ever took the hand-off.
+	if _, err := w.control.Write(append(msg, '\n')); err != nil {
+		// EPIPE: the code's process is gone.
+		return nil, false, p.dropDead(w, spec, false, fmt.Sprintf("the hand-off failed: %v", err))
+	}
+	res = w.sb.Wait(ctx)
+	unread, uerr := pipeUnread(w.control)
 	w.control.Close()
-	res := w.sb.Wait(ctx)
-	if werr != nil && res.Status == nsjail.StatusSucceeded {
-		res.Status = nsjail.StatusSandboxError
-		res.Error = fmt.Sprintf("unable to hand the execution to the warm sandbox: %v", werr)
+	if uerr == nil && unread > 0 {
+		// The code's process never read the whole line (it runs the code
+		// only after the newline): none of the execution ran.
+		return nil, false, p.dropDead(w, spec, true, "the hand-off was never read")
+	}
+	if uerr != nil {
+		p.log.Warn("warm pool: unable to check the hand-off pipe", "sandbox", w.sb.ID(), "error", uerr)
 	}
 	// w.workspace is hostile now: the caller's collector opens everything
 	// in it with O_NOFOLLOW and never follows a link.
 	res.Workspace = w.workspace
-	return res, nil
+	return res, true, nil
+}
+
+// dropDead gives the request's files back to spec.Workspace from a warm
+// sandbox that died before its code ran (so the workspace holds only what
+// the server wrote) and retires the sandbox, or only removes its workspace
+// once it was waited for.
+func (p *Pool) dropDead(w *warmSandbox, spec nsjail.Spec, waited bool, why string) error {
+	log := cmp.Or(spec.Logger, p.log)
+	log.Warn("warm sandbox found dead at hand-off; running the execution cold", "sandbox", w.sb.ID(), "why", why)
+	err := restoreRequest(w.workspace, spec.Workspace)
+	p.retiring.Add(1)
+	go func() {
+		defer p.retiring.Done()
+		if !waited {
+			p.retire(w)
+		} else if err := removeWorkspace(w.workspace); err != nil {
+			p.log.Warn("warm pool: unable to remove a dead sandbox's workspace", "workspace", w.workspace, "error", err)
+		}
+	}()
+	if err != nil {
+		return fmt.Errorf("unable to move the request back from a dead warm sandbox: %w", err)
+	}
+	return nil
+}
+
+// pipeUnread is the number of bytes written to the pipe f and not read yet
+// (FIONREAD, alias TIOCINQ, works on either end of a pipe).
+func pipeUnread(f *os.File) (int, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	n, ierr := 0, error(nil)
+	if err := rc.Control(func(fd uintptr) { n, ierr = unix.IoctlGetInt(int(fd), unix.TIOCINQ) }); err != nil {
+		return 0, err
+	}
+	return n, ierr
 }
 
 func truncateForLog(b []byte) string {
@@ -476,12 +563,11 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 		removeWorkspace(ws)
 		return nil, err
 	}
-	sb.SetExitReport(readExitReport(statusR))
 	// Preload on idle CPU only: a refill must not slow running executions.
 	if err := sb.SetNice(19); err != nil {
 		p.log.Warn("warm pool: unable to lower the preload's priority", "sandbox", sb.ID(), "error", err)
 	}
-	w := &warmSandbox{sb: sb, workspace: ws, control: ctlW}
+	w := &warmSandbox{sb: sb, workspace: ws, control: ctlW, exit: readExitReport(statusR)}
 	got := make(chan error, 1)
 	go func() {
 		b := make([]byte, 1)
@@ -535,4 +621,5 @@ func (p *Pool) Close() {
 	for _, w := range all {
 		p.retire(w)
 	}
+	p.retiring.Wait()
 }

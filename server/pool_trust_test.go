@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -252,6 +253,66 @@ func withEnv(env []string, extra map[string]string) []string {
 	return out
 }
 
+// SECURITY.md case 34: a warm sandbox whose processes died (killed by the
+// host, here by the test that started it) is never handed an execution: the
+// request runs cold and is counted as sandboxd_pool_fallback_total{reason="dead"}.
+// Each process is killed both long before the request and just before it;
+// a stopped one is caught too.
+func TestDeadWarmSandboxRunsCold(t *testing.T) {
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	r := newPoolRunner(t)
+	tpl := poolTemplate(rootfs)
+	pool, err := NewPool(r, PoolConfig{Size: 1, WorkRoot: t.TempDir(), Preload: []string{"numpy"}}, []Template{tpl}, poolQuietLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	kill := func(pid int, sig syscall.Signal, settle bool) {
+		t.Helper()
+		if err := syscall.Kill(pid, sig); err != nil {
+			t.Fatal(err)
+		}
+		if settle {
+			waitDead(t, pid)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		kill func(zygote, code int)
+	}{
+		{"zygote killed long before", func(z, _ int) { kill(z, syscall.SIGKILL, true) }},
+		{"zygote killed just before", func(z, _ int) { kill(z, syscall.SIGKILL, false) }},
+		{"code process killed long before", func(_, c int) { kill(c, syscall.SIGKILL, true) }},
+		{"code process killed just before", func(_, c int) { kill(c, syscall.SIGKILL, false) }},
+		// The zygote cannot report (stopped): the hand-off finds no reader.
+		{"code process killed, zygote stopped", func(z, c int) { kill(z, syscall.SIGSTOP, false); kill(c, syscall.SIGKILL, true) }},
+		// The code's process never reads its hand-off; the deadline ends it.
+		{"code process stopped", func(_, c int) { kill(c, syscall.SIGSTOP, false) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			waitReady(t, pool, 1)
+			tc.kill(warmPid(t, pool, true), warmPid(t, pool, false))
+			before := pool.Stats()
+			ws := poolWorkspace(t, r, `print("ran")`)
+			spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+				Env: tpl.Env, Cwd: nsjail.WorkspaceDir, Workspace: ws, Limits: tpl.Limits}
+			spec.Limits.Timeout = 2 * time.Second
+			res, err := pool.Run(context.Background(), spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			after := pool.Stats()
+			if res.Status != nsjail.StatusSucceeded || string(res.Stdout) != "ran\n" || res.Workspace != ws {
+				t.Fatalf("status %s stdout %q stderr %.300s error %s workspace %s", res.Status, res.Stdout, res.Stderr, res.Error, res.Workspace)
+			}
+			if after.Taken != before.Taken || after.FallbackDead != before.FallbackDead+1 {
+				t.Fatalf("taken %d→%d, dead fallbacks %d→%d; want a counted cold run",
+					before.Taken, after.Taken, before.FallbackDead, after.FallbackDead)
+			}
+		})
+	}
+}
+
 // warmPid is the host pid of the ready warm sandbox's zygote (its first
 // process), or of the process that waits for the code.
 func warmPid(t *testing.T, p *Pool, zygote bool) int {
@@ -279,6 +340,23 @@ func warmPid(t *testing.T, p *Pool, zygote bool) int {
 		t.Fatal(err)
 	}
 	return child
+}
+
+// waitDead waits until pid has exited (gone, or a zombie nobody reaped yet).
+func waitDead(t *testing.T, pid int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return
+		}
+		if i := bytes.LastIndexByte(b, ')'); i > 0 && len(b) > i+2 && (b[i+2] == 'Z' || b[i+2] == 'X') {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d still alive", pid)
+		}
+	}
 }
 
 // SECURITY.md case 35: no directory the sandbox can write is on the zygote's

@@ -74,7 +74,7 @@ func TestReadExitReport(t *testing.T) {
 
 func TestPoolCollectorExportsFallbacks(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(&poolCollector{size: 2, stats: func() PoolStats { return PoolStats{FallbackEnv: 5} }})
+	reg.MustRegister(&poolCollector{size: 2, stats: func() PoolStats { return PoolStats{FallbackDead: 3, FallbackEnv: 5} }})
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -92,7 +92,7 @@ func TestPoolCollectorExportsFallbacks(t *testing.T) {
 			got[strings.Join(labels, ",")] = m.GetCounter().GetValue()
 		}
 	}
-	if got["reason=env"] != 5 || len(got) != 1 {
+	if got["reason=dead"] != 3 || got["reason=env"] != 5 || len(got) != 2 {
 		t.Fatalf("sandboxd_pool_fallback_total = %v", got)
 	}
 }

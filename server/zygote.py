@@ -3,7 +3,7 @@
 # sandbox can write is on its sys.path (SECURITY.md case 35). It imports the
 # preload modules, then forks the process the code will run in and tells
 # the pool it is ready with one byte on fd 4. That process waits on fd 3 for
-# one execution, a JSON message:
+# one execution, a JSON line:
 #   {"path": "/workspace/code/main.py", "argv": [...], "cwd": "/workspace"}
 # closes every fd but 0-2 and runs the file exactly as `python3 path` would:
 # __name__ == "__main__", __file__, sys.argv, sys.path[0], cwd, exit codes
@@ -16,6 +16,7 @@
 # with the same status. The sandbox is destroyed afterwards; nothing here is
 # ever reused.
 import os
+import select
 import signal
 import sys
 
@@ -99,15 +100,25 @@ def _fork_code_process():
 
 
 def _receive():
-    """The hand-off message from fd 3, or None at EOF without one."""
-    chunks = []
-    while True:
+    """The hand-off line from fd 3, or None at EOF.
+
+    The pool tells a hand-off that never reached the code (the process was
+    killed first: by the host, the OOM killer) from bytes left in the pipe.
+    So wait with poll, which consumes nothing, and read only back in user
+    space: a killed process dies on its way back from poll, leaving the
+    bytes, where a blocking read would take them as it dies. And read up to
+    the newline only; the code runs after it."""
+    poller = select.poll()
+    poller.register(_CONTROL_FD, select.POLLIN)
+    data = b""
+    while not data.endswith(b"\n"):
+        poller.poll()
         chunk = os.read(_CONTROL_FD, 65536)
         if not chunk:
-            break
-        chunks.append(chunk)
+            return None
+        data += chunk
     os.close(_CONTROL_FD)
-    return b"".join(chunks) or None
+    return data
 
 
 def _relay_exit_status(pid):
