@@ -155,9 +155,9 @@ type Sandbox struct {
 	mntns     *os.File
 	// cgroupPaths are the sandbox's cgroup directories (fixed at start).
 	cgroupPaths cgroup.Paths
-	// exitReport, when set, delivers the exit status reported by the
-	// sandbox itself (see SetExitReport).
-	exitReport <-chan int
+	// exitReport, when set, delivers the command's wait status as reported
+	// by its parent in the sandbox (see SetExitReport).
+	exitReport <-chan syscall.WaitStatus
 	// cpuBaselineNS is the CPU time spent before Handoff (a warm sandbox's
 	// preload), subtracted from the reported usage.
 	cpuBaselineNS uint64
@@ -165,6 +165,9 @@ type Sandbox struct {
 
 // ID is the sandbox's id (its container, cgroup and state directory name).
 func (s *Sandbox) ID() string { return s.id }
+
+// Pid is the host pid of the sandbox's first process.
+func (s *Sandbox) Pid() (int, error) { return s.proc.Pid() }
 
 // Start validates spec and starts its command in a fresh sandbox. The
 // returned Sandbox must be waited for. A validation error means nothing was
@@ -274,6 +277,41 @@ func hasEnv(env []string, key string) bool {
 	return false
 }
 
+// Alive reports whether the sandbox's first process is running and has not
+// been sent SIGKILL. Once it has (the host's kill, the OOM killer), it never
+// runs again and takes the whole sandbox with it, but tearing down a large
+// process takes milliseconds during which wait(2) still sees it alive: the
+// kill shows at once in its pending signals.
+func (s *Sandbox) Alive() bool {
+	pid, err := s.proc.Pid()
+	if err != nil {
+		return false
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	return err == nil && statusAlive(string(status))
+}
+
+// statusAlive reads a /proc/PID/status: not a zombie, no SIGKILL pending
+// for the thread or the process.
+func statusAlive(status string) bool {
+	for _, line := range strings.Split(status, "\n") {
+		key, value, _ := strings.Cut(line, ":")
+		value = strings.TrimSpace(value)
+		switch key {
+		case "State":
+			if strings.HasPrefix(value, "Z") || strings.HasPrefix(value, "X") {
+				return false
+			}
+		case "SigPnd", "ShdPnd":
+			mask, err := strconv.ParseUint(value, 16, 64)
+			if err != nil || mask&(1<<(unix.SIGKILL-1)) != 0 {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // Handoff marks the moment a pre-started sandbox (the warm pool's) is given
 // its real work: the deadline becomes timeout counted from now, the reported
 // start time, wall time and CPU time count from here, and output written
@@ -320,7 +358,8 @@ func (s *Sandbox) Wait(ctx context.Context) *Result {
 
 	var killedFor Status
 	var waitErr error
-	reported, haveReport := 0, false
+	var reported syscall.WaitStatus
+	haveReport := false
 	report := s.exitReport
 wait:
 	for {
@@ -382,6 +421,7 @@ wait:
 		defer pendingCleanups.Done()
 		if haveReport {
 			<-exited
+			s.crossCheckReport(reported, state)
 		}
 		destroy(s.c, s.log)
 		if s.mntns != nil {
@@ -413,17 +453,9 @@ wait:
 
 	res.ExitCode = -1
 	if haveReport {
-		res.ExitCode = reported
-	} else if state != nil {
-		if ws, ok := state.Sys().(syscall.WaitStatus); ok {
-			switch {
-			case ws.Exited():
-				res.ExitCode = ws.ExitStatus()
-			case ws.Signaled():
-				res.Signal = unix.SignalName(ws.Signal())
-				res.ExitCode = 128 + int(ws.Signal())
-			}
-		}
+		res.ExitCode, res.Signal = decodeWaitStatus(reported)
+	} else if ws, ok := initWaitStatus(state); ok {
+		res.ExitCode, res.Signal = decodeWaitStatus(ws)
 	}
 	switch {
 	case killedFor == StatusTimeout:
@@ -448,6 +480,45 @@ wait:
 	return res
 }
 
+// decodeWaitStatus is the exit code (128+N for a signal N, -1 when
+// neither) and signal name of a wait status.
+func decodeWaitStatus(ws syscall.WaitStatus) (code int, signal string) {
+	switch {
+	case ws.Exited():
+		return ws.ExitStatus(), ""
+	case ws.Signaled():
+		return 128 + int(ws.Signal()), unix.SignalName(ws.Signal())
+	}
+	return -1, ""
+}
+
+func initWaitStatus(state *os.ProcessState) (syscall.WaitStatus, bool) {
+	if state == nil {
+		return 0, false
+	}
+	ws, ok := state.Sys().(syscall.WaitStatus)
+	return ws, ok
+}
+
+// crossCheckReport compares an exit report with the sandbox init's own wait
+// status, which the kernel gave: the reporter exits with the status it
+// reported (a signal N as exit 128+N). A difference is logged. An init that
+// the kill after the report reached first says nothing either way.
+func (s *Sandbox) crossCheckReport(reported syscall.WaitStatus, state *os.ProcessState) {
+	if ws, ok := initWaitStatus(state); ok && reportMismatch(reported, ws) {
+		code, _ := decodeWaitStatus(reported)
+		s.log.Warn("exit report does not match the sandbox's exit status; the result used the report",
+			"reported_exit_code", code, "init_exit_code", ws.ExitStatus())
+	}
+}
+
+// reportMismatch tells whether an init that exited with status init
+// contradicts the report it sent.
+func reportMismatch(reported, init syscall.WaitStatus) bool {
+	code, _ := decodeWaitStatus(reported)
+	return init.Exited() && init.ExitStatus() != code
+}
+
 // pendingCleanups counts sandboxes whose removal is still under way.
 var pendingCleanups sync.WaitGroup
 
@@ -456,13 +527,16 @@ var pendingCleanups sync.WaitGroup
 // the result is returned; call this before exiting or checking for leftovers.
 func WaitForCleanup() { pendingCleanups.Wait() }
 
-// SetExitReport makes Wait take the command's exit status from report, the
-// moment trusted code in the sandbox (the warm pool's zygote) sends it just
-// before exiting, instead of waiting for the kernel to finish tearing the
-// process down (~8 ms for a Python that imported the data stack). Wait then
-// kills what is left of the sandbox, as it would have died with its init.
-// The command can only report a status it could also have exited with.
-func (s *Sandbox) SetExitReport(report <-chan int) { s.exitReport = report }
+// SetExitReport makes Wait take the command's wait status from report: the
+// warm pool's zygote, the sandbox's init, forks the process that runs the
+// code, reaps it and relays the status the kernel gave, then exits with it.
+// Wait answers then instead of waiting for the kernel to tear the zygote
+// down (~8-20 ms for a Python that imported the data stack), kills what is
+// left of the sandbox, and later cross-checks the report against the init's
+// own exit status, logging a mismatch. The report must come over a channel
+// that the code cannot reach (SECURITY.md case 25): its sender must be a
+// process that runs none of the code.
+func (s *Sandbox) SetExitReport(report <-chan syscall.WaitStatus) { s.exitReport = report }
 
 // destroy removes the container's cgroups and state directory. libcontainer
 // refuses to destroy a running container, so anything still alive (it should
@@ -476,27 +550,38 @@ func destroy(c *libcontainer.Container, log *slog.Logger) {
 	}
 }
 
-// SetNice sets the scheduling niceness of every thread of the sandbox's
-// first process (threads it creates later inherit it). The warm pool
-// preloads at nice 19, so refills use idle CPU only, and restores 0 at
-// hand-off.
+// SetNice sets the scheduling niceness of every thread of every process
+// of the sandbox (the first process and its descendants; threads and
+// processes created later inherit it). The warm pool preloads at nice 19,
+// so refills use idle CPU only, and restores 0 at hand-off.
 func (s *Sandbox) SetNice(nice int) error {
 	pid, err := s.proc.Pid()
 	if err != nil {
 		return err
 	}
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if err != nil {
-		return err
-	}
 	var errs []error
-	for _, t := range tasks {
-		tid, err := strconv.Atoi(t.Name())
+	for queue := []int{pid}; len(queue) > 0; queue = queue[1:] {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", queue[0]))
 		if err != nil {
+			if !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
 			continue
 		}
-		if err := unix.Setpriority(unix.PRIO_PROCESS, tid, nice); err != nil && !errors.Is(err, unix.ESRCH) {
-			errs = append(errs, err)
+		for _, t := range tasks {
+			tid, err := strconv.Atoi(t.Name())
+			if err != nil {
+				continue
+			}
+			if err := unix.Setpriority(unix.PRIO_PROCESS, tid, nice); err != nil && !errors.Is(err, unix.ESRCH) {
+				errs = append(errs, err)
+			}
+			children, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", queue[0], tid))
+			for _, c := range strings.Fields(string(children)) {
+				if cpid, err := strconv.Atoi(c); err == nil {
+					queue = append(queue, cpid)
+				}
+			}
 		}
 	}
 	return errors.Join(errs...)

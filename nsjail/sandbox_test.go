@@ -552,3 +552,53 @@ func TestConcurrentSandboxesAreIsolated(t *testing.T) {
 		}
 	}
 }
+
+// SECURITY.md case 34: a sandbox whose first process the host killed is not
+// alive from the moment of the kill, though wait(2) sees it only once the
+// kernel has torn it down.
+func TestAliveSeesAKillAtOnce(t *testing.T) {
+	r := newRunner(t)
+	sb, err := r.Start(nsjail.Spec{Rootfs: nsjailtest.ProbeRootfs(t), Args: []string{"sleep", "300"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sb.Alive() {
+		t.Error("a sleeping sandbox is not alive")
+	}
+	pid, err := sb.Pid()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	alive := sb.Alive()
+	res := sb.Wait(context.Background())
+	if alive {
+		t.Error("a killed sandbox is still alive")
+	}
+	if res.Signal != "SIGKILL" {
+		t.Errorf("signal %q, want SIGKILL", res.Signal)
+	}
+}
+
+// An exit report is the command's wait status: a signal is reported as one,
+// and nothing of the sandbox outlives Wait.
+func TestExitReportCarriesASignal(t *testing.T) {
+	r := newRunner(t)
+	sb, err := r.Start(nsjail.Spec{Rootfs: nsjailtest.ProbeRootfs(t), Args: sh("sleep 1010")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	report := make(chan syscall.WaitStatus, 1)
+	report <- syscall.WaitStatus(syscall.SIGSEGV) | 0x80 // killed, core dumped
+	sb.SetExitReport(report)
+	res := sb.Wait(context.Background())
+	if res.Status != nsjail.StatusFailed || res.Signal != "SIGSEGV" || res.ExitCode != 128+int(syscall.SIGSEGV) {
+		t.Fatalf("status %s signal %q exit %d, want failed SIGSEGV %d", res.Status, res.Signal, res.ExitCode, 128+int(syscall.SIGSEGV))
+	}
+	nsjail.WaitForCleanup()
+	if pids := nsjailtest.ProcessesMatching("sleep 1010"); len(pids) > 0 {
+		t.Fatalf("processes survived the report: %v", pids)
+	}
+}

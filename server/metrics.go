@@ -82,10 +82,13 @@ var (
 	poolFailDesc     = prometheus.NewDesc("sandboxd_pool_refill_failures_total", "Warm sandboxes that failed to start.", nil, nil)
 	poolRetiredDesc  = prometheus.NewDesc("sandboxd_pool_retired_total", "Warm sandboxes retired unused after pool_max_idle.", nil, nil)
 	poolMemDesc      = prometheus.NewDesc("sandboxd_pool_idle_memory_bytes", "Memory the ready warm sandboxes hold, as their cgroups account it.", nil, nil)
+	poolFallbackDesc = prometheus.NewDesc("sandboxd_pool_fallback_total",
+		"Executions that matched a warm template but ran cold, by reason: dead (the warm sandbox had died), env (the request sets a variable a warm sandbox cannot apply).",
+		[]string{"reason"}, nil)
 )
 
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{poolSizeDesc, poolReadyDesc, poolStartingDesc, poolTakenDesc, poolFailDesc, poolRetiredDesc, poolMemDesc} {
+	for _, d := range []*prometheus.Desc{poolSizeDesc, poolReadyDesc, poolStartingDesc, poolTakenDesc, poolFailDesc, poolRetiredDesc, poolMemDesc, poolFallbackDesc} {
 		ch <- d
 	}
 }
@@ -99,4 +102,6 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(poolFailDesc, prometheus.CounterValue, float64(st.RefillFailures))
 	ch <- prometheus.MustNewConstMetric(poolRetiredDesc, prometheus.CounterValue, float64(st.Retired))
 	ch <- prometheus.MustNewConstMetric(poolMemDesc, prometheus.GaugeValue, float64(st.IdleMemoryBytes))
+	ch <- prometheus.MustNewConstMetric(poolFallbackDesc, prometheus.CounterValue, float64(st.FallbackDead), "dead")
+	ch <- prometheus.MustNewConstMetric(poolFallbackDesc, prometheus.CounterValue, float64(st.FallbackEnv), "env")
 }

@@ -10,14 +10,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"golang.org/x/sys/unix"
 )
 
 //go:embed zygote.py
@@ -62,6 +65,10 @@ type Template struct {
 // PoolStats is the pool's state, for /metrics.
 type PoolStats struct {
 	Ready, Starting, Taken, RefillFailures, Retired uint64
+	// FallbackDead and FallbackEnv count executions that matched a
+	// template but ran cold: the warm sandbox had died, or the request sets
+	// a variable a warm sandbox cannot apply.
+	FallbackDead, FallbackEnv uint64
 	// IdleMemoryBytes sums what the ready sandboxes' cgroups account.
 	IdleMemoryBytes int64
 }
@@ -82,6 +89,8 @@ type Pool struct {
 	wg        sync.WaitGroup
 	stop      chan struct{}
 	stats     PoolStats
+	// retiring tracks the retirement of sandboxes found dead at hand-off.
+	retiring sync.WaitGroup
 }
 
 type templatePool struct {
@@ -94,15 +103,20 @@ type templatePool struct {
 type warmSandbox struct {
 	sb        *nsjail.Sandbox
 	workspace string
-	control   *os.File // fd 3 of the zygote: the hand-off message
-	readyAt   time.Time
+	control   *os.File // fd 3 of the code's process: the hand-off message
+	// exit delivers the code's process's wait status, as the zygote got it
+	// from the kernel; it closes without a value if the zygote died.
+	exit    <-chan syscall.WaitStatus
+	readyAt time.Time
 }
 
-// readExitReport delivers the status the zygote writes on fd 5 just before
-// it exits ("N\n"); the channel closes without a value when the pipe ends
-// otherwise (the code closed fd 5, or died).
-func readExitReport(r *os.File) <-chan int {
-	ch := make(chan int, 1)
+// readExitReport delivers the wait status the zygote writes on fd 5 ("N\n")
+// once the code's process has exited; the channel closes without a value
+// when the pipe ends otherwise (the zygote died). Only the zygote holds
+// fd 5: the code's process closes it before it reads its hand-off, and
+// cannot reach the zygote's (SECURITY.md case 25).
+func readExitReport(r *os.File) <-chan syscall.WaitStatus {
+	ch := make(chan syscall.WaitStatus, 1)
 	go func() {
 		defer close(ch)
 		defer r.Close()
@@ -112,13 +126,27 @@ func readExitReport(r *os.File) <-chan int {
 		if err != nil {
 			return
 		}
-		code, err := strconv.Atoi(strings.TrimSpace(line))
-		if err != nil || code < 0 || code > 255 {
+		status, err := strconv.Atoi(strings.TrimSpace(line))
+		if err != nil || status < 0 || status > 0xFFFF {
 			return
 		}
-		ch <- code
+		ch <- syscall.WaitStatus(status)
 	}()
 	return ch
+}
+
+// dead reports whether the warm sandbox can no longer run an execution
+// (SECURITY.md case 34): its zygote was killed (by the host, the OOM killer)
+// or has exited, or its code's process has exited (the zygote reported it).
+// A code's process killed after this check never reads its hand-off, which
+// runWarm sees in the pipe.
+func (w *warmSandbox) dead() bool {
+	select {
+	case <-w.exit:
+		return true
+	default:
+		return !w.sb.Alive()
+	}
 }
 
 // NewPool starts filling cfg.Size sandboxes for each template in the
@@ -183,7 +211,7 @@ func (p *Pool) Stats() PoolStats {
 
 // Run serves spec from a ready sandbox when one matches, else cold.
 func (p *Pool) Run(ctx context.Context, spec nsjail.Spec) (*nsjail.Result, error) {
-	w, tp, extraEnv := p.take(&spec)
+	w, tp := p.take(&spec)
 	if w == nil {
 		return p.runner.Run(ctx, spec)
 	}
@@ -191,34 +219,55 @@ func (p *Pool) Run(ctx context.Context, spec nsjail.Spec) (*nsjail.Result, error
 	// the data stack is CPU-heavy, and on a small VM it would compete with
 	// the execution it replaces.
 	defer tp.wakeRefill()
-	return p.runWarm(ctx, w, spec, extraEnv)
+	res, delivered, err := p.runWarm(ctx, w, spec)
+	if err != nil {
+		return nil, err
+	}
+	if !delivered {
+		p.mu.Lock()
+		p.stats.FallbackDead++
+		p.mu.Unlock()
+		return p.runner.Run(ctx, spec)
+	}
+	p.mu.Lock()
+	p.stats.Taken++
+	p.mu.Unlock()
+	return res, nil
 }
 
 // take finds a ready sandbox for spec. It matches when spec runs
 // `python[3] FILE` in the template's rootfs with its limits (timeout aside)
-// and every template variable in spec.Env with the same value; the other
-// variables of spec.Env travel with the hand-off.
-func (p *Pool) take(spec *nsjail.Spec) (*warmSandbox, *templatePool, map[string]string) {
+// and exactly the template's environment. Python reads most variables a
+// request may set (PYTHONHASHSEED, PYTHONIOENCODING, PYTHONWARNINGS, the
+// locale, TZ) only at start-up, and a preload may read any at import, long
+// before a hand-off: a request that sets one runs cold, counted.
+func (p *Pool) take(spec *nsjail.Spec) (*warmSandbox, *templatePool) {
 	if spec.Workspace == "" || len(spec.Args) != 2 || (spec.Args[0] != "python3" && spec.Args[0] != "python") ||
 		spec.Stdin != nil || len(spec.ExtraFiles) > 0 {
-		return nil, nil, nil
+		return nil, nil
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return nil, nil, nil
+		return nil, nil
 	}
+	envDiffers := false
 	for _, tp := range p.templates {
-		extra, ok := matches(tp.t, spec)
-		if !ok || len(tp.ready) == 0 {
+		shape, env := matches(tp.t, spec)
+		if shape && !env {
+			envDiffers = true
+		}
+		if !shape || !env || len(tp.ready) == 0 {
 			continue
 		}
 		w := tp.ready[0]
 		tp.ready = tp.ready[1:]
-		p.stats.Taken++
-		return w, tp, extra
+		return w, tp
 	}
-	return nil, nil, nil
+	if envDiffers {
+		p.stats.FallbackEnv++
+	}
+	return nil, nil
 }
 
 func (tp *templatePool) wakeRefill() {
@@ -228,28 +277,15 @@ func (tp *templatePool) wakeRefill() {
 	}
 }
 
-func matches(t Template, spec *nsjail.Spec) (map[string]string, bool) {
+// matches reports whether spec has t's shape (rootfs, limits but the
+// timeout, no hostname) and whether its environment is exactly t's.
+func matches(t Template, spec *nsjail.Spec) (shape, env bool) {
 	a, b := t.Limits, spec.Limits
 	a.Timeout, b.Timeout = 0, 0
 	if t.Rootfs != spec.Rootfs || a != b || spec.Hostname != "" {
-		return nil, false
+		return false, false
 	}
-	base := envMap(t.Env)
-	extra := map[string]string{}
-	for k, v := range envMap(spec.Env) {
-		if bv, ok := base[k]; ok {
-			if bv != v {
-				return nil, false
-			}
-			delete(base, k)
-			continue
-		}
-		extra[k] = v
-	}
-	if len(base) > 0 { // the template sets something the request does not
-		return nil, false
-	}
-	return extra, true
+	return true, maps.Equal(envMap(t.Env), envMap(spec.Env))
 }
 
 func envMap(env []string) map[string]string {
@@ -264,22 +300,24 @@ func envMap(env []string) map[string]string {
 // runWarm moves the request's workspace contents into the warm sandbox's
 // bound workspace, hands the file over, waits, and moves everything back so
 // the caller collects results exactly where it would after a cold run.
-func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec, extraEnv map[string]string) (*nsjail.Result, error) {
+// delivered is false when the sandbox had died before its code's process
+// read the hand-off: nothing of the execution ran, the request's files are
+// back in spec.Workspace, and the caller runs it cold.
+func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (res *nsjail.Result, delivered bool, err error) {
 	// Two tmpfs workspaces: the request files (small, written by the
 	// server) are copied in; the results stay in the warm workspace, which
 	// the Result names and the caller collects from and removes.
 	if err := moveIntoWorkspace(spec.Workspace, w.workspace); err != nil {
-		w.control.Close() // the zygote exits 0 on EOF
-		w.sb.Wait(context.Background())
-		removeWorkspace(w.workspace)
-		return nil, fmt.Errorf("unable to move the workspace into the warm sandbox: %w", err)
+		p.retire(w)
+		return nil, false, fmt.Errorf("unable to move the workspace into the warm sandbox: %w", err)
 	}
 	msg, err := json.Marshal(map[string]any{
 		"path": spec.Args[1], "argv": []string{spec.Args[1]},
-		"cwd": cmp.Or(spec.Cwd, "/"), "env": extraEnv,
+		"cwd": cmp.Or(spec.Cwd, "/"),
 	})
 	if err != nil {
-		return nil, err
+		p.retire(w)
+		return nil, false, err
 	}
 	w.sb.SetLogger(spec.Logger)
 	if err := w.sb.SetNice(0); err != nil {
@@ -289,17 +327,69 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec, ex
 		p.log.Warn("warm sandbox wrote output before hand-off (dropped)", "sandbox", w.sb.ID(),
 			"stdout", truncateForLog(out), "stderr", truncateForLog(errOut))
 	}
-	_, werr := w.control.Write(msg)
+	if w.dead() {
+		return nil, false, p.dropDead(w, spec, false, "its zygote or code's process is gone")
+	}
+	w.sb.SetExitReport(w.exit)
+	// One line (JSON has no raw newline); the pipe stays open until the
+	// sandbox is gone, so that what is left unread in it tells whether the
+	// code's process ever took the hand-off.
+	if _, err := w.control.Write(append(msg, '\n')); err != nil {
+		// EPIPE: the code's process is gone.
+		return nil, false, p.dropDead(w, spec, false, fmt.Sprintf("the hand-off failed: %v", err))
+	}
+	res = w.sb.Wait(ctx)
+	unread, uerr := pipeUnread(w.control)
 	w.control.Close()
-	res := w.sb.Wait(ctx)
-	if werr != nil && res.Status == nsjail.StatusSucceeded {
-		res.Status = nsjail.StatusSandboxError
-		res.Error = fmt.Sprintf("unable to hand the execution to the warm sandbox: %v", werr)
+	if uerr == nil && unread > 0 {
+		// The code's process never read the whole line (it runs the code
+		// only after the newline): none of the execution ran.
+		return nil, false, p.dropDead(w, spec, true, "the hand-off was never read")
+	}
+	if uerr != nil {
+		p.log.Warn("warm pool: unable to check the hand-off pipe", "sandbox", w.sb.ID(), "error", uerr)
 	}
 	// w.workspace is hostile now: the caller's collector opens everything
 	// in it with O_NOFOLLOW and never follows a link.
 	res.Workspace = w.workspace
-	return res, nil
+	return res, true, nil
+}
+
+// dropDead gives the request's files back to spec.Workspace from a warm
+// sandbox that died before its code ran (so the workspace holds only what
+// the server wrote) and retires the sandbox, or only removes its workspace
+// once it was waited for.
+func (p *Pool) dropDead(w *warmSandbox, spec nsjail.Spec, waited bool, why string) error {
+	log := cmp.Or(spec.Logger, p.log)
+	log.Warn("warm sandbox found dead at hand-off; running the execution cold", "sandbox", w.sb.ID(), "why", why)
+	err := restoreRequest(w.workspace, spec.Workspace)
+	p.retiring.Add(1)
+	go func() {
+		defer p.retiring.Done()
+		if !waited {
+			p.retire(w)
+		} else if err := removeWorkspace(w.workspace); err != nil {
+			p.log.Warn("warm pool: unable to remove a dead sandbox's workspace", "workspace", w.workspace, "error", err)
+		}
+	}()
+	if err != nil {
+		return fmt.Errorf("unable to move the request back from a dead warm sandbox: %w", err)
+	}
+	return nil
+}
+
+// pipeUnread is the number of bytes written to the pipe f and not read yet
+// (FIONREAD, alias TIOCINQ, works on either end of a pipe).
+func pipeUnread(f *os.File) (int, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	n, ierr := 0, error(nil)
+	if err := rc.Control(func(fd uintptr) { n, ierr = unix.IoctlGetInt(int(fd), unix.TIOCINQ) }); err != nil {
+		return 0, err
+	}
+	return n, ierr
 }
 
 func truncateForLog(b []byte) string {
@@ -365,7 +455,7 @@ func (p *Pool) retireIdle(tp *templatePool) {
 }
 
 // retire ends an unused warm sandbox: EOF on its control pipe makes the
-// zygote exit 0; a bounded wait kills it otherwise.
+// code's process, then the zygote, exit 0; a bounded wait kills it otherwise.
 func (p *Pool) retire(w *warmSandbox) {
 	w.control.Close()
 	w.sb.Handoff(5 * time.Second)
@@ -405,6 +495,14 @@ func (p *Pool) startOne(tp *templatePool) bool {
 }
 
 var errPoolClosed = errors.New("pool closed")
+
+// zygoteArgs is the command line of a warm sandbox's first process. -P
+// keeps the cwd (the workspace) off its sys.path: no directory the sandbox
+// can write is there when the zygote imports (SECURITY.md case 35). -I would
+// also drop the template's PYTHON* variables, which a cold run honours.
+func zygoteArgs(preload []string) []string {
+	return []string{"python3", "-P", "-c", zygoteSource, strings.Join(preload, ",")}
+}
 
 // readyTimeout bounds the preload; a stack that takes longer is broken.
 const readyTimeout = 2 * time.Minute
@@ -447,7 +545,7 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 	}
 	spec := nsjail.Spec{
 		Rootfs:     t.Rootfs,
-		Args:       []string{"python3", "-c", zygoteSource, strings.Join(p.cfg.Preload, ",")},
+		Args:       zygoteArgs(p.cfg.Preload),
 		Env:        slices.Clone(t.Env),
 		Cwd:        nsjail.WorkspaceDir,
 		Workspace:  ws,
@@ -468,12 +566,11 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 		removeWorkspace(ws)
 		return nil, err
 	}
-	sb.SetExitReport(readExitReport(statusR))
 	// Preload on idle CPU only: a refill must not slow running executions.
 	if err := sb.SetNice(19); err != nil {
 		p.log.Warn("warm pool: unable to lower the preload's priority", "sandbox", sb.ID(), "error", err)
 	}
-	w := &warmSandbox{sb: sb, workspace: ws, control: ctlW}
+	w := &warmSandbox{sb: sb, workspace: ws, control: ctlW, exit: readExitReport(statusR)}
 	got := make(chan error, 1)
 	go func() {
 		b := make([]byte, 1)
@@ -527,4 +624,5 @@ func (p *Pool) Close() {
 	for _, w := range all {
 		p.retire(w)
 	}
+	p.retiring.Wait()
 }

@@ -156,6 +156,15 @@ g = open("/workspace/output/other.txt", "w"); g.write("also kept")`,
 def late(): time.sleep(0.3); print("thread done", flush=True)
 threading.Thread(target=late).start()
 print("main done")`,
+	// SECURITY.md case 15 on the warm path: the code sees fds 0, 1, 2 (and
+	// the one listdir opens), never the pool's pipes.
+	"open fds": `import os; print(sorted(os.listdir("/proc/self/fd"), key=int))`,
+	// The zygote starts with -P; the script's directory still comes first,
+	// and a helper module next to the script is imported from there.
+	"sys.path and a helper module": `import os, sys
+open("/workspace/code/helper.py", "w").write("VALUE = 42\n")
+import helper
+print(sys.path, helper.VALUE, helper.__file__)`,
 	"atexit and unflushed": `import atexit, sys
 atexit.register(lambda: print("atexit ran"))
 sys.stdout.write("no newline")`,

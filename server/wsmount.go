@@ -93,6 +93,26 @@ func moveIntoWorkspace(src, dst string) error {
 	return nil
 }
 
+// restoreRequest undoes moveIntoWorkspace(orig, warm) for a warm sandbox
+// that died before its code ran (warm then holds only what the server
+// wrote): entries renamed into warm go back; copied ones are still in orig.
+func restoreRequest(warm, orig string) error {
+	entries, err := os.ReadDir(warm)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		to := filepath.Join(orig, e.Name())
+		if _, err := os.Lstat(to); err == nil {
+			continue
+		}
+		if err := os.Rename(filepath.Join(warm, e.Name()), to); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // copyTrustedTree copies a tree the server itself wrote. Anything but a
 // directory or a regular file is an error (nothing else is ever written).
 func copyTrustedTree(src, dst string) error {

@@ -1,16 +1,27 @@
-# The warm pool's waiting interpreter. It runs as the first process of a
-# fresh, single-use sandbox, imports the preload modules, then blocks on fd 3
-# (after writing one byte on fd 4 to say it is ready) until the worker hands
-# it one execution:
-#   {"path": "/workspace/code/main.py", "argv": [...], "cwd": "/workspace",
-#    "env": {"NAME": "value"}}
-# and runs that file exactly as `python3 path` would: __name__ == "__main__",
-# __file__, sys.argv, sys.path[0], cwd, exit codes and tracebacks. The sandbox
-# is destroyed afterwards; nothing here is ever reused. Just before exiting it
-# reports the exit status on fd 5. EOF on fd 3 without a
-# message means the pool is retiring this sandbox: exit 0 quietly.
+# The warm pool's waiting interpreter. It runs as the first process (pid 1)
+# of a fresh, single-use sandbox, started with -P so that no directory the
+# sandbox can write is on its sys.path (SECURITY.md case 35). It imports the
+# preload modules, then forks the process the code will run in and tells
+# the pool it is ready with one byte on fd 4. That process waits on fd 3 for
+# one execution, a JSON line:
+#   {"path": "/workspace/code/main.py", "argv": [...], "cwd": "/workspace"}
+# closes every fd but 0-2 and runs the file exactly as `python3 path` would:
+# __name__ == "__main__", __file__, sys.argv, sys.path[0], cwd, exit codes
+# and tracebacks. EOF on fd 3 without a message means the pool is retiring
+# this sandbox: it exits 0 quietly.
+#
+# The zygote itself never runs the code. It waits for the code's process,
+# kills whatever that left behind, writes the process's wait status (as the
+# kernel gave it) on fd 5, which the code has no way to reach, and exits
+# with the same status. The sandbox is destroyed afterwards; nothing here is
+# ever reused.
 import os
+import select
+import signal
 import sys
+
+_CONTROL_FD, _READY_FD, _STATUS_FD = 3, 4, 5
+_PR_SET_DUMPABLE = 4
 
 
 def _preload(names):
@@ -23,15 +34,114 @@ def _preload(names):
             sys.stderr.write("zygote: preload %s failed: %r\n" % (name, exc))
 
 
+def _set_dumpable(on):
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_DUMPABLE, int(on), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE)")
+
+
+def _drop_signal_handlers():
+    """Reset every handler Python or a preload installed and return them.
+
+    As init of its pid namespace, a process with no handler ignores every
+    signal sent from inside the namespace, SIGKILL and SIGSTOP included
+    (pid_namespaces(7)): the code can neither stop nor kill the zygote."""
+    saved = {}
+    for sig in signal.valid_signals():
+        try:
+            handler = signal.getsignal(sig)
+        except (OSError, ValueError):
+            continue
+        if callable(handler):
+            saved[sig] = handler
+            signal.signal(sig, signal.SIG_DFL)
+    with open("/proc/self/status") as f:
+        caught = [line for line in f if line.startswith("SigCgt:")]
+    if not caught or int(caught[0].split()[1], 16) != 0:
+        raise RuntimeError("zygote: a signal handler is still installed: %r" % caught)
+    return saved
+
+
+def _fork_code_process():
+    """Fork the process the code will run in; return its pid in the zygote.
+
+    The zygote becomes unreachable from that process first (SECURITY.md
+    case 25): not dumpable, so /proc/1/fd, /proc/1/mem and the like are
+    refused (ptrace, process_vm_writev and pidfd_getfd are refused by
+    seccomp anyway), and without signal handlers. The child restores both,
+    so the code sees what a cold `python3 FILE` would."""
+    import gc
+    import warnings
+
+    # Objects the preload made are never collected: keep the collector from
+    # writing to them, so the child's pages stay shared with the zygote's.
+    gc.freeze()
+    handlers = _drop_signal_handlers()
+    _set_dumpable(False)
+    with warnings.catch_warnings():
+        # A preload's idle threads (OpenBLAS) make 3.12+ warn about fork;
+        # the libraries that start them reinitialise in the child.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid:
+        return pid
+    _set_dumpable(True)
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+    os.close(_READY_FD)
+    os.close(_STATUS_FD)
+    msg = _receive()
+    if msg is None:
+        os._exit(0)
+    _run(msg)
+    os._exit(1)  # not reached: _run exits
+
+
 def _receive():
-    chunks = []
-    while True:
-        chunk = os.read(3, 65536)
+    """The hand-off line from fd 3, or None at EOF.
+
+    The pool tells a hand-off that never reached the code (the process was
+    killed first: by the host, the OOM killer) from bytes left in the pipe.
+    So wait with poll, which consumes nothing, and read only back in user
+    space: a killed process dies on its way back from poll, leaving the
+    bytes, where a blocking read would take them as it dies. And read up to
+    the newline only; the code runs after it."""
+    poller = select.poll()
+    poller.register(_CONTROL_FD, select.POLLIN)
+    data = b""
+    while not data.endswith(b"\n"):
+        poller.poll()
+        chunk = os.read(_CONTROL_FD, 65536)
         if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(3)
-    return b"".join(chunks)
+            return None
+        data += chunk
+    os.close(_CONTROL_FD)
+    return data
+
+
+def _relay_exit_status(pid):
+    """The zygote's part once the code's process exists: it runs no code of
+    the execution, reads nothing the code can write, and only reports what
+    the kernel says about that process."""
+    os.close(_CONTROL_FD)
+    # The code's process holds the output pipes; they end when it does.
+    for fd in (0, 1, 2):
+        os.close(fd)
+    os.write(_READY_FD, b"R")
+    os.close(_READY_FD)
+    _, status = os.waitpid(pid, 0)
+    try:
+        # Everything the code started dies before the worker hears of the
+        # exit, as it would with a cold run's init (the zygote is spared).
+        os.kill(-1, signal.SIGKILL)
+    except OSError:  # ESRCH: nothing was left
+        pass
+    os.write(_STATUS_FD, b"%d\n" % status)
+    if os.WIFSIGNALED(status):
+        os._exit(128 + os.WTERMSIG(status))
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
 
 def _run(msg):
@@ -41,14 +151,14 @@ def _run(msg):
 
     job = json.loads(msg)
     path = job["path"]
-    os.environ.update(job.get("env") or {})
     os.chdir(job.get("cwd") or "/")
     sys.argv[:] = job.get("argv") or [path]
     try:
         sys.orig_argv[:] = ["python3"] + sys.argv
     except AttributeError:
         pass
-    sys.path[0] = os.path.dirname(path)
+    # -P left the script's directory out; `python3 path` puts it first.
+    sys.path.insert(0, os.path.dirname(path))
 
     main = types.ModuleType("__main__")
     main.__file__ = path
@@ -152,35 +262,12 @@ def _finish(code, main, opened):
         except BaseException:
             if code == 0:
                 code = 120  # what the interpreter returns when the flush fails
-    # Close our ends of the output pipes, then report the status on fd 5:
-    # the worker answers at once instead of waiting ~8 ms for the kernel to
-    # tear down this large address space.
-    for fd in (1, 2):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    try:
-        os.write(_STATUS_FD, b"%d\n" % code)
-    except OSError:
-        pass
     os._exit(code)
 
 
-_STATUS_FD = 5
-
-
 def _zygote():
-    # The status pipe must not leak into programs the user's code executes.
-    os.set_inheritable(_STATUS_FD, False)
     _preload(sys.argv[1].split(",") if len(sys.argv) > 1 else [])
-    # Tell the pool this sandbox is ready: one byte on fd 4.
-    os.write(4, b"R")
-    os.close(4)
-    msg = _receive()
-    if not msg:
-        sys.exit(0)
-    _run(msg)
+    _relay_exit_status(_fork_code_process())
 
 
 if __name__ == "__main__":

@@ -1,0 +1,388 @@
+package server
+
+// The warm pool's trust boundary: what the code handed to a warm sandbox can
+// reach, and what the worker believes about it. A warm run must be as safe
+// and as exact as a cold one.
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+)
+
+// forgeryScript tries every way the code could fake the warm sandbox's exit
+// report: reports written to every fd 3..64 and to the zygote's fds through
+// /proc/1/fd, the zygote's memory, and signals to pid 1 that would stop or
+// kill a reporter. It then does what MODE says.
+const forgeryScript = `import os, signal, sys, time
+fds = sorted(os.listdir("/proc/self/fd"), key=int)
+forged = []
+for fd in range(3, 65):
+    for report in (b"0\n", b"1\n", b"9\n", b"R"):
+        try:
+            os.write(fd, report)
+            forged.append(fd)
+        except OSError:
+            pass
+    try:
+        with open("/proc/1/fd/%d" % fd, "wb", buffering=0) as f:
+            f.write(b"0\n")
+            forged.append("/proc/1/fd/%d" % fd)
+    except OSError:
+        pass
+try:
+    with open("/proc/1/mem", "r+b", buffering=0) as f:
+        forged.append("/proc/1/mem")
+except OSError:
+    pass
+print("fds", fds, "forged", forged, flush=True)
+for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD, signal.SIGSTOP, signal.SIGKILL):
+    try:
+        os.kill(1, sig)
+    except OSError:
+        pass
+MODE
+`
+
+// SECURITY.md case 25 (forged exit report over an inherited fd, warm pool)
+// and case 15 (only 0, 1, 2 open inside) on the warm path: the code sees
+// only its standard fds, cannot reach the channel its exit is reported on,
+// and the status is the kernel's: exit 7 stays 7, a process that keeps
+// running times out.
+func TestWarmExitReportCannotBeForged(t *testing.T) {
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	r := newPoolRunner(t)
+	tpl := poolTemplate(rootfs)
+	pool, err := NewPool(r, PoolConfig{Size: 1, WorkRoot: t.TempDir(), Preload: []string{"numpy"}}, []Template{tpl}, poolQuietLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var logs bytes.Buffer
+	var logMu sync.Mutex
+	log := slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &logMu}, nil))
+	for _, tc := range []struct {
+		name, mode string
+		status     nsjail.Status
+		exitCode   int
+	}{
+		{"then exits 7", "sys.exit(7)", nsjail.StatusFailed, 7},
+		{"then keeps running", "time.sleep(60)", nsjail.StatusTimeout, -1},
+		{"then exits 0", "sys.exit(0)", nsjail.StatusSucceeded, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			waitReady(t, pool, 1)
+			zygote := warmPid(t, pool, true)
+			if maps := writableSharedMappings(t, zygote); len(maps) > 0 {
+				t.Fatalf("the zygote shares writable memory with the code's process: %q", maps)
+			}
+			ws := poolWorkspace(t, r, strings.Replace(forgeryScript, "MODE", tc.mode, 1))
+			spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+				Env: tpl.Env, Cwd: nsjail.WorkspaceDir, Workspace: ws, Limits: tpl.Limits, Logger: log}
+			spec.Limits.Timeout = 3 * time.Second
+			before := pool.Stats().Taken
+			res, err := pool.Run(context.Background(), spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cleanupWarm(t, res, ws)
+			if pool.Stats().Taken != before+1 {
+				t.Fatal("the pool did not serve the run")
+			}
+			if want := "fds ['0', '1', '2', '3'] forged []\n"; string(res.Stdout) != want {
+				t.Errorf("stdout %q, want %q", res.Stdout, want)
+			}
+			if res.Status != tc.status || (tc.exitCode >= 0 && res.ExitCode != tc.exitCode) {
+				t.Fatalf("status %s exit %d, want %s exit %d (stderr: %.300s)", res.Status, res.ExitCode, tc.status, tc.exitCode, res.Stderr)
+			}
+		})
+	}
+	// The zygote exited with what it reported: the cross-check found nothing.
+	nsjail.WaitForCleanup()
+	logMu.Lock()
+	defer logMu.Unlock()
+	if bytes.Contains(logs.Bytes(), []byte("does not match")) {
+		t.Fatalf("exit report mismatch logged:\n%s", logs.String())
+	}
+}
+
+// writableSharedMappings lists pid's mappings that are writable and shared:
+// memory another process could change under it.
+func writableSharedMappings(t *testing.T, pid int) []string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && strings.Contains(f[1], "w") && strings.HasSuffix(f[1], "s") {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+type lockedWriter struct {
+	w  *bytes.Buffer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+func cleanupWarm(t *testing.T, res *nsjail.Result, ws string) {
+	t.Helper()
+	if res.Workspace != "" && res.Workspace != ws {
+		if err := removeWorkspace(res.Workspace); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// startupEnvScript prints what Python makes of the variables it reads only at
+// start-up (hash seed, stdio encoding, warning filters, locale and UTF-8 mode)
+// and of TZ, without printing the variables themselves.
+const startupEnvScript = `import locale, os, sys, time, warnings
+print(hash("abc") if "PYTHONHASHSEED" in os.environ else "random hash")
+print(sys.stdout.encoding, sys.stdout.errors, sys.flags.utf8_mode, sys.getfilesystemencoding(), sys.warnoptions)
+print(locale.setlocale(locale.LC_CTYPE), locale.getpreferredencoding(False), os.environ.get("LC_CTYPE"))
+print(time.tzname, time.timezone, time.localtime(0).tm_hour)
+print("caf\u00e9 \u4e2d")
+warnings.warn("a user warning")
+print("after the warning")
+`
+
+// startupEnvValues has a telling value for every variable the default
+// allowed_env admits.
+var startupEnvValues = map[string]string{
+	"LANG":             "C",
+	"LC_ALL":           "C",
+	"TZ":               "XYZ-3",
+	"PYTHONHASHSEED":   "1",
+	"PYTHONWARNINGS":   "error::UserWarning",
+	"PYTHONIOENCODING": "latin-1:backslashreplace",
+}
+
+// Every variable a request may set gives the same answer warm and cold. Most
+// are read by Python only at start-up, which a warm sandbox is long past: such
+// a request runs cold, counted as sandboxd_pool_fallback_total{reason="env"}.
+func TestWarmHonoursStartupEnv(t *testing.T) {
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	r := newPoolRunner(t)
+	tpl := poolTemplate(rootfs)
+	tpl.Env = append(tpl.Env, "LANG=C.UTF-8") // as Policy.BaseEnv
+	pool, err := NewPool(r, PoolConfig{Size: 1, WorkRoot: t.TempDir(), Preload: []string{"numpy"}}, []Template{tpl}, poolQuietLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	run := func(sb interface {
+		Run(context.Context, nsjail.Spec) (*nsjail.Result, error)
+	}, extra map[string]string) *nsjail.Result {
+		t.Helper()
+		ws := poolWorkspace(t, r, startupEnvScript)
+		res, err := sb.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+			Env: withEnv(tpl.Env, extra), Cwd: nsjail.WorkspaceDir, Workspace: ws, Limits: tpl.Limits})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cleanupWarm(t, res, ws) })
+		return res
+	}
+	baseline := run(r, nil)
+	waitReady(t, pool, 1)
+	if warm := run(pool, nil); pool.Stats().Taken != 1 {
+		t.Fatal("a request without variables was not served warm")
+	} else {
+		compareResults(t, baseline, warm)
+	}
+	for _, name := range DefaultConfig().AllowedEnv {
+		t.Run(name, func(t *testing.T) {
+			value, ok := startupEnvValues[name]
+			if !ok {
+				t.Fatalf("allowed variable %s has no test value", name)
+			}
+			extra := map[string]string{name: value}
+			cold := run(r, extra)
+			if bytes.Equal(cold.Stdout, baseline.Stdout) && bytes.Equal(cold.Stderr, baseline.Stderr) {
+				t.Fatalf("%s=%s changes nothing the script prints: the test proves nothing", name, value)
+			}
+			waitReady(t, pool, 1)
+			before := pool.Stats()
+			warm := run(pool, extra)
+			compareResults(t, cold, warm)
+			after := pool.Stats()
+			if after.Taken != before.Taken || after.FallbackEnv != before.FallbackEnv+1 {
+				t.Errorf("%s: taken %d→%d, env fallbacks %d→%d; want a counted cold run", name,
+					before.Taken, after.Taken, before.FallbackEnv, after.FallbackEnv)
+			}
+		})
+	}
+}
+
+// withEnv is env with extra's variables set (replaced or appended), as
+// Policy.Env builds a request's environment.
+func withEnv(env []string, extra map[string]string) []string {
+	var out []string
+	for _, kv := range env {
+		if k, _, _ := strings.Cut(kv, "="); extra[k] == "" {
+			out = append(out, kv)
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(extra)) {
+		out = append(out, k+"="+extra[k])
+	}
+	return out
+}
+
+// SECURITY.md case 34: a warm sandbox whose processes died (killed by the
+// host, here by the test that started it) is never handed an execution: the
+// request runs cold and is counted as sandboxd_pool_fallback_total{reason="dead"}.
+// Each process is killed both long before the request and just before it;
+// a stopped one is caught too.
+func TestDeadWarmSandboxRunsCold(t *testing.T) {
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	r := newPoolRunner(t)
+	tpl := poolTemplate(rootfs)
+	pool, err := NewPool(r, PoolConfig{Size: 1, WorkRoot: t.TempDir(), Preload: []string{"numpy"}}, []Template{tpl}, poolQuietLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	kill := func(pid int, sig syscall.Signal, settle bool) {
+		t.Helper()
+		if err := syscall.Kill(pid, sig); err != nil {
+			t.Fatal(err)
+		}
+		if settle {
+			waitDead(t, pid)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		kill func(zygote, code int)
+	}{
+		{"zygote killed long before", func(z, _ int) { kill(z, syscall.SIGKILL, true) }},
+		{"zygote killed just before", func(z, _ int) { kill(z, syscall.SIGKILL, false) }},
+		{"code process killed long before", func(_, c int) { kill(c, syscall.SIGKILL, true) }},
+		{"code process killed just before", func(_, c int) { kill(c, syscall.SIGKILL, false) }},
+		// The zygote cannot report (stopped): the hand-off finds no reader.
+		{"code process killed, zygote stopped", func(z, c int) { kill(z, syscall.SIGSTOP, false); kill(c, syscall.SIGKILL, true) }},
+		// The code's process never reads its hand-off; the deadline ends it.
+		{"code process stopped", func(_, c int) { kill(c, syscall.SIGSTOP, false) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			waitReady(t, pool, 1)
+			tc.kill(warmPid(t, pool, true), warmPid(t, pool, false))
+			before := pool.Stats()
+			ws := poolWorkspace(t, r, `print("ran")`)
+			spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+				Env: tpl.Env, Cwd: nsjail.WorkspaceDir, Workspace: ws, Limits: tpl.Limits}
+			spec.Limits.Timeout = 2 * time.Second
+			res, err := pool.Run(context.Background(), spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			after := pool.Stats()
+			if res.Status != nsjail.StatusSucceeded || string(res.Stdout) != "ran\n" || res.Workspace != ws {
+				t.Fatalf("status %s stdout %q stderr %.300s error %s workspace %s", res.Status, res.Stdout, res.Stderr, res.Error, res.Workspace)
+			}
+			if after.Taken != before.Taken || after.FallbackDead != before.FallbackDead+1 {
+				t.Fatalf("taken %d→%d, dead fallbacks %d→%d; want a counted cold run",
+					before.Taken, after.Taken, before.FallbackDead, after.FallbackDead)
+			}
+		})
+	}
+}
+
+// warmPid is the host pid of the ready warm sandbox's zygote (its first
+// process), or of the process that waits for the code.
+func warmPid(t *testing.T, p *Pool, zygote bool) int {
+	t.Helper()
+	p.mu.Lock()
+	w := p.templates[0].ready[0]
+	p.mu.Unlock()
+	pid, err := w.sb.Pid()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if zygote {
+		return pid
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	children := strings.Fields(string(b))
+	if len(children) != 1 {
+		t.Fatalf("the zygote has children %q, want one", children)
+	}
+	child, err := strconv.Atoi(children[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return child
+}
+
+// waitDead waits until pid has exited (gone, or a zombie nobody reaped yet).
+func waitDead(t *testing.T, pid int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return
+		}
+		if i := bytes.LastIndexByte(b, ')'); i > 0 && len(b) > i+2 && (b[i+2] == 'Z' || b[i+2] == 'X') {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d still alive", pid)
+		}
+	}
+}
+
+// SECURITY.md case 35: no directory the sandbox can write is on the zygote's
+// sys.path at start-up, so nothing planted there (its cwd, the workspace) is
+// imported by the interpreter that later relays the code's exit status.
+func TestZygoteSysPathHasNoWritableDirectory(t *testing.T) {
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	r := newPoolRunner(t)
+	ws := poolWorkspace(t, r, `print(1)`)
+	if err := os.WriteFile(filepath.Join(ws, "planted.py"), []byte(`print("PLANTED")`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := zygoteArgs(nil)
+	// The zygote's interpreter and flags, running this probe instead.
+	i := slices.Index(args, "-c")
+	probe := `import os, sys
+print([p for p in sys.path if os.access(p or ".", os.W_OK)], flush=True)
+import planted`
+	args = append(args[:i+1:i+1], probe)
+	tpl := poolTemplate(rootfs)
+	res, err := r.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: args, Env: tpl.Env,
+		Cwd: nsjail.WorkspaceDir, Workspace: ws, Limits: tpl.Limits})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(res.Stdout) != "[]\n" || !bytes.Contains(res.Stderr, []byte("No module named 'planted'")) {
+		t.Fatalf("zygote flags %q: stdout %q stderr %.500s", args[:i], res.Stdout, res.Stderr)
+	}
+}

@@ -1,0 +1,98 @@
+package server
+
+import (
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sandboxd/sandboxd/nsjail"
+)
+
+// Fast tests of the pool's pure logic; no root, no sandbox.
+
+func TestMatchesTemplate(t *testing.T) {
+	tpl := Template{Rootfs: "/r", Env: []string{"PATH=/bin", "LANG=C.UTF-8"},
+		Limits: nsjail.Limits{MemoryBytes: 1 << 30, Pids: 64, Timeout: 30 * time.Second}}
+	spec := func(mod func(*nsjail.Spec)) *nsjail.Spec {
+		s := &nsjail.Spec{Rootfs: "/r", Env: []string{"LANG=C.UTF-8", "PATH=/bin"}, Limits: tpl.Limits}
+		if mod != nil {
+			mod(s)
+		}
+		return s
+	}
+	for _, tc := range []struct {
+		name       string
+		spec       *nsjail.Spec
+		shape, env bool
+	}{
+		{"the template's own", spec(nil), true, true},
+		{"another timeout", spec(func(s *nsjail.Spec) { s.Limits.Timeout = time.Second }), true, true},
+		{"an extra variable", spec(func(s *nsjail.Spec) { s.Env = append(s.Env, "TZ=UTC") }), true, false},
+		{"a base variable changed", spec(func(s *nsjail.Spec) { s.Env = []string{"LANG=C", "PATH=/bin"} }), true, false},
+		{"a base variable missing", spec(func(s *nsjail.Spec) { s.Env = []string{"PATH=/bin"} }), true, false},
+		{"another rootfs", spec(func(s *nsjail.Spec) { s.Rootfs = "/other" }), false, false},
+		{"another memory limit", spec(func(s *nsjail.Spec) { s.Limits.MemoryBytes = 1 << 20 }), false, false},
+		{"a hostname", spec(func(s *nsjail.Spec) { s.Hostname = "h" }), false, false},
+	} {
+		if shape, env := matches(tpl, tc.spec); shape != tc.shape || env != tc.env {
+			t.Errorf("%s: matches = %v %v, want %v %v", tc.name, shape, env, tc.shape, tc.env)
+		}
+	}
+}
+
+func TestReadExitReport(t *testing.T) {
+	for _, tc := range []struct {
+		name, written string
+		want          syscall.WaitStatus
+		ok            bool
+	}{
+		{"exit 0", "0\n", 0, true},
+		{"exit 7", "1792\n", 7 << 8, true},
+		{"SIGKILL", "9\n", syscall.WaitStatus(syscall.SIGKILL), true},
+		{"no newline", "0", 0, false},
+		{"garbage", "zero\n", 0, false},
+		{"out of range", "65536\n", 0, false},
+		{"negative", "-1\n", 0, false},
+		{"nothing", "", 0, false},
+	} {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch := readExitReport(r)
+		w.WriteString(tc.written)
+		w.Close()
+		got, ok := <-ch
+		if ok != tc.ok || got != tc.want {
+			t.Errorf("%s: report %#x %v, want %#x %v", tc.name, int(got), ok, int(tc.want), tc.ok)
+		}
+	}
+}
+
+func TestPoolCollectorExportsFallbacks(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(&poolCollector{size: 2, stats: func() PoolStats { return PoolStats{FallbackDead: 3, FallbackEnv: 5} }})
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != "sandboxd_pool_fallback_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			got[strings.Join(labels, ",")] = m.GetCounter().GetValue()
+		}
+	}
+	if got["reason=dead"] != 3 || got["reason=env"] != 5 || len(got) != 2 {
+		t.Fatalf("sandboxd_pool_fallback_total = %v", got)
+	}
+}
