@@ -18,13 +18,11 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/server/config"
 )
 
 //go:embed zygote.py
 var zygoteSource string
-
-// DefaultPreload is what a warm sandbox imports before it is handed code.
-var DefaultPreload = []string{"numpy", "pandas", "matplotlib", "matplotlib.pyplot"}
 
 // PoolConfig configures the warm pool. The zero value disables it.
 type PoolConfig struct {
@@ -35,7 +33,7 @@ type PoolConfig struct {
 	// so a long-idle worker does not hold memory forever and preloads stay
 	// fresh after an image or config change.
 	MaxIdle time.Duration
-	// Preload lists the modules imported before hand-off (DefaultPreload
+	// Preload lists the modules imported before hand-off (config.DefaultPreload
 	// when nil).
 	Preload []string
 	// WorkRoot is where the warm sandboxes' workspaces live.
@@ -131,9 +129,9 @@ func NewPool(runner *nsjail.Runner, cfg PoolConfig, templates []Template, log *s
 		cfg.MaxIdle = 10 * time.Minute
 	}
 	if cfg.Preload == nil {
-		cfg.Preload = DefaultPreload
+		cfg.Preload = config.DefaultPreload
 	}
-	cfg.WorkspaceInodes = cmp.Or(cfg.WorkspaceInodes, DefaultConfig().WorkspaceInodes)
+	cfg.WorkspaceInodes = cmp.Or(cfg.WorkspaceInodes, config.Default().WorkspaceInodes)
 	for _, m := range cfg.Preload {
 		if m == "" || strings.ContainsAny(m, ", \t\n") {
 			return nil, fmt.Errorf("preload module name %q is invalid", m)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+	"github.com/sandboxd/sandboxd/server/config"
 )
 
 var poolQuietLog = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -55,7 +56,7 @@ func poolWorkspace(t *testing.T, r *nsjail.Runner, code string, tmpfsBytes ...in
 		if err := os.Mkdir(ws, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		if err := mountWorkspace(ws, tmpfsBytes[0], DefaultConfig().WorkspaceInodes, r.HostUID(), r.HostGID()); err != nil {
+		if err := mountWorkspace(ws, tmpfsBytes[0], config.Default().WorkspaceInodes, r.HostUID(), r.HostGID()); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/julienschmidt/httprouter"
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/server/config"
 	"github.com/sandboxd/sandboxd/server/results"
 )
 
@@ -36,7 +37,7 @@ type Sandboxer interface {
 // the warm pool is off (Config.PoolSize == 0).
 type Deps struct {
 	// Config is the validated configuration.
-	Config Config
+	Config config.Config
 	// Sandbox runs executions cold (an *nsjail.Runner, or a wrapper of one),
 	// and all of them while the warm pool is off or not built yet.
 	Sandbox Sandboxer
@@ -54,7 +55,7 @@ type Deps struct {
 // answers 503 on executions until it succeeds), serve Handler, and Drain
 // before exit.
 type Server struct {
-	cfg      Config
+	cfg      config.Config
 	policies Policies
 	sandbox  Sandboxer
 	runner   *nsjail.Runner

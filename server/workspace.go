@@ -147,15 +147,6 @@ type Workspace struct {
 // workspaceLayout is what a sandbox finds in /workspace.
 var workspaceLayout = []string{"code", "input", "output", "output/artifacts"}
 
-// workspaceLayoutInodes are the inodes the server itself takes in a
-// workspace tmpfs: its root, code/, code/main.py, input/,
-// input/request.json, output/, output/artifacts/.
-const workspaceLayoutInodes = 7
-
-// minOutputInodes is the least room workspace_inodes must leave the code
-// beyond the layout and max_input_files.
-const minOutputInodes = 64
-
 // CreateWorkspace makes a fresh workspace under root for execution id, mounts
 // a tmpfs of size bytes and inodes inodes on it (see mountWorkspace), writes
 // the code, the input and the files, and hands everything to the sandbox's
