@@ -17,6 +17,7 @@ import (
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/configs"
 	"github.com/sandboxd/sandboxd/cgroup"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/seccomp"
 	"golang.org/x/sys/unix"
 )
@@ -34,7 +35,7 @@ type Options struct {
 	// cgroup outside the one it was started in.
 	CgroupParent string
 	// HostIDBase is the host uid and gid that uid/gid 0 inside the sandbox
-	// maps to; the sandbox user 10001 is HostIDBase+10001 on the host
+	// maps to; the sandbox user inside.UID is HostIDBase+inside.UID on the host
 	// (default 1<<30, far from any real account).
 	HostIDBase int
 	// Seccomp is the filter every sandbox gets (default: the seccomp
@@ -98,12 +99,12 @@ func NewRunner(opts Options) (*Runner, error) {
 	return r, nil
 }
 
-// HostUID is the host uid that the sandbox user (10001) appears as; a
+// HostUID is the host uid that the sandbox user (inside.UID) appears as; a
 // Spec.Workspace must be owned by it (and HostGID) to be writable inside.
-func (r *Runner) HostUID() int { return r.opts.HostIDBase + SandboxUID }
+func (r *Runner) HostUID() int { return r.opts.HostIDBase + inside.UID }
 
-// HostGID is the host gid of the sandbox group (10001).
-func (r *Runner) HostGID() int { return r.opts.HostIDBase + SandboxGID }
+// HostGID is the host gid of the sandbox group (inside.GID).
+func (r *Runner) HostGID() int { return r.opts.HostIDBase + inside.GID }
 
 // StateRoot is where libcontainer keeps each live sandbox's state.
 func (r *Runner) StateRoot() string { return r.opts.StateRoot }
@@ -220,7 +221,7 @@ func (r *Runner) Start(spec Spec) (*Sandbox, error) {
 	}
 	env := spec.Env
 	if !hasEnv(env, "PATH") {
-		env = append(env[:len(env):len(env)], "PATH=/usr/local/bin:/usr/bin:/bin")
+		env = append(env[:len(env):len(env)], "PATH="+inside.DefaultPath)
 	}
 	cwd := spec.Cwd
 	if cwd == "" {
@@ -230,8 +231,8 @@ func (r *Runner) Start(spec Spec) (*Sandbox, error) {
 		Args:       spec.Args,
 		Env:        env,
 		Cwd:        cwd,
-		UID:        SandboxUID,
-		GID:        SandboxGID,
+		UID:        inside.UID,
+		GID:        inside.GID,
 		Stdin:      spec.Stdin,
 		Stdout:     outW,
 		Stderr:     errW,

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 	"github.com/sandboxd/sandboxd/seccomp"
 	"golang.org/x/sys/unix"
@@ -235,13 +236,13 @@ func TestWorkspaceIsWritable(t *testing.T) {
 	if err := os.Chown(ws, r.HostUID(), r.HostGID()); err != nil {
 		t.Fatal(err)
 	}
-	res := run(t, r, nsjail.Spec{Args: sh("pwd; echo data > out.txt; ls -ln out.txt"), Workspace: ws, Cwd: nsjail.WorkspaceDir})
+	res := run(t, r, nsjail.Spec{Args: sh("pwd; echo data > out.txt; ls -ln out.txt"), Workspace: ws, Cwd: inside.Workspace})
 	wantStatus(t, res, nsjail.StatusSucceeded)
 	got, err := os.ReadFile(filepath.Join(ws, "out.txt"))
 	if err != nil || string(got) != "data\n" {
 		t.Fatalf("workspace file: %q %v (stdout %s, stderr %s)", got, err, res.Stdout, res.Stderr)
 	}
-	if !bytes.HasPrefix(res.Stdout, []byte("/workspace\n")) || !bytes.Contains(res.Stdout, []byte(" 10001 ")) {
+	if !bytes.HasPrefix(res.Stdout, []byte(inside.Workspace+"\n")) || !bytes.Contains(res.Stdout, fmt.Appendf(nil, " %d ", inside.UID)) {
 		t.Fatalf("stdout %q", res.Stdout)
 	}
 }
@@ -332,7 +333,7 @@ func TestInsideView(t *testing.T) {
 	r := newRunner(t)
 	res := run(t, r, nsjail.Spec{Args: sh(`id -u; id -g; grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp):' /proc/self/status; /bin/probe setuid0; hostname`)})
 	wantStatus(t, res, nsjail.StatusSucceeded)
-	want := "10001\n10001\n" +
+	want := fmt.Sprintf("%d\n%d\n", inside.UID, inside.GID) +
 		"CapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n" +
 		"CapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\nEPERM\nsandbox\n"
 	if string(res.Stdout) != want {
@@ -451,7 +452,7 @@ func TestEnvironmentIsOnlyTheSpec(t *testing.T) {
 	got := strings.Fields(string(res.Stdout))
 	slices.Sort(got)
 	// HOME comes from the sandbox user's passwd entry (libcontainer sets it).
-	if want := []string{"ALLOWED=1", "HOME=/tmp", "PATH=/usr/local/bin:/usr/bin:/bin"}; !slices.Equal(got, want) {
+	if want := []string{"ALLOWED=1", "HOME=/tmp", "PATH=" + inside.DefaultPath}; !slices.Equal(got, want) {
 		t.Fatalf("env = %v, want %v", got, want)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 )
 
@@ -130,8 +131,8 @@ func TestPythonRuntimeInSandbox(t *testing.T) {
 	res, err := r.Run(c, nsjail.Spec{
 		Rootfs:    root,
 		Args:      []string{"python3", "-c", e2eScript},
-		Env:       []string{"PATH=/usr/bin:/bin", "HOME=/tmp", "MPLCONFIGDIR=/tmp/matplotlib", "LANG=C.UTF-8"},
-		Cwd:       nsjail.WorkspaceDir,
+		Env:       []string{"PATH=" + inside.DefaultPath, "HOME=/tmp", "MPLCONFIGDIR=/tmp/matplotlib", "LANG=C.UTF-8"},
+		Cwd:       inside.Workspace,
 		Workspace: ws,
 		Limits:    nsjail.Limits{Timeout: 2 * time.Minute, MemoryBytes: 2 << 30, CPUs: 2},
 	})
@@ -158,8 +159,8 @@ func TestPythonRuntimeInSandbox(t *testing.T) {
 	}
 	t.Logf("imports %.0f ms, wall %d ms, peak memory %d MiB, versions %v",
 		out.ImportS*1000, res.Usage.WallMS, res.Usage.PeakMemoryBytes>>20, out.Versions)
-	if out.UID != 10001 || out.GID != 10001 {
-		t.Errorf("ran as %d:%d, want 10001:10001", out.UID, out.GID)
+	if out.UID != inside.UID || out.GID != inside.GID {
+		t.Errorf("ran as %d:%d, want %d:%d", out.UID, out.GID, inside.UID, inside.GID)
 	}
 	for p, v := range out.Denied {
 		// Creating a file hits the read-only mount (EROFS); opening an
@@ -264,7 +265,7 @@ func TestImageWithoutMountPointsRunsInSandbox(t *testing.T) {
 	ws := t.TempDir()
 	os.Chown(ws, r.HostUID(), r.HostGID())
 	res, err := r.Run(ctx(t), nsjail.Spec{Rootfs: got.RootfsPath, Args: []string{"/bin/busybox", "sh", "-c", "echo ok > /workspace/f; /bin/busybox cat /workspace/f"},
-		Workspace: ws, Cwd: nsjail.WorkspaceDir})
+		Workspace: ws, Cwd: inside.Workspace})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/server/config"
 )
 
@@ -95,7 +96,7 @@ func (p Policy) Limits(c config.Config) nsjail.Limits {
 func (p Policy) BaseEnv() []string {
 	threads := strconv.Itoa(max(1, int(math.Ceil(p.CPUs))))
 	return []string{
-		"PATH=/usr/local/bin:/usr/bin:/bin",
+		"PATH=" + inside.DefaultPath,
 		"HOME=/tmp",
 		"MPLCONFIGDIR=/tmp/matplotlib",
 		"MPLBACKEND=Agg",

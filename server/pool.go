@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/server/config"
 )
 
@@ -447,7 +448,7 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 		Rootfs:     t.Rootfs,
 		Args:       []string{"python3", "-c", zygoteSource, strings.Join(p.cfg.Preload, ",")},
 		Env:        slices.Clone(t.Env),
-		Cwd:        nsjail.WorkspaceDir,
+		Cwd:        inside.Workspace,
 		Workspace:  ws,
 		Limits:     t.Limits,
 		ExtraFiles: []*os.File{ctlR, readyW, statusW},

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 	"github.com/sandboxd/sandboxd/server/config"
 )
@@ -41,7 +42,7 @@ func poolTemplate(rootfs string) Template {
 		Rootfs: rootfs,
 		Env: []string{"HOME=/tmp", "MPLCONFIGDIR=/tmp/matplotlib", "MPLBACKEND=Agg", "PYTHONUNBUFFERED=1",
 			"PYTHONDONTWRITEBYTECODE=1", "OMP_NUM_THREADS=1", "OPENBLAS_NUM_THREADS=1", "MKL_NUM_THREADS=1",
-			"PATH=/usr/local/bin:/usr/bin:/bin"},
+			"PATH=" + inside.DefaultPath},
 		Limits: nsjail.Limits{MemoryBytes: 512 << 20, Pids: 64, CPUs: 1, Timeout: 20 * time.Second},
 	}
 }
@@ -65,12 +66,12 @@ func poolWorkspace(t *testing.T, r *nsjail.Runner, code string, tmpfsBytes ...in
 			}
 		})
 	}
-	for _, d := range []string{"code", "input", "output/artifacts"} {
+	for _, d := range inside.LayoutDirs {
 		if err := os.MkdirAll(filepath.Join(ws, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := os.WriteFile(filepath.Join(ws, "code/main.py"), []byte(code), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(ws, inside.CodeFile), []byte(code), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(ws, "input/data.csv"), []byte("k,v\na,1\nb,2\na,3\n"), 0o644); err != nil {
@@ -204,7 +205,7 @@ func testWarmMatchesCold(t *testing.T, tmpfsBytes int64) {
 			code := conformanceScripts[name]
 			spec := func(ws string) nsjail.Spec {
 				s := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
-					Env: tpl.Env, Cwd: nsjail.WorkspaceDir, Workspace: ws, Limits: tpl.Limits}
+					Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits}
 				if name == "timeout" {
 					s.Limits.Timeout = 2 * time.Second
 				}
@@ -330,7 +331,7 @@ func TestPoolRefillsAndNeverReuses(t *testing.T) {
 		waitReady(t, pool, 1)
 		ws := poolWorkspace(t, r, `import os, socket; open("/tmp/mark", "x").write("x"); print(socket.gethostname(), os.getpid(), os.path.exists("/workspace/output/prev"))`)
 		res, err := pool.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
-			Env: tpl.Env, Cwd: nsjail.WorkspaceDir, Workspace: ws, Limits: tpl.Limits})
+			Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits})
 		if err != nil || res.Status != nsjail.StatusSucceeded {
 			t.Fatalf("run %d: %v %+v %s", i, err, res, res.Stderr)
 		}
@@ -386,7 +387,7 @@ func benchPool(b *testing.B, code string, size int, workspaceBytes int64) {
 		b.StartTimer()
 		start := time.Now()
 		res, err := pool.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
-			Env: tpl.Env, Cwd: nsjail.WorkspaceDir, Workspace: ws, Limits: tpl.Limits})
+			Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits})
 		lat = append(lat, time.Since(start))
 		if err != nil || res.Status != nsjail.StatusSucceeded {
 			b.Fatalf("%v %+v", err, res)
@@ -408,10 +409,10 @@ func benchWorkspace(b *testing.B, r *nsjail.Runner, code string) string {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, d := range []string{"code", "input", "output/artifacts"} {
+	for _, d := range inside.LayoutDirs {
 		_ = os.MkdirAll(filepath.Join(ws, d), 0o755)
 	}
-	_ = os.WriteFile(filepath.Join(ws, "code/main.py"), []byte(code), 0o644)
+	_ = os.WriteFile(filepath.Join(ws, inside.CodeFile), []byte(code), 0o644)
 	_ = filepath.WalkDir(ws, func(p string, _ fs.DirEntry, err error) error { return os.Lchown(p, r.HostUID(), r.HostGID()) })
 	return ws
 }

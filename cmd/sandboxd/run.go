@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 )
 
 func init() {
@@ -81,7 +82,7 @@ func cmdRun(args []string) error {
 		Limits:    lim,
 	}
 	if spec.Workspace != "" {
-		spec.Cwd = nsjail.WorkspaceDir
+		spec.Cwd = inside.Workspace
 	}
 	if err := spec.Validate(); err != nil {
 		return usagef("%v", err)

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 )
 
 // RequireRoot skips t unless it runs as root: sandboxes need real privileges
@@ -78,8 +80,8 @@ func buildBusybox() (string, error) {
 		}
 	}
 	files := map[string]string{
-		"etc/passwd": "root:x:0:0:root:/root:/bin/sh\nsandbox:x:10001:10001:sandbox:/tmp:/bin/sh\n",
-		"etc/group":  "root:x:0:\nsandbox:x:10001:\n",
+		"etc/passwd": fmt.Sprintf("root:x:0:0:root:/root:/bin/sh\nsandbox:x:%d:%d:sandbox:/tmp:/bin/sh\n", inside.UID, inside.GID),
+		"etc/group":  fmt.Sprintf("root:x:0:\nsandbox:x:%d:\n", inside.GID),
 	}
 	for name, content := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {

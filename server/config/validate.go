@@ -9,6 +9,8 @@ import (
 	"runtime"
 	"strings"
 	"time"
+
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 )
 
 // ReservedEnv are set by the worker for every run (the server's
@@ -29,11 +31,6 @@ const SocketTmpSuffix = ".new"
 // MaxSocketPath bounds worker_socket: the kernel's sun_path is 108 bytes
 // with its NUL, and the temporary name is longer by SocketTmpSuffix.
 const MaxSocketPath = 108 - 1 - len(SocketTmpSuffix)
-
-// WorkspaceLayoutInodes are the inodes the server itself takes in a
-// workspace tmpfs: its root, code/, code/main.py, input/,
-// input/request.json, output/, output/artifacts/.
-const WorkspaceLayoutInodes = 7
 
 // MinOutputInodes is the least room workspace_inodes must leave the code
 // beyond the layout and max_input_files.
@@ -178,9 +175,9 @@ func workspaceCheck(c Config) (errs []error) {
 		// The request files alone would not fit in the workspace.
 		errs = append(errs, fmt.Errorf("workspace_bytes must be >= max_code_bytes + max_input_bytes + 1MiB (%d), got: %d", need, c.WorkspaceBytes))
 	}
-	if need := int64(c.MaxInputFiles) + WorkspaceLayoutInodes + MinOutputInodes; c.WorkspaceInodes < need {
+	if need := int64(c.MaxInputFiles) + inside.LayoutInodes + MinOutputInodes; c.WorkspaceInodes < need {
 		// The server's own files must fit, and leave the code some room.
-		errs = append(errs, fmt.Errorf("workspace_inodes must be >= max_input_files + %d (%d), got: %d", WorkspaceLayoutInodes+MinOutputInodes, need, c.WorkspaceInodes))
+		errs = append(errs, fmt.Errorf("workspace_inodes must be >= max_input_files + %d (%d), got: %d", inside.LayoutInodes+MinOutputInodes, need, c.WorkspaceInodes))
 	}
 	return errs
 }
