@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -42,12 +43,7 @@ var quietLog = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Leve
 
 func newRunner(t testing.TB) *nsjail.Runner {
 	t.Helper()
-	nsjailtest.RequireRoot(t)
-	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: testStateRoot, CgroupParent: testCgroupParent, Logger: quietLog})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
+	return nsjailtest.NewRunner(t, nsjail.Options{StateRoot: testStateRoot, CgroupParent: testCgroupParent, Logger: quietLog})
 }
 
 func run(t *testing.T, r *nsjail.Runner, spec nsjail.Spec) *nsjail.Result {
@@ -118,7 +114,6 @@ func TestStdinIsPassed(t *testing.T) {
 
 func TestInvalidSpecStartsNothing(t *testing.T) {
 	r := newRunner(t)
-	nsjail.WaitForCleanup() // earlier tests' sandboxes are removed in the background
 	for name, spec := range map[string]nsjail.Spec{
 		"no rootfs":       {Args: []string{"true"}},
 		"relative rootfs": {Rootfs: "rel", Args: []string{"true"}},
@@ -135,6 +130,27 @@ func TestInvalidSpecStartsNothing(t *testing.T) {
 	entries, _ := os.ReadDir(testStateRoot)
 	if len(entries) != 0 {
 		t.Fatalf("state root has %d entries after rejected specs", len(entries))
+	}
+}
+
+// A valid spec that cannot start (its command does not exist) is a
+// *nsjail.StartError from Start, a sandbox_error Result from Run, and
+// leaves nothing behind.
+func TestStartFailureIsAStartError(t *testing.T) {
+	r := newRunner(t)
+	spec := nsjail.Spec{Rootfs: nsjailtest.ProbeRootfs(t), Args: []string{"/no/such/command"}}
+	sb, err := r.Start(spec)
+	var se *nsjail.StartError
+	if sb != nil || !errors.As(err, &se) || !strings.HasPrefix(se.ID, "sbx-") || !strings.Contains(err.Error(), "unable to start sandbox") {
+		t.Fatalf("Start = %v, %v; want a *nsjail.StartError", sb, err)
+	}
+	res, err := r.Run(context.Background(), spec)
+	if err != nil || res.Status != nsjail.StatusSandboxError || !strings.Contains(res.Error, "unable to start sandbox") {
+		t.Fatalf("Run = %+v, %v; want a sandbox_error result", res, err)
+	}
+	r.WaitForCleanup()
+	if entries, _ := os.ReadDir(testStateRoot); len(entries) != 0 {
+		t.Fatalf("state root has %d entries after failed starts", len(entries))
 	}
 }
 
@@ -421,10 +437,7 @@ func TestSessionKeyringIsTheSandboxOwn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: testStateRoot, CgroupParent: testCgroupParent, Seccomp: filter, Logger: quietLog})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := nsjailtest.NewRunner(t, nsjail.Options{StateRoot: testStateRoot, CgroupParent: testCgroupParent, Seccomp: filter, Logger: quietLog})
 	worker, err := unix.KeyctlGetKeyringID(unix.KEY_SPEC_SESSION_KEYRING, false)
 	if err != nil {
 		t.Fatal(err)

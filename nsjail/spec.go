@@ -1,11 +1,3 @@
-// Package nsjail runs one command in one fresh, single-use Linux sandbox built
-// on runc's libcontainer: new user, pid, net (loopback only), mount, ipc, uts
-// and cgroup namespaces, uid/gid 10001, no capabilities, no_new_privs, a
-// read-only root, a seccomp allowlist and cgroup limits. A sandbox runs exactly
-// once; afterwards its container, cgroups, mounts and state are gone.
-//
-// The order in which the kernel features are applied is stated once, in
-// config.go (buildConfig).
 package nsjail
 
 import (

@@ -117,11 +117,8 @@ func TestPythonRuntimeInSandbox(t *testing.T) {
 	root := runtimeRootfs(t)
 	before := treeStamp(t, root)
 
-	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: e2eStateRoot, CgroupParent: e2eCgroupParent,
+	r := nsjailtest.NewRunner(t, nsjail.Options{StateRoot: e2eStateRoot, CgroupParent: e2eCgroupParent,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ws := t.TempDir()
 	if err := os.Chown(ws, r.HostUID(), r.HostGID()); err != nil {
 		t.Fatal(err)
@@ -257,11 +254,8 @@ func TestImageWithoutMountPointsRunsInSandbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: e2eStateRoot, CgroupParent: e2eCgroupParent,
+	r := nsjailtest.NewRunner(t, nsjail.Options{StateRoot: e2eStateRoot, CgroupParent: e2eCgroupParent,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ws := t.TempDir()
 	os.Chown(ws, r.HostUID(), r.HostGID())
 	res, err := r.Run(ctx(t), nsjail.Spec{Rootfs: got.RootfsPath, Args: []string{"/bin/busybox", "sh", "-c", "echo ok > /workspace/f; /bin/busybox cat /workspace/f"},

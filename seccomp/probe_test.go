@@ -50,10 +50,7 @@ func runUnder(t *testing.T, p *seccomp.Profile, spec nsjail.Spec) *nsjail.Result
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: testStateRoot, CgroupParent: testCgroupParent, Seccomp: cfg, Logger: quietLog})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := nsjailtest.NewRunner(t, nsjail.Options{StateRoot: testStateRoot, CgroupParent: testCgroupParent, Seccomp: cfg, Logger: quietLog})
 	res, err := r.Run(context.Background(), spec)
 	if err != nil {
 		t.Fatalf("Run: %v", err)
@@ -511,10 +508,7 @@ func TestWorkloadsStayInsideAllowlist(t *testing.T) {
 	}
 	cfg.DefaultAction = configs.Log
 	cfg.DefaultErrnoRet = nil
-	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: testStateRoot, CgroupParent: testCgroupParent, Seccomp: cfg, Logger: quietLog})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := nsjailtest.NewRunner(t, nsjail.Options{StateRoot: testStateRoot, CgroupParent: testCgroupParent, Seccomp: cfg, Logger: quietLog})
 	run := func(spec nsjail.Spec) {
 		t.Helper()
 		res, err := r.Run(context.Background(), spec)

@@ -28,10 +28,7 @@ func BenchmarkAPIGroupby(b *testing.B) {
 			cfg.StateRoot = testStateRoot
 			cfg.PoolSize = size
 			cfg.MaxConcurrent = 1
-			r, err := nsjail.NewRunner(nsjail.Options{StateRoot: cfg.StateRoot, CgroupParent: testCgroupParent, Logger: quietLog})
-			if err != nil {
-				b.Fatal(err)
-			}
+			r := nsjailtest.NewRunner(b, nsjail.Options{StateRoot: cfg.StateRoot, CgroupParent: testCgroupParent, Logger: quietLog})
 			srv, err := New(Deps{Config: cfg, Sandbox: r, Runner: r, Logger: quietLog,
 				ResolveRootfs: func(context.Context) (string, error) { return rootfs, nil }})
 			if err != nil {

@@ -114,10 +114,7 @@ func TestRestartAfterSIGKILLSweepsOrphans(t *testing.T) {
 		t.Fatal("the orphan sandbox is not running (nothing to sweep)")
 	}
 
-	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: crashStateRoot, CgroupParent: crashCgroupParent, Logger: quietLog})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := nsjailtest.NewRunner(t, nsjail.Options{StateRoot: crashStateRoot, CgroupParent: crashCgroupParent, Logger: quietLog})
 	if err := SweepOrphans(r, work, quietLog); err != nil {
 		t.Fatal(err)
 	}

@@ -139,10 +139,7 @@ func newEnv(t *testing.T, rootfs string, mod func(*config.Config)) *testEnv {
 	if mod != nil {
 		mod(&cfg)
 	}
-	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: cfg.StateRoot, CgroupParent: testCgroupParent, Logger: quietLog})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := nsjailtest.NewRunner(t, nsjail.Options{StateRoot: cfg.StateRoot, CgroupParent: testCgroupParent, Logger: quietLog})
 	cs := &countingSandbox{Runner: r}
 	logs := &syncBuffer{}
 	srv, err := New(Deps{

@@ -23,16 +23,11 @@ var poolQuietLog = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{
 
 func newPoolRunner(t testing.TB) *nsjail.Runner {
 	t.Helper()
-	nsjailtest.RequireRoot(t)
-	r, err := nsjail.NewRunner(nsjail.Options{
+	return nsjailtest.NewRunner(t, nsjail.Options{
 		StateRoot:    nsjailtest.StateRoot,
 		CgroupParent: nsjailtest.CgroupParent,
 		Logger:       poolQuietLog,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
 }
 
 // poolTemplate is the dynamic policy's shape for tests.

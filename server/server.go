@@ -345,7 +345,14 @@ func (s *Server) Drain(ctx context.Context) int {
 		pool.Close()
 	}
 	s.cleanups.Wait()
-	nsjail.WaitForCleanup()
+	// The sandboxes themselves are removed in the background too, by the
+	// Runner (*nsjail.Runner.WaitForCleanup) that ran them.
+	if s.runner != nil {
+		s.runner.WaitForCleanup()
+	}
+	if c, ok := s.sandbox.(interface{ WaitForCleanup() }); ok {
+		c.WaitForCleanup()
+	}
 	s.log.Info("drained", "cancelled", n)
 	return n
 }

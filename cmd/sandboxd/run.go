@@ -103,7 +103,7 @@ func cmdRun(args []string) error {
 	}
 	// The sandbox is removed in the background once the result is known;
 	// let that finish before the process exits.
-	defer nsjail.WaitForCleanup()
+	defer r.WaitForCleanup()
 	if *asJSON {
 		return json.NewEncoder(os.Stdout).Encode(struct {
 			*nsjail.Result

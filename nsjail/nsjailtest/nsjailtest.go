@@ -12,6 +12,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/inside"
 )
 
@@ -22,6 +23,20 @@ func RequireRoot(t testing.TB) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: starts real sandboxes (namespaces, cgroups, mounts)")
 	}
+}
+
+// NewRunner makes a Runner for t, skipping t without root. When t ends it
+// waits for the background removal of the Runner's sandboxes, so that a
+// leftover check after the tests (RunAndCheck) sees only real leftovers.
+func NewRunner(t testing.TB, opts nsjail.Options) *nsjail.Runner {
+	t.Helper()
+	RequireRoot(t)
+	r, err := nsjail.NewRunner(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.WaitForCleanup)
+	return r
 }
 
 var (
