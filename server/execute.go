@@ -240,7 +240,7 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 	s.live.setRunning(rec)
 
 	sandbox := s.runSandbox()
-	ws, err := CreateWorkspace(s.cfg.WorkRoot, p.run, s.cfg.WorkspaceBytes, s.cfg.WorkspaceInodes, sandbox.HostUID(), sandbox.HostGID(), p.code, p.input, p.files)
+	ws, err := s.createWorkspace(s.cfg.WorkRoot, p.run, s.cfg.WorkspaceBytes, s.cfg.WorkspaceInodes, sandbox.HostUID(), sandbox.HostGID(), p.code, p.input, p.files)
 	if err != nil {
 		s.forget(rec)
 		log.Error("workspace failed", "err", err)

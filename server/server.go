@@ -61,6 +61,9 @@ type Server struct {
 	runner   *nsjail.Runner
 	resolve  func(ctx context.Context) (string, error)
 	log      *slog.Logger
+	// createWorkspace is CreateWorkspace; the unit tests, which run without
+	// root and so cannot mount a tmpfs, give a plain directory instead.
+	createWorkspace func(root, id string, size, inodes int64, uid, gid int, code string, input []byte, files []decodedFile) (*Workspace, error)
 
 	live      *liveTable
 	results   *results.Store
@@ -113,6 +116,7 @@ func New(d Deps) (*Server, error) {
 		metrics:  newMetrics(),
 		decoding: make(decodeSlots, d.Config.MaxDecoding),
 	}
+	s.createWorkspace = CreateWorkspace
 	store, err := results.Open(d.Config.ResultsDir, results.Options{
 		MaxBytes: d.Config.ResultsMaxBytes,
 		MaxCount: d.Config.ResultsMax,
