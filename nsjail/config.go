@@ -13,6 +13,7 @@ import (
 	"github.com/opencontainers/cgroups"
 	devcfg "github.com/opencontainers/cgroups/devices/config"
 	"github.com/opencontainers/runc/libcontainer/configs"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"golang.org/x/sys/unix"
 )
 
@@ -28,11 +29,11 @@ func (r *Runner) buildConfig(id string, spec *Spec, lim Limits) (*configs.Config
 		Namespaces: namespaces(),
 		UIDMappings: []configs.IDMap{
 			{ContainerID: 0, HostID: int64(r.opts.HostIDBase), Size: 1},
-			{ContainerID: SandboxUID, HostID: int64(r.opts.HostIDBase + SandboxUID), Size: 1},
+			{ContainerID: inside.UID, HostID: int64(r.opts.HostIDBase + inside.UID), Size: 1},
 		},
 		GIDMappings: []configs.IDMap{
 			{ContainerID: 0, HostID: int64(r.opts.HostIDBase), Size: 1},
-			{ContainerID: SandboxGID, HostID: int64(r.opts.HostIDBase + SandboxGID), Size: 1},
+			{ContainerID: inside.GID, HostID: int64(r.opts.HostIDBase + inside.GID), Size: 1},
 		},
 		Mounts:        mounts(spec, lim),
 		Devices:       devices(),
@@ -100,7 +101,7 @@ func mounts(spec *Spec, lim Limits) []*configs.Mount {
 	}
 	if spec.Workspace != "" {
 		m = append(m, &configs.Mount{
-			Source: spec.Workspace, Destination: WorkspaceDir, Device: "bind",
+			Source: spec.Workspace, Destination: inside.Workspace, Device: "bind",
 			Flags: unix.MS_BIND | unix.MS_REC | unix.MS_NOSUID | unix.MS_NODEV,
 		})
 	}

@@ -69,12 +69,3 @@ type Result struct {
 	// that had its own (the warm pool's); the caller then removes it too.
 	Workspace string `json:"-"`
 }
-
-func (r *Result) hit(limit string) {
-	for _, l := range r.LimitsHit {
-		if l == limit {
-			return
-		}
-	}
-	r.LimitsHit = append(r.LimitsHit, limit)
-}

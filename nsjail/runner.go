@@ -17,6 +17,7 @@ import (
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/configs"
 	"github.com/sandboxd/sandboxd/cgroup"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/seccomp"
 	"golang.org/x/sys/unix"
 )
@@ -34,7 +35,7 @@ type Options struct {
 	// cgroup outside the one it was started in.
 	CgroupParent string
 	// HostIDBase is the host uid and gid that uid/gid 0 inside the sandbox
-	// maps to; the sandbox user 10001 is HostIDBase+10001 on the host
+	// maps to; the sandbox user inside.UID is HostIDBase+inside.UID on the host
 	// (default 1<<30, far from any real account).
 	HostIDBase int
 	// Seccomp is the filter every sandbox gets (default: the seccomp
@@ -50,6 +51,8 @@ type Runner struct {
 	log            *slog.Logger
 	seccomp        *configs.Seccomp
 	swapAccounting bool
+	// cleanups counts this Runner's sandboxes whose removal is under way.
+	cleanups sync.WaitGroup
 }
 
 // NewRunner checks that this host can run sandboxes and prepares the state
@@ -98,12 +101,12 @@ func NewRunner(opts Options) (*Runner, error) {
 	return r, nil
 }
 
-// HostUID is the host uid that the sandbox user (10001) appears as; a
+// HostUID is the host uid that the sandbox user (inside.UID) appears as; a
 // Spec.Workspace must be owned by it (and HostGID) to be writable inside.
-func (r *Runner) HostUID() int { return r.opts.HostIDBase + SandboxUID }
+func (r *Runner) HostUID() int { return r.opts.HostIDBase + inside.UID }
 
-// HostGID is the host gid of the sandbox group (10001).
-func (r *Runner) HostGID() int { return r.opts.HostIDBase + SandboxGID }
+// HostGID is the host gid of the sandbox group (inside.GID).
+func (r *Runner) HostGID() int { return r.opts.HostIDBase + inside.GID }
 
 // StateRoot is where libcontainer keeps each live sandbox's state.
 func (r *Runner) StateRoot() string { return r.opts.StateRoot }
@@ -120,25 +123,40 @@ func newID() string {
 // Run starts spec in a fresh sandbox, waits for it to finish, kills its whole
 // process tree at the deadline or when ctx is cancelled, and removes every
 // trace of it. The error is non-nil only when spec is invalid, in which case
-// nothing was started; every failure after that is a Result with
-// StatusSandboxError.
+// nothing was started; every failure after that, a StartError included, is
+// a Result with StatusSandboxError.
 func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 	sb, err := r.Start(spec)
 	if err != nil {
-		var se *startError
+		var se *StartError
 		if errors.As(err, &se) {
-			return se.result, nil
+			return se.Result(), nil
 		}
 		return nil, err
 	}
 	return sb.Wait(ctx), nil
 }
 
-// startError carries the sandbox_error Result of a start that failed after
-// validation.
-type startError struct{ result *Result }
+// StartError is Start's error when a valid Spec failed to start: our
+// failure (libcontainer's, the kernel's), not the command's. Everything
+// that was created is already removed.
+type StartError struct {
+	// ID is the sandbox's id.
+	ID string
+	// At is when the start failed.
+	At time.Time
+	// Err says which step failed and why.
+	Err error
+}
 
-func (e *startError) Error() string { return e.result.Error }
+func (e *StartError) Error() string { return e.Err.Error() }
+func (e *StartError) Unwrap() error { return e.Err }
+
+// Result is the failed start as the sandbox_error Result that Run returns.
+func (e *StartError) Result() *Result {
+	return &Result{ID: e.ID, Status: StatusSandboxError, ExitCode: -1, LimitsHit: []string{},
+		StartedAt: e.At, FinishedAt: e.At, Error: e.Err.Error()}
+}
 
 // Sandbox is one started execution. Wait must be called exactly once.
 type Sandbox struct {
@@ -171,8 +189,8 @@ func (s *Sandbox) Pid() (int, error) { return s.proc.Pid() }
 
 // Start validates spec and starts its command in a fresh sandbox. The
 // returned Sandbox must be waited for. A validation error means nothing was
-// started; any other error is a *startError carrying a sandbox_error Result,
-// and everything that was created is already removed.
+// started; any other error is a *StartError, and everything that was created
+// is already removed.
 func (r *Runner) Start(spec Spec) (*Sandbox, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
@@ -188,42 +206,40 @@ func (r *Runner) Start(spec Spec) (*Sandbox, error) {
 	}
 	log = log.With("sandbox", id)
 	fail := func(format string, a ...any) (*Sandbox, error) {
-		now := time.Now()
-		res := &Result{ID: id, Status: StatusSandboxError, ExitCode: -1, LimitsHit: []string{},
-			StartedAt: now, FinishedAt: now, Error: fmt.Sprintf(format, a...)}
-		log.Error("sandbox start failed", "error", res.Error)
-		return nil, &startError{res}
+		err := &StartError{ID: id, At: time.Now(), Err: fmt.Errorf(format, a...)}
+		log.Error("sandbox start failed", "error", err.Error())
+		return nil, err
 	}
 
 	cfg, err := r.buildConfig(id, &spec, lim)
 	if err != nil {
-		return fail("unable to build sandbox config: %v", err)
+		return fail("unable to build sandbox config: %w", err)
 	}
 	c, err := libcontainer.Create(r.opts.StateRoot, id, cfg)
 	if err != nil {
-		return fail("unable to create sandbox: %v", err)
+		return fail("unable to create sandbox: %w", err)
 	}
 	// Before anything runs or any cgroup exists: Sweep removes only what
 	// carries the marker.
 	if err := markOwned(r.stateDir(id)); err != nil {
 		_ = c.Destroy()
-		return fail("unable to mark the sandbox's state directory: %v", err)
+		return fail("unable to mark the sandbox's state directory: %w", err)
 	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
 		_ = c.Destroy()
-		return fail("unable to create stdout pipe: %v", err)
+		return fail("unable to create stdout pipe: %w", err)
 	}
 	errR, errW, err := os.Pipe()
 	if err != nil {
 		_ = c.Destroy()
 		outR.Close()
 		outW.Close()
-		return fail("unable to create stderr pipe: %v", err)
+		return fail("unable to create stderr pipe: %w", err)
 	}
 	env := spec.Env
 	if !hasEnv(env, "PATH") {
-		env = append(env[:len(env):len(env)], "PATH=/usr/local/bin:/usr/bin:/bin")
+		env = append(env[:len(env):len(env)], "PATH="+inside.DefaultPath)
 	}
 	cwd := spec.Cwd
 	if cwd == "" {
@@ -233,8 +249,8 @@ func (r *Runner) Start(spec Spec) (*Sandbox, error) {
 		Args:       spec.Args,
 		Env:        env,
 		Cwd:        cwd,
-		UID:        SandboxUID,
-		GID:        SandboxGID,
+		UID:        inside.UID,
+		GID:        inside.GID,
 		Stdin:      spec.Stdin,
 		Stdout:     outW,
 		Stderr:     errW,
@@ -249,7 +265,7 @@ func (r *Runner) Start(spec Spec) (*Sandbox, error) {
 		outR.Close()
 		errR.Close()
 		destroy(c, log)
-		return fail("unable to start sandbox: %v", err)
+		return fail("unable to start sandbox: %w", err)
 	}
 	log.Debug("sandbox started", "start_ms", time.Since(startedAt).Milliseconds())
 	// Hold the sandbox's mount namespace: otherwise its last process's exit
@@ -340,192 +356,6 @@ func (s *Sandbox) SetLogger(l *slog.Logger) {
 // MemoryBytes is the sandbox's current memory use as its cgroup accounts it
 // (what an idle warm sandbox costs).
 func (s *Sandbox) MemoryBytes() int64 { return s.readStats().MemoryCurrentBytes }
-
-// Wait waits for the command to finish, enforcing the deadline (counted from
-// now) and ctx, then collects the result and removes the sandbox.
-func (s *Sandbox) Wait(ctx context.Context) *Result {
-	res := &Result{ID: s.id, StartedAt: s.startedAt, LimitsHit: []string{}, Workspace: s.spec.Workspace}
-
-	exited := make(chan error, 1)
-	var state *os.ProcessState
-	go func() {
-		var err error
-		state, err = s.proc.Wait()
-		exited <- err
-	}()
-	deadline := time.NewTimer(s.lim.Timeout)
-	defer deadline.Stop()
-
-	var killedFor Status
-	var waitErr error
-	var reported syscall.WaitStatus
-	haveReport := false
-	report := s.exitReport
-wait:
-	for {
-		select {
-		case waitErr = <-exited:
-			break wait
-		case <-deadline.C:
-			killedFor = StatusTimeout
-			break wait
-		case <-ctx.Done():
-			killedFor = StatusCancelled
-			break wait
-		case reported, haveReport = <-report:
-			if haveReport {
-				break wait
-			}
-			report = nil // closed without a report: wait for the exit
-		}
-	}
-	if killedFor != "" || haveReport {
-		// SIGKILL to the sandbox's init: the kernel then kills every other
-		// process of its pid namespace (pid_namespaces(7)), double-forked,
-		// setsid and signal-ignoring ones included. After an exit report the
-		// init is exiting anyway; this ends what it leaves behind.
-		if err := s.c.Signal(unix.SIGKILL); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
-			s.log.Error("unable to kill sandbox", "error", err)
-		}
-	}
-	if !haveReport && killedFor != "" {
-		// And the cgroup, should anything of the sandbox live outside its
-		// pid namespace's reach: cgroup.kill on v2 (Linux 5.14+), else a
-		// SIGKILL per pid until cgroup.procs is empty.
-		if err := cgroup.KillAll(s.paths()); err != nil {
-			s.log.Error("unable to kill the sandbox's cgroup", "error", err)
-		}
-		waitErr = <-exited
-	}
-	res.FinishedAt = time.Now()
-
-	// Once init is reaped every process of the pid namespace is gone and the
-	// pipes are at EOF (after an exit report, init closed its ends itself);
-	// the grace only guards against the impossible.
-	for _, c := range []*capture{s.stdout, s.stderr} {
-		select {
-		case <-c.done:
-		case <-time.After(2 * time.Second):
-			s.log.Error("output stream still open after the sandbox exited; closing it")
-			c.abort()
-			<-c.done
-		}
-		c.r.Close()
-	}
-	stats := s.readStats()
-
-	// Reaping a reported exit and removing the sandbox (cgroup rmdirs, the
-	// mount namespace's umounts and RCU waits) are not part of the result.
-	pendingCleanups.Add(1)
-	go func() {
-		defer pendingCleanups.Done()
-		if haveReport {
-			<-exited
-			s.crossCheckReport(reported, state)
-		}
-		destroy(s.c, s.log)
-		if s.mntns != nil {
-			s.mntns.Close()
-		}
-	}()
-
-	res.Stdout, res.Stderr = s.stdout.buf, s.stderr.buf
-	res.StdoutBytes, res.StderrBytes = s.stdout.total, s.stderr.total
-	res.StdoutTruncated, res.StderrTruncated = s.stdout.truncated(), s.stderr.truncated()
-	if res.StdoutTruncated {
-		res.hit(LimitStdout)
-	}
-	if res.StderrTruncated {
-		res.hit(LimitStderr)
-	}
-	res.Usage = Usage{
-		WallMS:          res.FinishedAt.Sub(res.StartedAt).Milliseconds(),
-		CPUMS:           int64((stats.CPUUsageNS - min(stats.CPUUsageNS, s.cpuBaselineNS)) / 1e6),
-		PeakMemoryBytes: stats.MemoryPeakBytes,
-		PidsPeak:        stats.PidsPeak,
-	}
-	if stats.PidsLimitHits > 0 {
-		res.hit(LimitPids)
-	}
-	if stats.OOMKills > 0 {
-		res.hit(LimitMemory)
-	}
-
-	res.ExitCode = -1
-	if haveReport {
-		res.ExitCode, res.Signal = decodeWaitStatus(reported)
-	} else if ws, ok := initWaitStatus(state); ok {
-		res.ExitCode, res.Signal = decodeWaitStatus(ws)
-	}
-	switch {
-	case killedFor == StatusTimeout:
-		res.Status = StatusTimeout
-		res.hit(LimitTimeout)
-	case killedFor == StatusCancelled:
-		res.Status = StatusCancelled
-	case stats.OOMKills > 0:
-		// From the cgroup's own counter: the OOM-killed process need not be
-		// init (a shell whose child was killed may still exit 0).
-		res.Status = StatusOOM
-	case !haveReport && state == nil:
-		res.Status = StatusSandboxError
-		res.Error = fmt.Sprintf("unable to wait for the sandbox: %v", waitErr)
-	case res.ExitCode == 0 && res.Signal == "":
-		res.Status = StatusSucceeded
-	default:
-		res.Status = StatusFailed
-	}
-	s.log.Info("sandbox finished", "status", res.Status, "exit_code", res.ExitCode,
-		"wall_ms", res.Usage.WallMS, "limits_hit", res.LimitsHit)
-	return res
-}
-
-// decodeWaitStatus is the exit code (128+N for a signal N, -1 when
-// neither) and signal name of a wait status.
-func decodeWaitStatus(ws syscall.WaitStatus) (code int, signal string) {
-	switch {
-	case ws.Exited():
-		return ws.ExitStatus(), ""
-	case ws.Signaled():
-		return 128 + int(ws.Signal()), unix.SignalName(ws.Signal())
-	}
-	return -1, ""
-}
-
-func initWaitStatus(state *os.ProcessState) (syscall.WaitStatus, bool) {
-	if state == nil {
-		return 0, false
-	}
-	ws, ok := state.Sys().(syscall.WaitStatus)
-	return ws, ok
-}
-
-// crossCheckReport compares an exit report with the sandbox init's own wait
-// status, which the kernel gave: the reporter exits with the status it
-// reported (a signal N as exit 128+N). A difference is logged. An init that
-// the kill after the report reached first says nothing either way.
-func (s *Sandbox) crossCheckReport(reported syscall.WaitStatus, state *os.ProcessState) {
-	if ws, ok := initWaitStatus(state); ok && reportMismatch(reported, ws) {
-		code, _ := decodeWaitStatus(reported)
-		s.log.Warn("exit report does not match the sandbox's exit status; the result used the report",
-			"reported_exit_code", code, "init_exit_code", ws.ExitStatus())
-	}
-}
-
-// reportMismatch tells whether an init that exited with status init
-// contradicts the report it sent.
-func reportMismatch(reported, init syscall.WaitStatus) bool {
-	code, _ := decodeWaitStatus(reported)
-	return init.Exited() && init.ExitStatus() != code
-}
-
-// pendingCleanups counts sandboxes whose removal is still under way.
-var pendingCleanups sync.WaitGroup
-
-// WaitForCleanup blocks until every finished sandbox has been removed
-// (cgroups, state directory, mounts). Removal runs in the background, after
-// the result is returned; call this before exiting or checking for leftovers.
-func WaitForCleanup() { pendingCleanups.Wait() }
 
 // SetExitReport makes Wait take the command's wait status from report: the
 // warm pool's zygote, the sandbox's init, forks the process that runs the

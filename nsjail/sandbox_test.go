@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 	"github.com/sandboxd/sandboxd/seccomp"
 	"golang.org/x/sys/unix"
@@ -41,12 +43,7 @@ var quietLog = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Leve
 
 func newRunner(t testing.TB) *nsjail.Runner {
 	t.Helper()
-	nsjailtest.RequireRoot(t)
-	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: testStateRoot, CgroupParent: testCgroupParent, Logger: quietLog})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
+	return nsjailtest.NewRunner(t, nsjail.Options{StateRoot: testStateRoot, CgroupParent: testCgroupParent, Logger: quietLog})
 }
 
 func run(t *testing.T, r *nsjail.Runner, spec nsjail.Spec) *nsjail.Result {
@@ -117,7 +114,6 @@ func TestStdinIsPassed(t *testing.T) {
 
 func TestInvalidSpecStartsNothing(t *testing.T) {
 	r := newRunner(t)
-	nsjail.WaitForCleanup() // earlier tests' sandboxes are removed in the background
 	for name, spec := range map[string]nsjail.Spec{
 		"no rootfs":       {Args: []string{"true"}},
 		"relative rootfs": {Rootfs: "rel", Args: []string{"true"}},
@@ -134,6 +130,27 @@ func TestInvalidSpecStartsNothing(t *testing.T) {
 	entries, _ := os.ReadDir(testStateRoot)
 	if len(entries) != 0 {
 		t.Fatalf("state root has %d entries after rejected specs", len(entries))
+	}
+}
+
+// A valid spec that cannot start (its command does not exist) is a
+// *nsjail.StartError from Start, a sandbox_error Result from Run, and
+// leaves nothing behind.
+func TestStartFailureIsAStartError(t *testing.T) {
+	r := newRunner(t)
+	spec := nsjail.Spec{Rootfs: nsjailtest.ProbeRootfs(t), Args: []string{"/no/such/command"}}
+	sb, err := r.Start(spec)
+	var se *nsjail.StartError
+	if sb != nil || !errors.As(err, &se) || !strings.HasPrefix(se.ID, "sbx-") || !strings.Contains(err.Error(), "unable to start sandbox") {
+		t.Fatalf("Start = %v, %v; want a *nsjail.StartError", sb, err)
+	}
+	res, err := r.Run(context.Background(), spec)
+	if err != nil || res.Status != nsjail.StatusSandboxError || !strings.Contains(res.Error, "unable to start sandbox") {
+		t.Fatalf("Run = %+v, %v; want a sandbox_error result", res, err)
+	}
+	r.WaitForCleanup()
+	if entries, _ := os.ReadDir(testStateRoot); len(entries) != 0 {
+		t.Fatalf("state root has %d entries after failed starts", len(entries))
 	}
 }
 
@@ -235,13 +252,13 @@ func TestWorkspaceIsWritable(t *testing.T) {
 	if err := os.Chown(ws, r.HostUID(), r.HostGID()); err != nil {
 		t.Fatal(err)
 	}
-	res := run(t, r, nsjail.Spec{Args: sh("pwd; echo data > out.txt; ls -ln out.txt"), Workspace: ws, Cwd: nsjail.WorkspaceDir})
+	res := run(t, r, nsjail.Spec{Args: sh("pwd; echo data > out.txt; ls -ln out.txt"), Workspace: ws, Cwd: inside.Workspace})
 	wantStatus(t, res, nsjail.StatusSucceeded)
 	got, err := os.ReadFile(filepath.Join(ws, "out.txt"))
 	if err != nil || string(got) != "data\n" {
 		t.Fatalf("workspace file: %q %v (stdout %s, stderr %s)", got, err, res.Stdout, res.Stderr)
 	}
-	if !bytes.HasPrefix(res.Stdout, []byte("/workspace\n")) || !bytes.Contains(res.Stdout, []byte(" 10001 ")) {
+	if !bytes.HasPrefix(res.Stdout, []byte(inside.Workspace+"\n")) || !bytes.Contains(res.Stdout, fmt.Appendf(nil, " %d ", inside.UID)) {
 		t.Fatalf("stdout %q", res.Stdout)
 	}
 }
@@ -332,7 +349,7 @@ func TestInsideView(t *testing.T) {
 	r := newRunner(t)
 	res := run(t, r, nsjail.Spec{Args: sh(`id -u; id -g; grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp):' /proc/self/status; /bin/probe setuid0; hostname`)})
 	wantStatus(t, res, nsjail.StatusSucceeded)
-	want := "10001\n10001\n" +
+	want := fmt.Sprintf("%d\n%d\n", inside.UID, inside.GID) +
 		"CapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n" +
 		"CapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\nEPERM\nsandbox\n"
 	if string(res.Stdout) != want {
@@ -420,10 +437,7 @@ func TestSessionKeyringIsTheSandboxOwn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: testStateRoot, CgroupParent: testCgroupParent, Seccomp: filter, Logger: quietLog})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := nsjailtest.NewRunner(t, nsjail.Options{StateRoot: testStateRoot, CgroupParent: testCgroupParent, Seccomp: filter, Logger: quietLog})
 	worker, err := unix.KeyctlGetKeyringID(unix.KEY_SPEC_SESSION_KEYRING, false)
 	if err != nil {
 		t.Fatal(err)
@@ -451,7 +465,7 @@ func TestEnvironmentIsOnlyTheSpec(t *testing.T) {
 	got := strings.Fields(string(res.Stdout))
 	slices.Sort(got)
 	// HOME comes from the sandbox user's passwd entry (libcontainer sets it).
-	if want := []string{"ALLOWED=1", "HOME=/tmp", "PATH=/usr/local/bin:/usr/bin:/bin"}; !slices.Equal(got, want) {
+	if want := []string{"ALLOWED=1", "HOME=/tmp", "PATH=" + inside.DefaultPath}; !slices.Equal(got, want) {
 		t.Fatalf("env = %v, want %v", got, want)
 	}
 }
@@ -597,7 +611,7 @@ func TestExitReportCarriesASignal(t *testing.T) {
 	if res.Status != nsjail.StatusFailed || res.Signal != "SIGSEGV" || res.ExitCode != 128+int(syscall.SIGSEGV) {
 		t.Fatalf("status %s signal %q exit %d, want failed SIGSEGV %d", res.Status, res.Signal, res.ExitCode, 128+int(syscall.SIGSEGV))
 	}
-	nsjail.WaitForCleanup()
+	r.WaitForCleanup()
 	if pids := nsjailtest.ProcessesMatching("sleep 1010"); len(pids) > 0 {
 		t.Fatalf("processes survived the report: %v", pids)
 	}

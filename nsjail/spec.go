@@ -1,11 +1,3 @@
-// Package nsjail runs one command in one fresh, single-use Linux sandbox built
-// on runc's libcontainer: new user, pid, net (loopback only), mount, ipc, uts
-// and cgroup namespaces, uid/gid 10001, no capabilities, no_new_privs, a
-// read-only root, a seccomp allowlist and cgroup limits. A sandbox runs exactly
-// once; afterwards its container, cgroups, mounts and state are gone.
-//
-// The order in which the kernel features are applied is stated once, in
-// config.go (buildConfig).
 package nsjail
 
 import (
@@ -16,19 +8,11 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"time"
-)
 
-// SandboxUID and SandboxGID are the ids the command runs as inside the sandbox.
-const (
-	SandboxUID = 10001
-	SandboxGID = 10001
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 )
-
-// WorkspaceDir is where Spec.Workspace is bound, read-write, inside the sandbox.
-const WorkspaceDir = "/workspace"
 
 // Limits bound what one sandbox may use. A zero field takes the default from
 // DefaultLimits; there is no way to ask for "unlimited".
@@ -117,7 +101,7 @@ func (l Limits) Validate() error {
 // Spec describes one execution.
 type Spec struct {
 	// ID names the sandbox (container id, cgroup leaf, state directory). It is
-	// generated when empty. Allowed: [A-Za-z0-9][A-Za-z0-9_.-]{0,63}.
+	// generated when empty. Allowed: inside.IDRule.
 	ID string
 	// Rootfs is a host directory used, read-only, as the sandbox's root.
 	Rootfs string
@@ -129,7 +113,8 @@ type Spec struct {
 	Env []string
 	// Cwd is the working directory inside the sandbox ("/" when empty).
 	Cwd string
-	// Workspace is an optional host directory bound read-write at /workspace.
+	// Workspace is an optional host directory bound read-write at
+	// inside.Workspace.
 	// It must be owned by the sandbox's host uid to be writable (see
 	// Runner.HostUID).
 	Workspace string
@@ -148,13 +133,11 @@ type Spec struct {
 	Logger *slog.Logger
 }
 
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
-
 // Validate checks a Spec before anything is started.
 func (s *Spec) Validate() error {
 	var errs []error
-	if s.ID != "" && !idPattern.MatchString(s.ID) {
-		errs = append(errs, fmt.Errorf("id %q is invalid: want [A-Za-z0-9][A-Za-z0-9_.-]{0,63}", s.ID))
+	if s.ID != "" && !inside.ValidID(s.ID) {
+		errs = append(errs, fmt.Errorf("id %q is invalid: want %s", s.ID, inside.IDRule))
 	}
 	if s.Rootfs == "" {
 		errs = append(errs, errors.New("rootfs is required"))

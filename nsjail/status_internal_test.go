@@ -36,24 +36,6 @@ func TestStatusAlive(t *testing.T) {
 func exited(code int) syscall.WaitStatus             { return syscall.WaitStatus(code << 8) }
 func signaled(sig syscall.Signal) syscall.WaitStatus { return syscall.WaitStatus(sig) }
 
-func TestDecodeWaitStatus(t *testing.T) {
-	for _, tc := range []struct {
-		ws     syscall.WaitStatus
-		code   int
-		signal string
-	}{
-		{exited(0), 0, ""},
-		{exited(7), 7, ""},
-		{exited(255), 255, ""},
-		{signaled(syscall.SIGKILL), 137, "SIGKILL"},
-		{signaled(syscall.SIGSEGV) | 0x80, 139, "SIGSEGV"}, // core dumped
-	} {
-		if code, signal := decodeWaitStatus(tc.ws); code != tc.code || signal != tc.signal {
-			t.Errorf("decodeWaitStatus(%#x) = %d %q, want %d %q", int(tc.ws), code, signal, tc.code, tc.signal)
-		}
-	}
-}
-
 // The warm pool's zygote exits with the status it reported (a signal N as
 // 128+N); an init killed before it could exit says nothing.
 func TestReportMismatch(t *testing.T) {

@@ -77,7 +77,7 @@ func TestSweepAfterWorkerCrash(t *testing.T) {
 	if pids := nsjailtest.ProcessesMatching("sleep 300"); len(pids) > 0 {
 		t.Fatalf("the orphan sandbox's processes survived the sweep: %v", pids)
 	}
-	nsjail.WaitForCleanup()
+	r.WaitForCleanup()
 	if err := nsjailtest.CheckNoLeftovers(testStateRoot, testCgroupParent); err != nil {
 		t.Fatal(err)
 	}
@@ -108,11 +108,7 @@ func TestClaimIsExclusive(t *testing.T) {
 
 func newRunnerAt(t *testing.T, stateRoot, cgroupParent string) *nsjail.Runner {
 	t.Helper()
-	nsjailtest.RequireRoot(t)
-	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: stateRoot, CgroupParent: cgroupParent, Logger: quietLog})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := nsjailtest.NewRunner(t, nsjail.Options{StateRoot: stateRoot, CgroupParent: cgroupParent, Logger: quietLog})
 	t.Cleanup(func() {
 		dirs, _ := nsjailtest.ParentCgroupDirs(cgroupParent)
 		for _, d := range dirs {
@@ -138,7 +134,7 @@ func TestSweepRemovesOnlyMarked(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 		foreign.Wait(ctx)
-		nsjail.WaitForCleanup()
+		r.WaitForCleanup()
 	}()
 	if err := os.Remove(filepath.Join(testStateRoot, foreign.ID(), "sandboxd-owner")); err != nil && !os.IsNotExist(err) {
 		t.Fatal(err)

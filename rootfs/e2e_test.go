@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 )
 
@@ -116,11 +117,8 @@ func TestPythonRuntimeInSandbox(t *testing.T) {
 	root := runtimeRootfs(t)
 	before := treeStamp(t, root)
 
-	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: e2eStateRoot, CgroupParent: e2eCgroupParent,
+	r := nsjailtest.NewRunner(t, nsjail.Options{StateRoot: e2eStateRoot, CgroupParent: e2eCgroupParent,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ws := t.TempDir()
 	if err := os.Chown(ws, r.HostUID(), r.HostGID()); err != nil {
 		t.Fatal(err)
@@ -130,8 +128,8 @@ func TestPythonRuntimeInSandbox(t *testing.T) {
 	res, err := r.Run(c, nsjail.Spec{
 		Rootfs:    root,
 		Args:      []string{"python3", "-c", e2eScript},
-		Env:       []string{"PATH=/usr/bin:/bin", "HOME=/tmp", "MPLCONFIGDIR=/tmp/matplotlib", "LANG=C.UTF-8"},
-		Cwd:       nsjail.WorkspaceDir,
+		Env:       []string{"PATH=" + inside.DefaultPath, "HOME=/tmp", "MPLCONFIGDIR=/tmp/matplotlib", "LANG=C.UTF-8"},
+		Cwd:       inside.Workspace,
 		Workspace: ws,
 		Limits:    nsjail.Limits{Timeout: 2 * time.Minute, MemoryBytes: 2 << 30, CPUs: 2},
 	})
@@ -158,8 +156,8 @@ func TestPythonRuntimeInSandbox(t *testing.T) {
 	}
 	t.Logf("imports %.0f ms, wall %d ms, peak memory %d MiB, versions %v",
 		out.ImportS*1000, res.Usage.WallMS, res.Usage.PeakMemoryBytes>>20, out.Versions)
-	if out.UID != 10001 || out.GID != 10001 {
-		t.Errorf("ran as %d:%d, want 10001:10001", out.UID, out.GID)
+	if out.UID != inside.UID || out.GID != inside.GID {
+		t.Errorf("ran as %d:%d, want %d:%d", out.UID, out.GID, inside.UID, inside.GID)
 	}
 	for p, v := range out.Denied {
 		// Creating a file hits the read-only mount (EROFS); opening an
@@ -256,15 +254,12 @@ func TestImageWithoutMountPointsRunsInSandbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: e2eStateRoot, CgroupParent: e2eCgroupParent,
+	r := nsjailtest.NewRunner(t, nsjail.Options{StateRoot: e2eStateRoot, CgroupParent: e2eCgroupParent,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ws := t.TempDir()
 	os.Chown(ws, r.HostUID(), r.HostGID())
 	res, err := r.Run(ctx(t), nsjail.Spec{Rootfs: got.RootfsPath, Args: []string{"/bin/busybox", "sh", "-c", "echo ok > /workspace/f; /bin/busybox cat /workspace/f"},
-		Workspace: ws, Cwd: nsjail.WorkspaceDir})
+		Workspace: ws, Cwd: inside.Workspace})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/klauspost/compress/zstd"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"golang.org/x/sys/unix"
 )
 
@@ -41,9 +42,6 @@ type Limits struct {
 // DefaultLimits fit the python-runtime image (about 0.6 GB, 40k entries) with
 // a wide margin.
 var DefaultLimits = Limits{MaxBytes: 8 << 30, MaxFiles: 1_000_000}
-
-// Sandbox ids (must match nsjail.SandboxUID/GID; rootfs imports none of ours).
-const sandboxUID, sandboxGID = 10001, 10001
 
 // maxDropped caps how many dropped entries are remembered by name.
 const maxDropped = 100
@@ -388,17 +386,17 @@ const cISUID, cISGID, cISVTX = 0o4000, 0o2000, 0o1000
 
 // sandboxMode is the permission a published entry gets. Everything in the
 // cache belongs to host root; inside the sandbox the code runs as
-// 10001:10001 (host base+10001) and container root is an unprivileged host
-// uid, so both see files through the group/other bits. Those get exactly the
-// access uid 10001 / gid 10001 had in the image, never write (no host user
+// inside.UID:inside.GID (host base+UID) and container root is an
+// unprivileged host uid, so both see files through the group/other bits.
+// Those get exactly the access that uid and gid had in the image, never write (no host user
 // may change the cache); set-id bits are dropped (no privilege gain).
 func sandboxMode(mode int64, uid, gid int, dir bool) fs.FileMode {
 	owner := (mode >> 6) & 7
 	var sb int64
 	switch {
-	case uid == sandboxUID:
+	case uid == inside.UID:
 		sb = owner
-	case gid == sandboxGID:
+	case gid == inside.GID:
 		sb = (mode >> 3) & 7
 	default:
 		sb = mode & 7

@@ -1,6 +1,7 @@
 package rootfs
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -8,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 )
 
 // runtimeImageRef is the built python-runtime image: $SANDBOXD_RUNTIME_IMAGE,
@@ -70,20 +73,20 @@ func TestPythonRuntimeImage(t *testing.T) {
 		t.Errorf("prebuilt matplotlib font list: %q", fonts)
 	}
 	passwd, _ := os.ReadFile(filepath.Join(r, "etc/passwd"))
-	if !strings.Contains(string(passwd), "\nsandbox:x:10001:10001:") {
+	if !strings.Contains(string(passwd), fmt.Sprintf("\nsandbox:x:%d:%d:", inside.UID, inside.GID)) {
 		t.Errorf("etc/passwd lacks the sandbox user")
 	}
 	if os.Geteuid() != 0 {
 		return
 	}
 	assertRootOwned(t, r)
-	// uid 10001 can write nothing in the published tree, so a plain chroot
+	// inside.UID can write nothing in the published tree, so a plain chroot
 	// is safe here; the read-only, fully isolated run is the e2e test.
-	cmd := exec.Command("chroot", "--userspec=10001:10001", r, "/usr/bin/python3", "-c",
+	cmd := exec.Command("chroot", fmt.Sprintf("--userspec=%d:%d", inside.UID, inside.GID), r, "/usr/bin/python3", "-c",
 		"import numpy, pandas, scipy.stats, sklearn, openpyxl, statsmodels.api; print(pandas.DataFrame({'a': [1, 2]}).a.sum())")
-	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=/tmp", "PYTHONDONTWRITEBYTECODE=1"}
+	cmd.Env = []string{"PATH=" + inside.DefaultPath, "HOME=/tmp", "PYTHONDONTWRITEBYTECODE=1"}
 	out, err := cmd.CombinedOutput()
 	if err != nil || strings.TrimSpace(string(out)) != "3" {
-		t.Fatalf("python as 10001 in the unpacked runtime: %q %v", out, err)
+		t.Fatalf("python as the sandbox user in the unpacked runtime: %q %v", out, err)
 	}
 }

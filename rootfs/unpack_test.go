@@ -3,6 +3,7 @@ package rootfs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 )
 
 func listTree(t testing.TB, root string) []string {
@@ -77,17 +79,17 @@ func TestOpaqueAfterSameLayerEntries(t *testing.T) {
 }
 
 // Ownership is normalised: everything belongs to host root, and the
-// group/other bits carry exactly what uid/gid 10001 could do in the image.
+// group/other bits carry exactly what inside.UID/GID could do in the image.
 func TestOwnershipAndModesNormalised(t *testing.T) {
 	w := newWorld(t)
 	img := imageOf(t, tarOf(t,
 		ent{name: "etc/", typ: '5', mode: 0o755},
 		ent{name: "etc/shadow", typ: '0', mode: 0o640, gid: 42, body: "root:*:1::::::\n"},
 		ent{name: "home/", typ: '5', mode: 0o755},
-		ent{name: "home/sandbox/", typ: '5', mode: 0o700, uid: 10001, gid: 10001},
-		ent{name: "home/sandbox/notes", typ: '0', mode: 0o600, uid: 10001, gid: 10001, body: "mine"},
-		ent{name: "srv/", typ: '5', mode: 0o750, gid: 10001},
-		ent{name: "srv/data", typ: '0', mode: 0o640, gid: 10001, body: "group data"},
+		ent{name: "home/sandbox/", typ: '5', mode: 0o700, uid: inside.UID, gid: inside.GID},
+		ent{name: "home/sandbox/notes", typ: '0', mode: 0o600, uid: inside.UID, gid: inside.GID, body: "mine"},
+		ent{name: "srv/", typ: '5', mode: 0o750, gid: inside.GID},
+		ent{name: "srv/data", typ: '0', mode: 0o640, gid: inside.GID, body: "group data"},
 		ent{name: "usr/bin/tool", typ: '0', mode: 0o775, uid: 1000, gid: 1000, body: "#!/bin/sh\n"},
 		ent{name: "root/", typ: '5', mode: 0o700},
 		ent{name: "opt/ro/", typ: '5', mode: 0o555},
@@ -313,7 +315,7 @@ func busyboxImage(t testing.TB) v1.Image {
 		t.Fatal(err)
 	}
 	ents := []ent{dir("bin/"), {name: "bin/busybox", typ: '0', mode: 0o755, body: string(data)},
-		dir("etc/"), file("etc/passwd", "root:x:0:0:root:/root:/bin/sh\nsandbox:x:10001:10001:sandbox:/tmp:/bin/sh\n"),
+		dir("etc/"), file("etc/passwd", fmt.Sprintf("root:x:0:0:root:/root:/bin/sh\nsandbox:x:%d:%d:sandbox:/tmp:/bin/sh\n", inside.UID, inside.GID)),
 		dir("tmp/"), dir("proc/"), dir("dev/"), dir("workspace/")}
 	for _, n := range strings.Fields(string(out)) {
 		if n != "busybox" {
@@ -367,8 +369,8 @@ func TestBusyboxOCILayoutAndDockerArchive(t *testing.T) {
 		t.Log("not root: skipping the chroot run of the unpacked busybox")
 		return
 	}
-	out, err := exec.Command("chroot", "--userspec=10001:10001", oci.RootfsPath, "/bin/sh", "-c", "cat /etc/motd; id -u").CombinedOutput()
-	if err != nil || string(out) != "built by rootfs tests\n10001\n" {
-		t.Fatalf("running the unpacked busybox as 10001: %q %v", out, err)
+	out, err := exec.Command("chroot", fmt.Sprintf("--userspec=%d:%d", inside.UID, inside.GID), oci.RootfsPath, "/bin/sh", "-c", "cat /etc/motd; id -u").CombinedOutput()
+	if err != nil || string(out) != fmt.Sprintf("built by rootfs tests\n%d\n", inside.UID) {
+		t.Fatalf("running the unpacked busybox as the sandbox user: %q %v", out, err)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 	"github.com/sandboxd/sandboxd/seccomp"
 )
@@ -49,10 +50,7 @@ func runUnder(t *testing.T, p *seccomp.Profile, spec nsjail.Spec) *nsjail.Result
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: testStateRoot, CgroupParent: testCgroupParent, Seccomp: cfg, Logger: quietLog})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := nsjailtest.NewRunner(t, nsjail.Options{StateRoot: testStateRoot, CgroupParent: testCgroupParent, Seccomp: cfg, Logger: quietLog})
 	res, err := r.Run(context.Background(), spec)
 	if err != nil {
 		t.Fatalf("Run: %v", err)
@@ -379,7 +377,7 @@ print("STACK OK")
 `
 
 func pythonEnv() []string {
-	return []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/tmp", "MPLCONFIGDIR=/tmp/mpl", "LANG=C.UTF-8",
+	return []string{"PATH=" + inside.DefaultPath, "HOME=/tmp", "MPLCONFIGDIR=/tmp/mpl", "LANG=C.UTF-8",
 		"OPENBLAS_NUM_THREADS=2", "OMP_NUM_THREADS=2", "MKL_NUM_THREADS=2", "PYTHONDONTWRITEBYTECODE=1"}
 }
 
@@ -510,10 +508,7 @@ func TestWorkloadsStayInsideAllowlist(t *testing.T) {
 	}
 	cfg.DefaultAction = configs.Log
 	cfg.DefaultErrnoRet = nil
-	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: testStateRoot, CgroupParent: testCgroupParent, Seccomp: cfg, Logger: quietLog})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := nsjailtest.NewRunner(t, nsjail.Options{StateRoot: testStateRoot, CgroupParent: testCgroupParent, Seccomp: cfg, Logger: quietLog})
 	run := func(spec nsjail.Spec) {
 		t.Helper()
 		res, err := r.Run(context.Background(), spec)

@@ -6,12 +6,15 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 )
 
 func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
@@ -28,7 +31,7 @@ func TestExecuteEndToEnd(t *testing.T) {
 		Env:   map[string]string{"TZ": "UTC"},
 	})
 	wantExecStatus(t, resp, "succeeded")
-	if want := "hi\n{\"q\":42}\nfile-a\n10001\n/workspace\n"; resp.Stdout != want {
+	if want := fmt.Sprintf("hi\n{\"q\":42}\nfile-a\n%d\n%s\n", inside.UID, inside.Workspace); resp.Stdout != want {
 		t.Errorf("stdout = %q, want %q", resp.Stdout, want)
 	}
 	if resp.Stderr != "oops\n" {

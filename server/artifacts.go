@@ -23,6 +23,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"golang.org/x/sys/unix"
 )
 
@@ -109,7 +110,7 @@ func openOutput(workspace string) (int, error) {
 		return -1, err
 	}
 	defer unix.Close(ws)
-	return openDirAt(ws, "output")
+	return openDirAt(ws, inside.OutputDir)
 }
 
 // typeReason names a non-regular file type.
@@ -200,7 +201,7 @@ func ReadResult(workspace string, limit int64) (result json.RawMessage, errMsg s
 		return nil, fmt.Sprintf("output/ is not a readable directory: %v", err)
 	}
 	defer unix.Close(out)
-	data, reason, err := readRegularAt(out, "result.json", limit)
+	data, reason, err := readRegularAt(out, inside.ResultName, limit)
 	switch {
 	case errors.Is(err, unix.ENOENT):
 		return nil, "output/result.json is missing"
@@ -260,10 +261,10 @@ func CollectArtifacts(workspace string, lim ArtifactLimits, save SaveArtifact) (
 		return nil, nil
 	}
 	defer unix.Close(out)
-	dir, err := openDirAt(out, "artifacts")
+	dir, err := openDirAt(out, inside.ArtifactsName)
 	if err != nil {
 		var st unix.Stat_t
-		if unix.Fstatat(out, "artifacts", &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+		if unix.Fstatat(out, inside.ArtifactsName, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
 			if r := typeReason(st.Mode); r != "" {
 				c.omit("", r) // artifacts/ itself was replaced
 			}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+	"github.com/sandboxd/sandboxd/server/config"
 )
 
 // BenchmarkAPIGroupby is one pandas groupby through POST /v1/executions,
@@ -21,16 +22,13 @@ func BenchmarkAPIGroupby(b *testing.B) {
 	for _, size := range []int{0, 1} {
 		name := map[int]string{0: "cold", 1: "warm"}[size]
 		b.Run(name, func(b *testing.B) {
-			cfg := DefaultConfig()
+			cfg := config.Default()
 			cfg.WorkRoot = filepath.Join(b.TempDir(), "work")
 			cfg.ResultsDir = filepath.Join(b.TempDir(), "results")
 			cfg.StateRoot = testStateRoot
 			cfg.PoolSize = size
 			cfg.MaxConcurrent = 1
-			r, err := nsjail.NewRunner(nsjail.Options{StateRoot: cfg.StateRoot, CgroupParent: testCgroupParent, Logger: quietLog})
-			if err != nil {
-				b.Fatal(err)
-			}
+			r := nsjailtest.NewRunner(b, nsjail.Options{StateRoot: cfg.StateRoot, CgroupParent: testCgroupParent, Logger: quietLog})
 			srv, err := New(Deps{Config: cfg, Sandbox: r, Runner: r, Logger: quietLog,
 				ResolveRootfs: func(context.Context) (string, error) { return rootfs, nil }})
 			if err != nil {

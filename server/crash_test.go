@@ -16,6 +16,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+	"github.com/sandboxd/sandboxd/server/config"
 )
 
 // The crash test's worker has a state root and cgroup parent of its own: the
@@ -40,7 +41,7 @@ const (
 // latter's sandbox runs, and waits to be SIGKILLed.
 func crashWorker() {
 	fail := func(err error) { fmt.Println("error", err); os.Exit(1) }
-	cfg := DefaultConfig()
+	cfg := config.Default()
 	cfg.WorkRoot = os.Getenv("CRASH_WORK_ROOT")
 	cfg.ResultsDir = os.Getenv("CRASH_RESULTS")
 	cfg.StateRoot = os.Getenv("CRASH_STATE")
@@ -113,10 +114,7 @@ func TestRestartAfterSIGKILLSweepsOrphans(t *testing.T) {
 		t.Fatal("the orphan sandbox is not running (nothing to sweep)")
 	}
 
-	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: crashStateRoot, CgroupParent: crashCgroupParent, Logger: quietLog})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := nsjailtest.NewRunner(t, nsjail.Options{StateRoot: crashStateRoot, CgroupParent: crashCgroupParent, Logger: quietLog})
 	if err := SweepOrphans(r, work, quietLog); err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +129,7 @@ func TestRestartAfterSIGKILLSweepsOrphans(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The restarted worker serves.
-	cfg := DefaultConfig()
+	cfg := config.Default()
 	cfg.WorkRoot, cfg.ResultsDir, cfg.StateRoot, cfg.PoolSize = work, resultsDir, crashStateRoot, 0
 	rootfs := shellRootfs(t)
 	cs := &countingSandbox{Runner: r}

@@ -10,11 +10,11 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"regexp"
 	"strings"
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/server/results"
 )
 
@@ -68,9 +68,6 @@ func badRequest(format string, a ...any) *apiError {
 	return &apiError{status: http.StatusBadRequest, reason: "bad_request", msg: fmt.Sprintf(format, a...)}
 }
 
-// The sandbox id rules (nsjail.Spec.ID), so a client id is usable as is.
-var execIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
-
 func newID() string {
 	var b [10]byte
 	rand.Read(b[:])
@@ -105,8 +102,9 @@ func (s *Server) validate(req *ExecutionRequest) (*plan, *apiError) {
 	p := &plan{id: req.ID, run: newRunName(), hash: requestHash(req), code: req.Code}
 	if p.id == "" {
 		p.id = newID()
-	} else if !execIDPattern.MatchString(p.id) {
-		return nil, badRequest("id %q is invalid: want [A-Za-z0-9][A-Za-z0-9_.-]{0,63}", clip(p.id))
+	} else if !inside.ValidID(p.id) {
+		// The sandbox id rule, so a client id is usable as is.
+		return nil, badRequest("id %q is invalid: want %s", clip(p.id), inside.IDRule)
 	}
 	pol, err := s.policies.Apply(req.Type, req.TimeoutMS)
 	if err != nil {
@@ -242,7 +240,7 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 	s.live.setRunning(rec)
 
 	sandbox := s.runSandbox()
-	ws, err := CreateWorkspace(s.cfg.WorkRoot, p.run, s.cfg.WorkspaceBytes, s.cfg.WorkspaceInodes, sandbox.HostUID(), sandbox.HostGID(), p.code, p.input, p.files)
+	ws, err := s.createWorkspace(s.cfg.WorkRoot, p.run, s.cfg.WorkspaceBytes, s.cfg.WorkspaceInodes, sandbox.HostUID(), sandbox.HostGID(), p.code, p.input, p.files)
 	if err != nil {
 		s.forget(rec)
 		log.Error("workspace failed", "err", err)
@@ -316,7 +314,7 @@ func (s *Server) spec(p *plan, rootfs, python, workspace string) nsjail.Spec {
 		Rootfs:    rootfs,
 		Args:      []string{python, CodePath},
 		Env:       p.env,
-		Cwd:       nsjail.WorkspaceDir,
+		Cwd:       inside.Workspace,
 		Workspace: workspace,
 		Limits:    p.policy.Limits(s.cfg),
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+	"github.com/sandboxd/sandboxd/server/config"
 )
 
 // Every test binary gets its own state root and cgroup parent (the same the
@@ -102,7 +103,7 @@ type testEnv struct {
 	srv     *Server
 	sandbox *countingSandbox
 	http    *httptest.Server
-	cfg     Config
+	cfg     config.Config
 	logs    *syncBuffer // the server's log lines, warnings and up
 }
 
@@ -126,10 +127,10 @@ func (b *syncBuffer) String() string {
 
 // newEnv starts a server on rootfs with cfg adjusted by mod. The work root is
 // a fresh temp dir unless mod sets one.
-func newEnv(t *testing.T, rootfs string, mod func(*Config)) *testEnv {
+func newEnv(t *testing.T, rootfs string, mod func(*config.Config)) *testEnv {
 	t.Helper()
 	nsjailtest.RequireRoot(t)
-	cfg := DefaultConfig()
+	cfg := config.Default()
 	cfg.WorkRoot = filepath.Join(t.TempDir(), "work")
 	cfg.ResultsDir = filepath.Join(t.TempDir(), "results")
 	cfg.StateRoot = testStateRoot
@@ -138,10 +139,7 @@ func newEnv(t *testing.T, rootfs string, mod func(*Config)) *testEnv {
 	if mod != nil {
 		mod(&cfg)
 	}
-	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: cfg.StateRoot, CgroupParent: testCgroupParent, Logger: quietLog})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := nsjailtest.NewRunner(t, nsjail.Options{StateRoot: cfg.StateRoot, CgroupParent: testCgroupParent, Logger: quietLog})
 	cs := &countingSandbox{Runner: r}
 	logs := &syncBuffer{}
 	srv, err := New(Deps{
@@ -304,7 +302,7 @@ func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
 
 // otherConfig is e's config for a second server beside e's: its own result
 // store (a results_dir is one worker's).
-func (e *testEnv) otherConfig() Config {
+func (e *testEnv) otherConfig() config.Config {
 	cfg := e.cfg
 	cfg.ResultsDir = filepath.Join(e.t.TempDir(), "results")
 	return cfg

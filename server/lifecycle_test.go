@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+	"github.com/sandboxd/sandboxd/server/config"
 	"golang.org/x/sys/unix"
 )
 
@@ -82,7 +83,7 @@ func waitFor(t *testing.T, cond func() bool) {
 // SECURITY.md case 21: beyond the slots and the queue, 429 with Retry-After and
 // nothing started; a queued execution can be cancelled before it starts.
 func TestOverCapacity(t *testing.T) {
-	e := newEnv(t, shellRootfs(t), func(c *Config) { c.MaxConcurrent = 1; c.MaxQueued = 1 })
+	e := newEnv(t, shellRootfs(t), func(c *config.Config) { c.MaxConcurrent = 1; c.MaxQueued = 1 })
 	running := e.post(ExecutionRequest{ID: "run-1", Code: "sleep 1003"})
 	e.waitStatus("run-1", StatusRunning)
 	waitFor(t, func() bool { return e.sandbox.started.Load() == 1 }) // running is reported just before the start
@@ -150,7 +151,7 @@ func TestLegacyExecute(t *testing.T) {
 // symlink to a host secret. Nothing is followed, nothing blocks, each refusal
 // has its reason, the limits hold.
 func TestArtifactsHostile(t *testing.T) {
-	e := newEnv(t, nsjailtest.RuntimeRootfs(t), func(c *Config) {
+	e := newEnv(t, nsjailtest.RuntimeRootfs(t), func(c *config.Config) {
 		c.MaxArtifactBytes = 1000
 		c.MaxArtifactsBytes = 1500
 		c.MaxArtifacts = 3
@@ -246,7 +247,7 @@ mkdir -p /workspace/output/artifacts/d; echo s > /workspace/input/secret1`}), "s
 // SECURITY.md case 3 for the workspace: filling it ends in ENOSPC at
 // workspace_bytes, the result is still collected, the host disk untouched.
 func TestWorkspaceFull(t *testing.T) {
-	e := newEnv(t, shellRootfs(t), func(c *Config) {
+	e := newEnv(t, shellRootfs(t), func(c *config.Config) {
 		c.WorkspaceBytes = 4 << 20
 		c.MaxCodeBytes = 64 << 10
 		c.MaxInputBytes = 1 << 20
@@ -277,7 +278,7 @@ func TestWorkRootFull(t *testing.T) {
 	}
 	t.Cleanup(func() { unix.Unmount(root, unix.MNT_DETACH) })
 	work := filepath.Join(root, "work")
-	e := newEnv(t, shellRootfs(t), func(c *Config) { c.WorkRoot = work })
+	e := newEnv(t, shellRootfs(t), func(c *config.Config) { c.WorkRoot = work })
 	wantExecStatus(t, e.execute(ExecutionRequest{Code: "true"}), "succeeded")
 	// Its workspace is removed after the answer: a removal after the fill
 	// below would free an inode for the next one.

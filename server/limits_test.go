@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+	"github.com/sandboxd/sandboxd/server/config"
 )
 
 func TestClip(t *testing.T) {
@@ -108,7 +109,7 @@ func readResponse(t *testing.T, c net.Conn) (int, string) {
 // bounded by max_decoding; beyond it a request gets 429 with Retry-After
 // (after a short wait) instead of another buffer in the worker.
 func TestDecodingIsBounded(t *testing.T) {
-	e := newEnv(t, shellRootfs(t), func(c *Config) { c.MaxDecoding = 1 })
+	e := newEnv(t, shellRootfs(t), func(c *config.Config) { c.MaxDecoding = 1 })
 	rest := `"echo held"}`
 	held := startBody(t, e, len(`{"code":`)+len(rest), `{"code":`)
 	// The held request has its turn once its handler runs; until then a
@@ -135,11 +136,11 @@ func TestDecodingIsBounded(t *testing.T) {
 // keep-alive connection are all disconnected by the configured timeouts;
 // a trickled body gives back its decoding turn.
 func TestSlowClientsAreDisconnected(t *testing.T) {
-	e := newEnv(t, shellRootfs(t), func(c *Config) {
+	e := newEnv(t, shellRootfs(t), func(c *config.Config) {
 		c.MaxDecoding = 1
-		c.ReadHeaderTimeout = Duration(500 * time.Millisecond)
-		c.ReadTimeout = Duration(time.Second)
-		c.IdleTimeout = Duration(time.Second)
+		c.ReadHeaderTimeout = config.Duration(500 * time.Millisecond)
+		c.ReadTimeout = config.Duration(time.Second)
+		c.IdleTimeout = config.Duration(time.Second)
 	})
 	addr := e.http.Listener.Addr().String()
 	// closedWithin reports whether the server closes c within d, while
@@ -226,11 +227,11 @@ func TestSlowClientsAreDisconnected(t *testing.T) {
 // whose run outlasts read_timeout and write_timeout still gets its answer,
 // and the connection then serves the next request.
 func TestLongExecutionOutlivesTimeouts(t *testing.T) {
-	e := newEnv(t, shellRootfs(t), func(c *Config) {
+	e := newEnv(t, shellRootfs(t), func(c *config.Config) {
 		c.DynamicTimeoutMS = 5000
-		c.ReadHeaderTimeout = Duration(200 * time.Millisecond)
-		c.ReadTimeout = Duration(300 * time.Millisecond)
-		c.WriteTimeout = Duration(300 * time.Millisecond)
+		c.ReadHeaderTimeout = config.Duration(200 * time.Millisecond)
+		c.ReadTimeout = config.Duration(300 * time.Millisecond)
+		c.WriteTimeout = config.Duration(300 * time.Millisecond)
 	})
 	resp := e.execute(ExecutionRequest{Code: "sleep 1.5; echo done"})
 	wantExecStatus(t, resp, "succeeded")
@@ -256,7 +257,7 @@ func TestLongExecutionOutlivesTimeouts(t *testing.T) {
 // code creating empty files (no bytes, only inodes and dentries in the
 // kernel's slab) gets ENOSPC at the limit.
 func TestWorkspaceInodeLimit(t *testing.T) {
-	e := newEnv(t, shellRootfs(t), func(c *Config) {
+	e := newEnv(t, shellRootfs(t), func(c *config.Config) {
 		c.MaxInputFiles = 10
 		c.WorkspaceInodes = 200
 	})
@@ -284,7 +285,7 @@ df -i /workspace | tail -1`, Files: []File{{Path: "d/a.csv"}, {Path: "d/b.csv"}}
 // workspace has the same inode limit, and os.open fails with ENOSPC there.
 func TestWorkspaceInodeLimitWarm(t *testing.T) {
 	rootfs := nsjailtest.RuntimeRootfs(t)
-	e := newEnv(t, rootfs, func(c *Config) {
+	e := newEnv(t, rootfs, func(c *config.Config) {
 		c.PoolSize = 1
 		c.PoolPreload = []string{}
 		c.MaxInputFiles = 10
@@ -316,7 +317,7 @@ except OSError as e:
 // byte), the factor server/README.md uses for the worst case of
 // max_decoding bodies at once.
 func BenchmarkDecodeMaxBody(b *testing.B) {
-	cfg := DefaultConfig()
+	cfg := config.Default()
 	cfg.PoolSize = 0
 	srv, err := New(Deps{Config: cfg, Sandbox: &countingSandbox{}, Logger: quietLog,
 		ResolveRootfs: func(context.Context) (string, error) { return "", nil }})

@@ -12,16 +12,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandboxd/sandboxd/server/config"
 	"golang.org/x/sys/unix"
 )
-
-// socketTmpSuffix names the socket while its owner and mode are set, before
-// it is renamed into place.
-const socketTmpSuffix = ".new"
-
-// maxSocketPath bounds worker_socket: the kernel's sun_path is 108 bytes
-// with its NUL, and the temporary name is longer by socketTmpSuffix.
-const maxSocketPath = 108 - 1 - len(socketTmpSuffix)
 
 // ListenUnix listens on a unix socket at path, owned by group (a name or a
 // gid; empty keeps the worker's) with mode. The socket is bound under a
@@ -38,7 +31,7 @@ func ListenUnix(path, group string, mode os.FileMode) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("worker_socket: %w", err)
 	}
-	tmp := path + socketTmpSuffix
+	tmp := path + config.SocketTmpSuffix
 	for _, p := range []string{path, tmp} {
 		if err := removeStaleSocket(p); err != nil {
 			return nil, fmt.Errorf("worker_socket: %w", err)

@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+	"github.com/sandboxd/sandboxd/server/config"
 )
 
 // otherGroup returns a group of this host other than root: name and gid.
@@ -66,7 +67,7 @@ func TestUnixSocketServesTheAPI(t *testing.T) {
 	if st.Mode&syscall.S_IFMT != syscall.S_IFSOCK || st.Mode&0o7777 != 0o660 || int(st.Gid) != gid {
 		t.Fatalf("socket mode %o gid %d, want a socket 0660 gid %d", st.Mode, st.Gid, gid)
 	}
-	if _, err := os.Lstat(sock + socketTmpSuffix); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Lstat(sock + config.SocketTmpSuffix); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("temporary name left: %v", err)
 	}
 

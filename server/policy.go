@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"github.com/sandboxd/sandboxd/server/config"
 )
 
 // Execution types: each names a Policy.
@@ -31,7 +33,7 @@ type Policy struct {
 type Policies map[string]Policy
 
 // PoliciesFromConfig builds the dynamic and skill policies.
-func PoliciesFromConfig(c Config) Policies {
+func PoliciesFromConfig(c config.Config) Policies {
 	return Policies{
 		TypeDynamic: {Name: TypeDynamic, TimeoutMS: c.DynamicTimeoutMS, MemoryMB: c.DynamicMemoryMB, CPUs: c.DynamicCPUs, Pids: c.PidsLimit},
 		TypeSkill:   {Name: TypeSkill, TimeoutMS: c.SkillTimeoutMS, MemoryMB: c.SkillMemoryMB, CPUs: c.SkillCPUs, Pids: c.PidsLimit},
@@ -74,7 +76,7 @@ func (p Policies) Apply(typ string, timeoutMS int64) (Policy, error) {
 // a policy to nsjail.Limits: the warm pool's templates and the requests are
 // both built with it, so a request matches its template exactly (timeout
 // aside).
-func (p Policy) Limits(c Config) nsjail.Limits {
+func (p Policy) Limits(c config.Config) nsjail.Limits {
 	return nsjail.Limits{
 		Timeout:     time.Duration(p.TimeoutMS) * time.Millisecond,
 		MemoryBytes: p.MemoryMB << 20,
@@ -85,17 +87,8 @@ func (p Policy) Limits(c Config) nsjail.Limits {
 	}
 }
 
-// reservedEnv are set by the worker for every run; a request cannot override
-// them (PATH or PYTHONPATH would let a caller change what the interpreter
-// loads, LD_PRELOAD what the loader maps).
-var reservedEnv = map[string]bool{
-	"PATH": true, "HOME": true, "MPLCONFIGDIR": true, "MPLBACKEND": true, "PYTHONDONTWRITEBYTECODE": true,
-	"PYTHONUNBUFFERED": true, "OMP_NUM_THREADS": true, "OPENBLAS_NUM_THREADS": true,
-	"MKL_NUM_THREADS": true, "PYTHONPATH": true, "PYTHONHOME": true, "PYTHONSTARTUP": true,
-	"LD_PRELOAD": true, "LD_LIBRARY_PATH": true,
-}
-
-// BaseEnv is the environment every run of the policy gets: fixed values and
+// BaseEnv is the environment every run of the policy gets (its names, LANG
+// aside, are config.ReservedEnv: a request cannot override them): fixed values and
 // thread counts from the CPU limit (BLAS would otherwise start one thread per
 // host CPU and hit the pids limit). Nothing of the worker's own environment
 // is passed in (SECURITY.md case 13). The warm pool's templates use exactly
@@ -103,7 +96,7 @@ var reservedEnv = map[string]bool{
 func (p Policy) BaseEnv() []string {
 	threads := strconv.Itoa(max(1, int(math.Ceil(p.CPUs))))
 	return []string{
-		"PATH=/usr/local/bin:/usr/bin:/bin",
+		"PATH=" + inside.DefaultPath,
 		"HOME=/tmp",
 		"MPLCONFIGDIR=/tmp/matplotlib",
 		"MPLBACKEND=Agg",
@@ -140,6 +133,6 @@ func (p Policy) Env(extra map[string]string) []string {
 
 // Template is the warm-pool template of the policy on rootfs: the same
 // BaseEnv and Limits a request of this policy gets.
-func (p Policy) Template(c Config, rootfs string) Template {
+func (p Policy) Template(c config.Config, rootfs string) Template {
 	return Template{Name: p.Name, Rootfs: rootfs, Env: p.BaseEnv(), Limits: p.Limits(c)}
 }

@@ -20,14 +20,13 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"github.com/sandboxd/sandboxd/server/config"
 	"golang.org/x/sys/unix"
 )
 
 //go:embed zygote.py
 var zygoteSource string
-
-// DefaultPreload is what a warm sandbox imports before it is handed code.
-var DefaultPreload = []string{"numpy", "pandas", "matplotlib", "matplotlib.pyplot"}
 
 // PoolConfig configures the warm pool. The zero value disables it.
 type PoolConfig struct {
@@ -38,7 +37,7 @@ type PoolConfig struct {
 	// so a long-idle worker does not hold memory forever and preloads stay
 	// fresh after an image or config change.
 	MaxIdle time.Duration
-	// Preload lists the modules imported before hand-off (DefaultPreload
+	// Preload lists the modules imported before hand-off (config.DefaultPreload
 	// when nil).
 	Preload []string
 	// WorkRoot is where the warm sandboxes' workspaces live.
@@ -159,9 +158,9 @@ func NewPool(runner *nsjail.Runner, cfg PoolConfig, templates []Template, log *s
 		cfg.MaxIdle = 10 * time.Minute
 	}
 	if cfg.Preload == nil {
-		cfg.Preload = DefaultPreload
+		cfg.Preload = config.DefaultPreload
 	}
-	cfg.WorkspaceInodes = cmp.Or(cfg.WorkspaceInodes, DefaultConfig().WorkspaceInodes)
+	cfg.WorkspaceInodes = cmp.Or(cfg.WorkspaceInodes, config.Default().WorkspaceInodes)
 	for _, m := range cfg.Preload {
 		if m == "" || strings.ContainsAny(m, ", \t\n") {
 			return nil, fmt.Errorf("preload module name %q is invalid", m)
@@ -547,7 +546,7 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 		Rootfs:     t.Rootfs,
 		Args:       zygoteArgs(p.cfg.Preload),
 		Env:        slices.Clone(t.Env),
-		Cwd:        nsjail.WorkspaceDir,
+		Cwd:        inside.Workspace,
 		Workspace:  ws,
 		Limits:     t.Limits,
 		ExtraFiles: []*os.File{ctlR, readyW, statusW},

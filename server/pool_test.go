@@ -14,23 +14,20 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+	"github.com/sandboxd/sandboxd/server/config"
 )
 
 var poolQuietLog = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 
 func newPoolRunner(t testing.TB) *nsjail.Runner {
 	t.Helper()
-	nsjailtest.RequireRoot(t)
-	r, err := nsjail.NewRunner(nsjail.Options{
+	return nsjailtest.NewRunner(t, nsjail.Options{
 		StateRoot:    nsjailtest.StateRoot,
 		CgroupParent: nsjailtest.CgroupParent,
 		Logger:       poolQuietLog,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
 }
 
 // poolTemplate is the dynamic policy's shape for tests.
@@ -40,7 +37,7 @@ func poolTemplate(rootfs string) Template {
 		Rootfs: rootfs,
 		Env: []string{"HOME=/tmp", "MPLCONFIGDIR=/tmp/matplotlib", "MPLBACKEND=Agg", "PYTHONUNBUFFERED=1",
 			"PYTHONDONTWRITEBYTECODE=1", "OMP_NUM_THREADS=1", "OPENBLAS_NUM_THREADS=1", "MKL_NUM_THREADS=1",
-			"PATH=/usr/local/bin:/usr/bin:/bin"},
+			"PATH=" + inside.DefaultPath},
 		Limits: nsjail.Limits{MemoryBytes: 512 << 20, Pids: 64, CPUs: 1, Timeout: 20 * time.Second},
 	}
 }
@@ -55,7 +52,7 @@ func poolWorkspace(t *testing.T, r *nsjail.Runner, code string, tmpfsBytes ...in
 		if err := os.Mkdir(ws, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		if err := mountWorkspace(ws, tmpfsBytes[0], DefaultConfig().WorkspaceInodes, r.HostUID(), r.HostGID()); err != nil {
+		if err := mountWorkspace(ws, tmpfsBytes[0], config.Default().WorkspaceInodes, r.HostUID(), r.HostGID()); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() {
@@ -64,12 +61,12 @@ func poolWorkspace(t *testing.T, r *nsjail.Runner, code string, tmpfsBytes ...in
 			}
 		})
 	}
-	for _, d := range []string{"code", "input", "output/artifacts"} {
+	for _, d := range inside.LayoutDirs {
 		if err := os.MkdirAll(filepath.Join(ws, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := os.WriteFile(filepath.Join(ws, "code/main.py"), []byte(code), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(ws, inside.CodeFile), []byte(code), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(ws, "input/data.csv"), []byte("k,v\na,1\nb,2\na,3\n"), 0o644); err != nil {
@@ -212,7 +209,7 @@ func testWarmMatchesCold(t *testing.T, tmpfsBytes int64) {
 			code := conformanceScripts[name]
 			spec := func(ws string) nsjail.Spec {
 				s := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
-					Env: tpl.Env, Cwd: nsjail.WorkspaceDir, Workspace: ws, Limits: tpl.Limits}
+					Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits}
 				if name == "timeout" {
 					s.Limits.Timeout = 2 * time.Second
 				}
@@ -338,7 +335,7 @@ func TestPoolRefillsAndNeverReuses(t *testing.T) {
 		waitReady(t, pool, 1)
 		ws := poolWorkspace(t, r, `import os, socket; open("/tmp/mark", "x").write("x"); print(socket.gethostname(), os.getpid(), os.path.exists("/workspace/output/prev"))`)
 		res, err := pool.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
-			Env: tpl.Env, Cwd: nsjail.WorkspaceDir, Workspace: ws, Limits: tpl.Limits})
+			Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits})
 		if err != nil || res.Status != nsjail.StatusSucceeded {
 			t.Fatalf("run %d: %v %+v %s", i, err, res, res.Stderr)
 		}
@@ -394,7 +391,7 @@ func benchPool(b *testing.B, code string, size int, workspaceBytes int64) {
 		b.StartTimer()
 		start := time.Now()
 		res, err := pool.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
-			Env: tpl.Env, Cwd: nsjail.WorkspaceDir, Workspace: ws, Limits: tpl.Limits})
+			Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits})
 		lat = append(lat, time.Since(start))
 		if err != nil || res.Status != nsjail.StatusSucceeded {
 			b.Fatalf("%v %+v", err, res)
@@ -416,10 +413,10 @@ func benchWorkspace(b *testing.B, r *nsjail.Runner, code string) string {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, d := range []string{"code", "input", "output/artifacts"} {
+	for _, d := range inside.LayoutDirs {
 		_ = os.MkdirAll(filepath.Join(ws, d), 0o755)
 	}
-	_ = os.WriteFile(filepath.Join(ws, "code/main.py"), []byte(code), 0o644)
+	_ = os.WriteFile(filepath.Join(ws, inside.CodeFile), []byte(code), 0o644)
 	_ = filepath.WalkDir(ws, func(p string, _ fs.DirEntry, err error) error { return os.Lchown(p, r.HostUID(), r.HostGID()) })
 	return ws
 }

@@ -21,7 +21,9 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+	"github.com/sandboxd/sandboxd/server/config"
 )
 
 // forgeryScript tries every way the code could fake the warm sandbox's exit
@@ -92,7 +94,7 @@ func TestWarmExitReportCannotBeForged(t *testing.T) {
 			}
 			ws := poolWorkspace(t, r, strings.Replace(forgeryScript, "MODE", tc.mode, 1))
 			spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
-				Env: tpl.Env, Cwd: nsjail.WorkspaceDir, Workspace: ws, Limits: tpl.Limits, Logger: log}
+				Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits, Logger: log}
 			spec.Limits.Timeout = 3 * time.Second
 			before := pool.Stats().Taken
 			res, err := pool.Run(context.Background(), spec)
@@ -112,7 +114,7 @@ func TestWarmExitReportCannotBeForged(t *testing.T) {
 		})
 	}
 	// The zygote exited with what it reported: the cross-check found nothing.
-	nsjail.WaitForCleanup()
+	r.WaitForCleanup()
 	logMu.Lock()
 	defer logMu.Unlock()
 	if bytes.Contains(logs.Bytes(), []byte("does not match")) {
@@ -200,7 +202,7 @@ func TestWarmHonoursStartupEnv(t *testing.T) {
 		t.Helper()
 		ws := poolWorkspace(t, r, startupEnvScript)
 		res, err := sb.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
-			Env: withEnv(tpl.Env, extra), Cwd: nsjail.WorkspaceDir, Workspace: ws, Limits: tpl.Limits})
+			Env: withEnv(tpl.Env, extra), Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -214,7 +216,7 @@ func TestWarmHonoursStartupEnv(t *testing.T) {
 	} else {
 		compareResults(t, baseline, warm)
 	}
-	for _, name := range DefaultConfig().AllowedEnv {
+	for _, name := range config.Default().AllowedEnv {
 		t.Run(name, func(t *testing.T) {
 			value, ok := startupEnvValues[name]
 			if !ok {
@@ -295,7 +297,7 @@ func TestDeadWarmSandboxRunsCold(t *testing.T) {
 			before := pool.Stats()
 			ws := poolWorkspace(t, r, `print("ran")`)
 			spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
-				Env: tpl.Env, Cwd: nsjail.WorkspaceDir, Workspace: ws, Limits: tpl.Limits}
+				Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits}
 			spec.Limits.Timeout = 2 * time.Second
 			res, err := pool.Run(context.Background(), spec)
 			if err != nil {
@@ -378,7 +380,7 @@ import planted`
 	args = append(args[:i+1:i+1], probe)
 	tpl := poolTemplate(rootfs)
 	res, err := r.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: args, Env: tpl.Env,
-		Cwd: nsjail.WorkspaceDir, Workspace: ws, Limits: tpl.Limits})
+		Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits})
 	if err != nil {
 		t.Fatal(err)
 	}

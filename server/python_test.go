@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+	"github.com/sandboxd/sandboxd/server/config"
 )
 
 // The Python contract on the real runtime image: these run the code the
@@ -123,7 +124,7 @@ json.dump(dict(zip(df["region"], df["units"].astype(int).tolist())), open("/work
 }
 
 func TestPythonFailures(t *testing.T) {
-	e := newEnv(t, nsjailtest.RuntimeRootfs(t), func(c *Config) { c.DynamicMemoryMB = 128 })
+	e := newEnv(t, nsjailtest.RuntimeRootfs(t), func(c *config.Config) { c.DynamicMemoryMB = 128 })
 	t.Run("syntax error", func(t *testing.T) {
 		resp := e.execute(ExecutionRequest{Code: "def broken(:\n    pass\n"})
 		wantExecStatus(t, resp, "failed")
@@ -172,7 +173,7 @@ func TestPythonFailures(t *testing.T) {
 func TestPoolThroughAPI(t *testing.T) {
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	cold := newEnv(t, rootfs, nil)
-	warm := newEnv(t, rootfs, func(c *Config) {
+	warm := newEnv(t, rootfs, func(c *config.Config) {
 		c.PoolSize = 1
 		c.PoolPreload = []string{"pandas", "matplotlib.pyplot"}
 	})

@@ -5,12 +5,14 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/server/config"
 )
 
 // SECURITY.md cases 20 and 21, and every other 4xx path: a clear message, the
 // right status, the rejection counted, and no sandbox started.
 func TestRejections(t *testing.T) {
-	e := newEnv(t, shellRootfs(t), func(c *Config) {
+	e := newEnv(t, shellRootfs(t), func(c *config.Config) {
 		c.MaxCodeBytes = 1000
 		c.MaxInputBytes = 2000
 		c.MaxInputFiles = 3
@@ -103,7 +105,7 @@ func TestRejections(t *testing.T) {
 }
 
 func TestBearerToken(t *testing.T) {
-	e := newEnv(t, shellRootfs(t), func(c *Config) { c.WorkerToken = "s3cret-token" })
+	e := newEnv(t, shellRootfs(t), func(c *config.Config) { c.WorkerToken = "s3cret-token" })
 	for _, hdr := range [][]string{nil, {"Authorization", "Bearer wrong"}, {"Authorization", "s3cret-token"}, {"Authorization", "Basic czNjcmV0LXRva2Vu"}} {
 		code, h, body := e.do("POST", "/v1/executions", ExecutionRequest{Code: "true"}, hdr...)
 		if code != http.StatusUnauthorized || !strings.Contains(h.Get("WWW-Authenticate"), "Bearer") {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/julienschmidt/httprouter"
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/server/config"
 	"github.com/sandboxd/sandboxd/server/results"
 )
 
@@ -36,7 +37,7 @@ type Sandboxer interface {
 // the warm pool is off (Config.PoolSize == 0).
 type Deps struct {
 	// Config is the validated configuration.
-	Config Config
+	Config config.Config
 	// Sandbox runs executions cold (an *nsjail.Runner, or a wrapper of one),
 	// and all of them while the warm pool is off or not built yet.
 	Sandbox Sandboxer
@@ -54,12 +55,15 @@ type Deps struct {
 // answers 503 on executions until it succeeds), serve Handler, and Drain
 // before exit.
 type Server struct {
-	cfg      Config
+	cfg      config.Config
 	policies Policies
 	sandbox  Sandboxer
 	runner   *nsjail.Runner
 	resolve  func(ctx context.Context) (string, error)
 	log      *slog.Logger
+	// createWorkspace is CreateWorkspace; the unit tests, which run without
+	// root and so cannot mount a tmpfs, give a plain directory instead.
+	createWorkspace func(root, id string, size, inodes int64, uid, gid int, code string, input []byte, files []decodedFile) (*Workspace, error)
 
 	live      *liveTable
 	results   *results.Store
@@ -112,6 +116,7 @@ func New(d Deps) (*Server, error) {
 		metrics:  newMetrics(),
 		decoding: make(decodeSlots, d.Config.MaxDecoding),
 	}
+	s.createWorkspace = CreateWorkspace
 	store, err := results.Open(d.Config.ResultsDir, results.Options{
 		MaxBytes: d.Config.ResultsMaxBytes,
 		MaxCount: d.Config.ResultsMax,
@@ -344,7 +349,14 @@ func (s *Server) Drain(ctx context.Context) int {
 		pool.Close()
 	}
 	s.cleanups.Wait()
-	nsjail.WaitForCleanup()
+	// The sandboxes themselves are removed in the background too, by the
+	// Runner (*nsjail.Runner.WaitForCleanup) that ran them.
+	if s.runner != nil {
+		s.runner.WaitForCleanup()
+	}
+	if c, ok := s.sandbox.(interface{ WaitForCleanup() }); ok {
+		c.WaitForCleanup()
+	}
 	s.log.Info("drained", "cancelled", n)
 	return n
 }

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/server/config"
 	"github.com/sandboxd/sandboxd/server/results"
 )
 
@@ -77,7 +78,7 @@ func TestRetryAfterClientTimeoutGetsTheResult(t *testing.T) {
 // results_dir answers GET with the same bytes.
 func TestResultSurvivesRestart(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "results")
-	useDir := func(c *Config) { c.ResultsDir = dir }
+	useDir := func(c *config.Config) { c.ResultsDir = dir }
 	e := newEnv(t, shellRootfs(t), useDir)
 	wantExecStatus(t, e.execute(ExecutionRequest{ID: "kept", Code: "echo kept; head -c 100000 /dev/urandom > /workspace/output/artifacts/r.bin"}), "succeeded")
 	_, _, before := e.do("GET", "/v1/executions/kept", nil)
@@ -109,7 +110,7 @@ func TestResultSurvivesRestart(t *testing.T) {
 // (results_max_bytes), the oldest evicted first.
 func TestResultsBoundedByBytes(t *testing.T) {
 	const budget = 1536 << 10
-	e := newEnv(t, shellRootfs(t), func(c *Config) {
+	e := newEnv(t, shellRootfs(t), func(c *config.Config) {
 		c.MaxArtifactBytes, c.MaxArtifactsBytes = 256<<10, 256<<10
 		c.MaxStdoutBytes, c.MaxStderrBytes, c.MaxResultBytes = 4<<10, 4<<10, 4<<10
 		c.ResultsMaxBytes = budget
@@ -155,7 +156,7 @@ func runDirs(t *testing.T, dir string) []string {
 // An expired result's files are removed by the janitor, with no request;
 // its id is then free for a new execution.
 func TestResultsExpireWithoutRequests(t *testing.T) {
-	e := newEnv(t, shellRootfs(t), func(c *Config) { c.ResultsTTLMS = 300 })
+	e := newEnv(t, shellRootfs(t), func(c *config.Config) { c.ResultsTTLMS = 300 })
 	wantExecStatus(t, e.execute(ExecutionRequest{ID: "short", Code: "echo a > /workspace/output/artifacts/a"}), "succeeded")
 	waitFor(t, func() bool { return len(runDirs(t, e.cfg.ResultsDir)) == 0 })
 	if code, _, _ := e.do("GET", "/v1/executions/short", nil); code != 404 {
@@ -168,7 +169,7 @@ func TestResultsExpireWithoutRequests(t *testing.T) {
 // client's id: reusing an id right after its result expired cannot meet the
 // previous run's sandbox while it is still being removed.
 func TestRunNameIsNotTheClientID(t *testing.T) {
-	e := newEnv(t, shellRootfs(t), func(c *Config) { c.ResultsTTLMS = 1 })
+	e := newEnv(t, shellRootfs(t), func(c *config.Config) { c.ResultsTTLMS = 1 })
 	runName := regexp.MustCompile(`^run-[0-9a-f]{20}$`)
 	seen := map[string]bool{}
 	for i := range 5 {

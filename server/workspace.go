@@ -13,15 +13,16 @@ import (
 	"syscall"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 )
 
-// Paths inside the sandbox (the workspace is bound at nsjail.WorkspaceDir).
+// Paths inside the sandbox (the workspace is bound at inside.Workspace).
 const (
-	CodePath    = "/workspace/code/main.py"
-	InputPath   = "/workspace/input/request.json"
-	OutputDir   = "/workspace/output"
-	ResultPath  = "/workspace/output/result.json"
-	ArtifactDir = "/workspace/output/artifacts"
+	CodePath    = inside.Workspace + "/" + inside.CodeFile
+	InputPath   = inside.Workspace + "/" + inside.RequestFile
+	OutputDir   = inside.Workspace + "/" + inside.OutputDir
+	ResultPath  = inside.Workspace + "/" + inside.ResultFile
+	ArtifactDir = inside.Workspace + "/" + inside.ArtifactsDir
 )
 
 // workspacePrefix names every workspace directory, so the orphan sweep removes
@@ -51,7 +52,7 @@ var errTooManyFiles = errors.New("too many files")
 
 // reservedInput is the one name under /workspace/input/ the server writes
 // itself: no request file may be it or below it.
-const reservedInput = "request.json"
+const reservedInput = inside.RequestName
 
 // checkFilePath rejects request file paths that could land outside
 // /workspace/input/ (path traversal, CWE-22), name input/ itself, or collide
@@ -145,16 +146,7 @@ type Workspace struct {
 }
 
 // workspaceLayout is what a sandbox finds in /workspace.
-var workspaceLayout = []string{"code", "input", "output", "output/artifacts"}
-
-// workspaceLayoutInodes are the inodes the server itself takes in a
-// workspace tmpfs: its root, code/, code/main.py, input/,
-// input/request.json, output/, output/artifacts/.
-const workspaceLayoutInodes = 7
-
-// minOutputInodes is the least room workspace_inodes must leave the code
-// beyond the layout and max_input_files.
-const minOutputInodes = 64
+var workspaceLayout = inside.LayoutDirs
 
 // CreateWorkspace makes a fresh workspace under root for execution id, mounts
 // a tmpfs of size bytes and inodes inodes on it (see mountWorkspace), writes
@@ -190,16 +182,16 @@ func CreateWorkspace(root, id string, size, inodes int64, uid, gid int, code str
 			return ws, wrapSpace(fmt.Errorf("create workspace: %w", err))
 		}
 	}
-	if err := r.WriteFile("code/main.py", []byte(code), 0o644); err != nil {
+	if err := r.WriteFile(inside.CodeFile, []byte(code), 0o644); err != nil {
 		return ws, wrapSpace(fmt.Errorf("write code: %w", err))
 	}
 	if input != nil {
-		if err := r.WriteFile("input/request.json", input, 0o644); err != nil {
+		if err := r.WriteFile(inside.RequestFile, input, 0o644); err != nil {
 			return ws, wrapSpace(fmt.Errorf("write input: %w", err))
 		}
 	}
 	for _, f := range files {
-		p := "input/" + f.path
+		p := inside.InputDir + "/" + f.path
 		if err := r.MkdirAll(path.Dir(p), 0o755); err != nil {
 			return ws, wrapSpace(fmt.Errorf("write file %s: %w", f.path, err))
 		}

@@ -6,7 +6,7 @@ import (
 	"io"
 	"os"
 
-	"github.com/sandboxd/sandboxd/server"
+	"github.com/sandboxd/sandboxd/server/config"
 )
 
 func init() {
@@ -29,12 +29,12 @@ func cmdConfig(args []string) error {
 	if fs.NArg() > 0 {
 		return usagef("unexpected arguments: %v", fs.Args())
 	}
-	cfg, src, err := server.LoadConfig(*path, os.Environ())
+	cfg, src, err := config.Load(*path, os.Environ())
 	if err != nil {
 		return err
 	}
 	cfg.Print(os.Stdout, src)
-	for _, n := range server.UnknownEnv(os.Environ()) {
+	for _, n := range config.UnknownEnv(os.Environ()) {
 		fmt.Fprintf(os.Stderr, "warning: %s is not a sandboxd setting; ignored\n", n)
 	}
 	// Printed first so the operator sees the values that are wrong.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 )
 
 func init() {
@@ -81,7 +82,7 @@ func cmdRun(args []string) error {
 		Limits:    lim,
 	}
 	if spec.Workspace != "" {
-		spec.Cwd = nsjail.WorkspaceDir
+		spec.Cwd = inside.Workspace
 	}
 	if err := spec.Validate(); err != nil {
 		return usagef("%v", err)
@@ -102,7 +103,7 @@ func cmdRun(args []string) error {
 	}
 	// The sandbox is removed in the background once the result is known;
 	// let that finish before the process exits.
-	defer nsjail.WaitForCleanup()
+	defer r.WaitForCleanup()
 	if *asJSON {
 		return json.NewEncoder(os.Stdout).Encode(struct {
 			*nsjail.Result

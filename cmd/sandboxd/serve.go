@@ -21,6 +21,7 @@ import (
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/rootfs"
 	"github.com/sandboxd/sandboxd/server"
+	"github.com/sandboxd/sandboxd/server/config"
 )
 
 func init() {
@@ -40,7 +41,7 @@ func cmdServe(args []string) error {
 	if fs.NArg() > 0 {
 		return usagef("unexpected arguments: %v", fs.Args())
 	}
-	cfg, _, err := server.LoadConfig(*path, os.Environ())
+	cfg, _, err := config.Load(*path, os.Environ())
 	if err != nil {
 		return err
 	}
@@ -48,7 +49,7 @@ func cmdServe(args []string) error {
 		return fmt.Errorf("invalid config: %w", err)
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	if unknown := server.UnknownEnv(os.Environ()); len(unknown) > 0 {
+	if unknown := config.UnknownEnv(os.Environ()); len(unknown) > 0 {
 		log.Warn("ignoring unknown EXECUTION_* variables", "names", unknown)
 	}
 
@@ -171,7 +172,7 @@ func cmdServe(args []string) error {
 // digest is not there yet, or dir:PATH, an already-unpacked rootfs used as is
 // (development and tests; nothing verifies it). The image is held in use
 // from before the unpack until release, which the worker calls at exit.
-func resolveRootfs(cfg server.Config, log *slog.Logger) (resolve func(ctx context.Context) (string, error), release func()) {
+func resolveRootfs(cfg config.Config, log *slog.Logger) (resolve func(ctx context.Context) (string, error), release func()) {
 	var mu sync.Mutex
 	var holds []func()
 	release = func() {

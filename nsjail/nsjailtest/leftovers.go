@@ -12,7 +12,6 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/cgroup"
-	"github.com/sandboxd/sandboxd/nsjail"
 )
 
 // CheckNoLeftovers reports every trace of a sandbox that outlived the suite:
@@ -133,14 +132,14 @@ func ProcessesMatching(s string) []int {
 	return pids
 }
 
-// RunAndCheck runs m's tests, waits for the background removal of finished
-// sandboxes, and returns a failing exit code if anything of this binary's
+// RunAndCheck runs m's tests (each Runner made with NewRunner has waited
+// for the background removal of its sandboxes when its test ended) and
+// returns a failing exit code if anything of this binary's
 // sandboxes (StateRoot and CgroupParent, plus any extra state-root/cgroup
 // pairs) outlived them. The empty parents are removed. Use it as
 // os.Exit(nsjailtest.RunAndCheck(m)) in TestMain.
 func RunAndCheck(m *testing.M, extra ...[2]string) int {
 	code := m.Run()
-	nsjail.WaitForCleanup()
 	if os.Geteuid() != 0 {
 		return code
 	}

@@ -11,6 +11,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 )
 
 // RequireRoot skips t unless it runs as root: sandboxes need real privileges
@@ -20,6 +23,20 @@ func RequireRoot(t testing.TB) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: starts real sandboxes (namespaces, cgroups, mounts)")
 	}
+}
+
+// NewRunner makes a Runner for t, skipping t without root. When t ends it
+// waits for the background removal of the Runner's sandboxes, so that a
+// leftover check after the tests (RunAndCheck) sees only real leftovers.
+func NewRunner(t testing.TB, opts nsjail.Options) *nsjail.Runner {
+	t.Helper()
+	RequireRoot(t)
+	r, err := nsjail.NewRunner(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.WaitForCleanup)
+	return r
 }
 
 var (
@@ -78,8 +95,8 @@ func buildBusybox() (string, error) {
 		}
 	}
 	files := map[string]string{
-		"etc/passwd": "root:x:0:0:root:/root:/bin/sh\nsandbox:x:10001:10001:sandbox:/tmp:/bin/sh\n",
-		"etc/group":  "root:x:0:\nsandbox:x:10001:\n",
+		"etc/passwd": fmt.Sprintf("root:x:0:0:root:/root:/bin/sh\nsandbox:x:%d:%d:sandbox:/tmp:/bin/sh\n", inside.UID, inside.GID),
+		"etc/group":  fmt.Sprintf("root:x:0:\nsandbox:x:%d:\n", inside.GID),
 	}
 	for name, content := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {

@@ -256,6 +256,52 @@ func TestEvictByCount(t *testing.T) {
 	}
 }
 
+// Eviction follows the order the answers finished in: not the order they
+// were created in, nor their ids' order (the database's), and that order
+// survives a restart.
+func TestEvictionOrderIsFinishOrder(t *testing.T) {
+	dir := t.TempDir()
+	clk := newClock()
+	s := open(t, dir, Options{MaxCount: 3, Now: clk.now})
+	for _, id := range []string{"a", "b", "c"} {
+		if _, err := s.Create(id, run(), "h-"+id, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []string{"b", "c", "a"} { // finished in this order
+		clk.add(time.Second)
+		rd, err := s.Finish(id, []byte(`{"`+id+`":1}`), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rd.Close()
+	}
+	clk.add(time.Second)
+	store(t, s, "d", 10) // a fourth: b, the first finished, goes
+	if _, ok := s.Get("b"); ok {
+		t.Fatal("b, the first finished, was kept")
+	}
+	for _, id := range []string{"a", "c", "d"} {
+		if _, ok := s.Get(id); !ok {
+			t.Fatalf("%s evicted before b", id)
+		}
+	}
+	s.Close()
+
+	// After a restart with room for two, c (finished before a and d) goes,
+	// though "a" comes first in the database.
+	s = open(t, dir, Options{MaxCount: 2, Now: clk.now})
+	s.Sweep()
+	if _, ok := s.Get("c"); ok {
+		t.Fatal("c, the oldest finished, was kept across the restart")
+	}
+	for _, id := range []string{"a", "d"} {
+		if _, ok := s.Get(id); !ok {
+			t.Fatalf("%s evicted before c after the restart", id)
+		}
+	}
+}
+
 // An expired answer is gone for readers at once and its files are removed
 // by Sweep (the janitor's tick) without any request.
 func TestEvictByTTL(t *testing.T) {

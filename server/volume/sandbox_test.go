@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 	"github.com/sandboxd/sandboxd/server/volume"
 )
@@ -40,7 +41,7 @@ func runIn(t testing.TB, r *nsjail.Runner, v *volume.Volume, script string) (std
 	t.Helper()
 	res, err := r.Run(context.Background(), nsjail.Spec{
 		Rootfs: nsjailtest.BusyboxRootfs(t), Args: []string{"/bin/sh", "-c", script},
-		Workspace: v.Path(), Cwd: nsjail.WorkspaceDir,
+		Workspace: v.Path(), Cwd: inside.Workspace,
 		// Room for a 10 GB sparse file: the volume, not RLIMIT_FSIZE, is
 		// what is tested.
 		Limits: nsjail.Limits{FileSizeBytes: 16 << 30},
@@ -185,7 +186,7 @@ func TestFilesOutliveTheSandbox(t *testing.T) {
 	v := newVolume(t, volume.Options{MaxBytes: 16 << 20, MaxFiles: 100})
 	res, err := r.Run(context.Background(), nsjail.Spec{
 		Rootfs: nsjailtest.BusyboxRootfs(t), Args: []string{"/bin/sh", "-c", "echo state > model.pkl; sleep 60"},
-		Workspace: v.Path(), Cwd: nsjail.WorkspaceDir, Limits: nsjail.Limits{Timeout: time.Second},
+		Workspace: v.Path(), Cwd: inside.Workspace, Limits: nsjail.Limits{Timeout: time.Second},
 	})
 	if err != nil || res.Status != nsjail.StatusTimeout {
 		t.Fatalf("run: %v %+v", err, res)

@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 	"github.com/sandboxd/sandboxd/server/volume"
 )
@@ -82,8 +82,8 @@ func crashyWorker(dir, at string) {
 // The sandbox user as the host sees it with nsjail's default id base
 // (Runner.HostUID; the sandbox tests check they agree).
 const (
-	testUID = 1<<30 + nsjail.SandboxUID
-	testGID = 1<<30 + nsjail.SandboxGID
+	testUID = 1<<30 + inside.UID
+	testGID = 1<<30 + inside.GID
 )
 
 func requireRoot(t testing.TB) {

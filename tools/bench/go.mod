@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/opencontainers/runtime-spec v1.3.0 // config.json of the runc/crun peers
-	github.com/sandboxd/sandboxd v0.0.0 // tests only: nsjail/nsjailtest's busybox rootfs
+	github.com/sandboxd/sandboxd v0.0.0 // nsjail/inside (the sandbox user); tests: nsjail/nsjailtest's busybox rootfs
 	golang.org/x/image v0.48.0 // bitmap font for the latency chart
 )
 

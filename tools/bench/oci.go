@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 )
 
 // deniedSyscalls fail with EPERM in the peers' seccomp profile: the SECURITY.md
@@ -85,8 +86,8 @@ var peerEnv = []string{
 }
 
 // ociSpec is a runc/crun config comparable to a sandboxd sandbox: user,
-// pid, net, mount, ipc, uts and cgroup namespaces; uid/gid 10001 (mapped to
-// host 110001); no capabilities; no_new_privs; a read-only root; tmpfs /tmp
+// pid, net, mount, ipc, uts and cgroup namespaces; uid/gid inside.UID/GID
+// (mapped to host 100000+UID); no capabilities; no_new_privs; a read-only root; tmpfs /tmp
 // and /dev/shm; seccomp allowlist; memory, CPU and pids limits in cgroupsPath.
 func ociSpec(rootfs string, args []string, cgroupsPath string, lim peerLimits) *specs.Spec {
 	period := uint64(100_000)
@@ -97,7 +98,7 @@ func ociSpec(rootfs string, args []string, cgroupsPath string, lim peerLimits) *
 	return &specs.Spec{
 		Version: "1.0.2",
 		Process: &specs.Process{
-			User:            specs.User{UID: 10001, GID: 10001},
+			User:            specs.User{UID: inside.UID, GID: inside.GID},
 			Args:            args,
 			Env:             peerEnv,
 			Cwd:             "/tmp",
@@ -113,7 +114,7 @@ func ociSpec(rootfs string, args []string, cgroupsPath string, lim peerLimits) *
 			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=64m"}},
 			// runc chmods a tmpfs to the mode of the directory it covers (the
 			// image's /tmp is 1755), so the sandbox user must own it instead.
-			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", "uid=10001", "gid=10001", "size=256m"}},
+			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", fmt.Sprintf("uid=%d", inside.UID), fmt.Sprintf("gid=%d", inside.GID), "size=256m"}},
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 		},
 		Linux: &specs.Linux{

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 )
 
 // Peer kinds: what each launcher runs, whole process, cold.
@@ -91,7 +93,7 @@ func (e peerEnvironment) sandboxdPeer() *peer {
 		if err := os.MkdirAll(ws, 0o755); err != nil {
 			return err
 		}
-		// The sandbox user (10001 inside, HostIDBase+10001 outside) must be
+		// The sandbox user (inside.UID, HostIDBase+UID outside) must be
 		// able to write its workspace, the script's cwd.
 		return os.Chmod(ws, 0o777)
 	}
@@ -211,7 +213,7 @@ func (e peerEnvironment) bwrapPeer() *peer {
 	p.command = func(ctx context.Context, kind string, _ int) *exec.Cmd {
 		args, _ := kindArgs(kind)
 		cli := []string{"--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-			"--uid", "10001", "--gid", "10001",
+			"--uid", strconv.Itoa(inside.UID), "--gid", strconv.Itoa(inside.GID),
 			"--ro-bind", e.Rootfs, "/", "--proc", "/proc", "--dev", "/dev",
 			"--tmpfs", "/tmp", "--tmpfs", "/dev/shm", "--chdir", "/tmp", "--clearenv"}
 		for _, kv := range peerEnv {
@@ -280,7 +282,7 @@ func (e peerEnvironment) dockerPeer() *peer {
 			"--memory-swap", strconv.FormatInt(e.Limits.MemoryBytes, 10),
 			"--cpus", strconv.FormatFloat(e.Limits.CPUs, 'f', -1, 64),
 			"--pids-limit", strconv.FormatInt(e.Limits.Pids, 10),
-			"--user", "10001:10001",
+			"--user", fmt.Sprintf("%d:%d", inside.UID, inside.GID),
 			"--tmpfs", "/tmp:rw,nosuid,nodev,size=256m,mode=1777", "-w", "/tmp"}
 		for _, kv := range peerEnv {
 			cli = append(cli, "-e", kv)

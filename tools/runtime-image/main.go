@@ -30,6 +30,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 )
 
 func main() {
@@ -162,8 +163,8 @@ func buildImage(layer v1.Layer, versions map[string]string, o options, created t
 				"MPLBACKEND=Agg",
 				"PYTHONDONTWRITEBYTECODE=1",
 			},
-			User:       "10001:10001",
-			WorkingDir: "/workspace",
+			User:       fmt.Sprintf("%d:%d", inside.UID, inside.GID),
+			WorkingDir: inside.Workspace,
 			Cmd:        []string{"python3"},
 			Labels:     labels,
 		},

@@ -1,4 +1,8 @@
-package server
+// Package config is the configuration of `sandboxd serve`: its keys and
+// defaults, loading (a strict TOML file, then EXECUTION_* variables),
+// printing with each value's source, and validation. It imports nothing of
+// the server: the server, cmd/sandboxd and the tools depend on it.
+package config
 
 import (
 	"bytes"
@@ -6,11 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
-	"path/filepath"
 	"reflect"
-	"regexp"
 	"runtime"
 	"slices"
 	"sort"
@@ -28,7 +29,7 @@ const EnvPrefix = "EXECUTION_"
 
 // Config is the whole configuration of `sandboxd serve`. Every field has a
 // TOML key; its environment override is EnvPrefix + the key in upper case
-// (worker_port → EXECUTION_WORKER_PORT). Defaults are in DefaultConfig.
+// (worker_port → EXECUTION_WORKER_PORT). Defaults are in Default.
 type Config struct {
 	// WorkerHost is the address to listen on. A non-loopback address needs
 	// WorkerToken.
@@ -120,8 +121,11 @@ type Config struct {
 	ShutdownGraceMS int64 `toml:"shutdown_grace_ms" doc:"SIGTERM: time in-flight runs get before they are cancelled"`
 }
 
-// DefaultConfig is the configuration with nothing set.
-func DefaultConfig() Config {
+// DefaultPreload is what a warm sandbox imports before it is handed code.
+var DefaultPreload = []string{"numpy", "pandas", "matplotlib", "matplotlib.pyplot"}
+
+// Default is the configuration with nothing set.
+func Default() Config {
 	return Config{
 		WorkerHost:        "127.0.0.1",
 		WorkerPort:        3100,
@@ -204,12 +208,12 @@ func configFields() []configField {
 	return out
 }
 
-// LoadConfig builds the effective config: defaults, then the TOML file at
+// Load builds the effective config: defaults, then the TOML file at
 // path (if path is not empty), then EXECUTION_* variables from environ. The
 // file is decoded strictly: an unknown key is an error, so a typo cannot be
 // silently ignored. The result is not validated; call Validate.
-func LoadConfig(path string, environ []string) (Config, Sources, error) {
-	cfg := DefaultConfig()
+func Load(path string, environ []string) (Config, Sources, error) {
+	cfg := Default()
 	src := Sources{}
 	fields := configFields()
 	for _, f := range fields {
@@ -358,163 +362,6 @@ func setFromString(v reflect.Value, raw string) error {
 		return fmt.Errorf("unsupported kind %s", v.Kind())
 	}
 	return nil
-}
-
-var pythonModulePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$`)
-
-var envNamePattern = func(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i, c := range s {
-		if !(c == '_' || c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || i > 0 && c >= '0' && c <= '9') {
-			return false
-		}
-	}
-	return true
-}
-
-// Validate rejects values that cannot work, every problem at once, each in
-// the form "key must be ..., got: value".
-func (c Config) Validate() error {
-	var errs []error
-	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
-	if c.WorkerHost == "" {
-		bad("worker_host must not be empty")
-	}
-	if c.WorkerPort < 1 || c.WorkerPort > 65535 {
-		bad("worker_port must be in 1..65535, got: %d", c.WorkerPort)
-	}
-	if !isLoopbackHost(c.WorkerHost) && c.WorkerToken == "" {
-		// Anything on the network could run code otherwise.
-		bad("worker_token must be set when worker_host is not a loopback address, got host: %q", c.WorkerHost)
-	}
-	for _, p := range []struct{ key, v string }{
-		{"work_root", c.WorkRoot}, {"rootfs_cache", c.RootfsCache}, {"state_root", c.StateRoot},
-		{"results_dir", c.ResultsDir},
-	} {
-		if !filepath.IsAbs(p.v) {
-			bad("%s must be an absolute path, got: %q", p.key, p.v)
-		} else if filepath.Clean(p.v) == "/" {
-			// The orphan sweep deletes what it finds under work_root.
-			bad("%s must not be /", p.key)
-		}
-	}
-	if cp := c.CgroupParent; cp == "" || filepath.IsAbs(cp) || !filepath.IsLocal(cp) || filepath.Clean(cp) != cp {
-		// Relative and below: the start-up sweep kills everything under it.
-		bad("cgroup_parent must be a clean relative path below the worker's own cgroup, got: %q", cp)
-	}
-	if c.PythonImage == "" {
-		bad("python_image must not be empty")
-	}
-	for _, p := range []struct {
-		key string
-		v   int64
-		min int64
-	}{
-		{"dynamic_timeout_ms", c.DynamicTimeoutMS, 1},
-		{"skill_timeout_ms", c.SkillTimeoutMS, 1},
-		{"dynamic_memory_mb", c.DynamicMemoryMB, 8},
-		{"skill_memory_mb", c.SkillMemoryMB, 8},
-		{"pids_limit", c.PidsLimit, 1},
-		{"max_code_bytes", c.MaxCodeBytes, 1},
-		{"max_input_bytes", c.MaxInputBytes, 1},
-		{"max_concurrent", int64(c.MaxConcurrent), 1},
-		{"max_input_files", int64(c.MaxInputFiles), 0},
-		{"max_decoding", int64(c.MaxDecoding), 1},
-		{"max_queued", int64(c.MaxQueued), 0},
-		{"max_stdout_bytes", c.MaxStdoutBytes, 1},
-		{"max_stderr_bytes", c.MaxStderrBytes, 1},
-		{"max_result_bytes", c.MaxResultBytes, 1},
-		{"max_artifact_bytes", c.MaxArtifactBytes, 0},
-		{"max_artifacts_bytes", c.MaxArtifactsBytes, 0},
-		{"max_artifacts", int64(c.MaxArtifacts), 0},
-		{"workspace_bytes", c.WorkspaceBytes, 1 << 20},
-		{"pool_size", int64(c.PoolSize), 0},
-		{"results_max", int64(c.ResultsMax), 1},
-		{"results_ttl_ms", c.ResultsTTLMS, 1},
-		{"shutdown_grace_ms", c.ShutdownGraceMS, 0},
-	} {
-		if p.v < p.min {
-			bad("%s must be >= %d, got: %d", p.key, p.min, p.v)
-		}
-	}
-	for _, p := range []struct {
-		key string
-		v   float64
-	}{{"dynamic_cpus", c.DynamicCPUs}, {"skill_cpus", c.SkillCPUs}} {
-		if p.v < 0.01 || p.v > float64(runtime.NumCPU()*64) {
-			bad("%s must be in 0.01..%d, got: %g", p.key, runtime.NumCPU()*64, p.v)
-		}
-	}
-	if need := c.MaxCodeBytes + c.MaxInputBytes + 1<<20; c.WorkspaceBytes >= 1<<20 && c.WorkspaceBytes < need {
-		// The request files alone would not fit in the workspace.
-		bad("workspace_bytes must be >= max_code_bytes + max_input_bytes + 1MiB (%d), got: %d", need, c.WorkspaceBytes)
-	}
-	if need := int64(c.MaxInputFiles) + workspaceLayoutInodes + minOutputInodes; c.WorkspaceInodes < need {
-		// The server's own files must fit, and leave the code some room.
-		bad("workspace_inodes must be >= max_input_files + %d (%d), got: %d", workspaceLayoutInodes+minOutputInodes, need, c.WorkspaceInodes)
-	}
-	for _, p := range []struct {
-		key string
-		v   Duration
-	}{
-		{"read_header_timeout", c.ReadHeaderTimeout}, {"read_timeout", c.ReadTimeout},
-		{"write_timeout", c.WriteTimeout}, {"idle_timeout", c.IdleTimeout},
-	} {
-		if p.v <= 0 {
-			bad("%s must be > 0, got: %s", p.key, time.Duration(p.v))
-		}
-	}
-	if c.ReadTimeout < c.ReadHeaderTimeout {
-		bad("read_timeout must be >= read_header_timeout (%s), got: %s", time.Duration(c.ReadHeaderTimeout), time.Duration(c.ReadTimeout))
-	}
-	if sock := c.WorkerSocket; sock != "" {
-		switch {
-		case !filepath.IsAbs(sock) || filepath.Clean(sock) != sock:
-			bad("worker_socket must be a clean absolute path, got: %q", sock)
-		case len(sock) > maxSocketPath:
-			bad("worker_socket must be at most %d bytes (the kernel's sun_path, with room for a temporary name), got: %d", maxSocketPath, len(sock))
-		}
-	}
-	if c.WorkerSocketMode&^0o777 != 0 {
-		bad("worker_socket_mode must be permission bits (at most 0777), got: %#o", uint32(c.WorkerSocketMode))
-	}
-	if need := c.maxResultBytes(); c.ResultsMaxBytes < need {
-		// The newest result must fit, or it would evict itself.
-		bad("results_max_bytes must be >= the largest result, max_artifacts_bytes + 6×(max_stdout_bytes + max_stderr_bytes) + max_result_bytes + 1MiB (%d), got: %d", need, c.ResultsMaxBytes)
-	}
-	if time.Duration(c.PoolMaxIdle) < time.Second {
-		bad("pool_max_idle must be >= 1s, got: %s", time.Duration(c.PoolMaxIdle))
-	}
-	for _, m := range c.PoolPreload {
-		if !pythonModulePattern.MatchString(m) {
-			bad("pool_preload entries must be Python module names, got: %q", m)
-		}
-	}
-	for _, n := range c.AllowedEnv {
-		if !envNamePattern(n) {
-			bad("allowed_env entries must be variable names, got: %q", n)
-		} else if reservedEnv[n] {
-			bad("allowed_env must not include %s: the worker sets it", n)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// maxResultBytes bounds one stored result: its artifacts, its JSON (stdout
-// and stderr at most 6 bytes per byte once escaped as \uXXXX, result.json
-// compacted) and room for the rest.
-func (c Config) maxResultBytes() int64 {
-	return c.MaxArtifactsBytes + 6*(c.MaxStdoutBytes+c.MaxStderrBytes) + c.MaxResultBytes + 1<<20
-}
-
-func isLoopbackHost(h string) bool {
-	if h == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(strings.Trim(h, "[]"))
-	return ip != nil && ip.IsLoopback()
 }
 
 // Print writes the effective config as TOML, each value followed by its

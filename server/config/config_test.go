@@ -1,4 +1,4 @@
-package server
+package config
 
 import (
 	"bytes"
@@ -18,7 +18,7 @@ pool_max_idle = "90s"
 pool_preload = ["numpy"]
 worker_token = "from-file"
 `), 0o600)
-	cfg, src, err := LoadConfig(file, []string{"EXECUTION_WORKER_PORT=4100", "EXECUTION_ALLOWED_ENV=TZ, LANG", "EXECUTION_POOL_SIZE=0", "OTHER=1"})
+	cfg, src, err := Load(file, []string{"EXECUTION_WORKER_PORT=4100", "EXECUTION_ALLOWED_ENV=TZ, LANG", "EXECUTION_POOL_SIZE=0", "OTHER=1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,14 +54,14 @@ worker_token = "from-file"
 func TestConfigErrors(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "c.toml")
 	os.WriteFile(file, []byte("worker_prot = 1\n"), 0o600)
-	if _, _, err := LoadConfig(file, nil); err == nil || !strings.Contains(err.Error(), "unknown key(s): worker_prot") {
+	if _, _, err := Load(file, nil); err == nil || !strings.Contains(err.Error(), "unknown key(s): worker_prot") {
 		t.Errorf("unknown key: %v", err)
 	}
-	_, _, err := LoadConfig("", []string{"EXECUTION_POOL_MAX_IDLE=soon", "EXECUTION_DYNAMIC_CPUS=one"})
+	_, _, err := Load("", []string{"EXECUTION_POOL_MAX_IDLE=soon", "EXECUTION_DYNAMIC_CPUS=one"})
 	if err == nil || !strings.Contains(err.Error(), "EXECUTION_POOL_MAX_IDLE") || !strings.Contains(err.Error(), "EXECUTION_DYNAMIC_CPUS") {
 		t.Errorf("bad env values: %v", err)
 	}
-	c := DefaultConfig()
+	c := Default()
 	c.WorkspaceBytes = 2 << 20
 	c.PoolSize = -1
 	c.PoolMaxIdle = Duration(time.Millisecond)
@@ -83,7 +83,7 @@ func TestConfigErrors(t *testing.T) {
 func TestLimitsConfig(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "c.toml")
 	os.WriteFile(file, []byte("worker_socket_mode = \"0640\"\nread_timeout = \"3m\"\n"), 0o600)
-	cfg, src, err := LoadConfig(file, []string{"EXECUTION_WORKER_SOCKET=/run/sandboxd/api.sock", "EXECUTION_WORKER_SOCKET_GROUP=sandboxd",
+	cfg, src, err := Load(file, []string{"EXECUTION_WORKER_SOCKET=/run/sandboxd/api.sock", "EXECUTION_WORKER_SOCKET_GROUP=sandboxd",
 		"EXECUTION_MAX_INPUT_FILES=10", "EXECUTION_WORKSPACE_INODES=500", "EXECUTION_IDLE_TIMEOUT=5s"})
 	if err != nil {
 		t.Fatal(err)
@@ -102,11 +102,11 @@ func TestLimitsConfig(t *testing.T) {
 			t.Errorf("print lacks %q:\n%s", want, out.String())
 		}
 	}
-	if _, _, err := LoadConfig("", []string{"EXECUTION_WORKER_SOCKET_MODE=0999"}); err == nil || !strings.Contains(err.Error(), "octal") {
+	if _, _, err := Load("", []string{"EXECUTION_WORKER_SOCKET_MODE=0999"}); err == nil || !strings.Contains(err.Error(), "octal") {
 		t.Errorf("bad mode: %v", err)
 	}
 
-	c := DefaultConfig()
+	c := Default()
 	c.MaxInputFiles = 1000
 	c.WorkspaceInodes = 1000
 	c.MaxDecoding = 0
@@ -123,7 +123,7 @@ func TestLimitsConfig(t *testing.T) {
 			t.Errorf("Validate lacks %q: %v", want, err)
 		}
 	}
-	c = DefaultConfig()
+	c = Default()
 	c.WorkerSocket = "/" + strings.Repeat("s", 110)
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "worker_socket must be at most 103 bytes") {
 		t.Errorf("long socket path: %v", err)
@@ -131,7 +131,7 @@ func TestLimitsConfig(t *testing.T) {
 }
 
 func TestConfigResultsStore(t *testing.T) {
-	cfg, src, err := LoadConfig("", []string{"EXECUTION_RESULTS_DIR=/srv/results", "EXECUTION_RESULTS_MAX_BYTES=1073741824"})
+	cfg, src, err := Load("", []string{"EXECUTION_RESULTS_DIR=/srv/results", "EXECUTION_RESULTS_MAX_BYTES=1073741824"})
 	if err != nil || cfg.ResultsDir != "/srv/results" || cfg.ResultsMaxBytes != 1<<30 || src["results_max_bytes"] != SourceEnv {
 		t.Fatalf("env: %v %q %d %s", err, cfg.ResultsDir, cfg.ResultsMaxBytes, src["results_max_bytes"])
 	}

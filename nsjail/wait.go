@@ -1,0 +1,274 @@
+package nsjail
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/opencontainers/runc/libcontainer"
+	"github.com/sandboxd/sandboxd/cgroup"
+	"golang.org/x/sys/unix"
+)
+
+// Wait waits for the command to finish, enforcing the deadline (counted from
+// now) and ctx, then collects the result and removes the sandbox (in the
+// background: WaitForCleanup). It has three steps: await (the end, and the
+// kills it takes), collect (output, counters, removal) and classify (the
+// status, a pure function of what the first two saw).
+func (s *Sandbox) Wait(ctx context.Context) *Result {
+	res := &Result{ID: s.id, StartedAt: s.startedAt, Workspace: s.spec.Workspace}
+	end := s.await(ctx)
+	res.FinishedAt = time.Now()
+	stats := s.collect(end)
+
+	res.Stdout, res.Stderr = s.stdout.buf, s.stderr.buf
+	res.StdoutBytes, res.StderrBytes = s.stdout.total, s.stderr.total
+	res.StdoutTruncated, res.StderrTruncated = s.stdout.truncated(), s.stderr.truncated()
+	res.Usage = Usage{
+		WallMS:          res.FinishedAt.Sub(res.StartedAt).Milliseconds(),
+		CPUMS:           int64((stats.CPUUsageNS - min(stats.CPUUsageNS, s.cpuBaselineNS)) / 1e6),
+		PeakMemoryBytes: stats.MemoryPeakBytes,
+		PidsPeak:        stats.PidsPeak,
+	}
+	e := end.ending()
+	res.ExitCode, res.Signal = e.exitCode, e.signal
+	res.Status, res.LimitsHit = classify(e, counted{
+		oomKills: stats.OOMKills, pidsLimitHits: stats.PidsLimitHits,
+		stdoutTruncated: res.StdoutTruncated, stderrTruncated: res.StderrTruncated,
+	})
+	if res.Status == StatusSandboxError {
+		res.Error = fmt.Sprintf("unable to wait for the sandbox: %v", end.waitErr)
+	}
+	s.log.Info("sandbox finished", "status", res.Status, "exit_code", res.ExitCode,
+		"wall_ms", res.Usage.WallMS, "limits_hit", res.LimitsHit)
+	return res
+}
+
+// reaped is what waiting for the sandbox's init returned.
+type reaped struct {
+	state *os.ProcessState
+	err   error
+}
+
+// awaited is how the wait for a sandbox ended.
+type awaited struct {
+	// killedFor is StatusTimeout or StatusCancelled when Wait killed the
+	// sandbox for that reason, else empty.
+	killedFor Status
+	// reported is the exit status the sandbox reported (SetExitReport),
+	// valid when haveReport. Its init is then still being reaped: exited
+	// delivers that.
+	reported   syscall.WaitStatus
+	haveReport bool
+	exited     <-chan reaped
+	// state and waitErr are the reaped init's, when not haveReport.
+	state   *os.ProcessState
+	waitErr error
+}
+
+// await waits for the command's end: its exit, its exit report, the
+// deadline or ctx. On a deadline, a cancellation or a report it kills what
+// is left of the sandbox.
+func (s *Sandbox) await(ctx context.Context) awaited {
+	exited := make(chan reaped, 1)
+	go func() {
+		state, err := s.proc.Wait()
+		exited <- reaped{state, err}
+	}()
+	deadline := time.NewTimer(s.lim.Timeout)
+	defer deadline.Stop()
+
+	a := awaited{exited: exited}
+	report := s.exitReport
+wait:
+	for {
+		select {
+		case r := <-exited:
+			a.state, a.waitErr = r.state, r.err
+			break wait
+		case <-deadline.C:
+			a.killedFor = StatusTimeout
+			break wait
+		case <-ctx.Done():
+			a.killedFor = StatusCancelled
+			break wait
+		case a.reported, a.haveReport = <-report:
+			if a.haveReport {
+				break wait
+			}
+			report = nil // closed without a report: wait for the exit
+		}
+	}
+	if a.killedFor != "" || a.haveReport {
+		// SIGKILL to the sandbox's init: the kernel then kills every other
+		// process of its pid namespace (pid_namespaces(7)), double-forked,
+		// setsid and signal-ignoring ones included. After an exit report the
+		// init is exiting anyway; this ends what it leaves behind.
+		if err := s.c.Signal(unix.SIGKILL); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
+			s.log.Error("unable to kill sandbox", "error", err)
+		}
+	}
+	if !a.haveReport && a.killedFor != "" {
+		// And the cgroup, should anything of the sandbox live outside its
+		// pid namespace's reach: cgroup.kill on v2 (Linux 5.14+), else a
+		// SIGKILL per pid until cgroup.procs is empty.
+		if err := cgroup.KillAll(s.paths()); err != nil {
+			s.log.Error("unable to kill the sandbox's cgroup", "error", err)
+		}
+		r := <-exited
+		a.state, a.waitErr = r.state, r.err
+	}
+	return a
+}
+
+// collect reads the rest of the output and the cgroup's counters, then
+// starts the sandbox's removal in the background.
+func (s *Sandbox) collect(a awaited) cgroup.Stats {
+	// Once init is reaped every process of the pid namespace is gone and the
+	// pipes are at EOF (after an exit report, init closed its ends itself);
+	// the grace only guards against the impossible.
+	for _, c := range []*capture{s.stdout, s.stderr} {
+		select {
+		case <-c.done:
+		case <-time.After(2 * time.Second):
+			s.log.Error("output stream still open after the sandbox exited; closing it")
+			c.abort()
+			<-c.done
+		}
+		c.r.Close()
+	}
+	stats := s.readStats()
+
+	// Reaping a reported exit and removing the sandbox (cgroup rmdirs, the
+	// mount namespace's umounts and RCU waits) are not part of the result.
+	s.r.cleanups.Add(1)
+	go func() {
+		defer s.r.cleanups.Done()
+		if a.haveReport {
+			r := <-a.exited
+			s.crossCheckReport(a.reported, r.state)
+		}
+		destroy(s.c, s.log)
+		if s.mntns != nil {
+			s.mntns.Close()
+		}
+	}()
+	return stats
+}
+
+// ending is how the command ended, as Wait saw it.
+type ending struct {
+	// killedFor is StatusTimeout or StatusCancelled when Wait killed the
+	// sandbox for that reason, else empty.
+	killedFor Status
+	// known: the exit status is known (reaped, or reported by the sandbox).
+	known bool
+	// exitCode is the exit code, 128+N for a signal N, -1 when neither.
+	exitCode int
+	// signal names the signal that ended the command, if one did.
+	signal string
+}
+
+func (a awaited) ending() ending {
+	e := ending{killedFor: a.killedFor, exitCode: -1}
+	switch {
+	case a.haveReport:
+		e.known = true
+		e.exitCode, e.signal = decodeWaitStatus(a.reported)
+	case a.state != nil:
+		e.known = true
+		if ws, ok := initWaitStatus(a.state); ok {
+			e.exitCode, e.signal = decodeWaitStatus(ws)
+		}
+	}
+	return e
+}
+
+// decodeWaitStatus is the exit code (128+N for a signal N, -1 when
+// neither) and signal name of a wait status.
+func decodeWaitStatus(ws syscall.WaitStatus) (code int, signal string) {
+	switch {
+	case ws.Exited():
+		return ws.ExitStatus(), ""
+	case ws.Signaled():
+		return 128 + int(ws.Signal()), unix.SignalName(ws.Signal())
+	}
+	return -1, ""
+}
+
+func initWaitStatus(state *os.ProcessState) (syscall.WaitStatus, bool) {
+	if state == nil {
+		return 0, false
+	}
+	ws, ok := state.Sys().(syscall.WaitStatus)
+	return ws, ok
+}
+
+// crossCheckReport compares an exit report with the sandbox init's own wait
+// status, which the kernel gave: the reporter exits with the status it
+// reported (a signal N as exit 128+N). A difference is logged. An init that
+// the kill after the report reached first says nothing either way.
+func (s *Sandbox) crossCheckReport(reported syscall.WaitStatus, state *os.ProcessState) {
+	if ws, ok := initWaitStatus(state); ok && reportMismatch(reported, ws) {
+		code, _ := decodeWaitStatus(reported)
+		s.log.Warn("exit report does not match the sandbox's exit status; the result used the report",
+			"reported_exit_code", code, "init_exit_code", ws.ExitStatus())
+	}
+}
+
+// reportMismatch tells whether an init that exited with status init
+// contradicts the report it sent.
+func reportMismatch(reported, init syscall.WaitStatus) bool {
+	code, _ := decodeWaitStatus(reported)
+	return init.Exited() && init.ExitStatus() != code
+}
+
+// counted is what the kernel and the output captures counted during a run.
+type counted struct {
+	oomKills, pidsLimitHits          uint64
+	stdoutTruncated, stderrTruncated bool
+}
+
+// classify is the status of a run and the limits it hit, in the order
+// stdout, stderr, pids, memory, timeout. A kill Wait made for a deadline or
+// a cancellation wins; then an OOM kill, from the cgroup's own counter (the
+// killed process need not be init: a shell whose child was killed may still
+// exit 0); then an unknown exit is our failure; then the exit itself.
+func classify(e ending, c counted) (Status, []string) {
+	hit := []string{}
+	if c.stdoutTruncated {
+		hit = append(hit, LimitStdout)
+	}
+	if c.stderrTruncated {
+		hit = append(hit, LimitStderr)
+	}
+	if c.pidsLimitHits > 0 {
+		hit = append(hit, LimitPids)
+	}
+	if c.oomKills > 0 {
+		hit = append(hit, LimitMemory)
+	}
+	switch {
+	case e.killedFor == StatusTimeout:
+		return StatusTimeout, append(hit, LimitTimeout)
+	case e.killedFor == StatusCancelled:
+		return StatusCancelled, hit
+	case c.oomKills > 0:
+		return StatusOOM, hit
+	case !e.known:
+		return StatusSandboxError, hit
+	case e.exitCode == 0 && e.signal == "":
+		return StatusSucceeded, hit
+	default:
+		return StatusFailed, hit
+	}
+}
+
+// WaitForCleanup blocks until every sandbox this Runner finished has been
+// removed (cgroups, state directory, mounts). Removal runs in the
+// background, after the result is returned; call this before exiting or
+// checking for leftovers.
+func (r *Runner) WaitForCleanup() { r.cleanups.Wait() }

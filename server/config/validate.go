@@ -1,0 +1,268 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/sandboxd/sandboxd/nsjail/inside"
+)
+
+// ReservedEnv are set by the worker for every run (the server's
+// Policy.BaseEnv); a request cannot override them, so allowed_env must not
+// name them (PATH or PYTHONPATH would let a caller change what the
+// interpreter loads, LD_PRELOAD what the loader maps).
+var ReservedEnv = map[string]bool{
+	"PATH": true, "HOME": true, "MPLCONFIGDIR": true, "MPLBACKEND": true, "PYTHONDONTWRITEBYTECODE": true,
+	"PYTHONUNBUFFERED": true, "OMP_NUM_THREADS": true, "OPENBLAS_NUM_THREADS": true,
+	"MKL_NUM_THREADS": true, "PYTHONPATH": true, "PYTHONHOME": true, "PYTHONSTARTUP": true,
+	"LD_PRELOAD": true, "LD_LIBRARY_PATH": true,
+}
+
+// SocketTmpSuffix names worker_socket while the server sets its owner and
+// mode, before it is renamed into place (server.ListenUnix).
+const SocketTmpSuffix = ".new"
+
+// MaxSocketPath bounds worker_socket: the kernel's sun_path is 108 bytes
+// with its NUL, and the temporary name is longer by SocketTmpSuffix.
+const MaxSocketPath = 108 - 1 - len(SocketTmpSuffix)
+
+// MinOutputInodes is the least room workspace_inodes must leave the code
+// beyond the layout and max_input_files.
+const MinOutputInodes = 64
+
+// A check is one rule of Validate: it returns every problem it finds, each
+// in the form "key must be ..., got: value".
+type check struct {
+	name string
+	fn   func(Config) []error
+}
+
+// checks are Validate's rules, in the order of their messages.
+var checks = []check{
+	{"listen", listenCheck},
+	{"paths", pathsCheck},
+	{"cgroup_parent", cgroupParentCheck},
+	{"python_image", pythonImageCheck},
+	{"minimums", minimumsCheck},
+	{"cpus", cpusCheck},
+	{"workspace", workspaceCheck},
+	{"timeouts", timeoutsCheck},
+	{"worker_socket", workerSocketCheck},
+	{"results", resultsCheck},
+	{"pool", poolCheck},
+	{"allowed_env", allowedEnvCheck},
+}
+
+// Validate rejects values that cannot work, every problem at once, each in
+// the form "key must be ..., got: value".
+func (c Config) Validate() error {
+	var errs []error
+	for _, ch := range checks {
+		errs = append(errs, ch.fn(c)...)
+	}
+	return errors.Join(errs...)
+}
+
+func listenCheck(c Config) (errs []error) {
+	if c.WorkerHost == "" {
+		errs = append(errs, errors.New("worker_host must not be empty"))
+	}
+	if c.WorkerPort < 1 || c.WorkerPort > 65535 {
+		errs = append(errs, fmt.Errorf("worker_port must be in 1..65535, got: %d", c.WorkerPort))
+	}
+	if !isLoopbackHost(c.WorkerHost) && c.WorkerToken == "" {
+		// Anything on the network could run code otherwise.
+		errs = append(errs, fmt.Errorf("worker_token must be set when worker_host is not a loopback address, got host: %q", c.WorkerHost))
+	}
+	return errs
+}
+
+func isLoopbackHost(h string) bool {
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(strings.Trim(h, "[]"))
+	return ip != nil && ip.IsLoopback()
+}
+
+func pathsCheck(c Config) (errs []error) {
+	for _, p := range []struct{ key, v string }{
+		{"work_root", c.WorkRoot}, {"rootfs_cache", c.RootfsCache}, {"state_root", c.StateRoot},
+		{"results_dir", c.ResultsDir},
+	} {
+		if !filepath.IsAbs(p.v) {
+			errs = append(errs, fmt.Errorf("%s must be an absolute path, got: %q", p.key, p.v))
+		} else if filepath.Clean(p.v) == "/" {
+			// The orphan sweep deletes what it finds under work_root.
+			errs = append(errs, fmt.Errorf("%s must not be /", p.key))
+		}
+	}
+	return errs
+}
+
+func cgroupParentCheck(c Config) []error {
+	if cp := c.CgroupParent; cp == "" || filepath.IsAbs(cp) || !filepath.IsLocal(cp) || filepath.Clean(cp) != cp {
+		// Relative and below: the start-up sweep kills everything under it.
+		return []error{fmt.Errorf("cgroup_parent must be a clean relative path below the worker's own cgroup, got: %q", cp)}
+	}
+	return nil
+}
+
+func pythonImageCheck(c Config) []error {
+	if c.PythonImage == "" {
+		return []error{errors.New("python_image must not be empty")}
+	}
+	return nil
+}
+
+func minimumsCheck(c Config) (errs []error) {
+	for _, p := range []struct {
+		key string
+		v   int64
+		min int64
+	}{
+		{"dynamic_timeout_ms", c.DynamicTimeoutMS, 1},
+		{"skill_timeout_ms", c.SkillTimeoutMS, 1},
+		{"dynamic_memory_mb", c.DynamicMemoryMB, 8},
+		{"skill_memory_mb", c.SkillMemoryMB, 8},
+		{"pids_limit", c.PidsLimit, 1},
+		{"max_code_bytes", c.MaxCodeBytes, 1},
+		{"max_input_bytes", c.MaxInputBytes, 1},
+		{"max_concurrent", int64(c.MaxConcurrent), 1},
+		{"max_input_files", int64(c.MaxInputFiles), 0},
+		{"max_decoding", int64(c.MaxDecoding), 1},
+		{"max_queued", int64(c.MaxQueued), 0},
+		{"max_stdout_bytes", c.MaxStdoutBytes, 1},
+		{"max_stderr_bytes", c.MaxStderrBytes, 1},
+		{"max_result_bytes", c.MaxResultBytes, 1},
+		{"max_artifact_bytes", c.MaxArtifactBytes, 0},
+		{"max_artifacts_bytes", c.MaxArtifactsBytes, 0},
+		{"max_artifacts", int64(c.MaxArtifacts), 0},
+		{"workspace_bytes", c.WorkspaceBytes, 1 << 20},
+		{"pool_size", int64(c.PoolSize), 0},
+		{"results_max", int64(c.ResultsMax), 1},
+		{"results_ttl_ms", c.ResultsTTLMS, 1},
+		{"shutdown_grace_ms", c.ShutdownGraceMS, 0},
+	} {
+		if p.v < p.min {
+			errs = append(errs, fmt.Errorf("%s must be >= %d, got: %d", p.key, p.min, p.v))
+		}
+	}
+	return errs
+}
+
+func cpusCheck(c Config) (errs []error) {
+	most := runtime.NumCPU() * 64
+	for _, p := range []struct {
+		key string
+		v   float64
+	}{{"dynamic_cpus", c.DynamicCPUs}, {"skill_cpus", c.SkillCPUs}} {
+		if p.v < 0.01 || p.v > float64(most) {
+			errs = append(errs, fmt.Errorf("%s must be in 0.01..%d, got: %g", p.key, most, p.v))
+		}
+	}
+	return errs
+}
+
+func workspaceCheck(c Config) (errs []error) {
+	if need := c.MaxCodeBytes + c.MaxInputBytes + 1<<20; c.WorkspaceBytes >= 1<<20 && c.WorkspaceBytes < need {
+		// The request files alone would not fit in the workspace.
+		errs = append(errs, fmt.Errorf("workspace_bytes must be >= max_code_bytes + max_input_bytes + 1MiB (%d), got: %d", need, c.WorkspaceBytes))
+	}
+	if need := int64(c.MaxInputFiles) + inside.LayoutInodes + MinOutputInodes; c.WorkspaceInodes < need {
+		// The server's own files must fit, and leave the code some room.
+		errs = append(errs, fmt.Errorf("workspace_inodes must be >= max_input_files + %d (%d), got: %d", inside.LayoutInodes+MinOutputInodes, need, c.WorkspaceInodes))
+	}
+	return errs
+}
+
+func timeoutsCheck(c Config) (errs []error) {
+	for _, p := range []struct {
+		key string
+		v   Duration
+	}{
+		{"read_header_timeout", c.ReadHeaderTimeout}, {"read_timeout", c.ReadTimeout},
+		{"write_timeout", c.WriteTimeout}, {"idle_timeout", c.IdleTimeout},
+	} {
+		if p.v <= 0 {
+			errs = append(errs, fmt.Errorf("%s must be > 0, got: %s", p.key, time.Duration(p.v)))
+		}
+	}
+	if c.ReadTimeout < c.ReadHeaderTimeout {
+		errs = append(errs, fmt.Errorf("read_timeout must be >= read_header_timeout (%s), got: %s", time.Duration(c.ReadHeaderTimeout), time.Duration(c.ReadTimeout)))
+	}
+	return errs
+}
+
+func workerSocketCheck(c Config) (errs []error) {
+	if sock := c.WorkerSocket; sock != "" {
+		switch {
+		case !filepath.IsAbs(sock) || filepath.Clean(sock) != sock:
+			errs = append(errs, fmt.Errorf("worker_socket must be a clean absolute path, got: %q", sock))
+		case len(sock) > MaxSocketPath:
+			errs = append(errs, fmt.Errorf("worker_socket must be at most %d bytes (the kernel's sun_path, with room for a temporary name), got: %d", MaxSocketPath, len(sock)))
+		}
+	}
+	if c.WorkerSocketMode&^0o777 != 0 {
+		errs = append(errs, fmt.Errorf("worker_socket_mode must be permission bits (at most 0777), got: %#o", uint32(c.WorkerSocketMode)))
+	}
+	return errs
+}
+
+func resultsCheck(c Config) []error {
+	if need := c.maxResultBytes(); c.ResultsMaxBytes < need {
+		// The newest result must fit, or it would evict itself.
+		return []error{fmt.Errorf("results_max_bytes must be >= the largest result, max_artifacts_bytes + 6×(max_stdout_bytes + max_stderr_bytes) + max_result_bytes + 1MiB (%d), got: %d", need, c.ResultsMaxBytes)}
+	}
+	return nil
+}
+
+// maxResultBytes bounds one stored result: its artifacts, its JSON (stdout
+// and stderr at most 6 bytes per byte once escaped as \uXXXX, result.json
+// compacted) and room for the rest.
+func (c Config) maxResultBytes() int64 {
+	return c.MaxArtifactsBytes + 6*(c.MaxStdoutBytes+c.MaxStderrBytes) + c.MaxResultBytes + 1<<20
+}
+
+var pythonModulePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$`)
+
+func poolCheck(c Config) (errs []error) {
+	if time.Duration(c.PoolMaxIdle) < time.Second {
+		errs = append(errs, fmt.Errorf("pool_max_idle must be >= 1s, got: %s", time.Duration(c.PoolMaxIdle)))
+	}
+	for _, m := range c.PoolPreload {
+		if !pythonModulePattern.MatchString(m) {
+			errs = append(errs, fmt.Errorf("pool_preload entries must be Python module names, got: %q", m))
+		}
+	}
+	return errs
+}
+
+func isEnvName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i, c := range s {
+		if !(c == '_' || c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || i > 0 && c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+func allowedEnvCheck(c Config) (errs []error) {
+	for _, n := range c.AllowedEnv {
+		if !isEnvName(n) {
+			errs = append(errs, fmt.Errorf("allowed_env entries must be variable names, got: %q", n))
+		} else if ReservedEnv[n] {
+			errs = append(errs, fmt.Errorf("allowed_env must not include %s: the worker sets it", n))
+		}
+	}
+	return errs
+}

@@ -1,0 +1,95 @@
+package config
+
+import (
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// validateCases break one rule each; want is Validate's whole message,
+// byte for byte (operators and tests match these strings).
+var validateCases = []struct {
+	name  string
+	check string
+	mod   func(*Config)
+	want  string
+}{
+	{"empty host", "listen", func(c *Config) { c.WorkerHost = ""; c.WorkerToken = "t" }, "worker_host must not be empty"},
+	{"port", "listen", func(c *Config) { c.WorkerPort = 70000 }, "worker_port must be in 1..65535, got: 70000"},
+	{"open host without token", "listen", func(c *Config) { c.WorkerHost = "0.0.0.0" },
+		`worker_token must be set when worker_host is not a loopback address, got host: "0.0.0.0"`},
+	{"relative path", "paths", func(c *Config) { c.StateRoot = "state" }, `state_root must be an absolute path, got: "state"`},
+	{"root path", "paths", func(c *Config) { c.RootfsCache = "/." }, "rootfs_cache must not be /"},
+	{"cgroup parent", "cgroup_parent", func(c *Config) { c.CgroupParent = "a/../b" },
+		`cgroup_parent must be a clean relative path below the worker's own cgroup, got: "a/../b"`},
+	{"image", "python_image", func(c *Config) { c.PythonImage = "" }, "python_image must not be empty"},
+	{"minimum", "minimums", func(c *Config) { c.DynamicMemoryMB = 7 }, "dynamic_memory_mb must be >= 8, got: 7"},
+	{"queue", "minimums", func(c *Config) { c.MaxQueued = -1 }, "max_queued must be >= 0, got: -1"},
+	{"cpus", "cpus", func(c *Config) { c.SkillCPUs = 0.001 }, "skill_cpus must be in 0.01.." + strconv.Itoa(runtime.NumCPU()*64) + ", got: 0.001"},
+	{"workspace bytes", "workspace", func(c *Config) { c.WorkspaceBytes = 2 << 20 },
+		"workspace_bytes must be >= max_code_bytes + max_input_bytes + 1MiB (35651584), got: 2097152"},
+	{"workspace inodes", "workspace", func(c *Config) { c.WorkspaceInodes = 100 },
+		"workspace_inodes must be >= max_input_files + 71 (1071), got: 100"},
+	{"timeout zero", "timeouts", func(c *Config) { c.IdleTimeout = 0 }, "idle_timeout must be > 0, got: 0s"},
+	{"read timeout", "timeouts", func(c *Config) { c.ReadTimeout = Duration(time.Second) },
+		"read_timeout must be >= read_header_timeout (10s), got: 1s"},
+	{"socket relative", "worker_socket", func(c *Config) { c.WorkerSocket = "run/s.sock" },
+		`worker_socket must be a clean absolute path, got: "run/s.sock"`},
+	{"socket long", "worker_socket", func(c *Config) { c.WorkerSocket = "/" + strings.Repeat("s", 103) },
+		"worker_socket must be at most 103 bytes (the kernel's sun_path, with room for a temporary name), got: 104"},
+	{"socket mode", "worker_socket", func(c *Config) { c.WorkerSocketMode = 0o1660 },
+		"worker_socket_mode must be permission bits (at most 0777), got: 01660"},
+	{"results bytes", "results", func(c *Config) { c.ResultsMaxBytes = 1 << 20 },
+		"results_max_bytes must be >= the largest result, max_artifacts_bytes + 6×(max_stdout_bytes + max_stderr_bytes) + max_result_bytes + 1MiB (68157440), got: 1048576"},
+	{"pool idle", "pool", func(c *Config) { c.PoolMaxIdle = Duration(time.Millisecond) }, "pool_max_idle must be >= 1s, got: 1ms"},
+	{"pool preload", "pool", func(c *Config) { c.PoolPreload = []string{"a-b"} }, `pool_preload entries must be Python module names, got: "a-b"`},
+	{"env name", "allowed_env", func(c *Config) { c.AllowedEnv = []string{"1X"} }, `allowed_env entries must be variable names, got: "1X"`},
+	{"env reserved", "allowed_env", func(c *Config) { c.AllowedEnv = []string{"LD_PRELOAD"} }, "allowed_env must not include LD_PRELOAD: the worker sets it"},
+}
+
+func TestValidateMessages(t *testing.T) {
+	if err := Default().Validate(); err != nil {
+		t.Fatalf("the defaults must be valid: %v", err)
+	}
+	for _, tc := range validateCases {
+		c := Default()
+		tc.mod(&c)
+		err := c.Validate()
+		if err == nil || err.Error() != tc.want {
+			t.Errorf("%s: got %v\nwant %s", tc.name, err, tc.want)
+		}
+	}
+}
+
+// Each rule is its own named check: a broken value is reported by its check
+// alone, and the defaults pass every check.
+func TestChecksAreSeparate(t *testing.T) {
+	names := map[string]bool{}
+	for _, ch := range checks {
+		if names[ch.name] {
+			t.Errorf("check %q twice", ch.name)
+		}
+		names[ch.name] = true
+		if errs := ch.fn(Default()); len(errs) != 0 {
+			t.Errorf("check %q rejects the defaults: %v", ch.name, errs)
+		}
+	}
+	for _, tc := range validateCases {
+		if !names[tc.check] {
+			t.Errorf("%s: no check named %q", tc.name, tc.check)
+		}
+		c := Default()
+		tc.mod(&c)
+		for _, ch := range checks {
+			errs := ch.fn(c)
+			switch {
+			case ch.name == tc.check && (len(errs) != 1 || errs[0].Error() != tc.want):
+				t.Errorf("%s: check %q: got %v, want %q", tc.name, ch.name, errs, tc.want)
+			case ch.name != tc.check && len(errs) != 0:
+				t.Errorf("%s: check %q reports it too: %v", tc.name, ch.name, errs)
+			}
+		}
+	}
+}
