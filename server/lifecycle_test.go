@@ -236,10 +236,11 @@ mkdir -p /workspace/output/artifacts/d; echo s > /workspace/input/secret1`}), "s
 	}
 	wg.Wait()
 	for i, r := range out {
-		me, other := string(rune('A'+i)), string(rune('A'+1-i))
 		wantExecStatus(t, r, "succeeded")
-		if !strings.HasPrefix(r.Stdout, me+"\n") || strings.Contains(r.Stdout, "mine-"+other) || !strings.HasSuffix(r.Stdout, string(rune('a'+i))) {
-			t.Errorf("run %d saw: %q", i, r.Stdout)
+		// Each sees exactly its own files and input, nothing of the other.
+		me, who := string(rune('A'+i)), string(rune('a'+i))
+		if want := me + "\n/tmp:\nmine-" + me + "\n\n/workspace/output:\nartifacts\nme\n" + who; r.Stdout != want {
+			t.Errorf("run %d saw %q, want %q", i, r.Stdout, want)
 		}
 	}
 }

@@ -140,7 +140,7 @@ func errOf(err error) string {
 
 func errName(e syscall.Errno) string {
 	names := map[syscall.Errno]string{0: "OK", syscall.EPERM: "EPERM", syscall.EACCES: "EACCES",
-		syscall.EROFS: "EROFS", syscall.ETXTBSY: "ETXTBSY", syscall.ENOSYS: "ENOSYS", syscall.EINVAL: "EINVAL",
+		syscall.EROFS: "EROFS", syscall.ENOENT: "ENOENT", syscall.ETXTBSY: "ETXTBSY", syscall.ENOSYS: "ENOSYS", syscall.EINVAL: "EINVAL",
 		syscall.ENETUNREACH: "ENETUNREACH", syscall.ECONNREFUSED: "ECONNREFUSED"}
 	if n, ok := names[e]; ok {
 		return n
