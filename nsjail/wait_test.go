@@ -80,7 +80,10 @@ func TestDecodeWaitStatus(t *testing.T) {
 // and no reaped state is an unknown exit.
 func TestAwaitedEnding(t *testing.T) {
 	if e := (awaited{haveReport: true, reported: 4 << 8}).ending(); e != (ending{known: true, exitCode: 4}) {
-		t.Errorf("reported: %+v", e)
+		t.Errorf("reported exit: %+v", e)
+	}
+	if e := (awaited{haveReport: true, reported: syscall.WaitStatus(syscall.SIGSEGV)}).ending(); e != (ending{known: true, exitCode: 139, signal: "SIGSEGV"}) {
+		t.Errorf("reported signal: %+v", e)
 	}
 	if e := (awaited{killedFor: StatusCancelled, waitErr: errors.New("x")}).ending(); e != (ending{killedFor: StatusCancelled, exitCode: -1}) {
 		t.Errorf("not reaped: %+v", e)

@@ -24,11 +24,7 @@ var quietLog = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Leve
 
 func newRunner(t testing.TB) *nsjail.Runner {
 	t.Helper()
-	nsjailtest.RequireRoot(t)
-	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: nsjailtest.StateRoot, CgroupParent: nsjailtest.CgroupParent, Logger: quietLog})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := nsjailtest.NewRunner(t, nsjail.Options{StateRoot: nsjailtest.StateRoot, CgroupParent: nsjailtest.CgroupParent, Logger: quietLog})
 	if r.HostUID() != testUID || r.HostGID() != testGID {
 		t.Fatalf("sandbox user is %d:%d on the host, the tests assume %d:%d", r.HostUID(), r.HostGID(), testUID, testGID)
 	}
@@ -68,7 +64,7 @@ func TestSandboxSharesTheFilesWithTheAPI(t *testing.T) {
 		rm -rf lost+found 2>/dev/null; test -d lost+found && echo ballast-kept
 		cp /bin/busybox ./bb && ./bb true 2>/dev/null || echo noexec
 	`)
-	want := "a,b\n10001:10001\n1\nballast-kept\nnoexec\n"
+	want := fmt.Sprintf("a,b\n%d:%d\n1\nballast-kept\nnoexec\n", inside.UID, inside.GID)
 	if out != want {
 		t.Fatalf("stdout %q, want %q; stderr %s", out, want, errOut)
 	}
