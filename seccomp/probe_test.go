@@ -566,6 +566,12 @@ func TestWorkloadsStayInsideAllowlist(t *testing.T) {
 		if exe == `"/bin/busybox"` && (n == setuid || n == setgid) {
 			continue // the canary's rootfs is busybox: its privilege drop
 		}
+		if n >= 1000 && n < 2000 {
+			// Another test binary's marker (the kernel log is the host's,
+			// and test binaries run concurrently): no real syscall has
+			// such a number.
+			continue
+		}
 		name, _ := seccomp.SyscallName(n, native)
 		t.Errorf("%s called syscall %d (%s), which the profile refuses: %s", exe, n, name, l)
 	}
