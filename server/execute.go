@@ -16,6 +16,17 @@ import (
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/server/results"
+	"github.com/sandboxd/sandboxd/server/workspace"
+)
+
+// CodePath is where the request's code is inside the sandbox.
+const CodePath = inside.Workspace + "/" + inside.CodeFile
+
+// Artifact and Omitted are the answer's artifacts and what was left out of
+// them, as package workspace collects them.
+type (
+	Artifact = workspace.Artifact
+	Omitted  = workspace.Omitted
 )
 
 // ExecutionRequest is the body of POST /v1/executions.
@@ -92,7 +103,7 @@ type plan struct {
 	policy Policy
 	code   string
 	input  []byte
-	files  []decodedFile
+	files  []workspace.File
 	env    []string
 }
 
@@ -240,11 +251,13 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 	s.live.setRunning(rec)
 
 	sandbox := s.runSandbox()
-	ws, err := s.createWorkspace(s.cfg.WorkRoot, p.run, s.cfg.WorkspaceBytes, s.cfg.WorkspaceInodes, sandbox.HostUID(), sandbox.HostGID(), p.code, p.input, p.files)
+	ws, err := s.createWorkspace(s.cfg.WorkRoot, p.run, workspace.Options{
+		Bytes: s.cfg.WorkspaceBytes, Inodes: s.cfg.WorkspaceInodes, UID: sandbox.HostUID(), GID: sandbox.HostGID(),
+	}, workspace.Request{Code: p.code, Input: p.input, Files: p.files})
 	if err != nil {
 		s.forget(rec)
 		log.Error("workspace failed", "err", err)
-		if errors.Is(err, ErrWorkspaceFull) {
+		if errors.Is(err, workspace.ErrFull) {
 			return nil, nil, &apiError{status: http.StatusInsufficientStorage, reason: "disk_full", msg: err.Error(), retryAfter: "5"}
 		}
 		return nil, nil, &apiError{status: http.StatusInternalServerError, reason: "workspace", msg: err.Error()}
@@ -264,7 +277,7 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 				if dir == "" {
 					continue
 				}
-				if err := removeWorkspace(dir); err != nil {
+				if err := workspace.Remove(dir); err != nil {
 					log.Error("workspace removal failed", "dir", dir, "err", err)
 				}
 			}
@@ -322,7 +335,7 @@ func (s *Server) spec(p *plan, rootfs, python, workspace string) nsjail.Spec {
 
 // fill copies the sandbox result and the workspace output into resp, and
 // the artifacts' contents through save.
-func (s *Server) fill(resp *ExecutionResponse, res *nsjail.Result, dir string, save SaveArtifact) {
+func (s *Server) fill(resp *ExecutionResponse, res *nsjail.Result, dir string, save workspace.SaveArtifact) {
 	resp.Status = string(res.Status)
 	resp.ExitCode = res.ExitCode
 	if res.Signal != "" {
@@ -342,12 +355,12 @@ func (s *Server) fill(resp *ExecutionResponse, res *nsjail.Result, dir string, s
 	resp.StartedAt = res.StartedAt
 	resp.FinishedAt = res.FinishedAt
 	resp.Error = res.Error
-	result, msg := ReadResult(dir, s.cfg.MaxResultBytes)
+	result, msg := workspace.ReadResult(dir, s.cfg.MaxResultBytes)
 	resp.Result = result
 	if msg != "" {
 		resp.ResultError = &msg
 	}
-	resp.Artifacts, resp.ArtifactsOmitted = CollectArtifacts(dir, ArtifactLimits{
+	resp.Artifacts, resp.ArtifactsOmitted = workspace.CollectArtifacts(dir, workspace.ArtifactLimits{
 		MaxFileBytes:  s.cfg.MaxArtifactBytes,
 		MaxTotalBytes: s.cfg.MaxArtifactsBytes,
 		MaxCount:      s.cfg.MaxArtifacts,

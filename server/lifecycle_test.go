@@ -16,6 +16,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 	"github.com/sandboxd/sandboxd/server/config"
+	"github.com/sandboxd/sandboxd/server/workspace"
 	"golang.org/x/sys/unix"
 )
 
@@ -191,9 +192,9 @@ print("done")
 		got[o.Name] = o.Reason
 	}
 	want := map[string]string{
-		"a-link": ReasonSymlink, "b-dirlink": ReasonSymlink, "c-dangling": ReasonSymlink,
-		"d-ok.txt": ReasonHardlink, "e-hardlink": ReasonHardlink, "f-fifo": ReasonFIFO, "g-sock": ReasonSocket,
-		"h-sparse.bin": ReasonTooLarge, "i-big.bin": ReasonTooLarge, "n-count.txt": ReasonCountLimit,
+		"a-link": workspace.ReasonSymlink, "b-dirlink": workspace.ReasonSymlink, "c-dangling": workspace.ReasonSymlink,
+		"d-ok.txt": workspace.ReasonHardlink, "e-hardlink": workspace.ReasonHardlink, "f-fifo": workspace.ReasonFIFO, "g-sock": workspace.ReasonSocket,
+		"h-sparse.bin": workspace.ReasonTooLarge, "i-big.bin": workspace.ReasonTooLarge, "n-count.txt": workspace.ReasonCountLimit,
 	}
 	for n, r := range want {
 		if got[n] != r {
@@ -207,7 +208,7 @@ print("done")
 	resp = e.execute(ExecutionRequest{Code: `import os
 for n in "abc": open("/workspace/output/artifacts/" + n, "w").write("q" * 600)
 `})
-	if len(resp.Artifacts) != 2 || len(resp.ArtifactsOmitted) != 1 || resp.ArtifactsOmitted[0] != (Omitted{"c", ReasonTotalLimit}) {
+	if len(resp.Artifacts) != 2 || len(resp.ArtifactsOmitted) != 1 || resp.ArtifactsOmitted[0] != (Omitted{Name: "c", Reason: workspace.ReasonTotalLimit}) {
 		t.Errorf("total limit: %d artifacts, omitted %v", len(resp.Artifacts), resp.ArtifactsOmitted)
 	}
 }

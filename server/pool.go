@@ -22,6 +22,7 @@ import (
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/server/config"
+	"github.com/sandboxd/sandboxd/server/workspace"
 	"golang.org/x/sys/unix"
 )
 
@@ -43,7 +44,7 @@ type PoolConfig struct {
 	// WorkRoot is where the warm sandboxes' workspaces live.
 	WorkRoot string
 	// WorkspaceBytes, when > 0, mounts a tmpfs of this size on every warm
-	// workspace, as the server does on its own (see mountWorkspace); when 0
+	// workspace, as the server does on its own (see workspace.Mount); when 0
 	// the workspaces are plain directories and WorkRoot must be on the same
 	// filesystem as the server's workspaces (entries are renamed).
 	WorkspaceBytes int64
@@ -306,7 +307,7 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (r
 	// Two tmpfs workspaces: the request files (small, written by the
 	// server) are copied in; the results stay in the warm workspace, which
 	// the Result names and the caller collects from and removes.
-	if err := moveIntoWorkspace(spec.Workspace, w.workspace); err != nil {
+	if err := workspace.MoveInto(spec.Workspace, w.workspace); err != nil {
 		p.retire(w)
 		return nil, false, fmt.Errorf("unable to move the workspace into the warm sandbox: %w", err)
 	}
@@ -361,13 +362,13 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (r
 func (p *Pool) dropDead(w *warmSandbox, spec nsjail.Spec, waited bool, why string) error {
 	log := cmp.Or(spec.Logger, p.log)
 	log.Warn("warm sandbox found dead at hand-off; running the execution cold", "sandbox", w.sb.ID(), "why", why)
-	err := restoreRequest(w.workspace, spec.Workspace)
+	err := workspace.MoveBack(w.workspace, spec.Workspace)
 	p.retiring.Add(1)
 	go func() {
 		defer p.retiring.Done()
 		if !waited {
 			p.retire(w)
-		} else if err := removeWorkspace(w.workspace); err != nil {
+		} else if err := workspace.Remove(w.workspace); err != nil {
 			p.log.Warn("warm pool: unable to remove a dead sandbox's workspace", "workspace", w.workspace, "error", err)
 		}
 	}()
@@ -459,7 +460,7 @@ func (p *Pool) retire(w *warmSandbox) {
 	w.control.Close()
 	w.sb.Handoff(5 * time.Second)
 	w.sb.Wait(context.Background())
-	removeWorkspace(w.workspace)
+	workspace.Remove(w.workspace)
 }
 
 // startOne starts one warm sandbox and waits until its preload is done.
@@ -507,30 +508,22 @@ func zygoteArgs(preload []string) []string {
 const readyTimeout = 2 * time.Minute
 
 func (p *Pool) start(t Template) (*warmSandbox, error) {
-	ws, err := os.MkdirTemp(p.cfg.WorkRoot, warmPrefix)
+	ws, err := workspace.CreateWarm(p.cfg.WorkRoot, workspace.Options{
+		Bytes: p.cfg.WorkspaceBytes, Inodes: p.cfg.WorkspaceInodes, UID: p.runner.HostUID(), GID: p.runner.HostGID(),
+	})
 	if err != nil {
 		return nil, err
-	}
-	if err := os.Chown(ws, p.runner.HostUID(), p.runner.HostGID()); err != nil {
-		os.RemoveAll(ws)
-		return nil, err
-	}
-	if p.cfg.WorkspaceBytes > 0 {
-		if err := mountWorkspace(ws, p.cfg.WorkspaceBytes, p.cfg.WorkspaceInodes, p.runner.HostUID(), p.runner.HostGID()); err != nil {
-			os.RemoveAll(ws)
-			return nil, err
-		}
 	}
 	ctlR, ctlW, err := os.Pipe()
 	if err != nil {
-		removeWorkspace(ws)
+		workspace.Remove(ws)
 		return nil, err
 	}
 	readyR, readyW, err := os.Pipe()
 	if err != nil {
 		ctlR.Close()
 		ctlW.Close()
-		removeWorkspace(ws)
+		workspace.Remove(ws)
 		return nil, err
 	}
 	statusR, statusW, err := os.Pipe()
@@ -539,7 +532,7 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 		ctlW.Close()
 		readyR.Close()
 		readyW.Close()
-		removeWorkspace(ws)
+		workspace.Remove(ws)
 		return nil, err
 	}
 	spec := nsjail.Spec{
@@ -562,7 +555,7 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 		ctlW.Close()
 		readyR.Close()
 		statusR.Close()
-		removeWorkspace(ws)
+		workspace.Remove(ws)
 		return nil, err
 	}
 	// Preload on idle CPU only: a refill must not slow running executions.
@@ -593,7 +586,7 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 		ctlW.Close()
 		sb.Handoff(time.Second)
 		res := sb.Wait(context.Background())
-		removeWorkspace(ws)
+		workspace.Remove(ws)
 		if err == errPoolClosed {
 			return nil, err
 		}

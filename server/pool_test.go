@@ -17,6 +17,7 @@ import (
 	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 	"github.com/sandboxd/sandboxd/server/config"
+	"github.com/sandboxd/sandboxd/server/workspace"
 )
 
 var poolQuietLog = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -52,11 +53,11 @@ func poolWorkspace(t *testing.T, r *nsjail.Runner, code string, tmpfsBytes ...in
 		if err := os.Mkdir(ws, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		if err := mountWorkspace(ws, tmpfsBytes[0], config.Default().WorkspaceInodes, r.HostUID(), r.HostGID()); err != nil {
+		if err := workspace.Mount(ws, workspace.Options{Bytes: tmpfsBytes[0], Inodes: config.Default().WorkspaceInodes, UID: r.HostUID(), GID: r.HostGID()}); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() {
-			if err := removeWorkspace(ws); err != nil {
+			if err := workspace.Remove(ws); err != nil {
 				t.Error(err)
 			}
 		})
@@ -246,7 +247,7 @@ func testWarmMatchesCold(t *testing.T, tmpfsBytes int64) {
 			}
 			compareTrees(t, filepath.Join(cold.Workspace, "output"), filepath.Join(warm.Workspace, "output"))
 			if warm.Workspace != warmWS {
-				if err := removeWorkspace(warm.Workspace); err != nil {
+				if err := workspace.Remove(warm.Workspace); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -399,7 +400,7 @@ func benchPool(b *testing.B, code string, size int, workspaceBytes int64) {
 		b.StopTimer()
 		os.RemoveAll(ws)
 		if res.Workspace != ws {
-			removeWorkspace(res.Workspace)
+			workspace.Remove(res.Workspace)
 		}
 		b.StartTimer()
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 	"github.com/sandboxd/sandboxd/server/config"
+	"github.com/sandboxd/sandboxd/server/workspace"
 )
 
 // forgeryScript tries every way the code could fake the warm sandbox's exit
@@ -153,7 +154,7 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 func cleanupWarm(t *testing.T, res *nsjail.Result, ws string) {
 	t.Helper()
 	if res.Workspace != "" && res.Workspace != ws {
-		if err := removeWorkspace(res.Workspace); err != nil {
+		if err := workspace.Remove(res.Workspace); err != nil {
 			t.Error(err)
 		}
 	}

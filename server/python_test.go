@@ -15,6 +15,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 	"github.com/sandboxd/sandboxd/server/config"
+	"github.com/sandboxd/sandboxd/server/workspace"
 )
 
 // The Python contract on the real runtime image: these run the code the
@@ -204,7 +205,7 @@ print(sorted(os.listdir("/workspace")), sorted(os.listdir("/workspace/input")), 
 		!jsonEqual(c.ArtifactsOmitted, w.ArtifactsOmitted) || !jsonEqual(c.LimitsHit, w.LimitsHit) || c.Policy != w.Policy {
 		t.Fatalf("pool on and off differ:\noff: %+v\non:  %+v", c, w)
 	}
-	if len(w.Artifacts) != 1 || len(w.ArtifactsOmitted) != 1 || w.ArtifactsOmitted[0].Reason != ReasonSymlink {
+	if len(w.Artifacts) != 1 || len(w.ArtifactsOmitted) != 1 || w.ArtifactsOmitted[0].Reason != workspace.ReasonSymlink {
 		t.Fatalf("artifacts %+v omitted %+v", w.Artifacts, w.ArtifactsOmitted)
 	}
 	// A request that sets a variable (Python reads them at start-up) runs

@@ -19,6 +19,7 @@ import (
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/server/config"
 	"github.com/sandboxd/sandboxd/server/results"
+	"github.com/sandboxd/sandboxd/server/workspace"
 )
 
 // Sandboxer runs one execution in a fresh sandbox. *nsjail.Runner is one; a
@@ -61,9 +62,10 @@ type Server struct {
 	runner   *nsjail.Runner
 	resolve  func(ctx context.Context) (string, error)
 	log      *slog.Logger
-	// createWorkspace is CreateWorkspace; the unit tests, which run without
-	// root and so cannot mount a tmpfs, give a plain directory instead.
-	createWorkspace func(root, id string, size, inodes int64, uid, gid int, code string, input []byte, files []decodedFile) (*Workspace, error)
+	// createWorkspace is workspace.Create; the unit tests, which run
+	// without root and so cannot mount a tmpfs, give a plain directory
+	// instead.
+	createWorkspace func(root, run string, o workspace.Options, req workspace.Request) (*workspace.Workspace, error)
 
 	live      *liveTable
 	results   *results.Store
@@ -116,7 +118,7 @@ func New(d Deps) (*Server, error) {
 		metrics:  newMetrics(),
 		decoding: make(decodeSlots, d.Config.MaxDecoding),
 	}
-	s.createWorkspace = CreateWorkspace
+	s.createWorkspace = workspace.Create
 	store, err := results.Open(d.Config.ResultsDir, results.Options{
 		MaxBytes: d.Config.ResultsMaxBytes,
 		MaxCount: d.Config.ResultsMax,
@@ -359,6 +361,24 @@ func (s *Server) Drain(ctx context.Context) int {
 	}
 	s.log.Info("drained", "cancelled", n)
 	return n
+}
+
+// SweepOrphans clears what a worker killed with SIGKILL left behind (SECURITY.md
+// case 22): its sandboxes (containers, cgroups, state, via Runner.Sweep) and
+// then its workspaces and their tmpfs mounts. Call it on start, before
+// serving and before the warm pool starts anything.
+func SweepOrphans(r *nsjail.Runner, workRoot string, log *slog.Logger) error {
+	sandboxes, err := r.Sweep()
+	if err != nil {
+		return fmt.Errorf("sweep orphan sandboxes: %w", err)
+	}
+	workspaces, err := workspace.Sweep(workRoot)
+	if err != nil {
+		return err
+	}
+	log.Info("swept orphans", "sandboxes", len(sandboxes), "workspaces", len(workspaces),
+		"state_root", r.StateRoot(), "work_root", workRoot)
+	return nil
 }
 
 // Close closes the result store; call it after Drain, once the HTTP server

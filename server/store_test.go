@@ -19,6 +19,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/server/config"
 	"github.com/sandboxd/sandboxd/server/results"
+	"github.com/sandboxd/sandboxd/server/workspace"
 )
 
 // A POST retried with the same request (its first try timed out, say) gets
@@ -178,7 +179,7 @@ func TestRunNameIsNotTheClientID(t *testing.T) {
 		wantExecStatus(t, e.execute(ExecutionRequest{ID: "reused", Code: fmt.Sprintf("echo %d", i)}), "succeeded")
 		spec := e.sandbox.lastSpec()
 		ws := filepath.Base(spec.Workspace)
-		if !runName.MatchString(spec.ID) || seen[spec.ID] || !strings.HasPrefix(ws, workspacePrefix+spec.ID+"-") {
+		if !runName.MatchString(spec.ID) || seen[spec.ID] || !strings.HasPrefix(ws, workspace.ColdPrefix+spec.ID+"-") {
 			t.Fatalf("run %d: sandbox %q, workspace %q", i, spec.ID, ws)
 		}
 		seen[spec.ID] = true

@@ -25,6 +25,7 @@ import (
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/server/config"
+	"github.com/sandboxd/sandboxd/server/workspace"
 )
 
 // fakeSandbox is a Sandboxer that starts nothing. It keeps the specs it was
@@ -93,12 +94,12 @@ func newUnitEnv(t *testing.T, prepare bool, mod func(*config.Config)) *unitEnv {
 		t.Fatal(err)
 	}
 	u := &unitEnv{fake: fake}
-	srv.createWorkspace = func(root, id string, _, _ int64, _, _ int, code string, input []byte, files []decodedFile) (*Workspace, error) {
+	srv.createWorkspace = func(root, run string, _ workspace.Options, req workspace.Request) (*workspace.Workspace, error) {
 		u.made.Add(1)
 		if u.wsErr != nil {
 			return nil, u.wsErr
 		}
-		return plainWorkspace(root, id, code, input, files)
+		return plainWorkspace(root, run, req)
 	}
 	if prepare {
 		if err := srv.Prepare(context.Background()); err != nil {
@@ -123,13 +124,13 @@ func newUnitEnv(t *testing.T, prepare bool, mod func(*config.Config)) *unitEnv {
 	return u
 }
 
-// plainWorkspace lays out a workspace as CreateWorkspace does, in a plain
+// plainWorkspace lays out a workspace as workspace.Create does, in a plain
 // directory.
-func plainWorkspace(root, id, code string, input []byte, files []decodedFile) (*Workspace, error) {
+func plainWorkspace(root, run string, req workspace.Request) (*workspace.Workspace, error) {
 	if err := os.MkdirAll(root, 0o711); err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp(root, workspacePrefix+id+"-")
+	dir, err := os.MkdirTemp(root, workspace.ColdPrefix+run+"-")
 	if err != nil {
 		return nil, err
 	}
@@ -138,24 +139,24 @@ func plainWorkspace(root, id, code string, input []byte, files []decodedFile) (*
 			return nil, err
 		}
 	}
-	if err := os.WriteFile(filepath.Join(dir, inside.CodeFile), []byte(code), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, inside.CodeFile), []byte(req.Code), 0o644); err != nil {
 		return nil, err
 	}
-	if input != nil {
-		if err := os.WriteFile(filepath.Join(dir, inside.RequestFile), input, 0o644); err != nil {
+	if req.Input != nil {
+		if err := os.WriteFile(filepath.Join(dir, inside.RequestFile), req.Input, 0o644); err != nil {
 			return nil, err
 		}
 	}
-	for _, f := range files {
-		p := filepath.Join(dir, inside.InputDir, f.path)
+	for _, f := range req.Files {
+		p := filepath.Join(dir, inside.InputDir, f.Path)
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			return nil, err
 		}
-		if err := os.WriteFile(p, f.data, 0o644); err != nil {
+		if err := os.WriteFile(p, f.Data, 0o644); err != nil {
 			return nil, err
 		}
 	}
-	return &Workspace{Dir: dir}, nil
+	return &workspace.Workspace{Dir: dir}, nil
 }
 
 // wantNothingStarted fails unless no sandbox ran and no workspace was made.
@@ -235,7 +236,7 @@ func TestUnitNotReadyAndDraining(t *testing.T) {
 // 507 when the work root is full: no sandbox, and the id is free again.
 func TestUnitWorkRootFull(t *testing.T) {
 	u := newUnitEnv(t, true, nil)
-	u.wsErr = fmt.Errorf("create workspace: %w", ErrWorkspaceFull)
+	u.wsErr = fmt.Errorf("create workspace: %w", workspace.ErrFull)
 	code, h, body := u.do("POST", "/v1/executions", ExecutionRequest{ID: "full", Code: "x"})
 	wantError(t, code, body, 507, "work root is full")
 	if h.Get("Retry-After") == "" {

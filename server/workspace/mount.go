@@ -1,4 +1,4 @@
-package server
+package workspace
 
 // Every workspace, cold or warm, is its own size-limited tmpfs: a run that
 // fills /workspace gets ENOSPC at workspace_bytes (SECURITY.md case 3) instead
@@ -23,17 +23,17 @@ import (
 // interpreter, never executed from /workspace.
 const workspaceMountFlags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
 
-// mountWorkspace mounts a tmpfs of size bytes on dir, its root owned by
-// uid:gid (the sandbox user as the host sees it) with mode 0700. inodes
-// (nr_inodes) bounds its files: without it tmpfs allows half the host's RAM
-// pages, and a run creating millions of empty files fills the kernel's
-// inode and dentry slabs while using no bytes (SECURITY.md case 33).
-func mountWorkspace(dir string, size, inodes int64, uid, gid int) error {
-	if size <= 0 || inodes <= 0 {
+// Mount mounts a tmpfs of o.Bytes bytes on dir, its root owned by o.UID
+// and o.GID (the sandbox user as the host sees it) with mode 0700.
+// o.Inodes (nr_inodes) bounds its files: without it tmpfs allows half the
+// host's RAM pages, and a run creating millions of empty files fills the
+// kernel's inode and dentry slabs while using no bytes (SECURITY.md case 33).
+func Mount(dir string, o Options) error {
+	if o.Bytes <= 0 || o.Inodes <= 0 {
 		// 0 means "unlimited" to tmpfs.
-		return fmt.Errorf("workspace tmpfs on %s: size and inodes must be > 0, got: %d, %d", dir, size, inodes)
+		return fmt.Errorf("workspace tmpfs on %s: size and inodes must be > 0, got: %d, %d", dir, o.Bytes, o.Inodes)
 	}
-	data := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0700,uid=%d,gid=%d", size, inodes, uid, gid)
+	data := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0700,uid=%d,gid=%d", o.Bytes, o.Inodes, o.UID, o.GID)
 	if err := unix.Mount("sandboxd-workspace", dir, "tmpfs", workspaceMountFlags, data); err != nil {
 		return fmt.Errorf("unable to mount the workspace tmpfs on %s: %w", dir, err)
 	}
@@ -50,10 +50,10 @@ func isMountpoint(dir string) bool {
 	return st.Mode&unix.S_IFMT == unix.S_IFDIR && st.Dev != parent.Dev
 }
 
-// removeWorkspace lazily unmounts whatever is mounted on dir, then removes
-// what is left (an empty directory, or the whole tree when nothing was
-// mounted). RemoveAll never follows a symlink. It is idempotent.
-func removeWorkspace(dir string) error {
+// Remove lazily unmounts whatever is mounted on dir, then removes what is
+// left (an empty directory, or the whole tree when nothing was mounted).
+// RemoveAll never follows a symlink. It is idempotent.
+func Remove(dir string) error {
 	var errs []error
 	for i := 0; i < 4 && isMountpoint(dir); i++ {
 		// UMOUNT_NOFOLLOW: dir is a path we created, but refuse to act on a
@@ -71,11 +71,11 @@ func removeWorkspace(dir string) error {
 	return errors.Join(errs...)
 }
 
-// moveIntoWorkspace moves every top-level entry of src, a workspace the
-// server wrote (trusted: directories and regular files only), into dst. It
+// MoveInto moves every top-level entry of src, a workspace Create wrote
+// (trusted: directories and regular files only), into dst, a warm one. It
 // renames when both are on one filesystem and copies otherwise (two tmpfs
 // workspaces), keeping modes and owners.
-func moveIntoWorkspace(src, dst string) error {
+func MoveInto(src, dst string) error {
 	entries, err := os.ReadDir(src)
 	if err != nil {
 		return err
@@ -93,10 +93,10 @@ func moveIntoWorkspace(src, dst string) error {
 	return nil
 }
 
-// restoreRequest undoes moveIntoWorkspace(orig, warm) for a warm sandbox
-// that died before its code ran (warm then holds only what the server
-// wrote): entries renamed into warm go back; copied ones are still in orig.
-func restoreRequest(warm, orig string) error {
+// MoveBack undoes MoveInto(orig, warm) for a warm sandbox that died before
+// its code ran (warm then holds only what Create wrote): entries renamed
+// into warm go back; copied ones are still in orig.
+func MoveBack(warm, orig string) error {
 	entries, err := os.ReadDir(warm)
 	if err != nil {
 		return err

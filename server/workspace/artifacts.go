@@ -1,4 +1,4 @@
-package server
+package workspace
 
 // Everything under output/ was written by untrusted code, which could have
 // replaced any file or directory there with a symlink to a host path
@@ -192,11 +192,11 @@ func openRegularAt(dirfd int, name string, limit int64) (f *os.File, reason stri
 	return file, "", nil
 }
 
-// ReadResult reads output/result.json. It returns the JSON, or nil and the
+// ReadResult reads output/result.json of the workspace dir. It returns the JSON, or nil and the
 // reason in errMsg when it is missing, not a regular file, too large or not
 // valid JSON.
-func ReadResult(workspace string, limit int64) (result json.RawMessage, errMsg string) {
-	out, err := openOutput(workspace)
+func ReadResult(dir string, limit int64) (result json.RawMessage, errMsg string) {
+	out, err := openOutput(dir)
 	if err != nil {
 		return nil, fmt.Sprintf("output/ is not a readable directory: %v", err)
 	}
@@ -250,18 +250,18 @@ func (c *collector) omit(name, reason string) {
 }
 
 // CollectArtifacts returns the regular files under output/artifacts/ of the
-// workspace, in name order, and what it left out with a reason. Their
+// workspace dir, in name order, and what it left out with a reason. Their
 // contents go through save, streamed: the returned Artifacts have no
 // ContentBase64, and no artifact is ever held in memory (SECURITY.md case
 // 31: a client fills the worker's memory with large results).
-func CollectArtifacts(workspace string, lim ArtifactLimits, save SaveArtifact) ([]Artifact, []Omitted) {
+func CollectArtifacts(dir string, lim ArtifactLimits, save SaveArtifact) ([]Artifact, []Omitted) {
 	c := &collector{lim: lim, save: save}
-	out, err := openOutput(workspace)
+	out, err := openOutput(dir)
 	if err != nil {
 		return nil, nil
 	}
 	defer unix.Close(out)
-	dir, err := openDirAt(out, inside.ArtifactsName)
+	artifacts, err := openDirAt(out, inside.ArtifactsName)
 	if err != nil {
 		var st unix.Stat_t
 		if unix.Fstatat(out, inside.ArtifactsName, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
@@ -271,7 +271,7 @@ func CollectArtifacts(workspace string, lim ArtifactLimits, save SaveArtifact) (
 		}
 		return nil, c.omitted
 	}
-	c.walk(dir, "", 0) // closes dir
+	c.walk(artifacts, "", 0) // closes artifacts
 	if c.truncated {
 		c.omitted = append(c.omitted, Omitted{Name: "…", Reason: ReasonTooManyEntries})
 	}

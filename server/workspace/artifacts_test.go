@@ -1,0 +1,75 @@
+package workspace
+
+import (
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+)
+
+// artifactNames returns the names a client sees after the JSON round trip:
+// the artifacts' and the omitted entries'.
+func artifactNames(t *testing.T, arts []Artifact, omitted []Omitted) (names []string, omittedNames map[string]string) {
+	t.Helper()
+	data, err := json.Marshal(struct {
+		A []Artifact `json:"artifacts"`
+		O []Omitted  `json:"artifacts_omitted"`
+	}{arts, omitted})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back struct {
+		A []Artifact `json:"artifacts"`
+		O []Omitted  `json:"artifacts_omitted"`
+	}
+	if err := json.Unmarshal(data, &back); err != nil {
+		t.Fatal(err)
+	}
+	omittedNames = map[string]string{}
+	for _, a := range back.A {
+		names = append(names, a.Name)
+	}
+	for _, o := range back.O {
+		if _, dup := omittedNames[o.Name]; dup {
+			t.Errorf("two omitted entries are named %q", o.Name)
+		}
+		omittedNames[o.Name] = o.Reason
+	}
+	return names, omittedNames
+}
+
+// SECURITY.md case 30: names that are not valid UTF-8 would collapse into
+// one name in JSON (each invalid byte becomes U+FFFD); they are omitted with
+// their own reason, each under a distinct quoted name, and valid names,
+// U+FFFD itself included, are returned as they are.
+func TestArtifactNamesNotUTF8AreOmittedDistinctly(t *testing.T) {
+	ws := t.TempDir()
+	dir := filepath.Join(ws, "output", "artifacts")
+	for _, d := range []string{dir, filepath.Join(dir, "d\xff")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"a\xff.txt", "a\xfe.txt", `a\xff.txt`, "a\uFFFD.txt", "d\xff/inner.txt"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(name), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	arts, omitted := CollectArtifacts(ws, ArtifactLimits{MaxFileBytes: 1 << 20, MaxTotalBytes: 1 << 20, MaxCount: 10},
+		func(_ int, r io.Reader) (int64, error) { return io.Copy(io.Discard, r) })
+	names, omittedNames := artifactNames(t, arts, omitted)
+	if want := []string{`a\xff.txt`, "a\uFFFD.txt"}; !slices.Equal(names, want) {
+		t.Errorf("artifacts = %q, want %q", names, want)
+	}
+	want := map[string]string{`a\xfe.txt`: "name_not_utf8", `a\xff.txt`: "name_not_utf8", `d\xff`: "name_not_utf8"}
+	if len(omittedNames) != len(want) {
+		t.Errorf("omitted = %q, want %q", omittedNames, want)
+	}
+	for n, r := range want {
+		if omittedNames[n] != r {
+			t.Errorf("omitted %q: reason %q, want %q (all: %q)", n, omittedNames[n], r, omittedNames)
+		}
+	}
+}

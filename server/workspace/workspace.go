@@ -1,0 +1,193 @@
+// Package workspace is an execution's host directory, bound at /workspace
+// inside its sandbox: created on a tmpfs of its own with the request written
+// in (code, input, files), read back after the run without trusting anything
+// the code left there (result.json, artifacts), and removed, or swept at
+// start-up when a killed worker left it. The layout is package inside's.
+package workspace
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/sandboxd/sandboxd/nsjail/inside"
+)
+
+// ColdPrefix names every execution's workspace directory, so the orphan
+// sweep removes only what sandboxd created even if the work root is shared;
+// WarmPrefix names the warm pool's (see CreateWarm).
+const (
+	ColdPrefix = "exec-"
+	WarmPrefix = "warm-"
+)
+
+// ErrFull is returned when the work root has no space (or inodes) left; the
+// API answers 507 and keeps serving.
+var ErrFull = errors.New("work root is full")
+
+// Options size and own a workspace.
+type Options struct {
+	// Bytes and Inodes size the workspace's tmpfs (see Mount).
+	Bytes, Inodes int64
+	// UID and GID are the sandbox user as the host sees it: the workspace
+	// is theirs, so the code can read it and write output/.
+	UID, GID int
+}
+
+// Request is what an execution's workspace holds before it runs.
+type Request struct {
+	// Code becomes inside.CodeFile.
+	Code string
+	// Input, when not nil, becomes inside.RequestFile.
+	Input []byte
+	// Files go under inside.InputDir; their paths are validated already.
+	Files []File
+}
+
+// File is one request file: Path is relative to inside.InputDir.
+type File struct {
+	Path string
+	Data []byte
+}
+
+// Workspace is one execution's host directory, bound at /workspace.
+type Workspace struct {
+	Dir string
+}
+
+// Create makes a fresh workspace under root for the run named run, mounts
+// a tmpfs sized by o on it (see Mount), writes the request in the layout of
+// package inside, and hands everything to o.UID and o.GID so the sandbox
+// user can read it and write output/.
+func Create(root, run string, o Options, req Request) (ws *Workspace, err error) {
+	if err := os.MkdirAll(root, 0o711); err != nil {
+		return nil, wrapSpace(fmt.Errorf("work root: %w", err))
+	}
+	dir, err := os.MkdirTemp(root, ColdPrefix+run+"-")
+	if err != nil {
+		return nil, wrapSpace(fmt.Errorf("create workspace: %w", err))
+	}
+	ws = &Workspace{Dir: dir}
+	defer func() {
+		if err != nil {
+			ws.Remove()
+			ws = nil
+		}
+	}()
+	if err := Mount(dir, o); err != nil {
+		return ws, err
+	}
+	// os.Root: every write below stays inside dir whatever the names say
+	// (defence in depth behind the server's path checks).
+	r, err := os.OpenRoot(dir)
+	if err != nil {
+		return ws, fmt.Errorf("open workspace: %w", err)
+	}
+	defer r.Close()
+	for _, d := range inside.LayoutDirs {
+		if err := r.Mkdir(d, 0o755); err != nil {
+			return ws, wrapSpace(fmt.Errorf("create workspace: %w", err))
+		}
+	}
+	if err := r.WriteFile(inside.CodeFile, []byte(req.Code), 0o644); err != nil {
+		return ws, wrapSpace(fmt.Errorf("write code: %w", err))
+	}
+	if req.Input != nil {
+		if err := r.WriteFile(inside.RequestFile, req.Input, 0o644); err != nil {
+			return ws, wrapSpace(fmt.Errorf("write input: %w", err))
+		}
+	}
+	for _, f := range req.Files {
+		p := inside.InputDir + "/" + f.Path
+		if err := r.MkdirAll(path.Dir(p), 0o755); err != nil {
+			return ws, wrapSpace(fmt.Errorf("write file %s: %w", f.Path, err))
+		}
+		if err := r.WriteFile(p, f.Data, 0o644); err != nil {
+			return ws, wrapSpace(fmt.Errorf("write file %s: %w", f.Path, err))
+		}
+	}
+	// Nothing in dir is a symlink yet (the sandbox has not run), so a plain
+	// walk is safe here.
+	err = filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, o.UID, o.GID)
+	})
+	if err != nil {
+		return ws, fmt.Errorf("chown workspace: %w", err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return ws, fmt.Errorf("chmod workspace: %w", err)
+	}
+	return ws, nil
+}
+
+// CreateWarm makes an empty workspace under root for a warm sandbox, which
+// an execution's request is moved into later (MoveInto): a tmpfs sized by
+// o, or, when o.Bytes is 0, a plain directory (then root must be on the
+// same filesystem as the executions' workspaces: entries are renamed).
+func CreateWarm(root string, o Options) (string, error) {
+	dir, err := os.MkdirTemp(root, WarmPrefix)
+	if err != nil {
+		return "", err
+	}
+	if err := os.Chown(dir, o.UID, o.GID); err != nil {
+		os.RemoveAll(dir)
+		return "", err
+	}
+	if o.Bytes > 0 {
+		if err := Mount(dir, o); err != nil {
+			os.RemoveAll(dir)
+			return "", err
+		}
+	}
+	return dir, nil
+}
+
+func wrapSpace(err error) error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return fmt.Errorf("%w: %w", ErrFull, err)
+	}
+	return err
+}
+
+// Remove unmounts and deletes the workspace, as the function Remove does.
+func (w *Workspace) Remove() error {
+	if w == nil || w.Dir == "" {
+		return nil
+	}
+	return Remove(w.Dir)
+}
+
+// Sweep removes every workspace under root, cold or warm, its tmpfs
+// unmounted first: run at start-up, when no execution can be live, it clears
+// what a SIGKILLed worker left behind (SECURITY.md case 22). It returns the
+// names it removed.
+func Sweep(root string) ([]string, error) {
+	entries, err := os.ReadDir(root)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("sweep %s: %w", root, err)
+	}
+	var removed []string
+	var errs []error
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), ColdPrefix) && !strings.HasPrefix(e.Name(), WarmPrefix) {
+			continue
+		}
+		if err := Remove(filepath.Join(root, e.Name())); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, e.Name())
+	}
+	return removed, errors.Join(errs...)
+}
