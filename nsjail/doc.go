@@ -7,6 +7,12 @@
 // cgroup limits; afterwards its container, cgroups, mounts and state are
 // gone. Sweep removes what a killed worker left behind.
 //
+// A sandbox is started either at once for its command (Runner.Run, or
+// Start then Wait) or in two phases, for the warm pool: Runner.Prestart
+// starts a command that prepares and then waits for its execution on the
+// caller's fds, and Pending.Handoff gives it the execution, from which
+// moment its deadline, times and output count (prestart.go).
+//
 // The name is Google's nsjail, whose role the package took; it neither runs
 // nor wraps nsjail, and is built on runc's libcontainer.
 //

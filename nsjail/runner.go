@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -173,25 +172,25 @@ type Sandbox struct {
 	mntns     *os.File
 	// cgroupPaths are the sandbox's cgroup directories (fixed at start).
 	cgroupPaths cgroup.Paths
-	// exitReport, when set, delivers the command's wait status as reported
-	// by its parent in the sandbox (see SetExitReport).
-	exitReport <-chan syscall.WaitStatus
-	// cpuBaselineNS is the CPU time spent before Handoff (a warm sandbox's
-	// preload), subtracted from the reported usage.
+	// exitReport and cpuBaselineNS are set by a Pending's Handoff: the
+	// command's wait status as reported from inside the sandbox
+	// (HandoffOptions.ExitReport), and the CPU time spent before the
+	// hand-off, subtracted from the reported usage.
+	exitReport    <-chan syscall.WaitStatus
 	cpuBaselineNS uint64
 }
 
 // ID is the sandbox's id (its container, cgroup and state directory name).
 func (s *Sandbox) ID() string { return s.id }
 
-// Pid is the host pid of the sandbox's first process.
-func (s *Sandbox) Pid() (int, error) { return s.proc.Pid() }
-
 // Start validates spec and starts its command in a fresh sandbox. The
 // returned Sandbox must be waited for. A validation error means nothing was
 // started; any other error is a *StartError, and everything that was created
 // is already removed.
-func (r *Runner) Start(spec Spec) (*Sandbox, error) {
+func (r *Runner) Start(spec Spec) (*Sandbox, error) { return r.start(spec, nil) }
+
+// start is Start, passing extraFiles to the command as fds 3, 4, ...
+func (r *Runner) start(spec Spec, extraFiles []*os.File) (*Sandbox, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
@@ -254,7 +253,7 @@ func (r *Runner) Start(spec Spec) (*Sandbox, error) {
 		Stdin:      spec.Stdin,
 		Stdout:     outW,
 		Stderr:     errW,
-		ExtraFiles: spec.ExtraFiles,
+		ExtraFiles: extraFiles,
 		Init:       true,
 	}
 	startedAt := time.Now()
@@ -293,81 +292,6 @@ func hasEnv(env []string, key string) bool {
 	return false
 }
 
-// Alive reports whether the sandbox's first process is running and has not
-// been sent SIGKILL. Once it has (the host's kill, the OOM killer), it never
-// runs again and takes the whole sandbox with it, but tearing down a large
-// process takes milliseconds during which wait(2) still sees it alive: the
-// kill shows at once in its pending signals.
-func (s *Sandbox) Alive() bool {
-	pid, err := s.proc.Pid()
-	if err != nil {
-		return false
-	}
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	return err == nil && statusAlive(string(status))
-}
-
-// statusAlive reads a /proc/PID/status: not a zombie, no SIGKILL pending
-// for the thread or the process.
-func statusAlive(status string) bool {
-	for _, line := range strings.Split(status, "\n") {
-		key, value, _ := strings.Cut(line, ":")
-		value = strings.TrimSpace(value)
-		switch key {
-		case "State":
-			if strings.HasPrefix(value, "Z") || strings.HasPrefix(value, "X") {
-				return false
-			}
-		case "SigPnd", "ShdPnd":
-			mask, err := strconv.ParseUint(value, 16, 64)
-			if err != nil || mask&(1<<(unix.SIGKILL-1)) != 0 {
-				return false
-			}
-		}
-	}
-	return true
-}
-
-// Handoff marks the moment a pre-started sandbox (the warm pool's) is given
-// its real work: the deadline becomes timeout counted from now, the reported
-// start time, wall time and CPU time count from here, and output written
-// before now is dropped, so a warm execution reports what a cold one would.
-// It returns the dropped output (normally empty). Call it before Wait.
-func (s *Sandbox) Handoff(timeout time.Duration) (droppedStdout, droppedStderr []byte) {
-	droppedStdout, droppedStderr = s.stdout.reset(), s.stderr.reset()
-	if cpu, err := cgroup.ReadCPUUsage(s.paths()); err == nil {
-		s.cpuBaselineNS = cpu
-	}
-	s.startedAt = time.Now()
-	if timeout > 0 {
-		s.lim.Timeout = timeout
-	}
-	return droppedStdout, droppedStderr
-}
-
-// SetLogger sends the sandbox's further log lines to l (the warm pool hands
-// over the execution's logger with the code).
-func (s *Sandbox) SetLogger(l *slog.Logger) {
-	if l != nil {
-		s.log = l.With("sandbox", s.id)
-	}
-}
-
-// MemoryBytes is the sandbox's current memory use as its cgroup accounts it
-// (what an idle warm sandbox costs).
-func (s *Sandbox) MemoryBytes() int64 { return s.readStats().MemoryCurrentBytes }
-
-// SetExitReport makes Wait take the command's wait status from report: the
-// warm pool's zygote, the sandbox's init, forks the process that runs the
-// code, reaps it and relays the status the kernel gave, then exits with it.
-// Wait answers then instead of waiting for the kernel to tear the zygote
-// down (~8-20 ms for a Python that imported the data stack), kills what is
-// left of the sandbox, and later cross-checks the report against the init's
-// own exit status, logging a mismatch. The report must come over a channel
-// that the code cannot reach (SECURITY.md case 25): its sender must be a
-// process that runs none of the code.
-func (s *Sandbox) SetExitReport(report <-chan syscall.WaitStatus) { s.exitReport = report }
-
 // destroy removes the container's cgroups and state directory. libcontainer
 // refuses to destroy a running container, so anything still alive (it should
 // not be) is killed first.
@@ -378,41 +302,4 @@ func destroy(c *libcontainer.Container, log *slog.Logger) {
 			log.Error("unable to destroy sandbox", "error", err)
 		}
 	}
-}
-
-// SetNice sets the scheduling niceness of every thread of every process
-// of the sandbox (the first process and its descendants; threads and
-// processes created later inherit it). The warm pool preloads at nice 19,
-// so refills use idle CPU only, and restores 0 at hand-off.
-func (s *Sandbox) SetNice(nice int) error {
-	pid, err := s.proc.Pid()
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for queue := []int{pid}; len(queue) > 0; queue = queue[1:] {
-		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", queue[0]))
-		if err != nil {
-			if !errors.Is(err, os.ErrNotExist) {
-				errs = append(errs, err)
-			}
-			continue
-		}
-		for _, t := range tasks {
-			tid, err := strconv.Atoi(t.Name())
-			if err != nil {
-				continue
-			}
-			if err := unix.Setpriority(unix.PRIO_PROCESS, tid, nice); err != nil && !errors.Is(err, unix.ESRCH) {
-				errs = append(errs, err)
-			}
-			children, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", queue[0], tid))
-			for _, c := range strings.Fields(string(children)) {
-				if cpid, err := strconv.Atoi(c); err == nil {
-					queue = append(queue, cpid)
-				}
-			}
-		}
-	}
-	return errors.Join(errs...)
 }

@@ -598,22 +598,22 @@ func TestConcurrentSandboxesAreIsolated(t *testing.T) {
 // kernel has torn it down.
 func TestAliveSeesAKillAtOnce(t *testing.T) {
 	r := newRunner(t)
-	sb, err := r.Start(nsjail.Spec{Rootfs: nsjailtest.ProbeRootfs(t), Args: []string{"sleep", "300"}})
+	p, err := r.Prestart(nsjail.Spec{Rootfs: nsjailtest.ProbeRootfs(t), Args: []string{"sleep", "300"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !sb.Alive() {
+	if !p.Alive() {
 		t.Error("a sleeping sandbox is not alive")
 	}
-	pid, err := sb.Pid()
+	pid, err := p.Pid()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	alive := sb.Alive()
-	res := sb.Wait(context.Background())
+	alive := p.Alive()
+	res := p.Retire(30 * time.Second)
 	if alive {
 		t.Error("a killed sandbox is still alive")
 	}
@@ -626,13 +626,13 @@ func TestAliveSeesAKillAtOnce(t *testing.T) {
 // and nothing of the sandbox outlives Wait.
 func TestExitReportCarriesASignal(t *testing.T) {
 	r := newRunner(t)
-	sb, err := r.Start(nsjail.Spec{Rootfs: nsjailtest.ProbeRootfs(t), Args: sh("sleep 1010")})
+	p, err := r.Prestart(nsjail.Spec{Rootfs: nsjailtest.ProbeRootfs(t), Args: sh("sleep 1010")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	report := make(chan syscall.WaitStatus, 1)
 	report <- syscall.WaitStatus(syscall.SIGSEGV) | 0x80 // killed, core dumped
-	sb.SetExitReport(report)
+	sb, _, _ := p.Handoff(nsjail.HandoffOptions{ExitReport: report})
 	res := sb.Wait(context.Background())
 	if res.Status != nsjail.StatusFailed || res.Signal != "SIGSEGV" || res.ExitCode != 128+int(syscall.SIGSEGV) {
 		t.Fatalf("status %s signal %q exit %d, want failed SIGSEGV %d", res.Status, res.Signal, res.ExitCode, 128+int(syscall.SIGSEGV))

@@ -124,10 +124,6 @@ type Spec struct {
 	Hostname string
 	// Limits; zero fields take DefaultLimits.
 	Limits Limits
-	// ExtraFiles are passed to the command as fds 3, 4, ... (used by the warm
-	// pool for its control pipe). Leave nil for untrusted commands: every other
-	// host fd is closed before the command starts.
-	ExtraFiles []*os.File
 	// Logger, when set, receives this sandbox's log lines instead of the
 	// Runner's (the server passes one carrying execution_id and policy).
 	Logger *slog.Logger

@@ -101,7 +101,7 @@ type templatePool struct {
 }
 
 type warmSandbox struct {
-	sb        *nsjail.Sandbox
+	pending   *nsjail.Pending
 	workspace string
 	control   *os.File // fd 3 of the code's process: the hand-off message
 	// exit delivers the code's process's wait status, as the zygote got it
@@ -145,7 +145,7 @@ func (w *warmSandbox) dead() bool {
 	case <-w.exit:
 		return true
 	default:
-		return !w.sb.Alive()
+		return !w.pending.Alive()
 	}
 }
 
@@ -204,7 +204,7 @@ func (p *Pool) Stats() PoolStats {
 	st.Ready = uint64(len(ready))
 	p.mu.Unlock()
 	for _, w := range ready {
-		st.IdleMemoryBytes += w.sb.MemoryBytes()
+		st.IdleMemoryBytes += w.pending.MemoryBytes()
 	}
 	return st
 }
@@ -243,7 +243,7 @@ func (p *Pool) Run(ctx context.Context, spec nsjail.Spec) (*nsjail.Result, error
 // before a hand-off: a request that sets one runs cold, counted.
 func (p *Pool) take(spec *nsjail.Spec) (*warmSandbox, *templatePool) {
 	if spec.Workspace == "" || len(spec.Args) != 2 || (spec.Args[0] != "python3" && spec.Args[0] != "python") ||
-		spec.Stdin != nil || len(spec.ExtraFiles) > 0 {
+		spec.Stdin != nil {
 		return nil, nil
 	}
 	p.mu.Lock()
@@ -319,35 +319,34 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (r
 		p.retire(w)
 		return nil, false, err
 	}
-	w.sb.SetLogger(spec.Logger)
-	if err := w.sb.SetNice(0); err != nil {
-		p.log.Warn("warm pool: unable to restore the sandbox's priority", "sandbox", w.sb.ID(), "error", err)
+	if err := w.pending.SetNice(0); err != nil {
+		p.log.Warn("warm pool: unable to restore the sandbox's priority", "sandbox", w.pending.ID(), "error", err)
 	}
-	if out, errOut := w.sb.Handoff(spec.Limits.Timeout); len(out)+len(errOut) > 0 {
-		p.log.Warn("warm sandbox wrote output before hand-off (dropped)", "sandbox", w.sb.ID(),
+	sb, out, errOut := w.pending.Handoff(nsjail.HandoffOptions{Timeout: spec.Limits.Timeout, Logger: spec.Logger, ExitReport: w.exit})
+	if len(out)+len(errOut) > 0 {
+		p.log.Warn("warm sandbox wrote output before hand-off (dropped)", "sandbox", sb.ID(),
 			"stdout", truncateForLog(out), "stderr", truncateForLog(errOut))
 	}
 	if w.dead() {
-		return nil, false, p.dropDead(w, spec, false, "its zygote or code's process is gone")
+		return nil, false, p.dropDead(w, sb, spec, false, "its zygote or code's process is gone")
 	}
-	w.sb.SetExitReport(w.exit)
 	// One line (JSON has no raw newline); the pipe stays open until the
 	// sandbox is gone, so that what is left unread in it tells whether the
 	// code's process ever took the hand-off.
 	if _, err := w.control.Write(append(msg, '\n')); err != nil {
 		// EPIPE: the code's process is gone.
-		return nil, false, p.dropDead(w, spec, false, fmt.Sprintf("the hand-off failed: %v", err))
+		return nil, false, p.dropDead(w, sb, spec, false, fmt.Sprintf("the hand-off failed: %v", err))
 	}
-	res = w.sb.Wait(ctx)
+	res = sb.Wait(ctx)
 	unread, uerr := pipeUnread(w.control)
 	w.control.Close()
 	if uerr == nil && unread > 0 {
 		// The code's process never read the whole line (it runs the code
 		// only after the newline): none of the execution ran.
-		return nil, false, p.dropDead(w, spec, true, "the hand-off was never read")
+		return nil, false, p.dropDead(w, sb, spec, true, "the hand-off was never read")
 	}
 	if uerr != nil {
-		p.log.Warn("warm pool: unable to check the hand-off pipe", "sandbox", w.sb.ID(), "error", uerr)
+		p.log.Warn("warm pool: unable to check the hand-off pipe", "sandbox", sb.ID(), "error", uerr)
 	}
 	// w.workspace is hostile now: the caller's collector opens everything
 	// in it with O_NOFOLLOW and never follows a link.
@@ -357,17 +356,22 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (r
 
 // dropDead gives the request's files back to spec.Workspace from a warm
 // sandbox that died before its code ran (so the workspace holds only what
-// the server wrote) and retires the sandbox, or only removes its workspace
-// once it was waited for.
-func (p *Pool) dropDead(w *warmSandbox, spec nsjail.Spec, waited bool, why string) error {
+// the server wrote) and ends the sandbox, handed sb, or only removes its
+// workspace once it was waited for.
+func (p *Pool) dropDead(w *warmSandbox, sb *nsjail.Sandbox, spec nsjail.Spec, waited bool, why string) error {
 	log := cmp.Or(spec.Logger, p.log)
-	log.Warn("warm sandbox found dead at hand-off; running the execution cold", "sandbox", w.sb.ID(), "why", why)
+	log.Warn("warm sandbox found dead at hand-off; running the execution cold", "sandbox", sb.ID(), "why", why)
 	err := workspace.MoveBack(w.workspace, spec.Workspace)
 	p.retiring.Add(1)
 	go func() {
 		defer p.retiring.Done()
 		if !waited {
-			p.retire(w)
+			// As retire, for a sandbox already handed off.
+			w.control.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), retireGrace)
+			sb.Wait(ctx)
+			cancel()
+			workspace.Remove(w.workspace)
 		} else if err := workspace.Remove(w.workspace); err != nil {
 			p.log.Warn("warm pool: unable to remove a dead sandbox's workspace", "workspace", w.workspace, "error", err)
 		}
@@ -454,12 +458,14 @@ func (p *Pool) retireIdle(tp *templatePool) {
 	}
 }
 
+// retireGrace bounds the wait for a retired warm sandbox to exit by itself.
+const retireGrace = 5 * time.Second
+
 // retire ends an unused warm sandbox: EOF on its control pipe makes the
 // code's process, then the zygote, exit 0; a bounded wait kills it otherwise.
 func (p *Pool) retire(w *warmSandbox) {
 	w.control.Close()
-	w.sb.Handoff(5 * time.Second)
-	w.sb.Wait(context.Background())
+	w.pending.Retire(retireGrace)
 	workspace.Remove(w.workspace)
 }
 
@@ -536,18 +542,16 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 		return nil, err
 	}
 	spec := nsjail.Spec{
-		Rootfs:     t.Rootfs,
-		Args:       zygoteArgs(p.cfg.Preload),
-		Env:        slices.Clone(t.Env),
-		Cwd:        inside.Workspace,
-		Workspace:  ws,
-		Limits:     t.Limits,
-		ExtraFiles: []*os.File{ctlR, readyW, statusW},
+		Rootfs:    t.Rootfs,
+		Args:      zygoteArgs(p.cfg.Preload),
+		Env:       slices.Clone(t.Env),
+		Cwd:       inside.Workspace,
+		Workspace: ws,
+		Limits:    t.Limits,
 	}
-	// The zygote waits for its hand-off with no deadline of its own; Handoff
-	// sets the execution's. Until then the pool's own timer applies.
-	spec.Limits.Timeout = 365 * 24 * time.Hour
-	sb, err := p.runner.Start(spec)
+	// No deadline runs until the hand-off, which sets the execution's; until
+	// then the pool's own timer applies.
+	pending, err := p.runner.Prestart(spec, ctlR, readyW, statusW)
 	ctlR.Close()
 	readyW.Close()
 	statusW.Close()
@@ -559,10 +563,10 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 		return nil, err
 	}
 	// Preload on idle CPU only: a refill must not slow running executions.
-	if err := sb.SetNice(19); err != nil {
-		p.log.Warn("warm pool: unable to lower the preload's priority", "sandbox", sb.ID(), "error", err)
+	if err := pending.SetNice(19); err != nil {
+		p.log.Warn("warm pool: unable to lower the preload's priority", "sandbox", pending.ID(), "error", err)
 	}
-	w := &warmSandbox{sb: sb, workspace: ws, control: ctlW, exit: readExitReport(statusR)}
+	w := &warmSandbox{pending: pending, workspace: ws, control: ctlW, exit: readExitReport(statusR)}
 	got := make(chan error, 1)
 	go func() {
 		b := make([]byte, 1)
@@ -584,8 +588,7 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 	readyR.Close()
 	if err != nil {
 		ctlW.Close()
-		sb.Handoff(time.Second)
-		res := sb.Wait(context.Background())
+		res := pending.Retire(time.Second)
 		workspace.Remove(ws)
 		if err == errPoolClosed {
 			return nil, err

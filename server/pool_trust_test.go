@@ -323,7 +323,7 @@ func warmPid(t *testing.T, p *Pool, zygote bool) int {
 	p.mu.Lock()
 	w := p.templates[0].ready[0]
 	p.mu.Unlock()
-	pid, err := w.sb.Pid()
+	pid, err := w.pending.Pid()
 	if err != nil {
 		t.Fatal(err)
 	}

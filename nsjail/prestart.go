@@ -1,0 +1,178 @@
+package nsjail
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sandboxd/sandboxd/cgroup"
+	"golang.org/x/sys/unix"
+)
+
+// A sandbox can also be started in two phases (the warm pool's): Prestart
+// starts the command, which prepares itself and then waits for its
+// execution on a channel of the caller's (files); Handoff marks the moment
+// the execution is given to it and returns the Sandbox to Wait for, which
+// then reports what a cold run of that execution would.
+
+// Prestart validates spec and starts its command in a fresh sandbox that
+// waits for its execution. files are passed to the command as fds 3, 4, ...:
+// the channel its execution comes over (every other host fd is closed, as
+// for Start). No deadline runs until Handoff; spec.Limits.Timeout is the
+// execution's unless HandoffOptions.Timeout is set. Errors are Start's.
+// Exactly one of Handoff and Retire must be called on the result.
+func (r *Runner) Prestart(spec Spec, files ...*os.File) (*Pending, error) {
+	s, err := r.start(spec, files)
+	if err != nil {
+		return nil, err
+	}
+	return &Pending{s: s}, nil
+}
+
+// Pending is a pre-started sandbox waiting for its execution.
+type Pending struct {
+	s *Sandbox
+}
+
+// ID is the sandbox's id.
+func (p *Pending) ID() string { return p.s.id }
+
+// Pid is the host pid of the sandbox's first process.
+func (p *Pending) Pid() (int, error) { return p.s.proc.Pid() }
+
+// Alive reports whether the sandbox's first process is running and has not
+// been sent SIGKILL. Once it has (the host's kill, the OOM killer), it never
+// runs again and takes the whole sandbox with it, but tearing down a large
+// process takes milliseconds during which wait(2) still sees it alive: the
+// kill shows at once in its pending signals.
+func (p *Pending) Alive() bool {
+	pid, err := p.s.proc.Pid()
+	if err != nil {
+		return false
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	return err == nil && statusAlive(string(status))
+}
+
+// statusAlive reads a /proc/PID/status: not a zombie, no SIGKILL pending
+// for the thread or the process.
+func statusAlive(status string) bool {
+	for _, line := range strings.Split(status, "\n") {
+		key, value, _ := strings.Cut(line, ":")
+		value = strings.TrimSpace(value)
+		switch key {
+		case "State":
+			if strings.HasPrefix(value, "Z") || strings.HasPrefix(value, "X") {
+				return false
+			}
+		case "SigPnd", "ShdPnd":
+			mask, err := strconv.ParseUint(value, 16, 64)
+			if err != nil || mask&(1<<(unix.SIGKILL-1)) != 0 {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// MemoryBytes is the sandbox's current memory use as its cgroup accounts it
+// (what an idle pre-started sandbox costs).
+func (p *Pending) MemoryBytes() int64 { return p.s.readStats().MemoryCurrentBytes }
+
+// SetNice sets the scheduling niceness of every thread of every process
+// of the sandbox (the first process and its descendants; threads and
+// processes created later inherit it). The warm pool prepares at nice 19,
+// so refills use idle CPU only, and restores 0 before the hand-off.
+func (p *Pending) SetNice(nice int) error {
+	pid, err := p.s.proc.Pid()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for queue := []int{pid}; len(queue) > 0; queue = queue[1:] {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", queue[0]))
+		if err != nil {
+			if !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		for _, t := range tasks {
+			tid, err := strconv.Atoi(t.Name())
+			if err != nil {
+				continue
+			}
+			if err := unix.Setpriority(unix.PRIO_PROCESS, tid, nice); err != nil && !errors.Is(err, unix.ESRCH) {
+				errs = append(errs, err)
+			}
+			children, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", queue[0], tid))
+			for _, c := range strings.Fields(string(children)) {
+				if cpid, err := strconv.Atoi(c); err == nil {
+					queue = append(queue, cpid)
+				}
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// HandoffOptions are the execution's, given to a pre-started sandbox.
+type HandoffOptions struct {
+	// Timeout is the execution's deadline, counted from the hand-off
+	// (Spec.Limits.Timeout when 0).
+	Timeout time.Duration
+	// Logger, when set, receives the sandbox's further log lines (the
+	// execution's, carrying its ids).
+	Logger *slog.Logger
+	// ExitReport, when set, delivers the command's wait status from inside
+	// the sandbox: the warm pool's zygote, the sandbox's init, forks the
+	// process that runs the code, reaps it and relays the status the kernel
+	// gave, then exits with it (a signal N as 128+N). Wait answers then
+	// instead of waiting for the kernel to tear the zygote down (~8-20 ms
+	// for a Python that imported the data stack), kills what is left of the
+	// sandbox, and later cross-checks the report against the init's own
+	// exit status, logging a mismatch. A channel that closes without a
+	// value means no report: Wait waits for the exit. The report must come
+	// over a channel that the code cannot reach (SECURITY.md case 25): its
+	// sender must be a process that runs none of the code.
+	ExitReport <-chan syscall.WaitStatus
+}
+
+// Handoff marks the moment the sandbox is given its execution, which the
+// caller then sends over its channel: the deadline counts from now, so do
+// the reported start time, wall time and CPU time, and the output written
+// before now is dropped, so the execution reports what a cold one would.
+// It returns the Sandbox to Wait for and the dropped output (normally
+// empty).
+func (p *Pending) Handoff(o HandoffOptions) (sb *Sandbox, droppedStdout, droppedStderr []byte) {
+	s := p.s
+	if o.Logger != nil {
+		s.log = o.Logger.With("sandbox", s.id)
+	}
+	droppedStdout, droppedStderr = s.stdout.reset(), s.stderr.reset()
+	if cpu, err := cgroup.ReadCPUUsage(s.paths()); err == nil {
+		s.cpuBaselineNS = cpu
+	}
+	s.startedAt = time.Now()
+	if o.Timeout > 0 {
+		s.lim.Timeout = o.Timeout
+	}
+	s.exitReport = o.ExitReport
+	return s, droppedStdout, droppedStderr
+}
+
+// Retire ends a pre-started sandbox that gets no execution: it gives the
+// command grace to exit on its own (the caller has told it to, as by
+// closing its channel), then kills it, and returns its result with
+// everything it wrote (why it failed, when it did). The sandbox is removed
+// as after Wait.
+func (p *Pending) Retire(grace time.Duration) *Result {
+	p.s.lim.Timeout = grace
+	return p.s.Wait(context.Background())
+}
