@@ -64,8 +64,4 @@ type Result struct {
 	FinishedAt      time.Time `json:"finished_at"`
 	// Error explains StatusSandboxError.
 	Error string `json:"error,omitempty"`
-	// Workspace is the host directory that holds what the command left in
-	// /workspace: Spec.Workspace, unless the run was served by a sandbox
-	// that had its own (the warm pool's); the caller then removes it too.
-	Workspace string `json:"-"`
 }

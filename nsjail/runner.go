@@ -161,7 +161,6 @@ func (e *StartError) Result() *Result {
 type Sandbox struct {
 	r         *Runner
 	id        string
-	spec      Spec
 	lim       Limits
 	c         *libcontainer.Container
 	proc      *libcontainer.Process
@@ -276,7 +275,7 @@ func (r *Runner) start(spec Spec, extraFiles []*os.File) (*Sandbox, error) {
 	}
 	return &Sandbox{
 		mntns: mntns,
-		r:     r, id: id, spec: spec, lim: lim, c: c, proc: proc,
+		r:     r, id: id, lim: lim, c: c, proc: proc,
 		stdout:    newCapture(outR, lim.StdoutBytes),
 		stderr:    newCapture(errR, lim.StderrBytes),
 		startedAt: startedAt, log: log,

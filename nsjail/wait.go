@@ -19,7 +19,7 @@ import (
 // kills it takes), collect (output, counters, removal) and classify (the
 // status, a pure function of what the first two saw).
 func (s *Sandbox) Wait(ctx context.Context) *Result {
-	res := &Result{ID: s.id, StartedAt: s.startedAt, Workspace: s.spec.Workspace}
+	res := &Result{ID: s.id, StartedAt: s.startedAt}
 	end := s.await(ctx)
 	res.FinishedAt = time.Now()
 	stats := s.collect(end)

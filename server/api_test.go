@@ -93,7 +93,7 @@ func TestPoliciesAndProbes(t *testing.T) {
 		}
 	}
 	// A server whose rootfs is not ready refuses executions with 503.
-	srv, err := New(Deps{Config: e.otherConfig(), Sandbox: e.sandbox, Runner: e.sandbox.Runner, Logger: quietLog,
+	srv, err := New(Deps{Config: e.otherConfig(), Sandbox: e.sandbox, Logger: quietLog,
 		ResolveRootfs: e.srv.resolve})
 	if err != nil {
 		t.Fatal(err)
@@ -143,7 +143,7 @@ func TestPrepareRefusesUnreachableRootfs(t *testing.T) {
 	if err := os.Mkdir(hidden, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := New(Deps{Config: e.otherConfig(), Sandbox: e.sandbox, Runner: e.sandbox.Runner, Logger: quietLog,
+	srv, err := New(Deps{Config: e.otherConfig(), Sandbox: e.sandbox, Logger: quietLog,
 		ResolveRootfs: func(context.Context) (string, error) { return hidden, nil }})
 	if err != nil {
 		t.Fatal(err)

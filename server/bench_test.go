@@ -29,7 +29,7 @@ func BenchmarkAPIGroupby(b *testing.B) {
 			cfg.PoolSize = size
 			cfg.MaxConcurrent = 1
 			r := nsjailtest.NewRunner(b, nsjail.Options{StateRoot: cfg.StateRoot, CgroupParent: testCgroupParent, Logger: quietLog})
-			srv, err := New(Deps{Config: cfg, Sandbox: r, Runner: r, Logger: quietLog,
+			srv, err := New(Deps{Config: cfg, Sandbox: r, Logger: quietLog,
 				ResolveRootfs: func(context.Context) (string, error) { return rootfs, nil }})
 			if err != nil {
 				b.Fatal(err)

@@ -51,7 +51,7 @@ func crashWorker() {
 	if err != nil {
 		fail(err)
 	}
-	srv, err := New(Deps{Config: cfg, Sandbox: r, Runner: r, Logger: quietLog,
+	srv, err := New(Deps{Config: cfg, Sandbox: r, Logger: quietLog,
 		ResolveRootfs: func(context.Context) (string, error) { return rootfs, nil }})
 	if err != nil {
 		fail(err)
@@ -133,7 +133,7 @@ func TestRestartAfterSIGKILLSweepsOrphans(t *testing.T) {
 	cfg.WorkRoot, cfg.ResultsDir, cfg.StateRoot, cfg.PoolSize = work, resultsDir, crashStateRoot, 0
 	rootfs := shellRootfs(t)
 	cs := &countingSandbox{Runner: r}
-	srv, err := New(Deps{Config: cfg, Sandbox: cs, Runner: r, Logger: quietLog,
+	srv, err := New(Deps{Config: cfg, Sandbox: cs, Logger: quietLog,
 		ResolveRootfs: func(context.Context) (string, error) { return rootfs, nil }})
 	if err != nil {
 		t.Fatal(err)

@@ -250,9 +250,8 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 	}
 	s.live.setRunning(rec)
 
-	sandbox := s.runSandbox()
 	ws, err := s.createWorkspace(s.cfg.WorkRoot, p.run, workspace.Options{
-		Bytes: s.cfg.WorkspaceBytes, Inodes: s.cfg.WorkspaceInodes, UID: sandbox.HostUID(), GID: sandbox.HostGID(),
+		Bytes: s.cfg.WorkspaceBytes, Inodes: s.cfg.WorkspaceInodes, UID: s.sandbox.HostUID(), GID: s.sandbox.HostGID(),
 	}, workspace.Request{Code: p.code, Input: p.input, Files: p.files})
 	if err != nil {
 		s.forget(rec)
@@ -266,14 +265,14 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 	// run lasts (only queued executions hold them; see server/README.md).
 	p.code, p.input, p.files = "", nil, nil
 	// Removal (lazy unmounts, whose RCU waits cost milliseconds) happens
-	// after the response; Drain waits for it. outputs is a warm sandbox's
-	// own workspace, when one served the run.
-	var outputs string
+	// after the response; Drain waits for it. warm is a warm sandbox's own
+	// workspace, when one served the run.
+	var warm string
 	s.cleanups.Add(1)
 	defer func() {
 		go func() {
 			defer s.cleanups.Done()
-			for _, dir := range []string{ws.Dir, outputs} {
+			for _, dir := range []string{ws.Dir, warm} {
 				if dir == "" {
 					continue
 				}
@@ -287,7 +286,7 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 	spec := s.spec(p, rootfs, python, ws.Dir)
 	spec.Logger = log // execution_id and policy on the sandbox's lines too
 	log.Info("sandbox starting")
-	res, err := sandbox.Run(ctx, spec)
+	res, outputs, err := s.run(ctx, spec)
 	if err != nil {
 		// The spec was refused before anything started: our bug, not the
 		// caller's.
@@ -296,11 +295,10 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 		resp.Error = err.Error()
 		return finish()
 	}
-	dir := ws.Dir
-	if res.Workspace != "" && res.Workspace != ws.Dir {
-		outputs, dir = res.Workspace, res.Workspace
+	if outputs != ws.Dir {
+		warm = outputs
 	}
-	s.fill(resp, res, dir, func(i int, r io.Reader) (int64, error) {
+	s.fill(resp, res, outputs, func(i int, r io.Reader) (int64, error) {
 		f, err := s.results.CreatePart(p.id, i)
 		if err != nil {
 			log.Error("storing an artifact failed", "err", err)

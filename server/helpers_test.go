@@ -38,8 +38,9 @@ func TestMain(m *testing.M) {
 	os.Exit(nsjailtest.RunAndCheck(m, [2]string{crashStateRoot, crashCgroupParent}))
 }
 
-// countingSandbox is the real runner, counting the sandboxes it starts, so a
-// rejection test can assert that none started, and keeping their specs.
+// countingSandbox is the real runner, counting the sandboxes it runs cold
+// (the warm pool's fallbacks too; not its pre-started ones), so a rejection
+// test can assert that none started, and keeping their specs.
 type countingSandbox struct {
 	*nsjail.Runner
 	started atomic.Int64
@@ -145,7 +146,6 @@ func newEnv(t *testing.T, rootfs string, mod func(*config.Config)) *testEnv {
 	srv, err := New(Deps{
 		Config:        cfg,
 		Sandbox:       cs,
-		Runner:        r,
 		ResolveRootfs: func(context.Context) (string, error) { return rootfs, nil },
 		Logger:        slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})

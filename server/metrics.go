@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/sandboxd/sandboxd/server/warmpool"
 )
 
 // metrics are the server's Prometheus series, on its own registry (no
@@ -71,7 +72,7 @@ func (m *metrics) handler() http.Handler {
 // separate GaugeFuncs would.
 type poolCollector struct {
 	size  int
-	stats func() PoolStats
+	stats func() warmpool.Stats
 }
 
 var (

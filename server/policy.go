@@ -11,6 +11,7 @@ import (
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/server/config"
+	"github.com/sandboxd/sandboxd/server/warmpool"
 )
 
 // Execution types: each names a Policy.
@@ -133,6 +134,6 @@ func (p Policy) Env(extra map[string]string) []string {
 
 // Template is the warm-pool template of the policy on rootfs: the same
 // BaseEnv and Limits a request of this policy gets.
-func (p Policy) Template(c config.Config, rootfs string) Template {
-	return Template{Name: p.Name, Rootfs: rootfs, Env: p.BaseEnv(), Limits: p.Limits(c)}
+func (p Policy) Template(c config.Config, rootfs string) warmpool.Template {
+	return warmpool.Template{Name: p.Name, Rootfs: rootfs, Env: p.BaseEnv(), Limits: p.Limits(c)}
 }

@@ -211,11 +211,17 @@ print(sorted(os.listdir("/workspace")), sorted(os.listdir("/workspace/input")), 
 	// A request that sets a variable (Python reads them at start-up) runs
 	// cold, same answer, counted.
 	before = warm.srv.PoolStats().Taken
+	coldBefore := warm.sandbox.started.Load()
 	for _, env := range []map[string]string{{"LANG": "C"}, {"TZ": "UTC"}} {
 		l := warm.execute(ExecutionRequest{Code: "import os; print(os.environ['LANG'], os.environ.get('TZ'))", Env: env})
 		if want := fmt.Sprintf("%s %s\n", cmp.Or(env["LANG"], "C.UTF-8"), cmp.Or(env["TZ"], "None")); l.Stdout != want || warm.srv.PoolStats().Taken != before {
 			t.Fatalf("env %v: %q, want %q; taken %d→%d", env, l.Stdout, want, before, warm.srv.PoolStats().Taken)
 		}
+	}
+	// Those cold runs went through Deps.Sandbox, the wrapper every cold run
+	// goes through, as the warm one did not.
+	if n := warm.sandbox.started.Load() - coldBefore; n != 2 {
+		t.Fatalf("Deps.Sandbox ran %d of the pool's 2 cold fallbacks", n)
 	}
 	// Cancel and timeout of a warm execution: killed, reported, cleaned.
 	waitFor(t, func() bool { return warm.srv.PoolStats().Ready >= 2 })

@@ -1,7 +1,8 @@
 // Package server is sandboxd's execution API: it turns an HTTP request into
 // one sandboxed run and back. Data flows one way: request → policy →
-// workspace → sandbox → result. The sandbox is reached only through the
-// Sandboxer interface, so a warm pool can replace the cold runner.
+// workspace (package workspace) → sandbox (the Sandboxer, or the warm pool
+// of package warmpool built on it) → result (stored in package results).
+// Its own files are the HTTP API, admission and the result store's glue.
 package server
 
 import (
@@ -19,11 +20,12 @@ import (
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/server/config"
 	"github.com/sandboxd/sandboxd/server/results"
+	"github.com/sandboxd/sandboxd/server/warmpool"
 	"github.com/sandboxd/sandboxd/server/workspace"
 )
 
-// Sandboxer runs one execution in a fresh sandbox. *nsjail.Runner is one; a
-// warm pool is another.
+// Sandboxer runs one execution in a fresh sandbox: *nsjail.Runner, or a
+// wrapper of one.
 type Sandboxer interface {
 	// Run runs spec and returns its result; the error is non-nil only when
 	// nothing was started (see nsjail.Runner.Run).
@@ -34,16 +36,16 @@ type Sandboxer interface {
 	HostGID() int
 }
 
-// Deps are what a Server needs. All fields are required, except Runner when
-// the warm pool is off (Config.PoolSize == 0).
+// Deps are what a Server needs. All fields are required.
 type Deps struct {
 	// Config is the validated configuration.
 	Config config.Config
-	// Sandbox runs executions cold (an *nsjail.Runner, or a wrapper of one),
-	// and all of them while the warm pool is off or not built yet.
+	// Sandbox runs every execution: cold ones, the warm pool's cold
+	// fallbacks among them, through its Run, and with the warm pool on
+	// (pool_size > 0) it also pre-starts the pool's sandboxes, so it must
+	// then be a warmpool.Sandboxer (as *nsjail.Runner is). Whatever wraps
+	// the runner sees every execution that runs cold.
 	Sandbox Sandboxer
-	// Runner starts the warm pool's sandboxes (and its cold fallbacks).
-	Runner *nsjail.Runner
 	// ResolveRootfs returns the unpacked runtime rootfs, unpacking
 	// Config.PythonImage into Config.RootfsCache first if needed. It is
 	// called once, by Prepare.
@@ -59,7 +61,6 @@ type Server struct {
 	cfg      config.Config
 	policies Policies
 	sandbox  Sandboxer
-	runner   *nsjail.Runner
 	resolve  func(ctx context.Context) (string, error)
 	log      *slog.Logger
 	// createWorkspace is workspace.Create; the unit tests, which run
@@ -78,7 +79,7 @@ type Server struct {
 	rootfs   string // set once Prepare succeeds
 	python   string // interpreter name found in the rootfs
 	prepErr  error
-	pool     *Pool          // set by Prepare when pool_size > 0
+	pool     *warmpool.Pool // set by Prepare when pool_size > 0
 	draining bool           // under mu: once set, inFlight gets no new Add
 	inFlight sync.WaitGroup // executions between admission and cleanup
 	cleanups sync.WaitGroup // workspace removals after the response
@@ -98,8 +99,8 @@ func New(d Deps) (*Server, error) {
 	if d.Logger == nil {
 		errs = append(errs, errors.New("deps: Logger is required"))
 	}
-	if d.Runner == nil && d.Config.PoolSize > 0 {
-		errs = append(errs, errors.New("deps: Runner is required when pool_size > 0"))
+	if _, ok := d.Sandbox.(warmpool.Sandboxer); d.Sandbox != nil && !ok && d.Config.PoolSize > 0 {
+		errs = append(errs, fmt.Errorf("deps: Sandbox (%T) cannot pre-start sandboxes, which the warm pool needs (pool_size > 0)", d.Sandbox))
 	}
 	if err := d.Config.Validate(); err != nil {
 		errs = append(errs, err)
@@ -111,7 +112,6 @@ func New(d Deps) (*Server, error) {
 		cfg:      d.Config,
 		policies: PoliciesFromConfig(d.Config),
 		sandbox:  d.Sandbox,
-		runner:   d.Runner,
 		resolve:  d.ResolveRootfs,
 		log:      d.Logger,
 		live:     newLiveTable(),
@@ -203,19 +203,21 @@ func (s *Server) Prepare(ctx context.Context) error {
 		return err
 	}
 	python := findPython(root)
-	var pool *Pool
+	var pool *warmpool.Pool
 	if s.cfg.PoolSize > 0 {
-		var templates []Template
+		var templates []warmpool.Template
 		for _, name := range s.policies.Names() {
 			templates = append(templates, s.policies[name].Template(s.cfg, root))
 		}
-		// An empty pool_preload means "import nothing" (NewPool reads nil
-		// as its default list).
+		// An empty pool_preload means "import nothing" (warmpool.New reads
+		// nil as its default list).
 		preload := s.cfg.PoolPreload
 		if preload == nil {
 			preload = []string{}
 		}
-		pool, err = NewPool(s.runner, PoolConfig{
+		// The pool's cold fallbacks run through s.sandbox, as every cold
+		// execution does (New checked that it can pre-start).
+		pool, err = warmpool.New(s.sandbox.(warmpool.Sandboxer), warmpool.Config{
 			Size:            s.cfg.PoolSize,
 			MaxIdle:         time.Duration(s.cfg.PoolMaxIdle),
 			Preload:         preload,
@@ -245,25 +247,29 @@ func (s *Server) Prepare(ctx context.Context) error {
 }
 
 // PoolStats is the warm pool's state (zero while it is off or not built).
-func (s *Server) PoolStats() PoolStats {
+func (s *Server) PoolStats() warmpool.Stats {
 	s.mu.Lock()
 	pool := s.pool
 	s.mu.Unlock()
 	if pool == nil {
-		return PoolStats{}
+		return warmpool.Stats{}
 	}
 	return pool.Stats()
 }
 
-// runSandbox is the Sandboxer for the next execution: the warm pool once
-// built (it runs cold itself when no warm sandbox matches), else the cold one.
-func (s *Server) runSandbox() Sandboxer {
+// run runs spec on the warm pool once it is built (it runs spec cold itself
+// when no warm sandbox matches), else cold. outputs is the host directory
+// that holds what the code left in /workspace: spec.Workspace, or a warm
+// sandbox's own workspace, which the caller removes too.
+func (s *Server) run(ctx context.Context, spec nsjail.Spec) (res *nsjail.Result, outputs string, err error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.pool != nil {
-		return s.pool
+	pool := s.pool
+	s.mu.Unlock()
+	if pool != nil {
+		return pool.Run(ctx, spec)
 	}
-	return s.sandbox
+	res, err = s.sandbox.Run(ctx, spec)
+	return res, spec.Workspace, err
 }
 
 // checkReachable fails unless root is a directory that every user can reach:
@@ -353,9 +359,6 @@ func (s *Server) Drain(ctx context.Context) int {
 	s.cleanups.Wait()
 	// The sandboxes themselves are removed in the background too, by the
 	// Runner (*nsjail.Runner.WaitForCleanup) that ran them.
-	if s.runner != nil {
-		s.runner.WaitForCleanup()
-	}
 	if c, ok := s.sandbox.(interface{ WaitForCleanup() }); ok {
 		c.WaitForCleanup()
 	}

@@ -75,7 +75,6 @@ func cmdServe(args []string) error {
 	srv, err := server.New(server.Deps{
 		Config:        cfg,
 		Sandbox:       runner,
-		Runner:        runner,
 		ResolveRootfs: resolve,
 		Logger:        log,
 	})

@@ -1,4 +1,4 @@
-package server
+package warmpool_test
 
 // The warm pool's trust boundary: what the code handed to a warm sandbox can
 // reach, and what the worker believes about it. A warm run must be as safe
@@ -24,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 	"github.com/sandboxd/sandboxd/server/config"
+	"github.com/sandboxd/sandboxd/server/warmpool"
 	"github.com/sandboxd/sandboxd/server/workspace"
 )
 
@@ -70,7 +71,7 @@ func TestWarmExitReportCannotBeForged(t *testing.T) {
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	r := newPoolRunner(t)
 	tpl := poolTemplate(rootfs)
-	pool, err := NewPool(r, PoolConfig{Size: 1, WorkRoot: t.TempDir(), Preload: []string{"numpy"}}, []Template{tpl}, poolQuietLog)
+	pool, err := warmpool.New(r, warmpool.Config{Size: 1, WorkRoot: t.TempDir(), Preload: []string{"numpy"}}, []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,11 +99,11 @@ func TestWarmExitReportCannotBeForged(t *testing.T) {
 				Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits, Logger: log}
 			spec.Limits.Timeout = 3 * time.Second
 			before := pool.Stats().Taken
-			res, err := pool.Run(context.Background(), spec)
+			res, out, err := pool.Run(context.Background(), spec)
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer cleanupWarm(t, res, ws)
+			defer cleanupWarm(t, out, ws)
 			if pool.Stats().Taken != before+1 {
 				t.Fatal("the pool did not serve the run")
 			}
@@ -151,10 +152,12 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
-func cleanupWarm(t *testing.T, res *nsjail.Result, ws string) {
+// cleanupWarm removes a warm run's outputs, when they are not ws, the
+// request's workspace (the test's to remove).
+func cleanupWarm(t *testing.T, outputs, ws string) {
 	t.Helper()
-	if res.Workspace != "" && res.Workspace != ws {
-		if err := workspace.Remove(res.Workspace); err != nil {
+	if outputs != "" && outputs != ws {
+		if err := workspace.Remove(outputs); err != nil {
 			t.Error(err)
 		}
 	}
@@ -191,28 +194,34 @@ func TestWarmHonoursStartupEnv(t *testing.T) {
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	r := newPoolRunner(t)
 	tpl := poolTemplate(rootfs)
-	tpl.Env = append(tpl.Env, "LANG=C.UTF-8") // as Policy.BaseEnv
-	pool, err := NewPool(r, PoolConfig{Size: 1, WorkRoot: t.TempDir(), Preload: []string{"numpy"}}, []Template{tpl}, poolQuietLog)
+	pool, err := warmpool.New(r, warmpool.Config{Size: 1, WorkRoot: t.TempDir(), Preload: []string{"numpy"}}, []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	run := func(sb interface {
-		Run(context.Context, nsjail.Spec) (*nsjail.Result, error)
-	}, extra map[string]string) *nsjail.Result {
+	// run runs the script cold, or through the pool when warm.
+	run := func(warm bool, extra map[string]string) *nsjail.Result {
 		t.Helper()
 		ws := poolWorkspace(t, r, startupEnvScript)
-		res, err := sb.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
-			Env: withEnv(tpl.Env, extra), Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits})
+		spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+			Env: withEnv(tpl.Env, extra), Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits}
+		if !warm {
+			res, err := r.Run(context.Background(), spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return res
+		}
+		res, out, err := pool.Run(context.Background(), spec)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { cleanupWarm(t, res, ws) })
+		t.Cleanup(func() { cleanupWarm(t, out, ws) })
 		return res
 	}
-	baseline := run(r, nil)
+	baseline := run(false, nil)
 	waitReady(t, pool, 1)
-	if warm := run(pool, nil); pool.Stats().Taken != 1 {
+	if warm := run(true, nil); pool.Stats().Taken != 1 {
 		t.Fatal("a request without variables was not served warm")
 	} else {
 		compareResults(t, baseline, warm)
@@ -224,13 +233,13 @@ func TestWarmHonoursStartupEnv(t *testing.T) {
 				t.Fatalf("allowed variable %s has no test value", name)
 			}
 			extra := map[string]string{name: value}
-			cold := run(r, extra)
+			cold := run(false, extra)
 			if bytes.Equal(cold.Stdout, baseline.Stdout) && bytes.Equal(cold.Stderr, baseline.Stderr) {
 				t.Fatalf("%s=%s changes nothing the script prints: the test proves nothing", name, value)
 			}
 			waitReady(t, pool, 1)
 			before := pool.Stats()
-			warm := run(pool, extra)
+			warm := run(true, extra)
 			compareResults(t, cold, warm)
 			after := pool.Stats()
 			if after.Taken != before.Taken || after.FallbackEnv != before.FallbackEnv+1 {
@@ -265,7 +274,7 @@ func TestDeadWarmSandboxRunsCold(t *testing.T) {
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	r := newPoolRunner(t)
 	tpl := poolTemplate(rootfs)
-	pool, err := NewPool(r, PoolConfig{Size: 1, WorkRoot: t.TempDir(), Preload: []string{"numpy"}}, []Template{tpl}, poolQuietLog)
+	pool, err := warmpool.New(r, warmpool.Config{Size: 1, WorkRoot: t.TempDir(), Preload: []string{"numpy"}}, []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -300,13 +309,13 @@ func TestDeadWarmSandboxRunsCold(t *testing.T) {
 			spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
 				Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits}
 			spec.Limits.Timeout = 2 * time.Second
-			res, err := pool.Run(context.Background(), spec)
+			res, out, err := pool.Run(context.Background(), spec)
 			if err != nil {
 				t.Fatal(err)
 			}
 			after := pool.Stats()
-			if res.Status != nsjail.StatusSucceeded || string(res.Stdout) != "ran\n" || res.Workspace != ws {
-				t.Fatalf("status %s stdout %q stderr %.300s error %s workspace %s", res.Status, res.Stdout, res.Stderr, res.Error, res.Workspace)
+			if res.Status != nsjail.StatusSucceeded || string(res.Stdout) != "ran\n" || out != ws {
+				t.Fatalf("status %s stdout %q stderr %.300s error %s outputs %s", res.Status, res.Stdout, res.Stderr, res.Error, out)
 			}
 			if after.Taken != before.Taken || after.FallbackDead != before.FallbackDead+1 {
 				t.Fatalf("taken %d→%d, dead fallbacks %d→%d; want a counted cold run",
@@ -318,12 +327,9 @@ func TestDeadWarmSandboxRunsCold(t *testing.T) {
 
 // warmPid is the host pid of the ready warm sandbox's zygote (its first
 // process), or of the process that waits for the code.
-func warmPid(t *testing.T, p *Pool, zygote bool) int {
+func warmPid(t *testing.T, p *warmpool.Pool, zygote bool) int {
 	t.Helper()
-	p.mu.Lock()
-	w := p.templates[0].ready[0]
-	p.mu.Unlock()
-	pid, err := w.pending.Pid()
+	pid, err := warmpool.ReadyPid(p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -372,7 +378,7 @@ func TestZygoteSysPathHasNoWritableDirectory(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(ws, "planted.py"), []byte(`print("PLANTED")`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	args := zygoteArgs(nil)
+	args := warmpool.ZygoteArgs(nil)
 	// The zygote's interpreter and flags, running this probe instead.
 	i := slices.Index(args, "-c")
 	probe := `import os, sys

@@ -1,4 +1,4 @@
-package server
+package warmpool
 
 import (
 	"os"
@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sandboxd/sandboxd/nsjail"
 )
 
@@ -17,7 +16,8 @@ func TestMatchesTemplate(t *testing.T) {
 	tpl := Template{Rootfs: "/r", Env: []string{"PATH=/bin", "LANG=C.UTF-8"},
 		Limits: nsjail.Limits{MemoryBytes: 1 << 30, Pids: 64, Timeout: 30 * time.Second}}
 	spec := func(mod func(*nsjail.Spec)) *nsjail.Spec {
-		s := &nsjail.Spec{Rootfs: "/r", Env: []string{"LANG=C.UTF-8", "PATH=/bin"}, Limits: tpl.Limits}
+		s := &nsjail.Spec{Rootfs: "/r", Args: []string{"python3", "/workspace/code/main.py"}, Workspace: "/w",
+			Env: []string{"LANG=C.UTF-8", "PATH=/bin"}, Limits: tpl.Limits}
 		if mod != nil {
 			mod(s)
 		}
@@ -36,8 +36,13 @@ func TestMatchesTemplate(t *testing.T) {
 		{"another rootfs", spec(func(s *nsjail.Spec) { s.Rootfs = "/other" }), false, false},
 		{"another memory limit", spec(func(s *nsjail.Spec) { s.Limits.MemoryBytes = 1 << 20 }), false, false},
 		{"a hostname", spec(func(s *nsjail.Spec) { s.Hostname = "h" }), false, false},
+		{"python", spec(func(s *nsjail.Spec) { s.Args[0] = "python" }), true, true},
+		{"another command", spec(func(s *nsjail.Spec) { s.Args[0] = "sh" }), false, false},
+		{"an argument more", spec(func(s *nsjail.Spec) { s.Args = append(s.Args, "-v") }), false, false},
+		{"no workspace", spec(func(s *nsjail.Spec) { s.Workspace = "" }), false, false},
+		{"stdin", spec(func(s *nsjail.Spec) { s.Stdin = strings.NewReader("") }), false, false},
 	} {
-		if shape, env := matches(tpl, tc.spec); shape != tc.shape || env != tc.env {
+		if shape, env := tpl.Matches(tc.spec); shape != tc.shape || env != tc.env {
 			t.Errorf("%s: matches = %v %v, want %v %v", tc.name, shape, env, tc.shape, tc.env)
 		}
 	}
@@ -69,30 +74,5 @@ func TestReadExitReport(t *testing.T) {
 		if ok != tc.ok || got != tc.want {
 			t.Errorf("%s: report %#x %v, want %#x %v", tc.name, int(got), ok, int(tc.want), tc.ok)
 		}
-	}
-}
-
-func TestPoolCollectorExportsFallbacks(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(&poolCollector{size: 2, stats: func() PoolStats { return PoolStats{FallbackDead: 3, FallbackEnv: 5} }})
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]float64{}
-	for _, f := range families {
-		if f.GetName() != "sandboxd_pool_fallback_total" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			var labels []string
-			for _, l := range m.GetLabel() {
-				labels = append(labels, l.GetName()+"="+l.GetValue())
-			}
-			got[strings.Join(labels, ",")] = m.GetCounter().GetValue()
-		}
-	}
-	if got["reason=dead"] != 3 || got["reason=env"] != 5 || len(got) != 2 {
-		t.Fatalf("sandboxd_pool_fallback_total = %v", got)
 	}
 }

@@ -1,4 +1,4 @@
-package server
+package warmpool_test
 
 import (
 	"bytes"
@@ -16,9 +16,13 @@ import (
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+	"github.com/sandboxd/sandboxd/server"
 	"github.com/sandboxd/sandboxd/server/config"
+	"github.com/sandboxd/sandboxd/server/warmpool"
 	"github.com/sandboxd/sandboxd/server/workspace"
 )
+
+func TestMain(m *testing.M) { os.Exit(nsjailtest.RunAndCheck(m)) }
 
 var poolQuietLog = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 
@@ -31,16 +35,12 @@ func newPoolRunner(t testing.TB) *nsjail.Runner {
 	})
 }
 
-// poolTemplate is the dynamic policy's shape for tests.
-func poolTemplate(rootfs string) Template {
-	return Template{
-		Name:   "dynamic",
-		Rootfs: rootfs,
-		Env: []string{"HOME=/tmp", "MPLCONFIGDIR=/tmp/matplotlib", "MPLBACKEND=Agg", "PYTHONUNBUFFERED=1",
-			"PYTHONDONTWRITEBYTECODE=1", "OMP_NUM_THREADS=1", "OPENBLAS_NUM_THREADS=1", "MKL_NUM_THREADS=1",
-			"PATH=" + inside.DefaultPath},
-		Limits: nsjail.Limits{MemoryBytes: 512 << 20, Pids: 64, CPUs: 1, Timeout: 20 * time.Second},
-	}
+// poolTemplate is the template the server builds for the dynamic policy
+// of the default config: the production one, so that what these tests show
+// holds for the sandboxes the server keeps.
+func poolTemplate(rootfs string) warmpool.Template {
+	cfg := config.Default()
+	return server.PoliciesFromConfig(cfg)[server.TypeDynamic].Template(cfg, rootfs)
 }
 
 // poolWorkspace makes a workspace like the server does: code/main.py,
@@ -85,7 +85,7 @@ func poolWorkspace(t *testing.T, r *nsjail.Runner, code string, tmpfsBytes ...in
 	return ws
 }
 
-func waitReady(t *testing.T, p *Pool, n uint64) {
+func waitReady(t *testing.T, p *warmpool.Pool, n uint64) {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for p.Stats().Ready < n {
@@ -137,7 +137,7 @@ print(g)`,
 	"matplotlib artifact": `import matplotlib.pyplot as plt
 plt.plot([1, 2, 3]); plt.savefig("/workspace/output/artifacts/chart.png", dpi=50)
 print("saved")`,
-	"memory limit": `x = bytearray(1024 * 1024 * 1024); print(len(x))`,
+	"memory limit": `x = bytearray(2 * 1024 * 1024 * 1024); print(len(x))`,
 	"pids limit": `import threading, time
 ts = []
 try:
@@ -199,7 +199,7 @@ func testWarmMatchesCold(t *testing.T, tmpfsBytes int64) {
 		names = append(names, n)
 	}
 	slices.Sort(names)
-	pool, err := NewPool(r, PoolConfig{Size: 2, WorkRoot: t.TempDir(), WorkspaceBytes: tmpfsBytes}, []Template{tpl}, poolQuietLog)
+	pool, err := warmpool.New(r, warmpool.Config{Size: 2, WorkRoot: t.TempDir(), WorkspaceBytes: tmpfsBytes}, []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +224,7 @@ func testWarmMatchesCold(t *testing.T, tmpfsBytes int64) {
 			waitReady(t, pool, 1)
 			warmWS := poolWorkspace(t, r, code, tmpfsBytes)
 			before := pool.Stats().Taken
-			warm, err := pool.Run(context.Background(), spec(warmWS))
+			warm, warmOut, err := pool.Run(context.Background(), spec(warmWS))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -242,12 +242,12 @@ func testWarmMatchesCold(t *testing.T, tmpfsBytes int64) {
 				t.Fatalf("the pids script did not hit the limit: %v %s", cold.LimitsHit, cold.Stdout)
 			}
 			compareResults(t, cold, warm)
-			if cold.Workspace != coldWS || warm.Workspace == "" {
-				t.Fatalf("result workspaces: cold %q (ran in %q), warm %q", cold.Workspace, coldWS, warm.Workspace)
+			if warmOut == "" || warmOut == warmWS {
+				t.Fatalf("warm outputs in %q (request in %q), want the warm sandbox's own workspace", warmOut, warmWS)
 			}
-			compareTrees(t, filepath.Join(cold.Workspace, "output"), filepath.Join(warm.Workspace, "output"))
-			if warm.Workspace != warmWS {
-				if err := workspace.Remove(warm.Workspace); err != nil {
+			compareTrees(t, filepath.Join(coldWS, "output"), filepath.Join(warmOut, "output"))
+			if warmOut != warmWS {
+				if err := workspace.Remove(warmOut); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -326,7 +326,7 @@ func TestPoolRefillsAndNeverReuses(t *testing.T) {
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	r := newPoolRunner(t)
 	tpl := poolTemplate(rootfs)
-	pool, err := NewPool(r, PoolConfig{Size: 1, WorkRoot: t.TempDir()}, []Template{tpl}, poolQuietLog)
+	pool, err := warmpool.New(r, warmpool.Config{Size: 1, WorkRoot: t.TempDir()}, []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,8 +335,11 @@ func TestPoolRefillsAndNeverReuses(t *testing.T) {
 	for i := range 3 {
 		waitReady(t, pool, 1)
 		ws := poolWorkspace(t, r, `import os, socket; open("/tmp/mark", "x").write("x"); print(socket.gethostname(), os.getpid(), os.path.exists("/workspace/output/prev"))`)
-		res, err := pool.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+		res, out, err := pool.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
 			Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits})
+		if err == nil && out != ws {
+			defer workspace.Remove(out)
+		}
 		if err != nil || res.Status != nsjail.StatusSucceeded {
 			t.Fatalf("run %d: %v %+v %s", i, err, res, res.Stderr)
 		}
@@ -372,7 +375,7 @@ func benchPool(b *testing.B, code string, size int, workspaceBytes int64) {
 	rootfs := nsjailtest.RuntimeRootfs(b)
 	r := newPoolRunner(b)
 	tpl := poolTemplate(rootfs)
-	pool, err := NewPool(r, PoolConfig{Size: size, WorkRoot: b.TempDir(), WorkspaceBytes: workspaceBytes}, []Template{tpl}, poolQuietLog)
+	pool, err := warmpool.New(r, warmpool.Config{Size: size, WorkRoot: b.TempDir(), WorkspaceBytes: workspaceBytes}, []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -391,7 +394,7 @@ func benchPool(b *testing.B, code string, size int, workspaceBytes int64) {
 		ws := benchWorkspace(b, r, code)
 		b.StartTimer()
 		start := time.Now()
-		res, err := pool.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+		res, out, err := pool.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
 			Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits})
 		lat = append(lat, time.Since(start))
 		if err != nil || res.Status != nsjail.StatusSucceeded {
@@ -399,8 +402,8 @@ func benchPool(b *testing.B, code string, size int, workspaceBytes int64) {
 		}
 		b.StopTimer()
 		os.RemoveAll(ws)
-		if res.Workspace != ws {
-			workspace.Remove(res.Workspace)
+		if out != ws {
+			workspace.Remove(out)
 		}
 		b.StartTimer()
 	}

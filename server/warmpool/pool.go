@@ -1,4 +1,9 @@
-package server
+// Package warmpool keeps pre-started, single-use sandboxes whose Python has
+// already imported the data stack, one set per template (a policy's shape),
+// and runs an execution in one of them when it matches; otherwise it runs
+// the execution cold. Each warm sandbox's first process is zygote.py; how
+// the pool and it talk is protocol.go.
+package warmpool
 
 import (
 	"bufio"
@@ -10,7 +15,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -29,8 +33,22 @@ import (
 //go:embed zygote.py
 var zygoteSource string
 
-// PoolConfig configures the warm pool. The zero value disables it.
-type PoolConfig struct {
+// Sandboxer starts the pool's sandboxes and runs its cold fallbacks:
+// *nsjail.Runner, or a wrapper of one, the same object that runs the
+// worker's cold executions, so a fallback goes through whatever wraps it.
+type Sandboxer interface {
+	// Run runs spec cold (see nsjail.Runner.Run).
+	Run(ctx context.Context, spec nsjail.Spec) (*nsjail.Result, error)
+	// Prestart starts a sandbox that waits for its execution (see
+	// nsjail.Runner.Prestart).
+	Prestart(spec nsjail.Spec, files ...*os.File) (*nsjail.Pending, error)
+	// HostUID and HostGID are the sandbox user as the host sees it.
+	HostUID() int
+	HostGID() int
+}
+
+// Config configures the warm pool. The zero value disables it.
+type Config struct {
 	// Size is the number of ready sandboxes kept per template (0 disables
 	// the pool; every execution then takes the cold path).
 	Size int
@@ -52,18 +70,8 @@ type PoolConfig struct {
 	WorkspaceInodes int64
 }
 
-// Template describes the sandboxes of one policy: a request whose Spec has
-// the same rootfs, limits (timeout aside) and base environment can be served
-// by one of them.
-type Template struct {
-	Name   string
-	Rootfs string
-	Env    []string
-	Limits nsjail.Limits
-}
-
-// PoolStats is the pool's state, for /metrics.
-type PoolStats struct {
+// Stats is the pool's state, for /metrics.
+type Stats struct {
 	Ready, Starting, Taken, RefillFailures, Retired uint64
 	// FallbackDead and FallbackEnv count executions that matched a
 	// template but ran cold: the warm sandbox had died, or the request sets
@@ -79,16 +87,16 @@ type PoolStats struct {
 // never reused: after its one execution it is destroyed and the pool
 // refills in the background.
 type Pool struct {
-	runner *nsjail.Runner
-	cfg    PoolConfig
-	log    *slog.Logger
+	sandboxer Sandboxer
+	cfg       Config
+	log       *slog.Logger
 
 	mu        sync.Mutex
 	templates []*templatePool
 	closed    bool
 	wg        sync.WaitGroup
 	stop      chan struct{}
-	stats     PoolStats
+	stats     Stats
 	// retiring tracks the retirement of sandboxes found dead at hand-off.
 	retiring sync.WaitGroup
 }
@@ -149,9 +157,9 @@ func (w *warmSandbox) dead() bool {
 	}
 }
 
-// NewPool starts filling cfg.Size sandboxes for each template in the
+// New starts filling cfg.Size sandboxes for each template in the
 // background. With cfg.Size == 0 it starts nothing and Run is the cold path.
-func NewPool(runner *nsjail.Runner, cfg PoolConfig, templates []Template, log *slog.Logger) (*Pool, error) {
+func New(sandboxer Sandboxer, cfg Config, templates []Template, log *slog.Logger) (*Pool, error) {
 	if cfg.Size < 0 {
 		return nil, fmt.Errorf("pool size must be >= 0, got: %d", cfg.Size)
 	}
@@ -170,7 +178,7 @@ func NewPool(runner *nsjail.Runner, cfg PoolConfig, templates []Template, log *s
 	if cfg.Size > 0 && cfg.WorkRoot == "" {
 		return nil, errors.New("pool work root is required when the pool is enabled")
 	}
-	p := &Pool{runner: runner, cfg: cfg, log: log, stop: make(chan struct{})}
+	p := &Pool{sandboxer: sandboxer, cfg: cfg, log: log, stop: make(chan struct{})}
 	if cfg.Size == 0 {
 		return p, nil
 	}
@@ -186,15 +194,8 @@ func NewPool(runner *nsjail.Runner, cfg PoolConfig, templates []Template, log *s
 	return p, nil
 }
 
-// HostUID and HostGID are the runner's (see nsjail.Runner.HostUID), so a
-// Pool is a drop-in Sandboxer.
-func (p *Pool) HostUID() int { return p.runner.HostUID() }
-
-// HostGID is the host gid of the sandbox group.
-func (p *Pool) HostGID() int { return p.runner.HostGID() }
-
 // Stats returns the pool's current state.
-func (p *Pool) Stats() PoolStats {
+func (p *Pool) Stats() Stats {
 	p.mu.Lock()
 	st := p.stats
 	var ready []*warmSandbox
@@ -209,11 +210,17 @@ func (p *Pool) Stats() PoolStats {
 	return st
 }
 
-// Run serves spec from a ready sandbox when one matches, else cold.
-func (p *Pool) Run(ctx context.Context, spec nsjail.Spec) (*nsjail.Result, error) {
+// Run serves spec from a ready sandbox when one matches, else cold, and
+// returns the result and outputs, the host directory that holds what the
+// code left in /workspace: spec.Workspace after a cold run, else the warm
+// sandbox's own workspace, which the caller collects from (it is hostile:
+// see package workspace) and then removes, as it does spec.Workspace. The
+// error is non-nil only when nothing ran (see nsjail.Runner.Run).
+func (p *Pool) Run(ctx context.Context, spec nsjail.Spec) (res *nsjail.Result, outputs string, err error) {
 	w, tp := p.take(&spec)
 	if w == nil {
-		return p.runner.Run(ctx, spec)
+		res, err := p.sandboxer.Run(ctx, spec)
+		return res, spec.Workspace, err
 	}
 	// Refill once this execution is done: starting a sandbox and importing
 	// the data stack is CPU-heavy, and on a small VM it would compete with
@@ -221,31 +228,24 @@ func (p *Pool) Run(ctx context.Context, spec nsjail.Spec) (*nsjail.Result, error
 	defer tp.wakeRefill()
 	res, delivered, err := p.runWarm(ctx, w, spec)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if !delivered {
 		p.mu.Lock()
 		p.stats.FallbackDead++
 		p.mu.Unlock()
-		return p.runner.Run(ctx, spec)
+		res, err := p.sandboxer.Run(ctx, spec)
+		return res, spec.Workspace, err
 	}
 	p.mu.Lock()
 	p.stats.Taken++
 	p.mu.Unlock()
-	return res, nil
+	return res, w.workspace, nil
 }
 
-// take finds a ready sandbox for spec. It matches when spec runs
-// `python[3] FILE` in the template's rootfs with its limits (timeout aside)
-// and exactly the template's environment. Python reads most variables a
-// request may set (PYTHONHASHSEED, PYTHONIOENCODING, PYTHONWARNINGS, the
-// locale, TZ) only at start-up, and a preload may read any at import, long
-// before a hand-off: a request that sets one runs cold, counted.
+// take finds a ready sandbox of a template that spec matches (see
+// Template.Matches); one whose environment alone differs is counted.
 func (p *Pool) take(spec *nsjail.Spec) (*warmSandbox, *templatePool) {
-	if spec.Workspace == "" || len(spec.Args) != 2 || (spec.Args[0] != "python3" && spec.Args[0] != "python") ||
-		spec.Stdin != nil {
-		return nil, nil
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -253,7 +253,7 @@ func (p *Pool) take(spec *nsjail.Spec) (*warmSandbox, *templatePool) {
 	}
 	envDiffers := false
 	for _, tp := range p.templates {
-		shape, env := matches(tp.t, spec)
+		shape, env := tp.t.Matches(spec)
 		if shape && !env {
 			envDiffers = true
 		}
@@ -277,36 +277,16 @@ func (tp *templatePool) wakeRefill() {
 	}
 }
 
-// matches reports whether spec has t's shape (rootfs, limits but the
-// timeout, no hostname) and whether its environment is exactly t's.
-func matches(t Template, spec *nsjail.Spec) (shape, env bool) {
-	a, b := t.Limits, spec.Limits
-	a.Timeout, b.Timeout = 0, 0
-	if t.Rootfs != spec.Rootfs || a != b || spec.Hostname != "" {
-		return false, false
-	}
-	return true, maps.Equal(envMap(t.Env), envMap(spec.Env))
-}
-
-func envMap(env []string) map[string]string {
-	m := make(map[string]string, len(env))
-	for _, kv := range env {
-		k, v, _ := strings.Cut(kv, "=")
-		m[k] = v
-	}
-	return m
-}
-
 // runWarm moves the request's workspace contents into the warm sandbox's
-// bound workspace, hands the file over, waits, and moves everything back so
-// the caller collects results exactly where it would after a cold run.
-// delivered is false when the sandbox had died before its code's process
+// bound workspace, hands the file over and waits; what the code leaves
+// stays in the warm workspace, laid out as after a cold run, for the
+// caller to collect. delivered is false when the sandbox had died before its code's process
 // read the hand-off: nothing of the execution ran, the request's files are
 // back in spec.Workspace, and the caller runs it cold.
 func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (res *nsjail.Result, delivered bool, err error) {
 	// Two tmpfs workspaces: the request files (small, written by the
 	// server) are copied in; the results stay in the warm workspace, which
-	// the Result names and the caller collects from and removes.
+	// Run returns and the caller collects from and removes.
 	if err := workspace.MoveInto(spec.Workspace, w.workspace); err != nil {
 		p.retire(w)
 		return nil, false, fmt.Errorf("unable to move the workspace into the warm sandbox: %w", err)
@@ -350,7 +330,6 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (r
 	}
 	// w.workspace is hostile now: the caller's collector opens everything
 	// in it with O_NOFOLLOW and never follows a link.
-	res.Workspace = w.workspace
 	return res, true, nil
 }
 
@@ -515,7 +494,7 @@ const readyTimeout = 2 * time.Minute
 
 func (p *Pool) start(t Template) (*warmSandbox, error) {
 	ws, err := workspace.CreateWarm(p.cfg.WorkRoot, workspace.Options{
-		Bytes: p.cfg.WorkspaceBytes, Inodes: p.cfg.WorkspaceInodes, UID: p.runner.HostUID(), GID: p.runner.HostGID(),
+		Bytes: p.cfg.WorkspaceBytes, Inodes: p.cfg.WorkspaceInodes, UID: p.sandboxer.HostUID(), GID: p.sandboxer.HostGID(),
 	})
 	if err != nil {
 		return nil, err
@@ -551,7 +530,7 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 	}
 	// No deadline runs until the hand-off, which sets the execution's; until
 	// then the pool's own timer applies.
-	pending, err := p.runner.Prestart(spec, ctlR, readyW, statusW)
+	pending, err := p.sandboxer.Prestart(spec, ctlR, readyW, statusW)
 	ctlR.Close()
 	readyW.Close()
 	statusW.Close()

@@ -1,0 +1,34 @@
+package server
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sandboxd/sandboxd/server/warmpool"
+)
+
+func TestPoolCollectorExportsFallbacks(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(&poolCollector{size: 2, stats: func() warmpool.Stats { return warmpool.Stats{FallbackDead: 3, FallbackEnv: 5} }})
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != "sandboxd_pool_fallback_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			got[strings.Join(labels, ",")] = m.GetCounter().GetValue()
+		}
+	}
+	if got["reason=dead"] != 3 || got["reason=env"] != 5 || len(got) != 2 {
+		t.Fatalf("sandboxd_pool_fallback_total = %v", got)
+	}
+}

@@ -1,0 +1,18 @@
+package warmpool
+
+import "errors"
+
+// ZygoteArgs is zygoteArgs, for the tests of package warmpool_test.
+var ZygoteArgs = zygoteArgs
+
+// ReadyPid is the host pid of the zygote of p's first ready sandbox.
+func ReadyPid(p *Pool) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, tp := range p.templates {
+		if len(tp.ready) > 0 {
+			return tp.ready[0].pending.Pid()
+		}
+	}
+	return 0, errors.New("no ready warm sandbox")
+}

@@ -1,0 +1,48 @@
+package warmpool
+
+import (
+	"maps"
+	"strings"
+
+	"github.com/sandboxd/sandboxd/nsjail"
+)
+
+// Template describes the sandboxes of one policy: a request whose Spec has
+// the same rootfs, limits (timeout aside) and base environment can be served
+// by one of them. The server builds it from the policy with the same
+// functions it builds a request's Spec with (server.Policy.Template).
+type Template struct {
+	Name   string
+	Rootfs string
+	Env    []string
+	Limits nsjail.Limits
+}
+
+// Matches reports whether a warm sandbox of t can run spec: shape when spec
+// runs `python[3] FILE` in a workspace, without stdin or a hostname, in t's
+// rootfs with t's limits (the timeout aside); env when, besides, its
+// environment is exactly t's. Python reads most variables a request may set
+// (PYTHONHASHSEED, PYTHONIOENCODING, PYTHONWARNINGS, the locale, TZ) only at
+// start-up, and a preload may read any at import, long before a hand-off: a
+// request that sets one has the shape but runs cold, counted.
+func (t Template) Matches(spec *nsjail.Spec) (shape, env bool) {
+	if spec.Workspace == "" || len(spec.Args) != 2 || (spec.Args[0] != "python3" && spec.Args[0] != "python") ||
+		spec.Stdin != nil {
+		return false, false
+	}
+	a, b := t.Limits, spec.Limits
+	a.Timeout, b.Timeout = 0, 0
+	if t.Rootfs != spec.Rootfs || a != b || spec.Hostname != "" {
+		return false, false
+	}
+	return true, maps.Equal(envMap(t.Env), envMap(spec.Env))
+}
+
+func envMap(env []string) map[string]string {
+	m := make(map[string]string, len(env))
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		m[k] = v
+	}
+	return m
+}
