@@ -21,8 +21,12 @@ import (
 // the execution is given to it and returns the Sandbox to Wait for, which
 // then reports what a cold run of that execution would.
 
+// FirstFileFD is the fd that Prestart's first file becomes in the sandbox.
+const FirstFileFD = 3
+
 // Prestart validates spec and starts its command in a fresh sandbox that
-// waits for its execution. files are passed to the command as fds 3, 4, ...:
+// waits for its execution. files are passed to the command as fds
+// FirstFileFD, FirstFileFD+1, ...:
 // the channel its execution comes over (every other host fd is closed, as
 // for Start). No deadline runs until Handoff; spec.Limits.Timeout is the
 // execution's unless HandoffOptions.Timeout is set. Errors are Start's.

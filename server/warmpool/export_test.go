@@ -16,3 +16,6 @@ func ReadyPid(p *Pool) (int, error) {
 	}
 	return 0, errors.New("no ready warm sandbox")
 }
+
+// ZygoteSource is zygote.py.
+var ZygoteSource = zygoteSource

@@ -6,18 +6,13 @@
 package warmpool
 
 import (
-	"bufio"
 	"cmp"
 	"context"
-	_ "embed"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -29,9 +24,6 @@ import (
 	"github.com/sandboxd/sandboxd/server/workspace"
 	"golang.org/x/sys/unix"
 )
-
-//go:embed zygote.py
-var zygoteSource string
 
 // Sandboxer starts the pool's sandboxes and runs its cold fallbacks:
 // *nsjail.Runner, or a wrapper of one, the same object that runs the
@@ -118,31 +110,6 @@ type warmSandbox struct {
 	readyAt time.Time
 }
 
-// readExitReport delivers the wait status the zygote writes on fd 5 ("N\n")
-// once the code's process has exited; the channel closes without a value
-// when the pipe ends otherwise (the zygote died). Only the zygote holds
-// fd 5: the code's process closes it before it reads its hand-off, and
-// cannot reach the zygote's (SECURITY.md case 25).
-func readExitReport(r *os.File) <-chan syscall.WaitStatus {
-	ch := make(chan syscall.WaitStatus, 1)
-	go func() {
-		defer close(ch)
-		defer r.Close()
-		// Up to the newline, not EOF: the zygote holds the pipe until the
-		// kernel has torn it down, which is what the report saves waiting for.
-		line, err := bufio.NewReaderSize(io.LimitReader(r, 16), 16).ReadString('\n')
-		if err != nil {
-			return
-		}
-		status, err := strconv.Atoi(strings.TrimSpace(line))
-		if err != nil || status < 0 || status > 0xFFFF {
-			return
-		}
-		ch <- syscall.WaitStatus(status)
-	}()
-	return ch
-}
-
 // dead reports whether the warm sandbox can no longer run an execution
 // (SECURITY.md case 34): its zygote was killed (by the host, the OOM killer)
 // or has exited, or its code's process has exited (the zygote reported it).
@@ -171,7 +138,7 @@ func New(sandboxer Sandboxer, cfg Config, templates []Template, log *slog.Logger
 	}
 	cfg.WorkspaceInodes = cmp.Or(cfg.WorkspaceInodes, config.Default().WorkspaceInodes)
 	for _, m := range cfg.Preload {
-		if m == "" || strings.ContainsAny(m, ", \t\n") {
+		if m == "" || strings.Contains(m, PreloadSep) || strings.ContainsAny(m, " \t\n") {
 			return nil, fmt.Errorf("preload module name %q is invalid", m)
 		}
 	}
@@ -280,9 +247,9 @@ func (tp *templatePool) wakeRefill() {
 // runWarm moves the request's workspace contents into the warm sandbox's
 // bound workspace, hands the file over and waits; what the code leaves
 // stays in the warm workspace, laid out as after a cold run, for the
-// caller to collect. delivered is false when the sandbox had died before its code's process
-// read the hand-off: nothing of the execution ran, the request's files are
-// back in spec.Workspace, and the caller runs it cold.
+// caller to collect. delivered is false when the sandbox had died before
+// its code's process read the hand-off: nothing of the execution ran, the
+// request's files are back in spec.Workspace, and the caller runs it cold.
 func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (res *nsjail.Result, delivered bool, err error) {
 	// Two tmpfs workspaces: the request files (small, written by the
 	// server) are copied in; the results stay in the warm workspace, which
@@ -291,10 +258,7 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (r
 		p.retire(w)
 		return nil, false, fmt.Errorf("unable to move the workspace into the warm sandbox: %w", err)
 	}
-	msg, err := json.Marshal(map[string]any{
-		"path": spec.Args[1], "argv": []string{spec.Args[1]},
-		"cwd": cmp.Or(spec.Cwd, "/"),
-	})
+	msg, err := EncodeHandoff(Handoff{Path: spec.Args[1], Argv: []string{spec.Args[1]}, Cwd: cmp.Or(spec.Cwd, "/")})
 	if err != nil {
 		p.retire(w)
 		return nil, false, err
@@ -310,10 +274,9 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (r
 	if w.dead() {
 		return nil, false, p.dropDead(w, sb, spec, false, "its zygote or code's process is gone")
 	}
-	// One line (JSON has no raw newline); the pipe stays open until the
-	// sandbox is gone, so that what is left unread in it tells whether the
-	// code's process ever took the hand-off.
-	if _, err := w.control.Write(append(msg, '\n')); err != nil {
+	// The pipe stays open until the sandbox is gone, so that what is left
+	// unread in it tells whether the code's process ever took the hand-off.
+	if _, err := w.control.Write(msg); err != nil {
 		// EPIPE: the code's process is gone.
 		return nil, false, p.dropDead(w, sb, spec, false, fmt.Sprintf("the hand-off failed: %v", err))
 	}
@@ -321,8 +284,8 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (r
 	unread, uerr := pipeUnread(w.control)
 	w.control.Close()
 	if uerr == nil && unread > 0 {
-		// The code's process never read the whole line (it runs the code
-		// only after the newline): none of the execution ran.
+		// The code's process never read the whole message (it runs the
+		// code only after MessageEnd): none of the execution ran.
 		return nil, false, p.dropDead(w, sb, spec, true, "the hand-off was never read")
 	}
 	if uerr != nil {
@@ -481,14 +444,6 @@ func (p *Pool) startOne(tp *templatePool) bool {
 
 var errPoolClosed = errors.New("pool closed")
 
-// zygoteArgs is the command line of a warm sandbox's first process. -P
-// keeps the cwd (the workspace) off its sys.path: no directory the sandbox
-// can write is there when the zygote imports (SECURITY.md case 35). -I would
-// also drop the template's PYTHON* variables, which a cold run honours.
-func zygoteArgs(preload []string) []string {
-	return []string{"python3", "-P", "-c", zygoteSource, strings.Join(preload, ",")}
-}
-
 // readyTimeout bounds the preload; a stack that takes longer is broken.
 const readyTimeout = 2 * time.Minute
 
@@ -530,7 +485,7 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 	}
 	// No deadline runs until the hand-off, which sets the execution's; until
 	// then the pool's own timer applies.
-	pending, err := p.sandboxer.Prestart(spec, ctlR, readyW, statusW)
+	pending, err := p.sandboxer.Prestart(spec, zygoteFiles(ctlR, readyW, statusW)...)
 	ctlR.Close()
 	readyW.Close()
 	statusW.Close()
@@ -547,16 +502,7 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 	}
 	w := &warmSandbox{pending: pending, workspace: ws, control: ctlW, exit: readExitReport(statusR)}
 	got := make(chan error, 1)
-	go func() {
-		b := make([]byte, 1)
-		n, err := readyR.Read(b)
-		if n == 1 && b[0] == 'R' {
-			err = nil
-		} else if err == nil {
-			err = errors.New("unexpected ready byte")
-		}
-		got <- err
-	}()
+	go func() { got <- readReady(readyR) }()
 	select {
 	case err = <-got:
 	case <-time.After(readyTimeout):

@@ -2,26 +2,51 @@
 # of a fresh, single-use sandbox, started with -P so that no directory the
 # sandbox can write is on its sys.path (SECURITY.md case 35). It imports the
 # preload modules, then forks the process the code will run in and tells
-# the pool it is ready with one byte on fd 4. That process waits on fd 3 for
-# one execution, a JSON line:
-#   {"path": "/workspace/code/main.py", "argv": [...], "cwd": "/workspace"}
-# closes every fd but 0-2 and runs the file exactly as `python3 path` would:
-# __name__ == "__main__", __file__, sys.argv, sys.path[0], cwd, exit codes
-# and tracebacks. EOF on fd 3 without a message means the pool is retiring
-# this sandbox: it exits 0 quietly.
+# the pool it is ready with READY_BYTE on READY_FD. That process waits on
+# CONTROL_FD for one execution, the hand-off message (decode_handoff: the
+# file's path, its argv and the cwd), closes every fd but 0-2 and runs the
+# file exactly as `python3 path` would: __name__ == "__main__", __file__,
+# sys.argv, sys.path[0], cwd, exit codes and tracebacks. EOF on CONTROL_FD
+# without a message means the pool is retiring this sandbox: it exits 0
+# quietly.
 #
 # The zygote itself never runs the code. It waits for the code's process,
 # kills whatever that left behind, writes the process's wait status (as the
-# kernel gave it) on fd 5, which the code has no way to reach, and exits
-# with the same status. The sandbox is destroyed afterwards; nothing here is
-# ever reused.
+# kernel gave it) on EXIT_REPORT_FD, which the code has no way to reach,
+# and exits with the same status. The sandbox is destroyed afterwards;
+# nothing here is ever reused.
+#
+# The whole exchange is server/warmpool/protocol.go's; the block below
+# mirrors its constants, and its tests check that both sides agree.
 import os
 import select
 import signal
 import sys
 
-_CONTROL_FD, _READY_FD, _STATUS_FD = 3, 4, 5
+# --- PROTOCOL (server/warmpool/protocol.go) ---
+CONTROL_FD = 3
+READY_FD = 4
+EXIT_REPORT_FD = 5
+READY_BYTE = b"R"
+PRELOAD_SEP = ","
+MESSAGE_END = b"\n"
+# --- end PROTOCOL ---
+
 _PR_SET_DUMPABLE = 4
+
+
+def decode_handoff(message):
+    """The hand-off message (protocol.go's Handoff) as (path, argv, cwd)."""
+    import json
+
+    job = json.loads(message)
+    path = job["path"]
+    return path, job.get("argv") or [path], job.get("cwd") or "/"
+
+
+def encode_exit_report(status):
+    """The exit report of a wait status (protocol.go's DecodeExitReport)."""
+    return b"%d" % status + MESSAGE_END
 
 
 def _preload(names):
@@ -90,8 +115,8 @@ def _fork_code_process():
     _set_dumpable(True)
     for sig, handler in handlers.items():
         signal.signal(sig, handler)
-    os.close(_READY_FD)
-    os.close(_STATUS_FD)
+    os.close(READY_FD)
+    os.close(EXIT_REPORT_FD)
     msg = _receive()
     if msg is None:
         os._exit(0)
@@ -100,24 +125,24 @@ def _fork_code_process():
 
 
 def _receive():
-    """The hand-off line from fd 3, or None at EOF.
+    """The hand-off message from CONTROL_FD, or None at EOF.
 
     The pool tells a hand-off that never reached the code (the process was
     killed first: by the host, the OOM killer) from bytes left in the pipe.
     So wait with poll, which consumes nothing, and read only back in user
     space: a killed process dies on its way back from poll, leaving the
     bytes, where a blocking read would take them as it dies. And read up to
-    the newline only; the code runs after it."""
+    MESSAGE_END only; the code runs after it."""
     poller = select.poll()
-    poller.register(_CONTROL_FD, select.POLLIN)
+    poller.register(CONTROL_FD, select.POLLIN)
     data = b""
-    while not data.endswith(b"\n"):
+    while not data.endswith(MESSAGE_END):
         poller.poll()
-        chunk = os.read(_CONTROL_FD, 65536)
+        chunk = os.read(CONTROL_FD, 65536)
         if not chunk:
             return None
         data += chunk
-    os.close(_CONTROL_FD)
+    os.close(CONTROL_FD)
     return data
 
 
@@ -125,12 +150,12 @@ def _relay_exit_status(pid):
     """The zygote's part once the code's process exists: it runs no code of
     the execution, reads nothing the code can write, and only reports what
     the kernel says about that process."""
-    os.close(_CONTROL_FD)
+    os.close(CONTROL_FD)
     # The code's process holds the output pipes; they end when it does.
     for fd in (0, 1, 2):
         os.close(fd)
-    os.write(_READY_FD, b"R")
-    os.close(_READY_FD)
+    os.write(READY_FD, READY_BYTE)
+    os.close(READY_FD)
     _, status = os.waitpid(pid, 0)
     try:
         # Everything the code started dies before the worker hears of the
@@ -138,21 +163,19 @@ def _relay_exit_status(pid):
         os.kill(-1, signal.SIGKILL)
     except OSError:  # ESRCH: nothing was left
         pass
-    os.write(_STATUS_FD, b"%d\n" % status)
+    os.write(EXIT_REPORT_FD, encode_exit_report(status))
     if os.WIFSIGNALED(status):
         os._exit(128 + os.WTERMSIG(status))
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
 
 def _run(msg):
-    import json
     import types
     from importlib.machinery import SourceFileLoader
 
-    job = json.loads(msg)
-    path = job["path"]
-    os.chdir(job.get("cwd") or "/")
-    sys.argv[:] = job.get("argv") or [path]
+    path, argv, cwd = decode_handoff(msg)
+    os.chdir(cwd)
+    sys.argv[:] = argv
     try:
         sys.orig_argv[:] = ["python3"] + sys.argv
     except AttributeError:
@@ -266,7 +289,7 @@ def _finish(code, main, opened):
 
 
 def _zygote():
-    _preload(sys.argv[1].split(",") if len(sys.argv) > 1 else [])
+    _preload(sys.argv[1].split(PRELOAD_SEP) if len(sys.argv) > 1 else [])
     _relay_exit_status(_fork_code_process())
 
 

@@ -1,0 +1,86 @@
+package warmpool_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+	"github.com/sandboxd/sandboxd/server/warmpool"
+)
+
+// codecProbe loads zygote.py as a module (its __main__ guard keeps the
+// zygote from starting), decodes the hand-off message on stdin with
+// zygote.py's decode_handoff and prints it as JSON, then encodes the real
+// wait statuses of three children with encode_exit_report: one exits 7,
+// one kills itself with SIGKILL, one exits 0.
+const codecProbe = `import json, os, signal, sys
+zygote = {"__name__": "zygote"}
+exec(compile(sys.argv[1], "zygote.py", "exec"), zygote)
+path, argv, cwd = zygote["decode_handoff"](sys.stdin.buffer.read())
+sys.stdout.write(json.dumps({"path": path, "argv": argv, "cwd": cwd}) + "\n")
+for act in ("exit 7", "kill", "exit 0"):
+    pid = os.fork()
+    if pid == 0:
+        if act == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(int(act.split()[1]))
+    _, status = os.waitpid(pid, 0)
+    sys.stdout.buffer.write(zygote["encode_exit_report"](status))
+sys.stdout.flush()
+`
+
+// The two sides' codecs agree, run by the runtime image's Python: a
+// message EncodeHandoff wrote (with a path and argv JSON must escape) is
+// what zygote.py decodes, and the exit reports zygote.py writes for real
+// wait statuses are what DecodeExitReport reads.
+func TestZygoteCodecsAgree(t *testing.T) {
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	r := newPoolRunner(t)
+	h := warmpool.Handoff{Path: inside.Path("code/m\u00e4in \"1\"\n.py"), Argv: []string{"a\tb", "\u2603", ""}, Cwd: inside.Workspace}
+	msg, err := warmpool.EncodeHandoff(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.IndexByte(msg, warmpool.MessageEnd) != len(msg)-1 {
+		t.Fatalf("the message %q has MessageEnd inside it", msg)
+	}
+	tpl := poolTemplate(rootfs)
+	res, err := r.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "-P", "-c", codecProbe, warmpool.ZygoteSource},
+		Env: tpl.Env, Limits: tpl.Limits, Stdin: bytes.NewReader(msg)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != nsjail.StatusSucceeded {
+		t.Fatalf("status %s: %s", res.Status, res.Stderr)
+	}
+	decodedLine, reports, _ := strings.Cut(string(res.Stdout), "\n")
+	var got warmpool.Handoff
+	if err := json.Unmarshal([]byte(decodedLine), &got); err != nil {
+		t.Fatalf("zygote.py decoded %q: %v", decodedLine, err)
+	}
+	if got.Path != h.Path || !slices.Equal(got.Argv, h.Argv) || got.Cwd != h.Cwd {
+		t.Errorf("zygote.py decoded %+v, want %+v", got, h)
+	}
+	var statuses []syscall.WaitStatus
+	for _, line := range strings.SplitAfter(reports, string(warmpool.MessageEnd)) {
+		if line == "" {
+			continue
+		}
+		ws, err := warmpool.DecodeExitReport([]byte(line))
+		if err != nil {
+			t.Fatalf("report %q: %v", line, err)
+		}
+		statuses = append(statuses, ws)
+	}
+	if len(statuses) != 3 || statuses[0].ExitStatus() != 7 || !statuses[1].Signaled() || statuses[1].Signal() != syscall.SIGKILL ||
+		!statuses[2].Exited() || statuses[2].ExitStatus() != 0 {
+		t.Fatalf("reports %q decode to %v", reports, statuses)
+	}
+}
