@@ -395,3 +395,52 @@ import planted`
 		t.Fatalf("zygote flags %q: stdout %q stderr %.500s", args[:i], res.Stdout, res.Stderr)
 	}
 }
+
+// A warm sandbox that fails before it is ready is a refill failure whose
+// log line says why: what the zygote wrote to stderr (here a python3 that
+// cannot start), which is kept until the sandbox is retired.
+func TestFailedWarmStartLogsItsStderr(t *testing.T) {
+	nsjailtest.RequireRoot(t)
+	rootfs, err := nsjailtest.CopyRootfs(nsjailtest.BusyboxRootfs(t), "sandboxd-warmpool-broken-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(rootfs)
+	broken := "#!/bin/sh\necho 'no interpreter here' >&2\nexit 3\n"
+	if err := os.WriteFile(filepath.Join(rootfs, "usr/bin/python3"), []byte(broken), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := newPoolRunner(t)
+	var logs bytes.Buffer
+	var logMu sync.Mutex
+	log := slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &logMu}, nil))
+	pool, err := warmpool.New(r, warmpool.Config{Size: 1, WorkRoot: t.TempDir()}, []warmpool.Template{poolTemplate(rootfs)}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		logMu.Lock()
+		text := logs.String()
+		logMu.Unlock()
+		if line, ok := logLine(text, "unable to start a sandbox"); ok {
+			if !strings.Contains(line, "no interpreter here") || !strings.Contains(line, "status failed") {
+				t.Fatalf("the failure's log line lacks the zygote's stderr or status: %s", line)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no refill failure logged: %s", text)
+		}
+	}
+}
+
+// logLine is the first line of text that contains s.
+func logLine(text, s string) (string, bool) {
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, s) {
+			return l, true
+		}
+	}
+	return "", false
+}
