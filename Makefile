@@ -41,7 +41,7 @@ test-short:
 # the pool, cached unpack), then the whole harness (tools/bench, below).
 bench: build runtime-rootfs
 	SANDBOXD_RUNTIME_ROOTFS=$$(cat $(RUNTIME_ROOTFS_OUT)) $(GO) test -tags $(TAGS) -run '^$$' \
-		-bench 'ExecTrue|WarmPrint|ColdPrint|UnpackCached' -benchtime 100x -count 1 ./nsjail/ ./server/ ./rootfs/
+		-bench 'ExecTrue|WarmPrint|ColdPrint|UnpackCached' -benchtime 100x -count 1 ./nsjail/ ./server/warmpool/ ./rootfs/
 	$(MAKE) bench-full
 
 lint:
