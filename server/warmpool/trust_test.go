@@ -396,6 +396,30 @@ import planted`
 	}
 }
 
+// SECURITY.md cases 15 and 25: a preload that leaves an fd open would hand
+// it to the code's process; the zygote refuses to become warm instead (the
+// pool then runs executions cold), naming the fd.
+func TestZygoteRefusesStrayFds(t *testing.T) {
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	r := newPoolRunner(t)
+	ws := poolWorkspace(t, r, `print(1)`)
+	// Run alone, the zygote has no protocol fds: the first three opens take
+	// their numbers, the fourth is the stray one.
+	leak := "import os\n_kept = [os.open('/dev/null', os.O_RDONLY) for _ in range(4)]\n"
+	if err := os.WriteFile(filepath.Join(ws, "leakfd.py"), []byte(leak), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tpl := poolTemplate(rootfs)
+	res, err := r.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: warmpool.ZygoteArgs([]string{"leakfd"}),
+		Env: append(slices.Clone(tpl.Env), "PYTHONPATH="+inside.Workspace), Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ExitCode != 70 || !bytes.Contains(res.Stderr, []byte("the preload left fds open: 6 -> /dev/null\n")) {
+		t.Fatalf("exit %d, stderr %.2000s", res.ExitCode, res.Stderr)
+	}
+}
+
 // A warm sandbox that fails before it is ready is a refill failure whose
 // log line says why: what the zygote wrote to stderr (here a python3 that
 // cannot start), which is kept until the sandbox is retired.

@@ -4,8 +4,9 @@
 # preload modules, then forks the process the code will run in and tells
 # the pool it is ready with READY_BYTE on READY_FD. That process waits on
 # CONTROL_FD for one execution, the hand-off message (decode_handoff: the
-# file's path, its argv and the cwd), closes every fd but 0-2 and runs the
-# file exactly as `python3 path` would: __name__ == "__main__", __file__,
+# file's path, its argv and the cwd), closes the protocol's fds, leaving
+# only 0-2 (the zygote refuses to start if the preload left any other fd
+# open: _check_no_stray_fds), and runs the file exactly as `python3 path` would: __name__ == "__main__", __file__,
 # sys.argv, sys.path[0], cwd, exit codes and tracebacks. EOF on CONTROL_FD
 # without a message means the pool is retiring this sandbox: it exits 0
 # quietly.
@@ -33,6 +34,7 @@ MESSAGE_END = b"\n"
 # --- end PROTOCOL ---
 
 _PR_SET_DUMPABLE = 4
+_STRAY_FD_EXIT = 70  # EX_SOFTWARE: the preload left an fd open
 
 
 def decode_handoff(message):
@@ -288,8 +290,41 @@ def _finish(code, main, opened):
     os._exit(code)
 
 
+def _check_no_stray_fds():
+    """Exit if the preload left an fd open besides 0-2 and the protocol's.
+
+    The code's process inherits every fd the zygote holds, and closing one
+    behind the back of the library that opened it would let that library
+    later close or write an fd number the code reuses. So, as Android's
+    zygote does with its fd allowlist, refuse to become warm instead: the
+    pool logs this and the execution runs cold (SECURITY.md cases 15, 25)."""
+    import fcntl
+
+    allowed = {0, 1, 2, CONTROL_FD, READY_FD, EXIT_REPORT_FD}
+    stray = []
+    # The listing's own directory fd shows in it, and is closed by now.
+    for fd in sorted(int(n) for n in os.listdir("/proc/self/fd")):
+        if fd in allowed:
+            continue
+        try:
+            fcntl.fcntl(fd, fcntl.F_GETFD)
+        except OSError:
+            continue
+        stray.append(fd)
+    if stray:
+        targets = []
+        for fd in stray:
+            try:
+                targets.append("%d -> %s" % (fd, os.readlink("/proc/self/fd/%d" % fd)))
+            except OSError:
+                targets.append(str(fd))
+        sys.stderr.write("zygote: the preload left fds open: %s\n" % ", ".join(targets))
+        os._exit(_STRAY_FD_EXIT)
+
+
 def _zygote():
     _preload(sys.argv[1].split(PRELOAD_SEP) if len(sys.argv) > 1 else [])
+    _check_no_stray_fds()
     _relay_exit_status(_fork_code_process())
 
 

@@ -57,6 +57,10 @@ const (
 	ReasonUnreadable     = "unreadable"
 	ReasonTooManyEntries = "too_many_entries"
 	ReasonNameNotUTF8    = "name_not_utf8"
+	// ReasonNotStored: the worker could not keep a readable artifact (its
+	// result store failed, e.g. its disk is full): our failure, not the
+	// code's.
+	ReasonNotStored = "not_stored"
 )
 
 // ArtifactLimits bound what is collected.
@@ -347,11 +351,15 @@ func (c *collector) walk(dirfd int, prefix string, depth int) {
 			continue
 		}
 		sum := sha256.New()
-		n, err := c.save(len(c.artifacts), io.TeeReader(io.LimitReader(f, limit+1), sum))
+		src := &readErrs{r: io.LimitReader(f, limit+1)}
+		n, err := c.save(len(c.artifacts), io.TeeReader(src, sum))
 		f.Close()
 		switch {
-		case err != nil:
+		case err != nil && src.err != nil:
 			c.omit(rel, ReasonUnreadable)
+			continue
+		case err != nil:
+			c.omit(rel, ReasonNotStored)
 			continue
 		case n > limit:
 			c.omit(rel, ReasonTooLarge)
@@ -373,4 +381,19 @@ func (c *collector) walk(dirfd int, prefix string, depth int) {
 func quotedName(name string) string {
 	q := strconv.Quote(name)
 	return q[1 : len(q)-1]
+}
+
+// readErrs remembers a read error other than EOF, to tell an unreadable
+// artifact (the code's doing) from one the store could not keep (ours).
+type readErrs struct {
+	r   io.Reader
+	err error
+}
+
+func (e *readErrs) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err != nil && err != io.EOF {
+		e.err = err
+	}
+	return n, err
 }

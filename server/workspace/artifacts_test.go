@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"testing"
 )
 
@@ -71,5 +72,24 @@ func TestArtifactNamesNotUTF8AreOmittedDistinctly(t *testing.T) {
 		if omittedNames[n] != r {
 			t.Errorf("omitted %q: reason %q, want %q (all: %q)", n, omittedNames[n], r, omittedNames)
 		}
+	}
+}
+
+// An artifact the store could not keep (its disk full, say) is omitted as
+// not_stored, the worker's failure, not as unreadable, the code's.
+func TestArtifactTheStoreCannotKeepIsNotStored(t *testing.T) {
+	ws := t.TempDir()
+	dir := filepath.Join(ws, "output", "artifacts")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "a.csv"), []byte("x,y\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	full := func(_ int, r io.Reader) (int64, error) { return 0, syscall.ENOSPC }
+	arts, omitted := CollectArtifacts(ws, ArtifactLimits{MaxFileBytes: 1 << 20, MaxTotalBytes: 1 << 20, MaxCount: 10}, full)
+	_, reasons := artifactNames(t, arts, omitted)
+	if len(arts) != 0 || reasons["a.csv"] != ReasonNotStored {
+		t.Fatalf("artifacts %d, omitted %q, want a.csv %s", len(arts), reasons, ReasonNotStored)
 	}
 }
