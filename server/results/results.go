@@ -241,7 +241,8 @@ func openDB(path string, log *slog.Logger) (*bolt.DB, error) {
 	return db, nil
 }
 
-// check verifies the database's pages and records.
+// check verifies the database's pages and creates its buckets. The records
+// are load's: one that does not decode is dropped alone, not the database.
 func check(db *bolt.DB) (err error) {
 	defer func() {
 		if p := recover(); p != nil { // bbolt panics on some damaged pages
@@ -264,33 +265,27 @@ func check(db *bolt.DB) (err error) {
 		if _, err := tx.CreateBucketIfNotExists(textsBucket); err != nil {
 			return err
 		}
-		b, err := tx.CreateBucketIfNotExists(bucket)
-		if err != nil {
-			return err
-		}
-		return b.ForEach(func(k, v []byte) error {
-			var e Entry
-			if err := json.Unmarshal(v, &e); err != nil {
-				return fmt.Errorf("record %q: %w", k, err)
-			}
-			return nil
-		})
+		_, err := tx.CreateBucketIfNotExists(bucket)
+		return err
 	})
 }
 
-// load reads every record into memory. A final record whose files are not
-// what it says (lost in a host crash) is dropped.
+// load reads every record into memory. A record that does not decode, and a
+// final record whose files are not what it says (lost in a host crash), are
+// dropped one by one and logged; the others are kept.
 func (s *Store) load() error {
 	var drop []*Entry
 	err := s.db.View(func(tx *bolt.Tx) error {
 		texts := tx.Bucket(textsBucket)
 		return tx.Bucket(bucket).ForEach(func(k, v []byte) error {
 			e := &Entry{}
-			if err := json.Unmarshal(v, e); err != nil {
-				return err
+			err := json.Unmarshal(v, e)
+			if err == nil && (e.ID != string(k) || !RunPattern.MatchString(e.Run) || len(e.Holes) != len(e.PartBytes)) {
+				err = errors.New("inconsistent fields")
 			}
-			if e.ID != string(k) || !RunPattern.MatchString(e.Run) || len(e.Holes) != len(e.PartBytes) {
-				s.log.Error("result store: dropping an invalid record", "key", string(k))
+			if err != nil {
+				// Its files, not referred to by any record, go as strays.
+				s.log.Error("result store: dropping an invalid record", "key", clipKey(k), "err", err)
 				drop = append(drop, &Entry{ID: string(k)})
 				return nil
 			}
@@ -750,6 +745,14 @@ func (s *Store) Close() error {
 	close(s.stop)
 	<-s.stopped
 	return errors.Join(s.db.Sync(), s.db.Close())
+}
+
+// clipKey is a record's key for a log line: a damaged key may be long.
+func clipKey(k []byte) string {
+	if len(k) > 128 {
+		k = k[:128]
+	}
+	return strings.ToValidUTF8(string(k), "\uFFFD")
 }
 
 func partName(i int) string { return partPrefix + strconv.Itoa(i) }

@@ -552,3 +552,41 @@ func TestSmallAnswerInDatabase(t *testing.T) {
 		return nil
 	})
 }
+
+// One record that does not decode (a bit flipped in a host crash) is
+// dropped alone: the other answers survive and nothing is moved aside.
+func TestRestartDropsOneBadRecord(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, Options{})
+	want := store(t, s, "good", 10)
+	store(t, s, "bad", 10)
+	bad, _ := s.Get("bad")
+	s.Close()
+	db, err := bolt.Open(filepath.Join(dir, dbName), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucket).Put([]byte("bad"), []byte("{not json")) }); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	s = open(t, dir, Options{})
+	if got, err := read(t, s, "good"); err != nil || got != want {
+		t.Fatalf("the good answer after a bad record: %v %q", err, got)
+	}
+	if _, err := s.Open("bad"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("the bad record: %v", err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(dir, dbName+".damaged-*")); len(m) != 0 {
+		t.Fatalf("the whole database was moved aside for one record: %v", m)
+	}
+	if _, err := os.Stat(filepath.Join(dir, bad.Run)); !os.IsNotExist(err) {
+		t.Errorf("the bad record's files are kept (%v): removed as strays", err)
+	}
+	s.Close()
+	s = open(t, dir, Options{})
+	if _, ok := s.Get("bad"); ok {
+		t.Error("the bad record came back after a restart")
+	}
+}
