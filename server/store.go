@@ -150,30 +150,13 @@ func (s *Server) forget(r *record) {
 // while it runs; a different request gets 409. found is false when the id
 // is free (again: an execution that never ran frees it).
 func (s *Server) existing(ctx context.Context, p *plan) (rd *results.Reader, e *apiError, found bool) {
-	for tries := 0; ; tries++ {
-		v, live := s.live.get(p.id)
-		hash := v.hash
-		if !live {
-			stored, ok := s.results.Get(p.id)
-			if !ok {
-				return nil, nil, false
+	conflict := &apiError{status: http.StatusConflict, reason: "conflict", msg: fmt.Sprintf(
+		"id %q is taken by a different request (only a retry of the same request body gets its result)", p.id)}
+	for {
+		if v, live := s.live.get(p.id); live {
+			if v.hash != p.hash {
+				return nil, conflict, true
 			}
-			if !stored.Final() {
-				// Claimed between the two lookups: look again.
-				if tries > 1000 {
-					return nil, &apiError{status: http.StatusConflict, reason: "conflict",
-						msg: fmt.Sprintf("id %q is busy", p.id)}, true
-				}
-				time.Sleep(time.Millisecond)
-				continue
-			}
-			hash = stored.BodyHash
-		}
-		if hash != p.hash {
-			return nil, &apiError{status: http.StatusConflict, reason: "conflict", msg: fmt.Sprintf(
-				"id %q is taken by a different request (only a retry of the same request body gets its result)", p.id)}, true
-		}
-		if live {
 			select {
 			case <-v.done:
 				continue
@@ -182,10 +165,19 @@ func (s *Server) existing(ctx context.Context, p *plan) (rd *results.Reader, e *
 					msg: fmt.Sprintf("request ended while waiting for execution %q", p.id)}, true
 			}
 		}
-		rd, err := s.results.Open(p.id)
+		// The hash is checked on the entry that is opened, in one call: the
+		// id may have expired and been taken since the lookup above.
+		rd, _, err := s.results.OpenIf(p.id, p.hash)
 		switch {
 		case errors.Is(err, results.ErrNotFound):
 			return nil, nil, false // expired meanwhile
+		case errors.Is(err, results.ErrOtherRequest):
+			return nil, conflict, true
+		case errors.Is(err, results.ErrPending):
+			// Claimed since the lookup: a pending execution is in the live
+			// table (claim adds it there first and finish removes it last),
+			// so the next lookup finds it.
+			continue
 		case err != nil:
 			return nil, storeError(err), true
 		}

@@ -75,6 +75,8 @@ var (
 	ErrNotFound = errors.New("no such execution (unknown, or its result has expired)")
 	// ErrPending: the execution has no answer yet.
 	ErrPending = errors.New("the execution has not finished")
+	// ErrOtherRequest: the id is taken by a request with another body hash.
+	ErrOtherRequest = errors.New("the execution with this id is another request's")
 	// ErrClosed: the store is closed.
 	ErrClosed = errors.New("the result store is closed")
 )
@@ -571,6 +573,33 @@ func (s *Store) Open(id string) (*Reader, error) {
 		return nil, ErrPending
 	}
 	return s.openLocked(e)
+}
+
+// OpenIf opens id's stored answer if its record has bodyHash, checked and
+// opened under one lock: an entry that expired and was taken by another
+// request between a check and an open can never be served for this one.
+// The entry is returned with ErrPending (still running) and ErrOtherRequest
+// (another request's); ErrNotFound when there is none (or it expired).
+func (s *Store) OpenIf(id, bodyHash string) (*Reader, Entry, error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, Entry{}, ErrClosed
+	}
+	runs := s.evictLocked()
+	defer s.removeRuns(runs)
+	defer s.mu.Unlock()
+	e, ok := s.entries[id]
+	switch {
+	case !ok:
+		return nil, Entry{}, ErrNotFound
+	case e.BodyHash != bodyHash:
+		return nil, *e, ErrOtherRequest
+	case !e.Final():
+		return nil, *e, ErrPending
+	}
+	rd, err := s.openLocked(e)
+	return rd, *e, err
 }
 
 // openLocked opens e's files. Files are removed only after their entry has

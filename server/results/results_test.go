@@ -590,3 +590,40 @@ func TestRestartDropsOneBadRecord(t *testing.T) {
 		t.Error("the bad record came back after a restart")
 	}
 }
+
+// OpenIf checks the hash on the entry it opens: once an id expired and was
+// taken by another request, a retry of the first request is told so (never
+// served the other's answer, never a pending error), and the new request's
+// retry gets its own answer.
+func TestOpenIfChecksTheEntryItOpens(t *testing.T) {
+	clk := newClock()
+	s := open(t, t.TempDir(), Options{TTL: time.Minute, Now: clk.now})
+	want := store(t, s, "x", 10) // body hash "h-x"
+	if _, e, err := s.OpenIf("x", "h-other"); !errors.Is(err, ErrOtherRequest) || e.BodyHash != "h-x" {
+		t.Fatalf("OpenIf with another hash = %+v %v", e, err)
+	}
+	rd, e, err := s.OpenIf("x", "h-x")
+	if err != nil || !e.Final() {
+		t.Fatalf("OpenIf = %+v %v", e, err)
+	}
+	var b bytes.Buffer
+	rd.WriteTo(&b)
+	rd.Close()
+	if b.String() != want {
+		t.Fatalf("OpenIf served %q, want %q", b.String(), want)
+	}
+
+	clk.add(time.Hour) // expired: the id is free and another request takes it
+	if _, err := s.Create("x", run(), "h-new", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.OpenIf("x", "h-x"); !errors.Is(err, ErrOtherRequest) {
+		t.Fatalf("the first request's retry once the id was taken again: %v", err)
+	}
+	if _, e, err := s.OpenIf("x", "h-new"); !errors.Is(err, ErrPending) || e.BodyHash != "h-new" {
+		t.Fatalf("the new request's retry while it runs: %+v %v", e, err)
+	}
+	if _, _, err := s.OpenIf("nothing", "h"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("OpenIf of an unknown id: %v", err)
+	}
+}
