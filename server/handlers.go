@@ -130,7 +130,9 @@ func (s *Server) handleGet(w http.ResponseWriter, _ *http.Request, ps httprouter
 			writeError(w, http.StatusNotFound, fmt.Sprintf("no execution %q (unknown, or its result has expired)", clip(id)))
 			return
 		case err != nil:
-			writeAPIError(w, storeError(err))
+			e := storeError(err)
+			s.logReject(e, "execution_id", clip(id))
+			writeAPIError(w, e)
 			return
 		}
 		defer rd.Close()

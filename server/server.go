@@ -121,7 +121,10 @@ func New(d Deps) (*Server, error) {
 		MaxBytes: d.Config.ResultsMaxBytes,
 		MaxCount: d.Config.ResultsMax,
 		TTL:      time.Duration(d.Config.ResultsTTLMS) * time.Millisecond,
-		Logger:   d.Logger,
+		// SECURITY.md case 32: slow readers of stored answers hold fds
+		// (at most two each) and cannot exhaust the worker's.
+		MaxReaders: d.Config.MaxStreams,
+		Logger:     d.Logger,
 		Interrupted: func(e results.Entry, now time.Time) []byte {
 			d.Logger.Warn("execution interrupted by the worker's stop", "execution_id", e.ID, "run", e.Run)
 			text, typ := interruptedDocument(e, now)

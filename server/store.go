@@ -189,6 +189,10 @@ func storeError(err error) *apiError {
 	if errors.Is(err, results.ErrClosed) {
 		return &apiError{status: http.StatusServiceUnavailable, reason: "draining", msg: "shutting down: " + err.Error()}
 	}
+	if errors.Is(err, results.ErrBusy) {
+		return &apiError{status: http.StatusServiceUnavailable, reason: "streams", retryAfter: "1",
+			msg: "over capacity: max_streams answers are being sent already (" + err.Error() + ")"}
+	}
 	return &apiError{status: http.StatusInternalServerError, reason: "store", msg: "result store: " + err.Error()}
 }
 

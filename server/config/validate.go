@@ -137,6 +137,7 @@ func minimumsCheck(c Config) (errs []error) {
 		{"max_concurrent", int64(c.MaxConcurrent), 1},
 		{"max_input_files", int64(c.MaxInputFiles), 0},
 		{"max_decoding", int64(c.MaxDecoding), 1},
+		{"max_streams", int64(c.MaxStreams), 1},
 		{"max_queued", int64(c.MaxQueued), 0},
 		{"max_stdout_bytes", c.MaxStdoutBytes, 1},
 		{"max_stderr_bytes", c.MaxStderrBytes, 1},
