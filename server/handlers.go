@@ -164,16 +164,27 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request, ps httprou
 		writeJSON(w, http.StatusAccepted, v.running())
 		return
 	case <-r.Context().Done():
+		// The client left (or the server is closing): the cancel stands,
+		// and the answer is 202 as for a run still ending, never an empty
+		// 200, should anything still read it.
+		writeJSON(w, http.StatusAccepted, v.running())
 		return
 	}
-	if rd, err := s.results.Open(id); err == nil {
-		defer rd.Close()
-		s.writeStored(w, rd, id)
+	rd, err := s.results.Open(id)
+	switch {
+	case errors.Is(err, results.ErrNotFound), errors.Is(err, results.ErrPending):
+		// It ended without a result (refused before it ran, or its result
+		// was already evicted; the id may be another request's by now).
+		writeJSON(w, http.StatusOK, runningView{ID: id, Type: v.typ, Status: "cancelled", Policy: v.policy})
+		return
+	case err != nil:
+		e := storeError(err)
+		s.logReject(e, "execution_id", clip(id))
+		writeAPIError(w, e)
 		return
 	}
-	// It ended without a result (refused before it ran, or its result was
-	// already evicted).
-	writeJSON(w, http.StatusOK, runningView{ID: id, Type: v.typ, Status: "cancelled", Policy: v.policy})
+	defer rd.Close()
+	s.writeStored(w, rd, id)
 }
 
 // policiesResponse is the body of GET /v1/policies.

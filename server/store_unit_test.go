@@ -8,8 +8,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -80,4 +83,33 @@ func TestUnitStreamsAreBounded(t *testing.T) {
 	if n := u.fake.started.Load(); n != 1 {
 		t.Fatalf("%d sandboxes started, want 1", n)
 	}
+}
+
+// A DELETE whose client leaves before the cancelled run has ended is
+// answered 202 (the cancel stands), never an empty 200.
+func TestUnitCancelClientGone(t *testing.T) {
+	u := newUnitEnv(t, true, nil)
+	release := make(chan struct{})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free) // before the server's drain, even on failure
+	u.fake.result = func(context.Context, nsjail.Spec) *nsjail.Result {
+		<-release // ends only when the test says, cancelled or not
+		now := time.Now()
+		return &nsjail.Result{Status: nsjail.StatusCancelled, ExitCode: -1, LimitsHit: []string{}, StartedAt: now, FinishedAt: now}
+	}
+	running := u.post(ExecutionRequest{ID: "stuck", Code: "x"})
+	waitFor(t, func() bool { return u.fake.started.Load() == 1 })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	req := httptest.NewRequestWithContext(ctx, "DELETE", "/v1/executions/stuck", nil)
+	req.Host = "127.0.0.1"
+	rec := httptest.NewRecorder()
+	u.srv.Handler().ServeHTTP(rec, req)
+	if rec.Code != http.StatusAccepted || !strings.Contains(rec.Body.String(), `"id":"stuck"`) {
+		t.Fatalf("DELETE whose client left = %d %q, want 202 with the execution", rec.Code, rec.Body.String())
+	}
+	free()
+	wantExecStatus(t, <-running, "cancelled")
 }
