@@ -204,6 +204,7 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 
 	resp := &ExecutionResponse{ID: p.id, Type: p.policy.Name, Policy: p.policy,
 		Artifacts: []Artifact{}, ArtifactsOmitted: []Omitted{}, LimitsHit: []string{}}
+	started := false // the sandbox was asked to run the code
 	finish := func() (*ExecutionResponse, *results.Reader, *apiError) {
 		if resp.StartedAt.IsZero() {
 			resp.StartedAt = admitted
@@ -218,11 +219,26 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 		// the other.
 		text, holes := storedDocument(resp)
 		rd, err := s.results.Finish(p.id, text, holes)
+		if err != nil && started {
+			// The code ran: the id must stay taken, or a retry of this
+			// request would run it again. A small answer without
+			// artifacts, kept in the database, may still be stored.
+			log.Error("storing the result failed; storing a sandbox_error answer instead", "status", resp.Status, "err", err)
+			resp = unstoredResponse(resp, err)
+			text, _ = storedDocument(resp)
+			rd, err = s.results.Finish(p.id, text, nil)
+		}
 		if err != nil {
 			log.Error("storing the result failed", "status", resp.Status, "err", err)
-			s.forget(rec)
 			e := storeError(err)
 			e.msg = fmt.Sprintf("execution %q ended (%s) but its result could not be stored: %s", p.id, resp.Status, e.msg)
+			if started {
+				// Still pending in the store: the id stays taken, and
+				// the next worker answers it interrupted.
+				s.live.remove(rec)
+			} else {
+				s.forget(rec)
+			}
 			return nil, nil, e
 		}
 		s.live.remove(rec)
@@ -274,6 +290,7 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 	spec := s.spec(p, rootfs, python, ws.Dir)
 	spec.Logger = log // execution_id and policy on the sandbox's lines too
 	log.Info("sandbox starting")
+	started = true
 	res, err := sandbox.Run(ctx, spec)
 	if err != nil {
 		// The spec was refused before anything started: our bug, not the
@@ -303,6 +320,16 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 		return n, err
 	})
 	return finish()
+}
+
+// unstoredResponse is the answer kept when resp, of an execution that ran,
+// could not be stored: a small sandbox_error without its output.
+func unstoredResponse(resp *ExecutionResponse, err error) *ExecutionResponse {
+	return &ExecutionResponse{ID: resp.ID, Type: resp.Type, Policy: resp.Policy, Status: string(nsjail.StatusSandboxError),
+		ExitCode: resp.ExitCode, Signal: resp.Signal, Usage: resp.Usage, LimitsHit: resp.LimitsHit,
+		Artifacts: []Artifact{}, ArtifactsOmitted: []Omitted{},
+		StartedAt: resp.StartedAt, FinishedAt: resp.FinishedAt, DurationMS: resp.DurationMS,
+		Error: fmt.Sprintf("the execution ran (status %s) but its result could not be stored: %v; its output is lost", resp.Status, err)}
 }
 
 // spec is the sandbox spec of a plan: the policy's Limits and Env (BaseEnv

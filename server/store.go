@@ -35,7 +35,10 @@ const interruptedError = "the worker stopped (crash or restart) while this execu
 // store (package results) from admission on: pending there until its answer
 // is stored, which is what lets a restarted worker answer it interrupted.
 // An execution leaves the live table only after its answer is stored, so a
-// lookup that misses the live table finds the answer or nothing.
+// lookup that misses the live table finds the answer or nothing; except one
+// that ran and whose answer could not be stored even as a small
+// sandbox_error: it stays pending in the store, its id taken, until the
+// next worker answers it interrupted.
 
 // errIDTaken: claim lost a race for the id; the caller looks again.
 var errIDTaken = errors.New("id taken")
@@ -152,6 +155,7 @@ func (s *Server) forget(r *record) {
 func (s *Server) existing(ctx context.Context, p *plan) (rd *results.Reader, e *apiError, found bool) {
 	conflict := &apiError{status: http.StatusConflict, reason: "conflict", msg: fmt.Sprintf(
 		"id %q is taken by a different request (only a retry of the same request body gets its result)", p.id)}
+	pendingNotLive := 0
 	for {
 		if v, live := s.live.get(p.id); live {
 			if v.hash != p.hash {
@@ -176,8 +180,13 @@ func (s *Server) existing(ctx context.Context, p *plan) (rd *results.Reader, e *
 		case errors.Is(err, results.ErrPending):
 			// Claimed since the lookup: a pending execution is in the live
 			// table (claim adds it there first and finish removes it last),
-			// so the next lookup finds it.
-			continue
+			// so the next lookup finds it. Twice in a row, it is one that
+			// ran but whose answer could not be stored (executeNew).
+			if pendingNotLive++; pendingNotLive < 2 {
+				continue
+			}
+			return nil, &apiError{status: http.StatusInternalServerError, reason: "store", msg: fmt.Sprintf(
+				"execution %q ran but its result could not be stored; it is answered interrupted after the worker restarts", p.id)}, true
 		case err != nil:
 			return nil, storeError(err), true
 		}

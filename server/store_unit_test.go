@@ -113,3 +113,52 @@ func TestUnitCancelClientGone(t *testing.T) {
 	free()
 	wantExecStatus(t, <-running, "cancelled")
 }
+
+// The code never runs twice: when its answer cannot be stored after it ran
+// (here: the answer's file cannot be written), a small sandbox_error
+// answer is stored instead, so the id stays taken and a retry of the same
+// request gets that answer rather than a second run.
+func TestUnitUnstoredAnswerKeepsTheID(t *testing.T) {
+	u := newUnitEnv(t, true, nil)
+	u.fake.result = func(_ context.Context, spec nsjail.Spec) *nsjail.Result {
+		os.WriteFile(filepath.Join(spec.Workspace, inside.ArtifactsDir, "a.bin"), []byte("artifact"), 0o644)
+		// A directory where the store writes the answer's JSON: Finish
+		// fails, root or not.
+		os.MkdirAll(filepath.Join(u.cfg.ResultsDir, spec.ID, "doc.json"), 0o700)
+		now := time.Now()
+		return &nsjail.Result{ID: spec.ID, Status: nsjail.StatusSucceeded, LimitsHit: []string{}, Stdout: []byte("secret output\n"),
+			StartedAt: now, FinishedAt: now}
+	}
+	req := ExecutionRequest{ID: "once", Code: "x"}
+	first := u.execute(req)
+	wantExecStatus(t, first, "sandbox_error")
+	if !strings.Contains(first.Error, "could not be stored") || first.Stdout != "" || len(first.Artifacts) != 0 {
+		t.Fatalf("the unstored answer: %+v", first)
+	}
+	again := u.execute(req)
+	if n := u.fake.started.Load(); n != 1 {
+		t.Fatalf("the code ran %d times, want once", n)
+	}
+	if again.Status != "sandbox_error" || !again.FinishedAt.Equal(first.FinishedAt) {
+		t.Fatalf("the retry got %+v", again)
+	}
+	if code, _, body := u.do("GET", "/v1/executions/once", nil); code != 200 || !strings.Contains(string(body), "could not be stored") {
+		t.Fatalf("GET = %d %s", code, body)
+	}
+}
+
+// An execution that ran and whose answer could not be stored at all stays
+// pending in the store (the next worker answers it interrupted): a retry
+// is told so at once, neither run again nor left spinning.
+func TestUnitRetryOfUnstoredExecution(t *testing.T) {
+	u := newUnitEnv(t, true, nil)
+	req := ExecutionRequest{ID: "lost", Code: "x"}
+	if _, err := u.srv.results.Create("lost", newRunName(), requestHash(&req), nil); err != nil {
+		t.Fatal(err)
+	}
+	code, _, body := u.do("POST", "/v1/executions", req)
+	wantError(t, code, body, 500, "could not be stored")
+	code, _, body = u.do("POST", "/v1/executions", ExecutionRequest{ID: "lost", Code: "other"})
+	wantError(t, code, body, 409, "taken by a different request")
+	u.wantNothingStarted(t)
+}
