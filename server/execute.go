@@ -155,13 +155,15 @@ var idTaken = &apiError{status: http.StatusConflict, reason: "conflict", msg: "i
 // execute answers a validated request: with the stored answer of the
 // execution that has its id when it is the same request (a retry; the code
 // does not run twice), with 409 when it is another, else by running it.
-// The answer is opened in the result store, to be streamed.
-func (s *Server) execute(ctx context.Context, p *plan) (*results.Reader, *apiError) {
+// run is the context of a run (cancelled by the client, DELETE or the
+// drain); wait ends a retry's wait for another request's run (the client
+// left). The answer is opened in the result store, to be streamed.
+func (s *Server) execute(run, wait context.Context, p *plan) (*results.Reader, *apiError) {
 	for {
-		if rd, e, found := s.existing(ctx, p); found {
+		if rd, e, found := s.existing(wait, p); found {
 			return rd, e
 		}
-		_, rd, e := s.executeNew(ctx, p)
+		_, rd, e := s.executeNew(run, p)
 		if e != idTaken {
 			return rd, e
 		}

@@ -82,12 +82,14 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, _ httprout
 	// of this POST), so it outlives this connection: a client whose request
 	// timed out retries and gets the result instead of "cancelled". An
 	// unnamed one cannot be found again and is cancelled with its client.
-	// DELETE and the drain still cancel both.
-	ctx := r.Context()
+	// DELETE and the drain still cancel both. Waiting for another request's
+	// run (a retry) ends with this connection.
+	run := r.Context()
 	if req.ID != "" {
-		ctx = context.WithoutCancel(ctx)
+		run = context.WithoutCancel(run)
 	}
-	rd, e := s.execute(ctx, p)
+	req = ExecutionRequest{} // the plan holds what runs: no second copy
+	rd, e := s.execute(run, r.Context(), p)
 	if e != nil {
 		s.logReject(e, "execution_id", p.id, "policy", p.policy.Name)
 		writeAPIError(w, e)

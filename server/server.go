@@ -69,6 +69,7 @@ type Server struct {
 	results   *results.Store
 	admission *Admission
 	decoding  decodeSlots
+	waiters   chan struct{} // retries waiting for a live execution (existing)
 	metrics   *metrics
 	handler   http.Handler
 
@@ -115,6 +116,8 @@ func New(d Deps) (*Server, error) {
 		live:     newLiveTable(),
 		metrics:  newMetrics(),
 		decoding: make(decodeSlots, d.Config.MaxDecoding),
+		// As many retries may wait as there can be live executions.
+		waiters: make(chan struct{}, d.Config.MaxConcurrent+d.Config.MaxQueued),
 	}
 	s.createWorkspace = CreateWorkspace
 	store, err := results.Open(d.Config.ResultsDir, results.Options{

@@ -150,21 +150,39 @@ func (s *Server) forget(r *record) {
 
 // existing answers a POST whose id is taken (found is true): the same
 // request (same hash) gets that execution's stored answer, waiting for it
-// while it runs; a different request gets 409. found is false when the id
-// is free (again: an execution that never ran frees it).
+// while it runs (until ctx, the request's own context, ends); a different
+// request gets 409. found is false when the id is free (again: an execution
+// that never ran frees it).
+//
+// A retry that waits lets go of its plan's code, input and files first, and
+// at most retryWaiters() wait at once (429 beyond): otherwise retries of one
+// running execution, each holding up to max_code_bytes + max_input_bytes,
+// would hold memory outside admission and max_decoding without a bound
+// (SECURITY.md case 32).
 func (s *Server) existing(ctx context.Context, p *plan) (rd *results.Reader, e *apiError, found bool) {
 	conflict := &apiError{status: http.StatusConflict, reason: "conflict", msg: fmt.Sprintf(
 		"id %q is taken by a different request (only a retry of the same request body gets its result)", p.id)}
 	pendingNotLive := 0
+	waited := false
 	for {
 		if v, live := s.live.get(p.id); live {
 			if v.hash != p.hash {
 				return nil, conflict, true
 			}
 			select {
+			case s.waiters <- struct{}{}:
+			default:
+				return nil, &apiError{status: http.StatusTooManyRequests, reason: "over_capacity", retryAfter: "1",
+					msg: fmt.Sprintf("over capacity: %d retries are waiting for their executions already", cap(s.waiters))}, true
+			}
+			p.code, p.input, p.files = "", nil, nil
+			waited = true
+			select {
 			case <-v.done:
+				<-s.waiters
 				continue
 			case <-ctx.Done():
+				<-s.waiters
 				return nil, &apiError{status: http.StatusServiceUnavailable, reason: "client_gone",
 					msg: fmt.Sprintf("request ended while waiting for execution %q", p.id)}, true
 			}
@@ -173,6 +191,12 @@ func (s *Server) existing(ctx context.Context, p *plan) (rd *results.Reader, e *
 		// id may have expired and been taken since the lookup above.
 		rd, _, err := s.results.OpenIf(p.id, p.hash)
 		switch {
+		case errors.Is(err, results.ErrNotFound) && waited:
+			// The run waited for was refused before it started (or its
+			// result expired at once); this request let go of its code
+			// meanwhile: the client sends it again.
+			return nil, &apiError{status: http.StatusServiceUnavailable, reason: "retry", retryAfter: "1",
+				msg: fmt.Sprintf("execution %q ended without a stored result (refused before it ran, or expired); send the request again", p.id)}, true
 		case errors.Is(err, results.ErrNotFound):
 			return nil, nil, false // expired meanwhile
 		case errors.Is(err, results.ErrOtherRequest):

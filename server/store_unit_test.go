@@ -4,7 +4,10 @@ package server
 // streams, retries and their waiters, a store that fails, DELETE.
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -161,4 +164,125 @@ func TestUnitRetryOfUnstoredExecution(t *testing.T) {
 	code, _, body = u.do("POST", "/v1/executions", ExecutionRequest{ID: "lost", Code: "other"})
 	wantError(t, code, body, 409, "taken by a different request")
 	u.wantNothingStarted(t)
+}
+
+// blockRuns makes the fake sandbox's runs wait for the returned release
+// (idempotent; called at cleanup too, before the server's drain).
+func (u *unitEnv) blockRuns(t *testing.T) (release func()) {
+	ch := make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(ch) }) }
+	t.Cleanup(release)
+	u.fake.result = func(_ context.Context, spec nsjail.Spec) *nsjail.Result {
+		<-ch
+		now := time.Now()
+		return &nsjail.Result{ID: spec.ID, Status: nsjail.StatusSucceeded, LimitsHit: []string{}, Stdout: []byte("done\n"),
+			StartedAt: now, FinishedAt: now}
+	}
+	return release
+}
+
+// postCtx POSTs req with ctx (cancel it to leave) and returns the status.
+func (u *unitEnv) postCtx(ctx context.Context, req ExecutionRequest) (int, http.Header, string) {
+	data, _ := json.Marshal(req)
+	hr, _ := http.NewRequestWithContext(ctx, "POST", u.http.URL+"/v1/executions", bytes.NewReader(data))
+	resp, err := u.http.Client().Do(hr)
+	if err != nil {
+		return 0, nil, err.Error()
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, string(body)
+}
+
+// metric reads one series' value from /metrics ("" when absent).
+func (u *unitEnv) metric(series string) string {
+	_, _, body := u.do("GET", "/metrics", nil)
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// SECURITY.md case 32: retries of a running execution wait on their own
+// connection and are bounded. Each waits holding none of its request's
+// code; beyond max_concurrent + max_queued waiting ones, a retry gets 429
+// with Retry-After; a retry whose client leaves stops waiting (counted as
+// client_gone) while the execution goes on, and its result is stored.
+func TestUnitRetryWaitersAreBounded(t *testing.T) {
+	u := newUnitEnv(t, true, func(c *config.Config) { c.MaxConcurrent, c.MaxQueued = 1, 1 })
+	release := u.blockRuns(t)
+	req := ExecutionRequest{ID: "awaited", Code: strings.Repeat("x", 100_000)}
+	first := u.post(req)
+	waitFor(t, func() bool { return u.fake.started.Load() == 1 })
+
+	// Two may wait (1 + 1); the first of them leaves.
+	leaving, leave := context.WithCancel(context.Background())
+	gone := make(chan int, 1)
+	go func() { code, _, _ := u.postCtx(leaving, req); gone <- code }()
+	waitFor(t, func() bool { return len(u.srv.waiters) == 1 })
+	stays := u.post(req)
+	waitFor(t, func() bool { return len(u.srv.waiters) == 2 })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	code, h, body := u.postCtx(ctx, req)
+	if code != http.StatusTooManyRequests || h.Get("Retry-After") == "" || !strings.Contains(body, "retries are waiting") {
+		t.Fatalf("a retry beyond the waiters' bound = %d %q %s; want 429 with Retry-After", code, h.Get("Retry-After"), body)
+	}
+
+	leave()
+	<-gone
+	waitFor(t, func() bool {
+		return u.metric(`sandboxd_requests_rejected_total{reason="client_gone"}`) == "1" && len(u.srv.waiters) == 1
+	})
+	if v, ok := u.srv.live.get("awaited"); !ok || v.status != StatusRunning {
+		t.Fatalf("the execution did not go on after a waiting retry left: %+v %v", v, ok)
+	}
+
+	release()
+	for _, ch := range []<-chan *ExecutionResponse{first, stays} {
+		if r := <-ch; r.Status != "succeeded" || r.Stdout != "done\n" {
+			t.Fatalf("answer %+v", r)
+		}
+	}
+	if code, _, body := u.do("GET", "/v1/executions/awaited", nil); code != 200 || !strings.Contains(string(body), `"stdout":"done\n"`) {
+		t.Fatalf("GET after the run = %d %s", code, body)
+	}
+	if n := u.fake.started.Load(); n != 1 {
+		t.Fatalf("%d runs, want 1", n)
+	}
+}
+
+// A waiting retry holds no code: when the run it waited for is refused
+// before it starts (here: its workspace), the retry is told to send the
+// request again (503 + Retry-After) instead of running without its code.
+func TestUnitRetryOfRefusedRunIsSentAgain(t *testing.T) {
+	u := newUnitEnv(t, true, func(c *config.Config) { c.MaxConcurrent, c.MaxQueued = 1, 1 })
+	release := u.blockRuns(t)
+	busy := u.post(ExecutionRequest{Code: "first"})
+	waitFor(t, func() bool { return u.fake.started.Load() == 1 })
+	req := ExecutionRequest{ID: "queued", Code: "second"}
+	queued := u.post(req)
+	u.waitStatus("queued", StatusQueued)
+	retry := make(chan string, 1)
+	go func() {
+		code, h, body := u.postCtx(context.Background(), req)
+		retry <- fmt.Sprint(code, " ", h.Get("Retry-After"), " ", body)
+	}()
+	waitFor(t, func() bool { return len(u.srv.waiters) == 1 })
+	u.wsErr = fmt.Errorf("create workspace: %w", ErrWorkspaceFull)
+	release()
+	<-busy
+	if r := <-queued; !strings.Contains(r.Status, "Insufficient Storage") {
+		t.Fatalf("the queued run = %s", r.Status)
+	}
+	if got := <-retry; !strings.HasPrefix(got, "503 1 ") || !strings.Contains(got, "send the request again") {
+		t.Fatalf("the waiting retry = %s", got)
+	}
+	if n := u.fake.started.Load(); n != 1 {
+		t.Fatalf("%d runs, want 1", n)
+	}
 }
