@@ -213,24 +213,31 @@ func (r *Runner) start(spec Spec, extraFiles []*os.File) (*Sandbox, error) {
 	if err != nil {
 		return fail("unable to build sandbox config: %w", err)
 	}
+	// Marked before its state directory or any cgroup exists (SECURITY.md
+	// case 29: Sweep removes only what carries the marker), so a worker
+	// killed at any point leaves nothing unmarked. A directory already
+	// there is someone else's: never marked.
+	if _, err := os.Lstat(r.stateDir(id)); !errors.Is(err, os.ErrNotExist) {
+		return fail("unable to create sandbox: state directory %s exists (%v)", r.stateDir(id), err)
+	}
+	if err := r.markOwned(id); err != nil {
+		return fail("unable to mark the sandbox as sandboxd's: %w", err)
+	}
 	c, err := libcontainer.Create(r.opts.StateRoot, id, cfg)
 	if err != nil {
+		if uerr := r.unmarkOwned(id); uerr != nil {
+			log.Error("unable to remove the owner marker", "error", uerr)
+		}
 		return fail("unable to create sandbox: %w", err)
-	}
-	// Before anything runs or any cgroup exists: Sweep removes only what
-	// carries the marker.
-	if err := markOwned(r.stateDir(id)); err != nil {
-		_ = c.Destroy()
-		return fail("unable to mark the sandbox's state directory: %w", err)
 	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
-		_ = c.Destroy()
+		r.destroy(c, log)
 		return fail("unable to create stdout pipe: %w", err)
 	}
 	errR, errW, err := os.Pipe()
 	if err != nil {
-		_ = c.Destroy()
+		r.destroy(c, log)
 		outR.Close()
 		outW.Close()
 		return fail("unable to create stderr pipe: %w", err)
@@ -262,7 +269,7 @@ func (r *Runner) start(spec Spec, extraFiles []*os.File) (*Sandbox, error) {
 	if err != nil {
 		outR.Close()
 		errR.Close()
-		destroy(c, log)
+		r.destroy(c, log)
 		return fail("unable to start sandbox: %w", err)
 	}
 	log.Debug("sandbox started", "start_ms", time.Since(startedAt).Milliseconds())
@@ -291,14 +298,19 @@ func hasEnv(env []string, key string) bool {
 	return false
 }
 
-// destroy removes the container's cgroups and state directory. libcontainer
-// refuses to destroy a running container, so anything still alive (it should
-// not be) is killed first.
-func destroy(c *libcontainer.Container, log *slog.Logger) {
+// destroy removes the container's cgroups and state directory, then its
+// owner marker. libcontainer refuses to destroy a running container, so
+// anything still alive (it should not be) is killed first. What could not be
+// removed keeps its marker, for the next Sweep.
+func (r *Runner) destroy(c *libcontainer.Container, log *slog.Logger) {
 	if err := c.Destroy(); err != nil {
 		_ = c.Signal(unix.SIGKILL)
 		if err := c.Destroy(); err != nil {
 			log.Error("unable to destroy sandbox", "error", err)
+			return
 		}
+	}
+	if err := r.unmarkOwned(c.ID()); err != nil {
+		log.Error("unable to remove the owner marker", "error", err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/opencontainers/runc/libcontainer"
@@ -13,16 +14,23 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ownerMarker is the file, in a sandbox's state directory, that says
-// sandboxd created it. Start writes it right after libcontainer creates the
-// directory, before the sandbox's cgroups exist or anything runs in them;
-// libcontainer removes the cgroups before the directory. So every cgroup and
-// container of ours has a marked state directory for as long as it exists,
-// SIGKILL of the worker included.
-const ownerMarker = "sandboxd-owner"
+// ownerSuffix names the file, beside a sandbox's state directory in the
+// state root (<id> + ownerSuffix), that says sandboxd created it. Start
+// writes it before libcontainer creates the directory (libcontainer refuses
+// a directory that exists, so the marker cannot be inside it), and removes
+// it only after libcontainer removed the cgroups and then the directory. So
+// every container and cgroup of ours has a marker for as long as it exists,
+// SIGKILL of the worker at any point included; a marker without a directory
+// is what a worker killed just before Create or just after a removal left.
+const ownerSuffix = ".sandboxd-owner"
 
-func markOwned(stateDir string) error {
-	f, err := os.OpenFile(filepath.Join(stateDir, ownerMarker), os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+// legacyOwnerMarker is the marker inside the state directory that workers
+// before ownerSuffix wrote right after Create; still honoured.
+const legacyOwnerMarker = "sandboxd-owner"
+
+// markOwned creates the owner marker of sandbox id, which must not exist.
+func (r *Runner) markOwned(id string) error {
+	f, err := os.OpenFile(r.ownerFile(id), os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return err
 	}
@@ -30,11 +38,26 @@ func markOwned(stateDir string) error {
 	return errors.Join(err, f.Close())
 }
 
-// isOwned reports whether the state directory carries ownerMarker as a
-// regular file.
-func isOwned(stateDir string) bool {
-	fi, err := os.Lstat(filepath.Join(stateDir, ownerMarker))
-	return err == nil && fi.Mode().IsRegular()
+// unmarkOwned removes the owner marker of sandbox id once its cgroups and
+// state directory are gone.
+func (r *Runner) unmarkOwned(id string) error {
+	if err := os.Remove(r.ownerFile(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+func (r *Runner) ownerFile(id string) string { return filepath.Join(r.opts.StateRoot, id+ownerSuffix) }
+
+// isOwned reports whether sandbox id carries an owner marker as a regular
+// file: beside its state directory, or (legacy) inside it.
+func (r *Runner) isOwned(id string) bool {
+	for _, p := range []string{r.ownerFile(id), filepath.Join(r.stateDir(id), legacyOwnerMarker)} {
+		if fi, err := os.Lstat(p); err == nil && fi.Mode().IsRegular() {
+			return true
+		}
+	}
+	return false
 }
 
 // Sweep removes every sandbox left behind by a worker that died without
@@ -43,22 +66,37 @@ func isOwned(stateDir string) bool {
 // (only the init libcontainer recorded, identified by pid and start time, so
 // a reused pid is never signalled) and destroys the container, which removes
 // its cgroups; then it kills and removes the cgroups of marked sandboxes
-// whose start died half-way. Anything unmarked, under the state root or the
-// cgroup parent, is left alone and logged: a mistaken state_root or
-// cgroup_parent (pointing at runc's, or at a parent with other cgroups)
-// never kills someone else's containers (SECURITY.md case 29). Call it on
-// start, before serving; it must not run concurrently with Run or Start.
+// whose start died half-way (a directory without state.json, or a marker
+// without a directory), and their markers. Anything unmarked, under the
+// state root or the cgroup parent, is left alone and logged: a mistaken
+// state_root or cgroup_parent (pointing at runc's, or at a parent with other
+// cgroups) never kills someone else's containers (SECURITY.md case 29). Call
+// it on start, before serving; it must not run concurrently with Run or
+// Start.
 func (r *Runner) Sweep() (removed []string, err error) {
 	entries, err := os.ReadDir(r.opts.StateRoot)
 	if err != nil {
 		return nil, fmt.Errorf("unable to read state root: %w", err)
+	}
+	names := map[string]bool{}
+	for _, e := range entries {
+		names[e.Name()] = true
 	}
 	var errs []error
 	ours := map[string]bool{}
 	var halfStarted []string
 	for _, e := range entries {
 		id := e.Name()
-		if !e.IsDir() || !isOwned(r.stateDir(id)) {
+		if owned, ok := strings.CutSuffix(id, ownerSuffix); ok && e.Type().IsRegular() {
+			if !names[owned] {
+				// A marker alone: any cgroups of its sandbox are swept
+				// below, then the marker goes.
+				ours[owned] = true
+				halfStarted = append(halfStarted, owned)
+			}
+			continue // else it goes with its directory
+		}
+		if !e.IsDir() || !r.isOwned(id) {
 			r.log.Warn("sweep: leaving an entry sandboxd did not create", "path", r.stateDir(id))
 			continue
 		}
@@ -78,6 +116,9 @@ func (r *Runner) Sweep() (removed []string, err error) {
 			errs = append(errs, fmt.Errorf("sandbox %s: %w", id, err))
 			continue
 		}
+		if err := r.unmarkOwned(id); err != nil {
+			errs = append(errs, err)
+		}
 		r.log.Info("swept orphan sandbox", "sandbox", id)
 		removed = append(removed, id)
 	}
@@ -85,12 +126,16 @@ func (r *Runner) Sweep() (removed []string, err error) {
 	// ones); no other child of the parent is touched.
 	cgRemoved, cgErr := cgroup.SweepOrphans(r.opts.CgroupParent, func(id string) bool { return ours[id] }, r.log)
 	if cgErr != nil {
-		// Keep the half-started state directories: their marker is what
-		// lets the next sweep retry their cgroups.
+		// Keep the half-started state directories and markers: the marker
+		// is what lets the next sweep retry their cgroups.
 		errs = append(errs, cgErr)
 	} else {
 		for _, id := range halfStarted {
 			if err := os.RemoveAll(r.stateDir(id)); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if err := r.unmarkOwned(id); err != nil {
 				errs = append(errs, err)
 				continue
 			}

@@ -136,7 +136,7 @@ func TestSweepRemovesOnlyMarked(t *testing.T) {
 		foreign.Wait(ctx)
 		r.WaitForCleanup()
 	}()
-	if err := os.Remove(filepath.Join(testStateRoot, foreign.ID(), "sandboxd-owner")); err != nil && !os.IsNotExist(err) {
+	if err := os.Remove(filepath.Join(testStateRoot, foreign.ID()+".sandboxd-owner")); err != nil {
 		t.Fatal(err)
 	}
 	stray := filepath.Join(testStateRoot, "not-a-sandbox")
@@ -223,4 +223,56 @@ func cgroupWithProcess(t *testing.T, parents []string, name, command string) *ex
 	}
 	t.Fatalf("%s did not join %s", command, join)
 	return nil
+}
+
+// SECURITY.md case 29: the owner marker exists before the state directory
+// (a sibling file: libcontainer refuses an existing directory) and goes after
+// it, so a worker killed between libcontainer's Create and anything else
+// leaves a marked directory, which the sweep removes, and a worker killed
+// before Create or after a removal leaves a marker alone, which the sweep
+// removes too. An unmarked directory is still left alone.
+func TestSweepMarkerOutlivesNothing(t *testing.T) {
+	r := newRunner(t)
+	sb, err := r.Start(nsjail.Spec{Rootfs: nsjailtest.BusyboxRootfs(t), Args: []string{"true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker := filepath.Join(testStateRoot, sb.ID()+".sandboxd-owner")
+	if fi, err := os.Lstat(marker); err != nil || !fi.Mode().IsRegular() {
+		t.Fatalf("a started sandbox's owner marker: %v", err)
+	}
+	sb.Wait(context.Background())
+	r.WaitForCleanup()
+	if _, err := os.Lstat(marker); !os.IsNotExist(err) {
+		t.Fatalf("the marker outlived its sandbox: %v", err)
+	}
+
+	const created, alone, foreign = "sbx-killed-after-create", "sbx-killed-before-create", "sbx-not-ours"
+	for _, d := range []string{created, foreign} {
+		if err := os.Mkdir(filepath.Join(testStateRoot, d), 0o711); err != nil { // as libcontainer.Create leaves it
+			t.Fatal(err)
+		}
+	}
+	for _, m := range []string{created, alone} {
+		if err := os.WriteFile(filepath.Join(testStateRoot, m+".sandboxd-owner"), []byte("sandboxd\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer os.Remove(filepath.Join(testStateRoot, foreign))
+	removed, err := newRunner(t).Sweep()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(removed)
+	if !slices.Equal(removed, []string{created, alone}) {
+		t.Errorf("swept %v, want [%s %s]", removed, created, alone)
+	}
+	entries, _ := os.ReadDir(testStateRoot)
+	var left []string
+	for _, e := range entries {
+		left = append(left, e.Name())
+	}
+	if !slices.Equal(left, []string{foreign}) {
+		t.Errorf("left under the state root: %v, want only the unmarked %s", left, foreign)
+	}
 }

@@ -107,8 +107,8 @@ func TestRestartAfterSIGKILLSweepsOrphans(t *testing.T) {
 	if m := mountsUnder(work); len(m) != 1 {
 		t.Fatalf("expected the orphan workspace mount, got %v", m)
 	}
-	if entries, _ := os.ReadDir(crashStateRoot); len(entries) != 1 {
-		t.Fatalf("expected one orphan state dir, got %d", len(entries))
+	if entries, _ := os.ReadDir(crashStateRoot); len(entries) != 2 || !entries[0].IsDir() || entries[1].Name() != entries[0].Name()+".sandboxd-owner" {
+		t.Fatalf("expected one orphan state dir and its owner marker, got %v", entries)
 	}
 	if len(nsjailtest.ProcessesMatching("sleep 1006")) == 0 {
 		t.Fatal("the orphan sandbox is not running (nothing to sweep)")

@@ -166,13 +166,15 @@ var idTaken = &apiError{status: http.StatusConflict, reason: "conflict", msg: "i
 // execute answers a validated request: with the stored answer of the
 // execution that has its id when it is the same request (a retry; the code
 // does not run twice), with 409 when it is another, else by running it.
-// The answer is opened in the result store, to be streamed.
-func (s *Server) execute(ctx context.Context, p *plan) (*results.Reader, *apiError) {
+// run is the context of a run (cancelled by the client, DELETE or the
+// drain); wait ends a retry's wait for another request's run (the client
+// left). The answer is opened in the result store, to be streamed.
+func (s *Server) execute(run, wait context.Context, p *plan) (*results.Reader, *apiError) {
 	for {
-		if rd, e, found := s.existing(ctx, p); found {
+		if rd, e, found := s.existing(wait, p); found {
 			return rd, e
 		}
-		_, rd, e := s.executeNew(ctx, p)
+		_, rd, e := s.executeNew(run, p)
 		if e != idTaken {
 			return rd, e
 		}
@@ -215,6 +217,7 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 
 	resp := &ExecutionResponse{ID: p.id, Type: p.policy.Name, Policy: p.policy,
 		Artifacts: []Artifact{}, ArtifactsOmitted: []Omitted{}, LimitsHit: []string{}}
+	started := false // the sandbox was asked to run the code
 	finish := func() (*ExecutionResponse, *results.Reader, *apiError) {
 		if resp.StartedAt.IsZero() {
 			resp.StartedAt = admitted
@@ -229,11 +232,26 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 		// the other.
 		text, holes := storedDocument(resp)
 		rd, err := s.results.Finish(p.id, text, holes)
+		if err != nil && started {
+			// The code ran: the id must stay taken, or a retry of this
+			// request would run it again. A small answer without
+			// artifacts, kept in the database, may still be stored.
+			log.Error("storing the result failed; storing a sandbox_error answer instead", "status", resp.Status, "err", err)
+			resp = unstoredResponse(resp, err)
+			text, _ = storedDocument(resp)
+			rd, err = s.results.Finish(p.id, text, nil)
+		}
 		if err != nil {
 			log.Error("storing the result failed", "status", resp.Status, "err", err)
-			s.forget(rec)
 			e := storeError(err)
 			e.msg = fmt.Sprintf("execution %q ended (%s) but its result could not be stored: %s", p.id, resp.Status, e.msg)
+			if started {
+				// Still pending in the store: the id stays taken, and
+				// the next worker answers it interrupted.
+				s.live.remove(rec)
+			} else {
+				s.forget(rec)
+			}
 			return nil, nil, e
 		}
 		s.live.remove(rec)
@@ -286,6 +304,7 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 	spec := s.spec(p, rootfs, python, ws.Dir)
 	spec.Logger = log // execution_id and policy on the sandbox's lines too
 	log.Info("sandbox starting")
+	started = true
 	res, outputs, err := s.run(ctx, spec)
 	if err != nil {
 		// The spec was refused before anything started: our bug, not the
@@ -314,6 +333,16 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 		return n, err
 	})
 	return finish()
+}
+
+// unstoredResponse is the answer kept when resp, of an execution that ran,
+// could not be stored: a small sandbox_error without its output.
+func unstoredResponse(resp *ExecutionResponse, err error) *ExecutionResponse {
+	return &ExecutionResponse{ID: resp.ID, Type: resp.Type, Policy: resp.Policy, Status: string(nsjail.StatusSandboxError),
+		ExitCode: resp.ExitCode, Signal: resp.Signal, Usage: resp.Usage, LimitsHit: resp.LimitsHit,
+		Artifacts: []Artifact{}, ArtifactsOmitted: []Omitted{},
+		StartedAt: resp.StartedAt, FinishedAt: resp.FinishedAt, DurationMS: resp.DurationMS,
+		Error: fmt.Sprintf("the execution ran (status %s) but its result could not be stored: %v; its output is lost", resp.Status, err)}
 }
 
 // spec is the sandbox spec of a plan: the policy's Limits and Env (BaseEnv

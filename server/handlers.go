@@ -82,12 +82,14 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, _ httprout
 	// of this POST), so it outlives this connection: a client whose request
 	// timed out retries and gets the result instead of "cancelled". An
 	// unnamed one cannot be found again and is cancelled with its client.
-	// DELETE and the drain still cancel both.
-	ctx := r.Context()
+	// DELETE and the drain still cancel both. Waiting for another request's
+	// run (a retry) ends with this connection.
+	run := r.Context()
 	if req.ID != "" {
-		ctx = context.WithoutCancel(ctx)
+		run = context.WithoutCancel(run)
 	}
-	rd, e := s.execute(ctx, p)
+	req = ExecutionRequest{} // the plan holds what runs: no second copy
+	rd, e := s.execute(run, r.Context(), p)
 	if e != nil {
 		s.logReject(e, "execution_id", p.id, "policy", p.policy.Name)
 		writeAPIError(w, e)
@@ -130,7 +132,9 @@ func (s *Server) handleGet(w http.ResponseWriter, _ *http.Request, ps httprouter
 			writeError(w, http.StatusNotFound, fmt.Sprintf("no execution %q (unknown, or its result has expired)", clip(id)))
 			return
 		case err != nil:
-			writeAPIError(w, storeError(err))
+			e := storeError(err)
+			s.logReject(e, "execution_id", clip(id))
+			writeAPIError(w, e)
 			return
 		}
 		defer rd.Close()
@@ -162,16 +166,27 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request, ps httprou
 		writeJSON(w, http.StatusAccepted, v.running())
 		return
 	case <-r.Context().Done():
+		// The client left (or the server is closing): the cancel stands,
+		// and the answer is 202 as for a run still ending, never an empty
+		// 200, should anything still read it.
+		writeJSON(w, http.StatusAccepted, v.running())
 		return
 	}
-	if rd, err := s.results.Open(id); err == nil {
-		defer rd.Close()
-		s.writeStored(w, rd, id)
+	rd, err := s.results.Open(id)
+	switch {
+	case errors.Is(err, results.ErrNotFound), errors.Is(err, results.ErrPending):
+		// It ended without a result (refused before it ran, or its result
+		// was already evicted; the id may be another request's by now).
+		writeJSON(w, http.StatusOK, runningView{ID: id, Type: v.typ, Status: "cancelled", Policy: v.policy})
+		return
+	case err != nil:
+		e := storeError(err)
+		s.logReject(e, "execution_id", clip(id))
+		writeAPIError(w, e)
 		return
 	}
-	// It ended without a result (refused before it ran, or its result was
-	// already evicted).
-	writeJSON(w, http.StatusOK, runningView{ID: id, Type: v.typ, Status: "cancelled", Policy: v.policy})
+	defer rd.Close()
+	s.writeStored(w, rd, id)
 }
 
 // policiesResponse is the body of GET /v1/policies.

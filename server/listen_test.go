@@ -15,7 +15,6 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
-	"github.com/sandboxd/sandboxd/server/config"
 )
 
 // otherGroup returns a group of this host other than root: name and gid.
@@ -67,8 +66,8 @@ func TestUnixSocketServesTheAPI(t *testing.T) {
 	if st.Mode&syscall.S_IFMT != syscall.S_IFSOCK || st.Mode&0o7777 != 0o660 || int(st.Gid) != gid {
 		t.Fatalf("socket mode %o gid %d, want a socket 0660 gid %d", st.Mode, st.Gid, gid)
 	}
-	if _, err := os.Lstat(sock + config.SocketTmpSuffix); !errors.Is(err, fs.ErrNotExist) {
-		t.Fatalf("temporary name left: %v", err)
+	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(sock), ".sandboxd-sock-*")); len(left) > 0 {
+		t.Fatalf("private directory left: %v", left)
 	}
 
 	client := unixClient(sock)
@@ -173,5 +172,52 @@ func TestListenUnixStaleAndForeignFiles(t *testing.T) {
 	}
 	if _, err := ListenUnix(filepath.Join(dir, "x.sock"), "no-such-group-sandboxd", 0o660); err == nil || !strings.Contains(err.Error(), "worker_socket_group") {
 		t.Errorf("unknown group: %v", err)
+	}
+}
+
+// SECURITY.md case 32 (the socket's set-up): a socket directory where
+// someone else could swap the new socket for a symlink (and have root chmod
+// and chown whatever it names) is refused, before anything is bound in it;
+// a sticky one (like /tmp) is fine. The socket's final path may use all of
+// sun_path: it is bound under a short private name first.
+func TestListenUnixRefusesAnUnsafeDirectory(t *testing.T) {
+	nsjailtest.RequireRoot(t)
+	dir := t.TempDir()
+	victim := filepath.Join(dir, "victim")
+	os.WriteFile(victim, []byte("x"), 0o600)
+	open := filepath.Join(dir, "open")
+	os.Mkdir(open, 0o755)
+	os.Chmod(open, 0o777) // past the umask
+	os.Symlink(victim, filepath.Join(open, "api.sock.new"))
+	if _, err := ListenUnix(filepath.Join(open, "api.sock"), "", 0o660); err == nil || !strings.Contains(err.Error(), "without the sticky bit") {
+		t.Fatalf("a world-writable socket directory: %v", err)
+	}
+	if entries, _ := os.ReadDir(open); len(entries) != 1 {
+		t.Fatalf("something was created in the refused directory: %v", entries)
+	}
+	if fi, _ := os.Stat(victim); fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the victim's mode changed: %v", fi.Mode())
+	}
+
+	sticky := filepath.Join(dir, "sticky")
+	os.Mkdir(sticky, 0o755)
+	os.Chmod(sticky, 0o777|os.ModeSticky)
+	long := filepath.Join(sticky, strings.Repeat("s", 107-len(sticky)-1))
+	ln, err := ListenUnix(long, "", 0o660)
+	if err != nil {
+		t.Fatalf("a sticky directory, a %d-byte path: %v", len(long), err)
+	}
+	defer ln.Close()
+	var st syscall.Stat_t
+	if err := syscall.Lstat(long, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFSOCK || st.Mode&0o7777 != 0o660 {
+		t.Fatalf("socket mode %o: %v", st.Mode, err)
+	}
+	c, err := net.Dial("unix", long)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if entries, _ := os.ReadDir(sticky); len(entries) != 1 {
+		t.Fatalf("left in the socket's directory: %v", entries)
 	}
 }

@@ -72,6 +72,7 @@ type Server struct {
 	results   *results.Store
 	admission *Admission
 	decoding  decodeSlots
+	waiters   chan struct{} // retries waiting for a live execution (existing)
 	metrics   *metrics
 	handler   http.Handler
 
@@ -117,13 +118,18 @@ func New(d Deps) (*Server, error) {
 		live:     newLiveTable(),
 		metrics:  newMetrics(),
 		decoding: make(decodeSlots, d.Config.MaxDecoding),
+		// As many retries may wait as there can be live executions.
+		waiters: make(chan struct{}, d.Config.MaxConcurrent+d.Config.MaxQueued),
 	}
 	s.createWorkspace = workspace.Create
 	store, err := results.Open(d.Config.ResultsDir, results.Options{
 		MaxBytes: d.Config.ResultsMaxBytes,
 		MaxCount: d.Config.ResultsMax,
 		TTL:      time.Duration(d.Config.ResultsTTLMS) * time.Millisecond,
-		Logger:   d.Logger,
+		// SECURITY.md case 32: slow readers of stored answers hold fds
+		// (at most two each) and cannot exhaust the worker's.
+		MaxReaders: d.Config.MaxStreams,
+		Logger:     d.Logger,
 		Interrupted: func(e results.Entry, now time.Time) []byte {
 			d.Logger.Warn("execution interrupted by the worker's stop", "execution_id", e.ID, "run", e.Run)
 			text, typ := interruptedDocument(e, now)

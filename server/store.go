@@ -35,7 +35,10 @@ const interruptedError = "the worker stopped (crash or restart) while this execu
 // store (package results) from admission on: pending there until its answer
 // is stored, which is what lets a restarted worker answer it interrupted.
 // An execution leaves the live table only after its answer is stored, so a
-// lookup that misses the live table finds the answer or nothing.
+// lookup that misses the live table finds the answer or nothing; except one
+// that ran and whose answer could not be stored even as a small
+// sandbox_error: it stays pending in the store, its id taken, until the
+// next worker answers it interrupted.
 
 // errIDTaken: claim lost a race for the id; the caller looks again.
 var errIDTaken = errors.New("id taken")
@@ -147,45 +150,67 @@ func (s *Server) forget(r *record) {
 
 // existing answers a POST whose id is taken (found is true): the same
 // request (same hash) gets that execution's stored answer, waiting for it
-// while it runs; a different request gets 409. found is false when the id
-// is free (again: an execution that never ran frees it).
+// while it runs (until ctx, the request's own context, ends); a different
+// request gets 409. found is false when the id is free (again: an execution
+// that never ran frees it).
+//
+// A retry that waits lets go of its plan's code, input and files first, and
+// at most retryWaiters() wait at once (429 beyond): otherwise retries of one
+// running execution, each holding up to max_code_bytes + max_input_bytes,
+// would hold memory outside admission and max_decoding without a bound
+// (SECURITY.md case 32).
 func (s *Server) existing(ctx context.Context, p *plan) (rd *results.Reader, e *apiError, found bool) {
-	for tries := 0; ; tries++ {
-		v, live := s.live.get(p.id)
-		hash := v.hash
-		if !live {
-			stored, ok := s.results.Get(p.id)
-			if !ok {
-				return nil, nil, false
+	conflict := &apiError{status: http.StatusConflict, reason: "conflict", msg: fmt.Sprintf(
+		"id %q is taken by a different request (only a retry of the same request body gets its result)", p.id)}
+	pendingNotLive := 0
+	waited := false
+	for {
+		if v, live := s.live.get(p.id); live {
+			if v.hash != p.hash {
+				return nil, conflict, true
 			}
-			if !stored.Final() {
-				// Claimed between the two lookups: look again.
-				if tries > 1000 {
-					return nil, &apiError{status: http.StatusConflict, reason: "conflict",
-						msg: fmt.Sprintf("id %q is busy", p.id)}, true
-				}
-				time.Sleep(time.Millisecond)
-				continue
+			select {
+			case s.waiters <- struct{}{}:
+			default:
+				return nil, &apiError{status: http.StatusTooManyRequests, reason: "over_capacity", retryAfter: "1",
+					msg: fmt.Sprintf("over capacity: %d retries are waiting for their executions already", cap(s.waiters))}, true
 			}
-			hash = stored.BodyHash
-		}
-		if hash != p.hash {
-			return nil, &apiError{status: http.StatusConflict, reason: "conflict", msg: fmt.Sprintf(
-				"id %q is taken by a different request (only a retry of the same request body gets its result)", p.id)}, true
-		}
-		if live {
+			p.code, p.input, p.files = "", nil, nil
+			waited = true
 			select {
 			case <-v.done:
+				<-s.waiters
 				continue
 			case <-ctx.Done():
+				<-s.waiters
 				return nil, &apiError{status: http.StatusServiceUnavailable, reason: "client_gone",
 					msg: fmt.Sprintf("request ended while waiting for execution %q", p.id)}, true
 			}
 		}
-		rd, err := s.results.Open(p.id)
+		// The hash is checked on the entry that is opened, in one call: the
+		// id may have expired and been taken since the lookup above.
+		rd, _, err := s.results.OpenIf(p.id, p.hash)
 		switch {
+		case errors.Is(err, results.ErrNotFound) && waited:
+			// The run waited for was refused before it started (or its
+			// result expired at once); this request let go of its code
+			// meanwhile: the client sends it again.
+			return nil, &apiError{status: http.StatusServiceUnavailable, reason: "retry", retryAfter: "1",
+				msg: fmt.Sprintf("execution %q ended without a stored result (refused before it ran, or expired); send the request again", p.id)}, true
 		case errors.Is(err, results.ErrNotFound):
 			return nil, nil, false // expired meanwhile
+		case errors.Is(err, results.ErrOtherRequest):
+			return nil, conflict, true
+		case errors.Is(err, results.ErrPending):
+			// Claimed since the lookup: a pending execution is in the live
+			// table (claim adds it there first and finish removes it last),
+			// so the next lookup finds it. Twice in a row, it is one that
+			// ran but whose answer could not be stored (executeNew).
+			if pendingNotLive++; pendingNotLive < 2 {
+				continue
+			}
+			return nil, &apiError{status: http.StatusInternalServerError, reason: "store", msg: fmt.Sprintf(
+				"execution %q ran but its result could not be stored; it is answered interrupted after the worker restarts", p.id)}, true
 		case err != nil:
 			return nil, storeError(err), true
 		}
@@ -196,6 +221,10 @@ func (s *Server) existing(ctx context.Context, p *plan) (rd *results.Reader, e *
 func storeError(err error) *apiError {
 	if errors.Is(err, results.ErrClosed) {
 		return &apiError{status: http.StatusServiceUnavailable, reason: "draining", msg: "shutting down: " + err.Error()}
+	}
+	if errors.Is(err, results.ErrBusy) {
+		return &apiError{status: http.StatusServiceUnavailable, reason: "streams", retryAfter: "1",
+			msg: "over capacity: max_streams answers are being sent already (" + err.Error() + ")"}
 	}
 	return &apiError{status: http.StatusInternalServerError, reason: "store", msg: "result store: " + err.Error()}
 }

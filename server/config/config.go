@@ -101,10 +101,12 @@ type Config struct {
 
 	// What one client may make the worker itself hold (SECURITY.md cases
 	// 32 and 33): request files and workspace inodes, bodies being decoded
-	// at once, and how long a connection may take to send or receive.
+	// and answers being streamed at once, and how long a connection may
+	// take to send or receive.
 	MaxInputFiles     int      `toml:"max_input_files" doc:"files and directories a request's files create under input/"`
 	WorkspaceInodes   int64    `toml:"workspace_inodes" doc:"inodes of each execution's /workspace tmpfs (nr_inodes)"`
 	MaxDecoding       int      `toml:"max_decoding" doc:"request bodies read and decoded at once (429 beyond)"`
+	MaxStreams        int      `toml:"max_streams" doc:"stored answers streamed at once to GET and retries (503 beyond)"`
 	ReadHeaderTimeout Duration `toml:"read_header_timeout" doc:"time a client has to send a request's headers"`
 	ReadTimeout       Duration `toml:"read_timeout" doc:"time a client has to send a whole request, body included"`
 	WriteTimeout      Duration `toml:"write_timeout" doc:"time a response may take to write, from when it is ready"`
@@ -160,6 +162,7 @@ func Default() Config {
 		MaxInputFiles:     1000,
 		WorkspaceInodes:   16384,
 		MaxDecoding:       4,
+		MaxStreams:        256,
 		ReadHeaderTimeout: Duration(10 * time.Second),
 		ReadTimeout:       Duration(2 * time.Minute),
 		WriteTimeout:      Duration(time.Minute),

@@ -125,7 +125,7 @@ func TestLimitsConfig(t *testing.T) {
 	}
 	c = Default()
 	c.WorkerSocket = "/" + strings.Repeat("s", 110)
-	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "worker_socket must be at most 103 bytes") {
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "worker_socket must be at most 107 bytes") {
 		t.Errorf("long socket path: %v", err)
 	}
 }

@@ -24,13 +24,9 @@ var ReservedEnv = map[string]bool{
 	"LD_PRELOAD": true, "LD_LIBRARY_PATH": true,
 }
 
-// SocketTmpSuffix names worker_socket while the server sets its owner and
-// mode, before it is renamed into place (server.ListenUnix).
-const SocketTmpSuffix = ".new"
-
 // MaxSocketPath bounds worker_socket: the kernel's sun_path is 108 bytes
-// with its NUL, and the temporary name is longer by SocketTmpSuffix.
-const MaxSocketPath = 108 - 1 - len(SocketTmpSuffix)
+// with its NUL. (server.ListenUnix binds it under a short name first.)
+const MaxSocketPath = 108 - 1
 
 // MinOutputInodes is the least room workspace_inodes must leave the code
 // beyond the layout and max_input_files.
@@ -137,6 +133,7 @@ func minimumsCheck(c Config) (errs []error) {
 		{"max_concurrent", int64(c.MaxConcurrent), 1},
 		{"max_input_files", int64(c.MaxInputFiles), 0},
 		{"max_decoding", int64(c.MaxDecoding), 1},
+		{"max_streams", int64(c.MaxStreams), 1},
 		{"max_queued", int64(c.MaxQueued), 0},
 		{"max_stdout_bytes", c.MaxStdoutBytes, 1},
 		{"max_stderr_bytes", c.MaxStderrBytes, 1},
@@ -206,7 +203,7 @@ func workerSocketCheck(c Config) (errs []error) {
 		case !filepath.IsAbs(sock) || filepath.Clean(sock) != sock:
 			errs = append(errs, fmt.Errorf("worker_socket must be a clean absolute path, got: %q", sock))
 		case len(sock) > MaxSocketPath:
-			errs = append(errs, fmt.Errorf("worker_socket must be at most %d bytes (the kernel's sun_path, with room for a temporary name), got: %d", MaxSocketPath, len(sock)))
+			errs = append(errs, fmt.Errorf("worker_socket must be at most %d bytes (the kernel's sun_path), got: %d", MaxSocketPath, len(sock)))
 		}
 	}
 	if c.WorkerSocketMode&^0o777 != 0 {

@@ -75,6 +75,10 @@ var (
 	ErrNotFound = errors.New("no such execution (unknown, or its result has expired)")
 	// ErrPending: the execution has no answer yet.
 	ErrPending = errors.New("the execution has not finished")
+	// ErrOtherRequest: the id is taken by a request with another body hash.
+	ErrOtherRequest = errors.New("the execution with this id is another request's")
+	// ErrBusy: Options.MaxReaders answers are being read already.
+	ErrBusy = errors.New("too many answers are being read at once")
 	// ErrClosed: the store is closed.
 	ErrClosed = errors.New("the result store is closed")
 )
@@ -132,6 +136,10 @@ type Options struct {
 	Now func() time.Time
 	// Logger receives evictions' and recoveries' errors (none when nil).
 	Logger *slog.Logger
+	// MaxReaders bounds the Readers open at once that Open and OpenIf
+	// return (ErrBusy beyond; 0: no bound). Finish's Reader, the answer of
+	// the execution that just ran, counts but is never refused.
+	MaxReaders int
 	// Interrupted returns the answer (a JSON text without holes) of an
 	// execution found pending at Open: its worker died. now is the
 	// answer's FinishedAt. When nil such executions are dropped.
@@ -151,6 +159,11 @@ type Store struct {
 	bytes    int64    // Size of the finished, together
 	dirty    bool     // a commit since the last sync
 	closed   bool
+	// Open Readers: their count, and per run directory; a run evicted
+	// while read is removed by its last Reader's Close (removeRuns).
+	open      int
+	reading   map[string]int
+	evictedRd map[string]bool
 
 	stop    chan struct{}
 	stopped chan struct{}
@@ -179,6 +192,7 @@ func Open(dir string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("results dir: %w", err)
 	}
 	s := &Store{dir: dir, opts: opts, log: log, entries: map[string]*Entry{},
+		reading: map[string]int{}, evictedRd: map[string]bool{},
 		stop: make(chan struct{}), stopped: make(chan struct{})}
 	db, err := openDB(filepath.Join(dir, dbName), log)
 	if err != nil {
@@ -241,7 +255,8 @@ func openDB(path string, log *slog.Logger) (*bolt.DB, error) {
 	return db, nil
 }
 
-// check verifies the database's pages and records.
+// check verifies the database's pages and creates its buckets. The records
+// are load's: one that does not decode is dropped alone, not the database.
 func check(db *bolt.DB) (err error) {
 	defer func() {
 		if p := recover(); p != nil { // bbolt panics on some damaged pages
@@ -264,33 +279,27 @@ func check(db *bolt.DB) (err error) {
 		if _, err := tx.CreateBucketIfNotExists(textsBucket); err != nil {
 			return err
 		}
-		b, err := tx.CreateBucketIfNotExists(bucket)
-		if err != nil {
-			return err
-		}
-		return b.ForEach(func(k, v []byte) error {
-			var e Entry
-			if err := json.Unmarshal(v, &e); err != nil {
-				return fmt.Errorf("record %q: %w", k, err)
-			}
-			return nil
-		})
+		_, err := tx.CreateBucketIfNotExists(bucket)
+		return err
 	})
 }
 
-// load reads every record into memory. A final record whose files are not
-// what it says (lost in a host crash) is dropped.
+// load reads every record into memory. A record that does not decode, and a
+// final record whose files are not what it says (lost in a host crash), are
+// dropped one by one and logged; the others are kept.
 func (s *Store) load() error {
 	var drop []*Entry
 	err := s.db.View(func(tx *bolt.Tx) error {
 		texts := tx.Bucket(textsBucket)
 		return tx.Bucket(bucket).ForEach(func(k, v []byte) error {
 			e := &Entry{}
-			if err := json.Unmarshal(v, e); err != nil {
-				return err
+			err := json.Unmarshal(v, e)
+			if err == nil && (e.ID != string(k) || !RunPattern.MatchString(e.Run) || len(e.Holes) != len(e.PartBytes)) {
+				err = errors.New("inconsistent fields")
 			}
-			if e.ID != string(k) || !RunPattern.MatchString(e.Run) || len(e.Holes) != len(e.PartBytes) {
-				s.log.Error("result store: dropping an invalid record", "key", string(k))
+			if err != nil {
+				// Its files, not referred to by any record, go as strays.
+				s.log.Error("result store: dropping an invalid record", "key", clipKey(k), "err", err)
 				drop = append(drop, &Entry{ID: string(k)})
 				return nil
 			}
@@ -574,13 +583,50 @@ func (s *Store) Open(id string) (*Reader, error) {
 		return nil, ErrNotFound
 	case !e.Final():
 		return nil, ErrPending
+	case s.busyLocked():
+		return nil, ErrBusy
 	}
 	return s.openLocked(e)
 }
 
-// openLocked opens e's files. Files are removed only after their entry has
-// left s.entries (under s.mu), so they exist here; once open, they stay
-// readable after an eviction removes them.
+// busyLocked reports whether Options.MaxReaders Readers are open.
+func (s *Store) busyLocked() bool { return s.opts.MaxReaders > 0 && s.open >= s.opts.MaxReaders }
+
+// OpenIf opens id's stored answer if its record has bodyHash, checked and
+// opened under one lock: an entry that expired and was taken by another
+// request between a check and an open can never be served for this one.
+// The entry is returned with ErrPending (still running) and ErrOtherRequest
+// (another request's); ErrNotFound when there is none (or it expired).
+func (s *Store) OpenIf(id, bodyHash string) (*Reader, Entry, error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, Entry{}, ErrClosed
+	}
+	runs := s.evictLocked()
+	defer s.removeRuns(runs)
+	defer s.mu.Unlock()
+	e, ok := s.entries[id]
+	switch {
+	case !ok:
+		return nil, Entry{}, ErrNotFound
+	case e.BodyHash != bodyHash:
+		return nil, *e, ErrOtherRequest
+	case !e.Final():
+		return nil, *e, ErrPending
+	case s.busyLocked():
+		return nil, *e, ErrBusy
+	}
+	rd, err := s.openLocked(e)
+	return rd, *e, err
+}
+
+// openLocked opens e's answer. Its text file stays open; its parts are
+// opened one at a time while WriteTo streams (SECURITY.md case 31: a Reader
+// holds at most two fds, not one per artifact). Files are removed only after
+// their entry has left s.entries (under s.mu), so they exist here, and never
+// while a Reader of theirs is open (removeRuns), so an answer evicted while
+// it is read is still served whole.
 func (s *Store) openLocked(e *Entry) (*Reader, error) {
 	r := &Reader{holes: e.Holes, textBytes: e.TextBytes, partBytes: e.PartBytes}
 	if e.Inline {
@@ -595,21 +641,34 @@ func (s *Store) openLocked(e *Entry) (*Reader, error) {
 		r.text = bytes.NewReader(text)
 		return r, nil
 	}
-	dir := filepath.Join(s.dir, e.Run)
-	f, err := os.Open(filepath.Join(dir, docName))
+	r.dir = filepath.Join(s.dir, e.Run)
+	f, err := os.Open(filepath.Join(r.dir, docName))
 	if err != nil {
 		return nil, fmt.Errorf("results: %w", err)
 	}
-	r.text, r.files = f, append(r.files, f)
-	for i := range e.Holes {
-		f, err := os.Open(filepath.Join(dir, partName(i)))
-		if err != nil {
-			r.Close()
-			return nil, fmt.Errorf("results: %w", err)
-		}
-		r.parts, r.files = append(r.parts, f), append(r.files, f)
-	}
+	r.text, r.textFile = f, f
+	r.store, r.run = s, e.Run
+	s.open++
+	s.reading[e.Run]++
 	return r, nil
+}
+
+// closeReader forgets a Reader of run, and removes run's files when it was
+// the last Reader of an evicted run.
+func (s *Store) closeReader(run string) {
+	s.mu.Lock()
+	s.open--
+	s.reading[run]--
+	remove := false
+	if s.reading[run] <= 0 {
+		delete(s.reading, run)
+		remove = s.evictedRd[run]
+		delete(s.evictedRd, run)
+	}
+	s.mu.Unlock()
+	if remove {
+		s.removeRuns([]string{run})
+	}
 }
 
 // Sweep removes the answers that expired or are over the bounds, oldest
@@ -694,7 +753,21 @@ func (s *Store) deleteRecords(es []*Entry) {
 	s.dirty = true
 }
 
+// removeRuns removes run directories; one that a Reader has open is removed
+// by its last Reader's Close instead. Callers do not hold s.mu.
 func (s *Store) removeRuns(runs []string) {
+	if len(runs) == 0 {
+		return
+	}
+	s.mu.Lock()
+	runs = slices.DeleteFunc(slices.Clone(runs), func(run string) bool {
+		if s.reading[run] > 0 {
+			s.evictedRd[run] = true
+			return true
+		}
+		return false
+	})
+	s.mu.Unlock()
 	for _, run := range runs {
 		if !RunPattern.MatchString(run) {
 			continue // never a path built from anything else
@@ -752,13 +825,24 @@ func (s *Store) Close() error {
 	return errors.Join(s.db.Sync(), s.db.Close())
 }
 
+// clipKey is a record's key for a log line: a damaged key may be long.
+func clipKey(k []byte) string {
+	if len(k) > 128 {
+		k = k[:128]
+	}
+	return strings.ToValidUTF8(string(k), "\uFFFD")
+}
+
 func partName(i int) string { return partPrefix + strconv.Itoa(i) }
 
-// Reader is one opened answer. WriteTo writes it; Close releases its files.
+// Reader is one opened answer. WriteTo writes it; Close releases it.
 type Reader struct {
 	text      io.ReaderAt
-	parts     []*os.File
-	files     []*os.File // to close
+	textFile  *os.File // the text, when it is a file
+	dir       string   // the run directory, where the parts are
+	store     *Store   // to tell Close (nil for an inline answer)
+	run       string
+	closed    bool
 	holes     []int64
 	textBytes int64
 	partBytes []int64
@@ -805,27 +889,48 @@ func (r *Reader) WriteTo(w io.Writer) (int64, error) {
 		if err := copyText(h); err != nil {
 			return written, err
 		}
-		for left := r.partBytes[i]; left > 0; {
-			k := min(int64(len(in)), left)
-			if _, err := io.ReadFull(r.parts[i], in[:k]); err != nil {
-				return written, fmt.Errorf("results: part %d: %w", i, err)
-			}
-			n := base64.StdEncoding.EncodedLen(int(k))
-			base64.StdEncoding.Encode(out[:n], in[:k])
-			if err := write(out[:n]); err != nil {
-				return written, err
-			}
-			left -= k
+		part, err := os.Open(filepath.Join(r.dir, partName(i)))
+		if err != nil {
+			return written, fmt.Errorf("results: part %d: %w", i, err)
+		}
+		err = copyPart(part, r.partBytes[i], in, out, write)
+		part.Close()
+		if err != nil {
+			return written, fmt.Errorf("results: part %d: %w", i, err)
 		}
 	}
 	return written, copyText(r.textBytes)
 }
 
-// Close closes the answer's files.
-func (r *Reader) Close() error {
-	var errs []error
-	for _, f := range r.files {
-		errs = append(errs, f.Close())
+// copyPart writes n bytes of part, base64 encoded, through the buffers.
+func copyPart(part io.Reader, n int64, in, out []byte, write func([]byte) error) error {
+	for left := n; left > 0; {
+		k := min(int64(len(in)), left)
+		if _, err := io.ReadFull(part, in[:k]); err != nil {
+			return err
+		}
+		m := base64.StdEncoding.EncodedLen(int(k))
+		base64.StdEncoding.Encode(out[:m], in[:k])
+		if err := write(out[:m]); err != nil {
+			return err
+		}
+		left -= k
 	}
-	return errors.Join(errs...)
+	return nil
+}
+
+// Close closes the answer's file. It is idempotent.
+func (r *Reader) Close() error {
+	if r.closed {
+		return nil
+	}
+	r.closed = true
+	var err error
+	if r.textFile != nil {
+		err = r.textFile.Close()
+	}
+	if r.store != nil {
+		r.store.closeReader(r.run)
+	}
+	return err
 }

@@ -367,6 +367,14 @@ func TestReaderOutlivesEviction(t *testing.T) {
 	if _, err := rd.WriteTo(&b); err != nil || b.String() != want {
 		t.Fatalf("after eviction: %v, %d bytes", err, b.Len())
 	}
+	// The last Reader's Close removes the evicted answer's files.
+	if dirs := runDirs(t, s.dir); len(dirs) != 1 {
+		t.Fatalf("run directories while read: %v", dirs)
+	}
+	rd.Close()
+	if dirs := runDirs(t, s.dir); len(dirs) != 0 {
+		t.Fatalf("the evicted answer's files outlived its last Reader: %v", dirs)
+	}
 }
 
 // Finished answers survive a restart (Close, Open); an execution pending at
@@ -551,4 +559,191 @@ func TestSmallAnswerInDatabase(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// One record that does not decode (a bit flipped in a host crash) is
+// dropped alone: the other answers survive and nothing is moved aside.
+func TestRestartDropsOneBadRecord(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, Options{})
+	want := store(t, s, "good", 10)
+	store(t, s, "bad", 10)
+	bad, _ := s.Get("bad")
+	s.Close()
+	db, err := bolt.Open(filepath.Join(dir, dbName), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucket).Put([]byte("bad"), []byte("{not json")) }); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	s = open(t, dir, Options{})
+	if got, err := read(t, s, "good"); err != nil || got != want {
+		t.Fatalf("the good answer after a bad record: %v %q", err, got)
+	}
+	if _, err := s.Open("bad"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("the bad record: %v", err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(dir, dbName+".damaged-*")); len(m) != 0 {
+		t.Fatalf("the whole database was moved aside for one record: %v", m)
+	}
+	if _, err := os.Stat(filepath.Join(dir, bad.Run)); !os.IsNotExist(err) {
+		t.Errorf("the bad record's files are kept (%v): removed as strays", err)
+	}
+	s.Close()
+	s = open(t, dir, Options{})
+	if _, ok := s.Get("bad"); ok {
+		t.Error("the bad record came back after a restart")
+	}
+}
+
+// OpenIf checks the hash on the entry it opens: once an id expired and was
+// taken by another request, a retry of the first request is told so (never
+// served the other's answer, never a pending error), and the new request's
+// retry gets its own answer.
+func TestOpenIfChecksTheEntryItOpens(t *testing.T) {
+	clk := newClock()
+	s := open(t, t.TempDir(), Options{TTL: time.Minute, Now: clk.now})
+	want := store(t, s, "x", 10) // body hash "h-x"
+	if _, e, err := s.OpenIf("x", "h-other"); !errors.Is(err, ErrOtherRequest) || e.BodyHash != "h-x" {
+		t.Fatalf("OpenIf with another hash = %+v %v", e, err)
+	}
+	rd, e, err := s.OpenIf("x", "h-x")
+	if err != nil || !e.Final() {
+		t.Fatalf("OpenIf = %+v %v", e, err)
+	}
+	var b bytes.Buffer
+	rd.WriteTo(&b)
+	rd.Close()
+	if b.String() != want {
+		t.Fatalf("OpenIf served %q, want %q", b.String(), want)
+	}
+
+	clk.add(time.Hour) // expired: the id is free and another request takes it
+	if _, err := s.Create("x", run(), "h-new", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.OpenIf("x", "h-x"); !errors.Is(err, ErrOtherRequest) {
+		t.Fatalf("the first request's retry once the id was taken again: %v", err)
+	}
+	if _, e, err := s.OpenIf("x", "h-new"); !errors.Is(err, ErrPending) || e.BodyHash != "h-new" {
+		t.Fatalf("the new request's retry while it runs: %+v %v", e, err)
+	}
+	if _, _, err := s.OpenIf("nothing", "h"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("OpenIf of an unknown id: %v", err)
+	}
+}
+
+// openFDs counts this process's open file descriptors.
+func openFDs(t *testing.T) int {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip("no /proc/self/fd:", err)
+	}
+	return len(fds)
+}
+
+// fdWatcher is a writer that records the most fds open while it is written.
+type fdWatcher struct {
+	t   *testing.T
+	max int
+	buf bytes.Buffer
+}
+
+func (w *fdWatcher) Write(b []byte) (int, error) {
+	w.max = max(w.max, openFDs(w.t))
+	return w.buf.Write(b)
+}
+
+// SECURITY.md case 31: an answer with many artifacts costs a stream at most
+// two fds (its text and the part being sent), not one per artifact, so slow
+// readers cannot exhaust the worker's fds.
+func TestReaderHoldsAtMostTwoFiles(t *testing.T) {
+	s := open(t, t.TempDir(), Options{MaxBytes: 1 << 30})
+	const parts = 32
+	if _, err := s.Create("many", run(), "h", nil); err != nil {
+		t.Fatal(err)
+	}
+	var text []byte
+	var holes []int64
+	text = append(text, '[')
+	for i := range parts {
+		f, err := s.CreatePart("many", i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Write(bytes.Repeat([]byte{byte(i)}, 3*chunk))
+		f.Close()
+		text = append(text, '"')
+		holes = append(holes, int64(len(text)))
+		text = append(text, `",`...)
+	}
+	text = append(text, ']')
+	rd, err := s.Finish("many", text, holes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd.Close()
+
+	before := openFDs(t)
+	rd, err = s.Open("many")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := openFDs(t) - before; n > 1 {
+		t.Errorf("an opened answer holds %d fds, want at most 1", n)
+	}
+	w := &fdWatcher{t: t}
+	if _, err := rd.WriteTo(w); err != nil {
+		t.Fatal(err)
+	}
+	if n := w.max - before; n > 2 {
+		t.Errorf("a streaming answer held %d fds, want at most 2", n)
+	}
+	rd.Close()
+	if n := openFDs(t) - before; n != 0 {
+		t.Errorf("%d fds left open after Close", n)
+	}
+	if w.buf.Len() != int(rd.Len()) {
+		t.Errorf("wrote %d bytes, Len %d", w.buf.Len(), rd.Len())
+	}
+}
+
+// MaxReaders bounds the answers open at once: beyond it Open and OpenIf
+// say ErrBusy; Finish's own answer is never refused; a Close frees a turn.
+func TestMaxReaders(t *testing.T) {
+	s := open(t, t.TempDir(), Options{MaxReaders: 2})
+	store(t, s, "a", 10)
+	var rds []*Reader
+	for range 2 {
+		rd, err := s.Open("a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rds = append(rds, rd)
+	}
+	if _, err := s.Open("a"); !errors.Is(err, ErrBusy) {
+		t.Fatalf("Open beyond MaxReaders = %v, want ErrBusy", err)
+	}
+	if _, _, err := s.OpenIf("a", "h-a"); !errors.Is(err, ErrBusy) {
+		t.Fatalf("OpenIf beyond MaxReaders = %v, want ErrBusy", err)
+	}
+	store(t, s, "b", 10) // Finish opens b's answer anyway
+	rds[0].Close()
+	rds[0].Close() // idempotent: frees one turn, not two
+	if _, err := read(t, s, "a"); err != nil {
+		t.Fatalf("Open after a Close: %v", err)
+	}
+	rd, err := s.Open("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Open("a"); !errors.Is(err, ErrBusy) {
+		t.Fatalf("a second Close freed a turn: %v", err)
+	}
+	rd.Close()
+	rds[1].Close()
 }

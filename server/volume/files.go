@@ -11,6 +11,7 @@ package volume
 // opened for real and never waited on.
 
 import (
+	"container/heap"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -426,12 +427,14 @@ type Entry struct {
 
 // List returns the regular files whose path starts with prefix ("" for
 // all; "data/" for everything under data; "data/re" for what under data
-// starts with re), sorted by name, at most limit of them (DefaultListLimit
-// when limit <= 0). It walks without
-// following links, at most MaxDepth deep and MaxListExamined entries far;
-// truncated says whether it stopped early. A prefix naming nothing lists
-// nothing. Symlinks, FIFOs, sockets, devices and what the sandbox user does
-// not own are left out.
+// starts with re), sorted by name: the first limit of them by name
+// (DefaultListLimit when limit <= 0), whatever order the directories give.
+// It walks without following links, at most MaxDepth deep and
+// MaxListExamined entries far, keeping only the limit first names seen;
+// truncated says that files were left out (more than limit matched, or the
+// walk stopped at MaxListExamined: then the first by name among those
+// examined). A prefix naming nothing lists nothing. Symlinks, FIFOs,
+// sockets, devices and what the sandbox user does not own are left out.
 func (v *Volume) List(prefix string, limit int) (entries []Entry, truncated bool, err error) {
 	dirPath, err := splitPrefix(prefix)
 	if err != nil {
@@ -452,14 +455,15 @@ func (v *Volume) List(prefix string, limit int) (entries []Entry, truncated bool
 	if err != nil {
 		return nil, false, err
 	}
-	l := &lister{v: v, prefix: prefix, limit: limit, budget: MaxListExamined, out: []Entry{}}
+	l := &lister{v: v, prefix: prefix, limit: limit, budget: MaxListExamined, out: entryHeap{}}
 	depth := 0
 	if dirPath != "" {
 		depth = strings.Count(dirPath, "/") + 1
 	}
 	err = l.walk(dir, dirPath, depth)
-	sort.Slice(l.out, func(i, j int) bool { return l.out[i].Name < l.out[j].Name })
-	return l.out, l.truncated, err
+	out := []Entry(l.out)
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, l.truncated, err
 }
 
 type lister struct {
@@ -467,8 +471,35 @@ type lister struct {
 	prefix    string
 	limit     int
 	budget    int
-	out       []Entry
+	out       entryHeap // the limit first names seen
 	truncated bool
+}
+
+// add keeps e if it is among the limit first names seen.
+func (l *lister) add(e Entry) {
+	switch {
+	case len(l.out) < l.limit:
+		heap.Push(&l.out, e)
+		return
+	case e.Name < l.out[0].Name:
+		l.out[0] = e
+		heap.Fix(&l.out, 0)
+	}
+	l.truncated = true
+}
+
+// entryHeap is a max-heap by name: its root is the last name kept.
+type entryHeap []Entry
+
+func (h entryHeap) Len() int           { return len(h) }
+func (h entryHeap) Less(i, j int) bool { return h[i].Name > h[j].Name }
+func (h entryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *entryHeap) Push(x any)        { *h = append(*h, x.(Entry)) }
+func (h *entryHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
 }
 
 // walk lists the directory fd (which it closes), whose path is rel and
@@ -485,7 +516,7 @@ func (l *lister) walk(fd int, rel string, depth int) error {
 			return fmt.Errorf("list %s: %w", rel, err)
 		}
 		for _, name := range names {
-			if l.budget == 0 || len(l.out) == l.limit {
+			if l.budget == 0 {
 				l.truncated = true
 				return nil
 			}
@@ -502,7 +533,7 @@ func (l *lister) walk(fd int, rel string, depth int) error {
 				continue // gone meanwhile, not the user's, or not a file or directory
 			}
 			if st.Mode&unix.S_IFMT == unix.S_IFREG {
-				l.out = append(l.out, Entry{Name: full, Size: st.Size, ModTime: time.Unix(st.Mtim.Unix()).UTC()})
+				l.add(Entry{Name: full, Size: st.Size, ModTime: time.Unix(st.Mtim.Unix()).UTC()})
 				continue
 			}
 			if depth+1 >= MaxDepth {
@@ -512,7 +543,7 @@ func (l *lister) walk(fd int, rel string, depth int) error {
 			if err != nil {
 				continue
 			}
-			if err := l.walk(child, full, depth+1); err != nil || l.truncated {
+			if err := l.walk(child, full, depth+1); err != nil {
 				return err
 			}
 		}

@@ -5,10 +5,12 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -414,3 +416,32 @@ func TestOpenRepairsAnUncleanImage(t *testing.T) {
 }
 
 func itoa(n uint64) string { return strconv.FormatUint(n, 10) }
+
+// List with a limit returns the first files by name, whatever order the
+// directory gives them in, and says it left some out.
+func TestListLimitIsByName(t *testing.T) {
+	v := newVolume(t, volume.Options{MaxBytes: 16 << 20, MaxFiles: 100})
+	var all []string
+	for i := 40; i > 0; i-- { // created last to first, in several directories
+		p := fmt.Sprintf("d%d/f%02d", i%3, i)
+		put(t, v, p, nil)
+		all = append(all, p)
+	}
+	slices.Sort(all)
+	for _, limit := range []int{1, 5, 39} {
+		entries, truncated, err := v.List("", limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, e := range entries {
+			got = append(got, e.Name)
+		}
+		if !slices.Equal(got, all[:limit]) || !truncated {
+			t.Errorf("List limit %d = %v truncated %v, want %v truncated", limit, got, truncated, all[:limit])
+		}
+	}
+	if entries, truncated, _ := v.List("", 40); len(entries) != 40 || truncated {
+		t.Errorf("List of exactly the limit: %d entries, truncated %v", len(entries), truncated)
+	}
+}
