@@ -20,7 +20,7 @@ import (
 )
 
 // CodePath is where the request's code is inside the sandbox.
-const CodePath = inside.Workspace + "/" + inside.CodeFile
+var CodePath = inside.Path(inside.CodeFile)
 
 // Artifact and Omitted are the answer's artifacts and what was left out of
 // them, as package workspace collects them.

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 )
 
 type openapiDoc struct {
@@ -142,5 +143,26 @@ func TestOpenAPIServed(t *testing.T) {
 	code, h, body := e.do("GET", "/openapi.json", nil)
 	if code != 200 || h.Get("Content-Type") != "application/json" || string(body) != string(openapiJSON) {
 		t.Fatalf("GET /openapi.json = %d %s", code, h.Get("Content-Type"))
+	}
+}
+
+// The document's id pattern is the id rule (nsjail/inside), not a copy that
+// could drift from it.
+func TestOpenAPIIDPatternIsTheRule(t *testing.T) {
+	var doc struct {
+		Components struct {
+			Schemas map[string]struct {
+				Properties map[string]struct {
+					Pattern string `json:"pattern"`
+				} `json:"properties"`
+			} `json:"schemas"`
+		} `json:"components"`
+	}
+	if err := json.Unmarshal(openapiJSON, &doc); err != nil {
+		t.Fatal(err)
+	}
+	got := doc.Components.Schemas["ExecutionRequest"].Properties["id"].Pattern
+	if want := "^" + inside.IDRule + "$"; got != want {
+		t.Fatalf("openapi.json id pattern %q, want %q", got, want)
 	}
 }

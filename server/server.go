@@ -2,7 +2,9 @@
 // one sandboxed run and back. Data flows one way: request → policy →
 // workspace (package workspace) → sandbox (the Sandboxer, or the warm pool
 // of package warmpool built on it) → result (stored in package results).
-// Its own files are the HTTP API, admission and the result store's glue.
+// Its own files are the HTTP API (routes, guard, limits, listeners,
+// OpenAPI, the legacy endpoint), the request's validation and policy,
+// admission, the execution's orchestration and the result store's glue.
 package server
 
 import (

@@ -202,28 +202,29 @@ func openRegularAt(dirfd int, name string, limit int64) (f *os.File, reason stri
 func ReadResult(dir string, limit int64) (result json.RawMessage, errMsg string) {
 	out, err := openOutput(dir)
 	if err != nil {
-		return nil, fmt.Sprintf("output/ is not a readable directory: %v", err)
+		return nil, fmt.Sprintf("%s/ is not a readable directory: %v", inside.OutputDir, err)
 	}
 	defer unix.Close(out)
+	const name = inside.ResultFile // in messages
 	data, reason, err := readRegularAt(out, inside.ResultName, limit)
 	switch {
 	case errors.Is(err, unix.ENOENT):
-		return nil, "output/result.json is missing"
+		return nil, name + " is missing"
 	case reason == ReasonTooLarge:
-		return nil, fmt.Sprintf("output/result.json is larger than %d bytes", limit)
+		return nil, fmt.Sprintf("%s is larger than %d bytes", name, limit)
 	case reason == ReasonUnreadable:
-		return nil, fmt.Sprintf("output/result.json is unreadable: %v", err)
+		return nil, fmt.Sprintf("%s is unreadable: %v", name, err)
 	case reason != "":
-		return nil, fmt.Sprintf("output/result.json is not a regular file (%s)", reason)
+		return nil, fmt.Sprintf("%s is not a regular file (%s)", name, reason)
 	}
 	if !json.Valid(data) {
 		var v any
 		err := json.Unmarshal(data, &v)
-		return nil, fmt.Sprintf("output/result.json is not valid JSON: %v", err)
+		return nil, fmt.Sprintf("%s is not valid JSON: %v", name, err)
 	}
 	var buf bytes.Buffer
 	if err := json.Compact(&buf, data); err != nil {
-		return nil, fmt.Sprintf("output/result.json is not valid JSON: %v", err)
+		return nil, fmt.Sprintf("%s is not valid JSON: %v", name, err)
 	}
 	return buf.Bytes(), ""
 }
