@@ -157,7 +157,7 @@ func (e *StartError) Result() *Result {
 		StartedAt: e.At, FinishedAt: e.At, Error: e.Err.Error()}
 }
 
-// Sandbox is one started execution. Wait must be called exactly once.
+// Sandbox is one started execution. It must be waited for.
 type Sandbox struct {
 	r         *Runner
 	id        string
@@ -177,6 +177,10 @@ type Sandbox struct {
 	// hand-off, subtracted from the reported usage.
 	exitReport    <-chan syscall.WaitStatus
 	cpuBaselineNS uint64
+	// waitOnce runs Wait's work once (two would reap, close and destroy
+	// twice); result is what it returned.
+	waitOnce sync.Once
+	result   *Result
 }
 
 // ID is the sandbox's id (its container, cgroup and state directory name).

@@ -17,8 +17,15 @@ import (
 // now) and ctx, then collects the result and removes the sandbox (in the
 // background: WaitForCleanup). It has three steps: await (the end, and the
 // kills it takes), collect (output, counters, removal) and classify (the
-// status, a pure function of what the first two saw).
+// status, a pure function of what the first two saw). The sandbox is waited
+// for once: a later Wait (or one concurrent with the first) returns the
+// first's Result.
 func (s *Sandbox) Wait(ctx context.Context) *Result {
+	s.waitOnce.Do(func() { s.result = s.wait(ctx) })
+	return s.result
+}
+
+func (s *Sandbox) wait(ctx context.Context) *Result {
 	res := &Result{ID: s.id, StartedAt: s.startedAt}
 	end := s.await(ctx)
 	res.FinishedAt = time.Now()
