@@ -116,7 +116,10 @@ func (p *Pending) MemoryBytes() int64 {
 	if p.state.Load() != pendingWaiting {
 		return 0
 	}
-	return p.s.readStats().MemoryCurrentBytes
+	// Not readStats: a Handoff racing this call sets the logger it uses,
+	// and a cgroup removed meanwhile is no failure worth a warning.
+	st, _ := cgroup.ReadStats(p.s.cgroupPaths)
+	return st.MemoryCurrentBytes
 }
 
 // SetNice sets the scheduling niceness of every thread of every process
@@ -191,7 +194,7 @@ func (p *Pending) Handoff(o HandoffOptions) (sb *Sandbox, droppedStdout, dropped
 		s.log = o.Logger.With("sandbox", s.id)
 	}
 	droppedStdout, droppedStderr = s.stdout.reset(), s.stderr.reset()
-	if cpu, err := cgroup.ReadCPUUsage(s.paths()); err == nil {
+	if cpu, err := cgroup.ReadCPUUsage(s.cgroupPaths); err == nil {
 		s.cpuBaselineNS = cpu
 	}
 	s.startedAt = time.Now()

@@ -166,3 +166,39 @@ func TestConcurrentWaitsShareOneResult(t *testing.T) {
 		}
 	}
 }
+
+// The pool's /metrics reads a ready sandbox's memory while a request may be
+// handing it off: the two must not race (go test -race), and the memory of
+// a sandbox is its pool's only while it waits.
+func TestMemoryBytesRacesHandoff(t *testing.T) {
+	r := newRunner(t)
+	p, err := r.Prestart(nsjail.Spec{Rootfs: nsjailtest.ProbeRootfs(t), Args: sh(`sleep 1012`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The reader and the hand-off share no synchronisation but the
+	// Pending's own: the sleeps only let both run.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for p.MemoryBytes() != 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	time.Sleep(20 * time.Millisecond)
+	sb, _, _ := p.Handoff(nsjail.HandoffOptions{Timeout: time.Millisecond})
+	<-done
+	if p.MemoryBytes() != 0 {
+		t.Error("a handed-off sandbox still reports its memory as the pool's")
+	}
+	wantStatus(t, sb.Wait(context.Background()), nsjail.StatusTimeout)
+
+	p, err = r.Prestart(nsjail.Spec{Rootfs: nsjailtest.ProbeRootfs(t), Args: sh(`sleep 1012`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.MemoryBytes() <= 0 {
+		t.Error("a waiting sandbox reports no memory")
+	}
+	p.Retire(time.Millisecond)
+}

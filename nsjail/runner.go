@@ -169,7 +169,10 @@ type Sandbox struct {
 	startedAt time.Time
 	log       *slog.Logger
 	mntns     *os.File
-	// cgroupPaths are the sandbox's cgroup directories (fixed at start).
+	// cgroupPaths are the sandbox's cgroup directories, set by start and
+	// only read after it (by Wait, Handoff, a Pending's MemoryBytes in
+	// another goroutine): nil if they could not be read, which leaves the
+	// counters zero.
 	cgroupPaths cgroup.Paths
 	// exitReport and cpuBaselineNS are set by a Pending's Handoff: the
 	// command's wait status as reported from inside the sandbox
@@ -277,6 +280,14 @@ func (r *Runner) start(spec Spec, extraFiles []*os.File) (*Sandbox, error) {
 		return fail("unable to start sandbox: %w", err)
 	}
 	log.Debug("sandbox started", "start_ms", time.Since(startedAt).Milliseconds())
+	// Read once, now: filled lazily, a Pending's MemoryBytes (the pool's
+	// /metrics) and its Handoff would both write it.
+	var cgroupPaths cgroup.Paths
+	if state, err := c.State(); err == nil {
+		cgroupPaths = state.CgroupPaths
+	} else {
+		log.Warn("unable to read sandbox state for its cgroup paths", "error", err)
+	}
 	// Hold the sandbox's mount namespace: otherwise its last process's exit
 	// tears it down synchronously (umount + an RCU grace period, several ms)
 	// before the exit is reported. Released, off the result path, by Wait.
@@ -289,7 +300,7 @@ func (r *Runner) start(spec Spec, extraFiles []*os.File) (*Sandbox, error) {
 		r:     r, id: id, lim: lim, c: c, proc: proc,
 		stdout:    newCapture(outR, lim.StdoutBytes),
 		stderr:    newCapture(errR, lim.StderrBytes),
-		startedAt: startedAt, log: log,
+		startedAt: startedAt, log: log, cgroupPaths: cgroupPaths,
 	}, nil
 }
 

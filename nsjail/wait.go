@@ -122,7 +122,7 @@ wait:
 		// And the cgroup, should anything of the sandbox live outside its
 		// pid namespace's reach: cgroup.kill on v2 (Linux 5.14+), else a
 		// SIGKILL per pid until cgroup.procs is empty.
-		if err := cgroup.KillAll(s.paths()); err != nil {
+		if err := cgroup.KillAll(s.cgroupPaths); err != nil {
 			s.log.Error("unable to kill the sandbox's cgroup", "error", err)
 		}
 		r := <-exited
