@@ -65,8 +65,8 @@ type awaited struct {
 	// killedFor is StatusTimeout or StatusCancelled when Wait killed the
 	// sandbox for that reason, else empty.
 	killedFor Status
-	// reported is the exit status the sandbox reported (SetExitReport),
-	// valid when haveReport. Its init is then still being reaped: exited
+	// reported is the exit status the sandbox reported
+	// (HandoffOptions.ExitReport), valid when haveReport. Its init is then still being reaped: exited
 	// delivers that.
 	reported   syscall.WaitStatus
 	haveReport bool
