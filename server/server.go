@@ -215,18 +215,12 @@ func (s *Server) Prepare(ctx context.Context) error {
 		for _, name := range s.policies.Names() {
 			templates = append(templates, s.policies[name].Template(s.cfg, root))
 		}
-		// An empty pool_preload means "import nothing" (warmpool.New reads
-		// nil as its default list).
-		preload := s.cfg.PoolPreload
-		if preload == nil {
-			preload = []string{}
-		}
 		// The pool's cold fallbacks run through s.sandbox, as every cold
 		// execution does (New checked that it can pre-start).
 		pool, err = warmpool.New(s.sandbox.(warmpool.Sandboxer), warmpool.Config{
 			Size:            s.cfg.PoolSize,
 			MaxIdle:         time.Duration(s.cfg.PoolMaxIdle),
-			Preload:         preload,
+			Preload:         s.cfg.PoolPreload,
 			WorkRoot:        s.cfg.WorkRoot,
 			WorkspaceBytes:  s.cfg.WorkspaceBytes,
 			WorkspaceInodes: s.cfg.WorkspaceInodes,
