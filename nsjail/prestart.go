@@ -71,9 +71,6 @@ func (p *Pending) leave(to int32, call string) {
 // ID is the sandbox's id.
 func (p *Pending) ID() string { return p.s.id }
 
-// Pid is the host pid of the sandbox's first process.
-func (p *Pending) Pid() (int, error) { return p.s.proc.Pid() }
-
 // Alive reports whether the sandbox's first process is running and has not
 // been sent SIGKILL. Once it has (the host's kill, the OOM killer), it never
 // runs again and takes the whole sandbox with it, but tearing down a large

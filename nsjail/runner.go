@@ -110,9 +110,6 @@ func (r *Runner) HostGID() int { return r.opts.HostIDBase + inside.GID }
 // StateRoot is where libcontainer keeps each live sandbox's state.
 func (r *Runner) StateRoot() string { return r.opts.StateRoot }
 
-// CgroupParent is the relative cgroup path under which sandboxes live.
-func (r *Runner) CgroupParent() string { return r.opts.CgroupParent }
-
 func newID() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
