@@ -23,18 +23,24 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Sandboxer starts the pool's sandboxes and runs its cold fallbacks:
-// *nsjail.Runner, or a wrapper of one, the same object that runs the
-// worker's cold executions, so a fallback goes through whatever wraps it.
+// Sandboxer runs the worker's sandboxes: *nsjail.Runner, or a wrapper of
+// one. The server runs its cold executions through it and the pool its
+// pre-started sandboxes and cold fallbacks, so a fallback goes through
+// whatever wraps it.
 type Sandboxer interface {
-	// Run runs spec cold (see nsjail.Runner.Run).
+	// Run runs spec cold; the error is non-nil only when nothing was
+	// started (see nsjail.Runner.Run).
 	Run(ctx context.Context, spec nsjail.Spec) (*nsjail.Result, error)
 	// Prestart starts a sandbox that waits for its execution (see
 	// nsjail.Runner.Prestart).
 	Prestart(spec nsjail.Spec, files ...*os.File) (*nsjail.Pending, error)
-	// HostUID and HostGID are the sandbox user as the host sees it.
+	// HostUID and HostGID are the sandbox user as the host sees it: a
+	// workspace must be owned by them to be writable inside.
 	HostUID() int
 	HostGID() int
+	// WaitForCleanup blocks until every finished sandbox has been removed
+	// (see nsjail.Runner.WaitForCleanup); a drain waits for it.
+	WaitForCleanup()
 }
 
 // Config configures the warm pool. Nothing is defaulted: the server passes
