@@ -10,13 +10,7 @@
 // itself (the cgroup v2 delegation step of PrepareParent).
 package cgroup
 
-import (
-	"fmt"
-	"io"
-
-	"github.com/containerd/cgroups/v3"
-	"github.com/moby/sys/mountinfo"
-)
+import "github.com/containerd/cgroups/v3"
 
 // Mode is the cgroup layout of the host, as containerd/cgroups names it.
 type Mode int
@@ -69,34 +63,3 @@ func DetectMode() Mode {
 // unifiedMountpoint is where a pure-v2 host mounts cgroup2 (containerd and
 // libcontainer assume the same).
 const unifiedMountpoint = "/sys/fs/cgroup"
-
-// ModeFromMountinfo decides the mode from a /proc/<pid>/mountinfo text, the
-// same way DetectMode does from statfs: cgroup2 at /sys/fs/cgroup is Unified;
-// v1 hierarchies with any cgroup2 mount beside them are Hybrid (whether or
-// not it holds controllers); v1 alone is Legacy.
-func ModeFromMountinfo(r io.Reader) (Mode, error) {
-	mounts, err := mountinfo.GetMountsFromReader(r, mountinfo.FSTypeFilter("cgroup", "cgroup2"))
-	if err != nil {
-		return Unavailable, fmt.Errorf("parse mountinfo: %w", err)
-	}
-	var v1, v2 bool
-	for _, m := range mounts {
-		if m.FSType == "cgroup2" {
-			if m.Mountpoint == unifiedMountpoint {
-				return Unified, nil
-			}
-			v2 = true
-		} else {
-			v1 = true
-		}
-	}
-	switch {
-	case v1 && v2:
-		return Hybrid, nil
-	case v1:
-		return Legacy, nil
-	}
-	// Nothing, or cgroup2 only somewhere other than /sys/fs/cgroup, where
-	// libcontainer would not look either.
-	return Unavailable, nil
-}

@@ -1,11 +1,15 @@
 package cgroup
 
 import (
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/moby/sys/mountinfo"
 )
 
 const hosts = "../testdata/cgroup/hosts"
@@ -30,7 +34,7 @@ func TestModeFromMountinfo(t *testing.T) {
 		"unified-hostns":    Unified,
 		"none":              Unavailable,
 	} {
-		got, err := ModeFromMountinfo(openT(t, filepath.Join(hosts, host, "mountinfo")))
+		got, err := modeFromMountinfo(openT(t, filepath.Join(hosts, host, "mountinfo")))
 		if err != nil {
 			t.Fatalf("%s: %v", host, err)
 		}
@@ -41,14 +45,14 @@ func TestModeFromMountinfo(t *testing.T) {
 			t.Errorf("%s: V2() = %v", host, got.V2())
 		}
 	}
-	if _, err := ModeFromMountinfo(strings.NewReader("garbage\n")); err == nil {
+	if _, err := modeFromMountinfo(strings.NewReader("garbage\n")); err == nil {
 		t.Error("garbage mountinfo: no error")
 	}
 }
 
 // DetectMode (containerd's statfs) and the mountinfo decision agree here.
 func TestDetectModeMatchesMountinfo(t *testing.T) {
-	want, err := ModeFromMountinfo(openT(t, "/proc/self/mountinfo"))
+	want, err := modeFromMountinfo(openT(t, "/proc/self/mountinfo"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,8 +86,9 @@ func TestParseProcCgroup(t *testing.T) {
 	}
 }
 
-func TestOwnPaths(t *testing.T) {
-	own, err := OwnPaths()
+// The host's own /proc/thread-self/cgroup parses to what its mode needs.
+func TestParseOwnProcCgroup(t *testing.T) {
+	own, err := ParseProcCgroup(openT(t, "/proc/thread-self/cgroup"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,4 +99,36 @@ func TestOwnPaths(t *testing.T) {
 	} else if own["memory"] == "" || own["pids"] == "" {
 		t.Errorf("v1 host: %v lacks memory or pids", own)
 	}
+}
+
+// modeFromMountinfo decides the mode from a /proc/<pid>/mountinfo text, the
+// same way DetectMode does from statfs (the tests' oracle for it, and how
+// they read the recorded hosts): cgroup2 at /sys/fs/cgroup is Unified;
+// v1 hierarchies with any cgroup2 mount beside them are Hybrid (whether or
+// not it holds controllers); v1 alone is Legacy.
+func modeFromMountinfo(r io.Reader) (Mode, error) {
+	mounts, err := mountinfo.GetMountsFromReader(r, mountinfo.FSTypeFilter("cgroup", "cgroup2"))
+	if err != nil {
+		return Unavailable, fmt.Errorf("parse mountinfo: %w", err)
+	}
+	var v1, v2 bool
+	for _, m := range mounts {
+		if m.FSType == "cgroup2" {
+			if m.Mountpoint == unifiedMountpoint {
+				return Unified, nil
+			}
+			v2 = true
+		} else {
+			v1 = true
+		}
+	}
+	switch {
+	case v1 && v2:
+		return Hybrid, nil
+	case v1:
+		return Legacy, nil
+	}
+	// Nothing, or cgroup2 only somewhere other than /sys/fs/cgroup, where
+	// libcontainer would not look either.
+	return Unavailable, nil
 }

@@ -49,17 +49,6 @@ func ParseProcCgroup(r io.Reader) (Paths, error) {
 	return paths, nil
 }
 
-// OwnPaths returns the worker's own cgroup per controller from
-// /proc/self/cgroup (see ParseProcCgroup).
-func OwnPaths() (Paths, error) {
-	f, err := os.Open("/proc/thread-self/cgroup")
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return ParseProcCgroup(f)
-}
-
 // Hierarchy is the worker's place in the cgroup tree. The package-level
 // functions use Host(); tests build one over a recorded tree in a temp dir.
 type Hierarchy struct {

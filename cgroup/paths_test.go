@@ -39,7 +39,7 @@ func TestNewHierarchy(t *testing.T) {
 	}
 	for _, c := range cases {
 		mi := openT(t, filepath.Join(hosts, c.host, "mountinfo"))
-		mode, err := ModeFromMountinfo(mi)
+		mode, err := modeFromMountinfo(mi)
 		if err != nil {
 			t.Fatal(err)
 		}

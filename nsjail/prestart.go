@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -42,13 +43,33 @@ func (r *Runner) Prestart(spec Spec, files ...*os.File) (*Pending, error) {
 // Pending is a pre-started sandbox waiting for its execution.
 type Pending struct {
 	s *Sandbox
+	// state moves once, from pendingWaiting to pendingHandedOff or
+	// pendingRetired: a second Handoff would reset the output and start
+	// time of a running execution, and a Retire after a Handoff would wait
+	// for the sandbox twice.
+	state atomic.Int32
+}
+
+const (
+	pendingWaiting int32 = iota
+	pendingHandedOff
+	pendingRetired
+)
+
+// leave moves p out of pendingWaiting, panicking when it already left: a
+// second Handoff or Retire is the caller's programming error.
+func (p *Pending) leave(to int32, call string) {
+	if !p.state.CompareAndSwap(pendingWaiting, to) {
+		was := "handed off"
+		if p.state.Load() == pendingRetired {
+			was = "retired"
+		}
+		panic(fmt.Sprintf("nsjail: %s on pre-started sandbox %s, already %s", call, p.s.id, was))
+	}
 }
 
 // ID is the sandbox's id.
 func (p *Pending) ID() string { return p.s.id }
-
-// Pid is the host pid of the sandbox's first process.
-func (p *Pending) Pid() (int, error) { return p.s.proc.Pid() }
 
 // Alive reports whether the sandbox's first process is running and has not
 // been sent SIGKILL. Once it has (the host's kill, the OOM killer), it never
@@ -86,8 +107,17 @@ func statusAlive(status string) bool {
 }
 
 // MemoryBytes is the sandbox's current memory use as its cgroup accounts it
-// (what an idle pre-started sandbox costs).
-func (p *Pending) MemoryBytes() int64 { return p.s.readStats().MemoryCurrentBytes }
+// (what an idle pre-started sandbox costs), 0 once it was handed off or
+// retired: its cgroup is then the execution's, or removed.
+func (p *Pending) MemoryBytes() int64 {
+	if p.state.Load() != pendingWaiting {
+		return 0
+	}
+	// Not readStats: a Handoff racing this call sets the logger it uses,
+	// and a cgroup removed meanwhile is no failure worth a warning.
+	st, _ := cgroup.ReadStats(p.s.cgroupPaths)
+	return st.MemoryCurrentBytes
+}
 
 // SetNice sets the scheduling niceness of every thread of every process
 // of the sandbox (the first process and its descendants; threads and
@@ -153,14 +183,15 @@ type HandoffOptions struct {
 // the reported start time, wall time and CPU time, and the output written
 // before now is dropped, so the execution reports what a cold one would.
 // It returns the Sandbox to Wait for and the dropped output (normally
-// empty).
+// empty). It panics when p was already handed off or retired.
 func (p *Pending) Handoff(o HandoffOptions) (sb *Sandbox, droppedStdout, droppedStderr []byte) {
+	p.leave(pendingHandedOff, "Handoff")
 	s := p.s
 	if o.Logger != nil {
 		s.log = o.Logger.With("sandbox", s.id)
 	}
 	droppedStdout, droppedStderr = s.stdout.reset(), s.stderr.reset()
-	if cpu, err := cgroup.ReadCPUUsage(s.paths()); err == nil {
+	if cpu, err := cgroup.ReadCPUUsage(s.cgroupPaths); err == nil {
 		s.cpuBaselineNS = cpu
 	}
 	s.startedAt = time.Now()
@@ -175,8 +206,9 @@ func (p *Pending) Handoff(o HandoffOptions) (sb *Sandbox, droppedStdout, dropped
 // command grace to exit on its own (the caller has told it to, as by
 // closing its channel), then kills it, and returns its result with
 // everything it wrote (why it failed, when it did). The sandbox is removed
-// as after Wait.
+// as after Wait. It panics when p was already handed off or retired.
 func (p *Pending) Retire(grace time.Duration) *Result {
+	p.leave(pendingRetired, "Retire")
 	p.s.lim.Timeout = grace
 	return p.s.Wait(context.Background())
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -81,4 +82,123 @@ func TestPrestartRetire(t *testing.T) {
 	if pids := nsjailtest.ProcessesMatching("sleep 1011"); len(pids) > 0 {
 		t.Fatalf("a retired sandbox's processes survived: %v", pids)
 	}
+}
+
+// mustPanic calls f and fails unless it panics with a message containing
+// want.
+func mustPanic(t *testing.T, want string, f func()) {
+	t.Helper()
+	defer func() {
+		t.Helper()
+		r := recover()
+		if msg, _ := r.(string); !strings.Contains(msg, want) {
+			t.Fatalf("panic %v, want one containing %q", r, want)
+		}
+	}()
+	f()
+}
+
+// A pre-started sandbox is handed off or retired once: a second Handoff
+// would reset a running execution's output and start time, and a Retire
+// after a Handoff (or a Handoff after a Retire) would wait for it twice.
+// Each misuse panics and leaves the sandbox as it was; a second Wait
+// returns the first's result.
+func TestPrestartIsHandedOffOrRetiredOnce(t *testing.T) {
+	r := newRunner(t)
+	ctlR, ctlW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctlW.Close()
+	p, err := r.Prestart(nsjail.Spec{Rootfs: nsjailtest.ProbeRootfs(t),
+		Args: sh(`read job <&3; echo "got $job"; exit 3`)}, ctlR)
+	ctlR.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, _, _ := p.Handoff(nsjail.HandoffOptions{Timeout: 30 * time.Second})
+	if p.MemoryBytes() != 0 {
+		t.Error("a handed-off sandbox still reports its memory as the pool's")
+	}
+	mustPanic(t, "Handoff on pre-started sandbox "+p.ID()+", already handed off", func() { p.Handoff(nsjail.HandoffOptions{}) })
+	mustPanic(t, "Retire on pre-started sandbox "+p.ID()+", already handed off", func() { p.Retire(time.Millisecond) })
+	if _, err := ctlW.WriteString("1\n"); err != nil {
+		t.Fatal(err)
+	}
+	res := sb.Wait(context.Background())
+	wantStatus(t, res, nsjail.StatusFailed)
+	if res.ExitCode != 3 || string(res.Stdout) != "got 1\n" {
+		t.Fatalf("exit %d, stdout %q", res.ExitCode, res.Stdout)
+	}
+	if again := sb.Wait(context.Background()); again != res {
+		t.Fatalf("a second Wait returned %+v, not the first's result", again)
+	}
+
+	p, err = r.Prestart(nsjail.Spec{Rootfs: nsjailtest.ProbeRootfs(t), Args: sh(`exit 4`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res = p.Retire(30 * time.Second)
+	wantStatus(t, res, nsjail.StatusFailed)
+	mustPanic(t, "Retire on pre-started sandbox "+p.ID()+", already retired", func() { p.Retire(time.Millisecond) })
+	mustPanic(t, "Handoff on pre-started sandbox "+p.ID()+", already retired", func() { p.Handoff(nsjail.HandoffOptions{}) })
+	if p.MemoryBytes() != 0 {
+		t.Error("a retired sandbox reports memory")
+	}
+}
+
+// Concurrent Waits on one sandbox wait for it once and share its result.
+func TestConcurrentWaitsShareOneResult(t *testing.T) {
+	r := newRunner(t)
+	sb, err := r.Start(nsjail.Spec{Rootfs: nsjailtest.ProbeRootfs(t), Args: sh(`sleep 0.1; exit 5`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	results := make(chan *nsjail.Result, 4)
+	for range cap(results) {
+		go func() { results <- sb.Wait(context.Background()) }()
+	}
+	first := <-results
+	wantStatus(t, first, nsjail.StatusFailed)
+	for range cap(results) - 1 {
+		if res := <-results; res != first {
+			t.Fatalf("two Waits returned different results: %+v and %+v", first, res)
+		}
+	}
+}
+
+// The pool's /metrics reads a ready sandbox's memory while a request may be
+// handing it off: the two must not race (go test -race), and the memory of
+// a sandbox is its pool's only while it waits.
+func TestMemoryBytesRacesHandoff(t *testing.T) {
+	r := newRunner(t)
+	p, err := r.Prestart(nsjail.Spec{Rootfs: nsjailtest.ProbeRootfs(t), Args: sh(`sleep 1012`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The reader and the hand-off share no synchronisation but the
+	// Pending's own: the sleeps only let both run.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for p.MemoryBytes() != 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	time.Sleep(20 * time.Millisecond)
+	sb, _, _ := p.Handoff(nsjail.HandoffOptions{Timeout: time.Millisecond})
+	<-done
+	if p.MemoryBytes() != 0 {
+		t.Error("a handed-off sandbox still reports its memory as the pool's")
+	}
+	wantStatus(t, sb.Wait(context.Background()), nsjail.StatusTimeout)
+
+	p, err = r.Prestart(nsjail.Spec{Rootfs: nsjailtest.ProbeRootfs(t), Args: sh(`sleep 1012`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.MemoryBytes() <= 0 {
+		t.Error("a waiting sandbox reports no memory")
+	}
+	p.Retire(time.Millisecond)
 }

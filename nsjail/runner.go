@@ -110,9 +110,6 @@ func (r *Runner) HostGID() int { return r.opts.HostIDBase + inside.GID }
 // StateRoot is where libcontainer keeps each live sandbox's state.
 func (r *Runner) StateRoot() string { return r.opts.StateRoot }
 
-// CgroupParent is the relative cgroup path under which sandboxes live.
-func (r *Runner) CgroupParent() string { return r.opts.CgroupParent }
-
 func newID() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
@@ -157,7 +154,7 @@ func (e *StartError) Result() *Result {
 		StartedAt: e.At, FinishedAt: e.At, Error: e.Err.Error()}
 }
 
-// Sandbox is one started execution. Wait must be called exactly once.
+// Sandbox is one started execution. It must be waited for.
 type Sandbox struct {
 	r         *Runner
 	id        string
@@ -169,7 +166,10 @@ type Sandbox struct {
 	startedAt time.Time
 	log       *slog.Logger
 	mntns     *os.File
-	// cgroupPaths are the sandbox's cgroup directories (fixed at start).
+	// cgroupPaths are the sandbox's cgroup directories, set by start and
+	// only read after it (by Wait, Handoff, a Pending's MemoryBytes in
+	// another goroutine): nil if they could not be read, which leaves the
+	// counters zero.
 	cgroupPaths cgroup.Paths
 	// exitReport and cpuBaselineNS are set by a Pending's Handoff: the
 	// command's wait status as reported from inside the sandbox
@@ -177,6 +177,10 @@ type Sandbox struct {
 	// hand-off, subtracted from the reported usage.
 	exitReport    <-chan syscall.WaitStatus
 	cpuBaselineNS uint64
+	// waitOnce runs Wait's work once (two would reap, close and destroy
+	// twice); result is what it returned.
+	waitOnce sync.Once
+	result   *Result
 }
 
 // ID is the sandbox's id (its container, cgroup and state directory name).
@@ -273,6 +277,14 @@ func (r *Runner) start(spec Spec, extraFiles []*os.File) (*Sandbox, error) {
 		return fail("unable to start sandbox: %w", err)
 	}
 	log.Debug("sandbox started", "start_ms", time.Since(startedAt).Milliseconds())
+	// Read once, now: filled lazily, a Pending's MemoryBytes (the pool's
+	// /metrics) and its Handoff would both write it.
+	var cgroupPaths cgroup.Paths
+	if state, err := c.State(); err == nil {
+		cgroupPaths = state.CgroupPaths
+	} else {
+		log.Warn("unable to read sandbox state for its cgroup paths", "error", err)
+	}
 	// Hold the sandbox's mount namespace: otherwise its last process's exit
 	// tears it down synchronously (umount + an RCU grace period, several ms)
 	// before the exit is reported. Released, off the result path, by Wait.
@@ -285,7 +297,7 @@ func (r *Runner) start(spec Spec, extraFiles []*os.File) (*Sandbox, error) {
 		r:     r, id: id, lim: lim, c: c, proc: proc,
 		stdout:    newCapture(outR, lim.StdoutBytes),
 		stderr:    newCapture(errR, lim.StderrBytes),
-		startedAt: startedAt, log: log,
+		startedAt: startedAt, log: log, cgroupPaths: cgroupPaths,
 	}, nil
 }
 

@@ -605,7 +605,7 @@ func TestAliveSeesAKillAtOnce(t *testing.T) {
 	if !p.Alive() {
 		t.Error("a sleeping sandbox is not alive")
 	}
-	pid, err := p.Pid()
+	pid, err := nsjailtest.InitPid(r.StateRoot(), p.ID())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,8 +17,15 @@ import (
 // now) and ctx, then collects the result and removes the sandbox (in the
 // background: WaitForCleanup). It has three steps: await (the end, and the
 // kills it takes), collect (output, counters, removal) and classify (the
-// status, a pure function of what the first two saw).
+// status, a pure function of what the first two saw). The sandbox is waited
+// for once: a later Wait (or one concurrent with the first) returns the
+// first's Result.
 func (s *Sandbox) Wait(ctx context.Context) *Result {
+	s.waitOnce.Do(func() { s.result = s.wait(ctx) })
+	return s.result
+}
+
+func (s *Sandbox) wait(ctx context.Context) *Result {
 	res := &Result{ID: s.id, StartedAt: s.startedAt}
 	end := s.await(ctx)
 	res.FinishedAt = time.Now()
@@ -58,8 +65,8 @@ type awaited struct {
 	// killedFor is StatusTimeout or StatusCancelled when Wait killed the
 	// sandbox for that reason, else empty.
 	killedFor Status
-	// reported is the exit status the sandbox reported (SetExitReport),
-	// valid when haveReport. Its init is then still being reaped: exited
+	// reported is the exit status the sandbox reported
+	// (HandoffOptions.ExitReport), valid when haveReport. Its init is then still being reaped: exited
 	// delivers that.
 	reported   syscall.WaitStatus
 	haveReport bool
@@ -115,7 +122,7 @@ wait:
 		// And the cgroup, should anything of the sandbox live outside its
 		// pid namespace's reach: cgroup.kill on v2 (Linux 5.14+), else a
 		// SIGKILL per pid until cgroup.procs is empty.
-		if err := cgroup.KillAll(s.paths()); err != nil {
+		if err := cgroup.KillAll(s.cgroupPaths); err != nil {
 			s.log.Error("unable to kill the sandbox's cgroup", "error", err)
 		}
 		r := <-exited

@@ -1,10 +1,11 @@
 // Package server is sandboxd's execution API: it turns an HTTP request into
 // one sandboxed run and back. Data flows one way: request → policy →
-// workspace (package workspace) → sandbox (the Sandboxer, or the warm pool
-// of package warmpool built on it) → result (stored in package results).
-// Its own files are the HTTP API (routes, guard, limits, listeners,
-// OpenAPI, the legacy endpoint), the request's validation and policy,
-// admission, the execution's orchestration and the result store's glue.
+// workspace (package workspace) → sandbox (the warmpool.Sandboxer, or the
+// warm pool of package warmpool built on it) → result (stored in package
+// results). Its own files are the HTTP API (routes, guard, limits,
+// listeners, OpenAPI, the legacy endpoint), the request's validation and
+// policy, admission, the execution's orchestration and the result store's
+// glue.
 package server
 
 import (
@@ -26,28 +27,15 @@ import (
 	"github.com/sandboxd/sandboxd/server/workspace"
 )
 
-// Sandboxer runs one execution in a fresh sandbox: *nsjail.Runner, or a
-// wrapper of one.
-type Sandboxer interface {
-	// Run runs spec and returns its result; the error is non-nil only when
-	// nothing was started (see nsjail.Runner.Run).
-	Run(ctx context.Context, spec nsjail.Spec) (*nsjail.Result, error)
-	// HostUID and HostGID are the host ids of the sandbox user: a workspace
-	// must be owned by them to be writable inside.
-	HostUID() int
-	HostGID() int
-}
-
 // Deps are what a Server needs. All fields are required.
 type Deps struct {
 	// Config is the validated configuration.
 	Config config.Config
 	// Sandbox runs every execution: cold ones, the warm pool's cold
 	// fallbacks among them, through its Run, and with the warm pool on
-	// (pool_size > 0) it also pre-starts the pool's sandboxes, so it must
-	// then be a warmpool.Sandboxer (as *nsjail.Runner is). Whatever wraps
-	// the runner sees every execution that runs cold.
-	Sandbox Sandboxer
+	// (pool_size > 0) it also pre-starts the pool's sandboxes. Whatever
+	// wraps the runner sees every execution that runs cold.
+	Sandbox warmpool.Sandboxer
 	// ResolveRootfs returns the unpacked runtime rootfs, unpacking
 	// Config.PythonImage into Config.RootfsCache first if needed. It is
 	// called once, by Prepare.
@@ -62,7 +50,7 @@ type Deps struct {
 type Server struct {
 	cfg      config.Config
 	policies Policies
-	sandbox  Sandboxer
+	sandbox  warmpool.Sandboxer
 	resolve  func(ctx context.Context) (string, error)
 	log      *slog.Logger
 	// createWorkspace is workspace.Create; the unit tests, which run
@@ -101,9 +89,6 @@ func New(d Deps) (*Server, error) {
 	}
 	if d.Logger == nil {
 		errs = append(errs, errors.New("deps: Logger is required"))
-	}
-	if _, ok := d.Sandbox.(warmpool.Sandboxer); d.Sandbox != nil && !ok && d.Config.PoolSize > 0 {
-		errs = append(errs, fmt.Errorf("deps: Sandbox (%T) cannot pre-start sandboxes, which the warm pool needs (pool_size > 0)", d.Sandbox))
 	}
 	if err := d.Config.Validate(); err != nil {
 		errs = append(errs, err)
@@ -217,18 +202,12 @@ func (s *Server) Prepare(ctx context.Context) error {
 		for _, name := range s.policies.Names() {
 			templates = append(templates, s.policies[name].Template(s.cfg, root))
 		}
-		// An empty pool_preload means "import nothing" (warmpool.New reads
-		// nil as its default list).
-		preload := s.cfg.PoolPreload
-		if preload == nil {
-			preload = []string{}
-		}
 		// The pool's cold fallbacks run through s.sandbox, as every cold
-		// execution does (New checked that it can pre-start).
-		pool, err = warmpool.New(s.sandbox.(warmpool.Sandboxer), warmpool.Config{
+		// execution does.
+		pool, err = warmpool.New(s.sandbox, warmpool.Config{
 			Size:            s.cfg.PoolSize,
 			MaxIdle:         time.Duration(s.cfg.PoolMaxIdle),
-			Preload:         preload,
+			Preload:         s.cfg.PoolPreload,
 			WorkRoot:        s.cfg.WorkRoot,
 			WorkspaceBytes:  s.cfg.WorkspaceBytes,
 			WorkspaceInodes: s.cfg.WorkspaceInodes,
@@ -367,9 +346,7 @@ func (s *Server) Drain(ctx context.Context) int {
 	s.cleanups.Wait()
 	// The sandboxes themselves are removed in the background too, by the
 	// Runner (*nsjail.Runner.WaitForCleanup) that ran them.
-	if c, ok := s.sandbox.(interface{ WaitForCleanup() }); ok {
-		c.WaitForCleanup()
-	}
+	s.sandbox.WaitForCleanup()
 	s.log.Info("drained", "cancelled", n)
 	return n
 }

@@ -31,10 +31,11 @@ import (
 // fakeSandbox is a Sandboxer that starts nothing. It keeps the specs it was
 // given and answers with result (by default: succeeded, stdout "ok\n").
 type fakeSandbox struct {
-	started atomic.Int64
-	mu      sync.Mutex
-	specs   []nsjail.Spec
-	result  func(ctx context.Context, spec nsjail.Spec) *nsjail.Result
+	started      atomic.Int64
+	cleanupWaits atomic.Int64
+	mu           sync.Mutex
+	specs        []nsjail.Spec
+	result       func(ctx context.Context, spec nsjail.Spec) *nsjail.Result
 }
 
 func (f *fakeSandbox) Run(ctx context.Context, spec nsjail.Spec) (*nsjail.Result, error) {
@@ -52,6 +53,14 @@ func (f *fakeSandbox) Run(ctx context.Context, spec nsjail.Spec) (*nsjail.Result
 
 func (f *fakeSandbox) HostUID() int { return os.Getuid() }
 func (f *fakeSandbox) HostGID() int { return os.Getgid() }
+
+// Prestart fails: the unit tests run without the warm pool.
+func (f *fakeSandbox) Prestart(nsjail.Spec, ...*os.File) (*nsjail.Pending, error) {
+	return nil, errors.New("the fake sandbox cannot pre-start")
+}
+
+// WaitForCleanup counts the drains that waited for the sandboxes' removal.
+func (f *fakeSandbox) WaitForCleanup() { f.cleanupWaits.Add(1) }
 
 func (f *fakeSandbox) lastSpec() nsjail.Spec {
 	f.mu.Lock()
@@ -231,6 +240,11 @@ func TestUnitNotReadyAndDraining(t *testing.T) {
 	code, _, body = u.do("POST", "/v1/executions", ExecutionRequest{Code: "x"})
 	wantError(t, code, body, 503, "shutting down")
 	u.wantNothingStarted(t)
+	// The drain waited for the sandboxer's background removals (which
+	// every Sandboxer has: a wrapper cannot hide them).
+	if n := u.fake.cleanupWaits.Load(); n != 1 {
+		t.Fatalf("drain waited for the sandboxes' removal %d times, want 1", n)
+	}
 }
 
 // 507 when the work root is full: no sandbox, and the id is free again.

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/opencontainers/runc/libcontainer"
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/inside"
 )
@@ -185,3 +186,17 @@ var (
 	StateRoot    = fmt.Sprintf("/run/sandboxd-test-%d/state", os.Getpid())
 	CgroupParent = fmt.Sprintf("sandboxd-test-%d", os.Getpid())
 )
+
+// InitPid is the host pid of the first process of the sandbox id, as
+// libcontainer recorded it under stateRoot.
+func InitPid(stateRoot, id string) (int, error) {
+	c, err := libcontainer.Load(stateRoot, id)
+	if err != nil {
+		return 0, fmt.Errorf("unable to load sandbox %s: %w", id, err)
+	}
+	state, err := c.State()
+	if err != nil {
+		return 0, fmt.Errorf("unable to read the state of sandbox %s: %w", id, err)
+	}
+	return state.InitProcessPid, nil
+}

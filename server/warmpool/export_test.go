@@ -1,6 +1,11 @@
 package warmpool
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+)
 
 // ZygoteArgs is zygoteArgs, for the tests of package warmpool_test.
 var ZygoteArgs = zygoteArgs
@@ -11,7 +16,11 @@ func ReadyPid(p *Pool) (int, error) {
 	defer p.mu.Unlock()
 	for _, tp := range p.templates {
 		if len(tp.ready) > 0 {
-			return tp.ready[0].pending.Pid()
+			r, ok := p.sandboxer.(*nsjail.Runner)
+			if !ok {
+				return 0, errors.New("the pool's sandboxer is not an *nsjail.Runner")
+			}
+			return nsjailtest.InitPid(r.StateRoot(), tp.ready[0].pending.ID())
 		}
 	}
 	return 0, errors.New("no ready warm sandbox")

@@ -13,52 +13,58 @@ import (
 	"log/slog"
 	"os"
 	"slices"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/inside"
-	"github.com/sandboxd/sandboxd/server/config"
 	"github.com/sandboxd/sandboxd/server/workspace"
 	"golang.org/x/sys/unix"
 )
 
-// Sandboxer starts the pool's sandboxes and runs its cold fallbacks:
-// *nsjail.Runner, or a wrapper of one, the same object that runs the
-// worker's cold executions, so a fallback goes through whatever wraps it.
+// Sandboxer runs the worker's sandboxes: *nsjail.Runner, or a wrapper of
+// one. The server runs its cold executions through it and the pool its
+// pre-started sandboxes and cold fallbacks, so a fallback goes through
+// whatever wraps it.
 type Sandboxer interface {
-	// Run runs spec cold (see nsjail.Runner.Run).
+	// Run runs spec cold; the error is non-nil only when nothing was
+	// started (see nsjail.Runner.Run).
 	Run(ctx context.Context, spec nsjail.Spec) (*nsjail.Result, error)
 	// Prestart starts a sandbox that waits for its execution (see
 	// nsjail.Runner.Prestart).
 	Prestart(spec nsjail.Spec, files ...*os.File) (*nsjail.Pending, error)
-	// HostUID and HostGID are the sandbox user as the host sees it.
+	// HostUID and HostGID are the sandbox user as the host sees it: a
+	// workspace must be owned by them to be writable inside.
 	HostUID() int
 	HostGID() int
+	// WaitForCleanup blocks until every finished sandbox has been removed
+	// (see nsjail.Runner.WaitForCleanup); a drain waits for it.
+	WaitForCleanup()
 }
 
-// Config configures the warm pool. The zero value disables it.
+// Config configures the warm pool. Nothing is defaulted: the server passes
+// its config's values (server/config sets the defaults and checks them).
 type Config struct {
 	// Size is the number of ready sandboxes kept per template (0 disables
 	// the pool; every execution then takes the cold path).
 	Size int
-	// MaxIdle retires a ready sandbox that waited this long (default 10m),
-	// so a long-idle worker does not hold memory forever and preloads stay
-	// fresh after an image or config change.
+	// MaxIdle retires a ready sandbox that waited this long, so a long-idle
+	// worker does not hold memory forever and preloads stay fresh after an
+	// image or config change. Required (> 0) when Size > 0.
 	MaxIdle time.Duration
-	// Preload lists the modules imported before hand-off (config.DefaultPreload
-	// when nil).
+	// Preload lists the modules imported before hand-off (none when empty).
 	Preload []string
-	// WorkRoot is where the warm sandboxes' workspaces live.
+	// WorkRoot is where the warm sandboxes' workspaces live. Required when
+	// Size > 0.
 	WorkRoot string
 	// WorkspaceBytes, when > 0, mounts a tmpfs of this size on every warm
 	// workspace, as the server does on its own (see workspace.Mount); when 0
 	// the workspaces are plain directories and WorkRoot must be on the same
 	// filesystem as the server's workspaces (entries are renamed).
 	WorkspaceBytes int64
-	// WorkspaceInodes is the tmpfs's nr_inodes (default: the config's).
+	// WorkspaceInodes is the tmpfs's nr_inodes. Required (> 0) when
+	// WorkspaceBytes > 0: tmpfs reads 0 as unlimited.
 	WorkspaceInodes int64
 }
 
@@ -130,20 +136,16 @@ func New(sandboxer Sandboxer, cfg Config, templates []Template, log *slog.Logger
 	if cfg.Size < 0 {
 		return nil, fmt.Errorf("pool size must be >= 0, got: %d", cfg.Size)
 	}
-	if cfg.MaxIdle == 0 {
-		cfg.MaxIdle = 10 * time.Minute
-	}
-	if cfg.Preload == nil {
-		cfg.Preload = config.DefaultPreload
-	}
-	cfg.WorkspaceInodes = cmp.Or(cfg.WorkspaceInodes, config.Default().WorkspaceInodes)
-	for _, m := range cfg.Preload {
-		if m == "" || strings.Contains(m, PreloadSep) || strings.ContainsAny(m, " \t\n") {
-			return nil, fmt.Errorf("preload module name %q is invalid", m)
+	if cfg.Size > 0 {
+		if cfg.WorkRoot == "" {
+			return nil, errors.New("pool work root is required when the pool is enabled")
 		}
-	}
-	if cfg.Size > 0 && cfg.WorkRoot == "" {
-		return nil, errors.New("pool work root is required when the pool is enabled")
+		if cfg.MaxIdle <= 0 {
+			return nil, fmt.Errorf("pool max idle must be > 0 when the pool is enabled, got: %s", cfg.MaxIdle)
+		}
+		if cfg.WorkspaceBytes > 0 && cfg.WorkspaceInodes <= 0 {
+			return nil, fmt.Errorf("pool workspace inodes must be > 0 with a workspace tmpfs, got: %d", cfg.WorkspaceInodes)
+		}
 	}
 	p := &Pool{sandboxer: sandboxer, cfg: cfg, log: log, stop: make(chan struct{})}
 	if cfg.Size == 0 {

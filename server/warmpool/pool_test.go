@@ -43,6 +43,15 @@ func poolTemplate(rootfs string) warmpool.Template {
 	return server.PoliciesFromConfig(cfg)[server.TypeDynamic].Template(cfg, rootfs)
 }
 
+// poolConfig is the pool the server keeps with the default config, of size
+// ready sandboxes and workspaces under workRoot (on a tmpfs of
+// workspaceBytes when > 0).
+func poolConfig(size int, workRoot string, workspaceBytes int64) warmpool.Config {
+	cfg := config.Default()
+	return warmpool.Config{Size: size, MaxIdle: time.Duration(cfg.PoolMaxIdle), Preload: cfg.PoolPreload,
+		WorkRoot: workRoot, WorkspaceBytes: workspaceBytes, WorkspaceInodes: cfg.WorkspaceInodes}
+}
+
 // poolWorkspace makes a workspace like the server does: code/main.py,
 // input/, output/artifacts/, owned by the sandbox user; on a tmpfs of
 // tmpfsBytes when that is > 0 (as the server's are).
@@ -199,7 +208,7 @@ func testWarmMatchesCold(t *testing.T, tmpfsBytes int64) {
 		names = append(names, n)
 	}
 	slices.Sort(names)
-	pool, err := warmpool.New(r, warmpool.Config{Size: 2, WorkRoot: t.TempDir(), WorkspaceBytes: tmpfsBytes}, []warmpool.Template{tpl}, poolQuietLog)
+	pool, err := warmpool.New(r, poolConfig(2, t.TempDir(), tmpfsBytes), []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,7 +335,7 @@ func TestPoolRefillsAndNeverReuses(t *testing.T) {
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	r := newPoolRunner(t)
 	tpl := poolTemplate(rootfs)
-	pool, err := warmpool.New(r, warmpool.Config{Size: 1, WorkRoot: t.TempDir()}, []warmpool.Template{tpl}, poolQuietLog)
+	pool, err := warmpool.New(r, poolConfig(1, t.TempDir(), 0), []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -375,7 +384,7 @@ func benchPool(b *testing.B, code string, size int, workspaceBytes int64) {
 	rootfs := nsjailtest.RuntimeRootfs(b)
 	r := newPoolRunner(b)
 	tpl := poolTemplate(rootfs)
-	pool, err := warmpool.New(r, warmpool.Config{Size: size, WorkRoot: b.TempDir(), WorkspaceBytes: workspaceBytes}, []warmpool.Template{tpl}, poolQuietLog)
+	pool, err := warmpool.New(r, poolConfig(size, b.TempDir(), workspaceBytes), []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -76,3 +76,33 @@ func TestReadExitReport(t *testing.T) {
 		}
 	}
 }
+
+// New defaults nothing (the server passes its config's values) and rejects
+// only what cannot work: a negative size, and for an enabled pool a missing
+// work root, a max idle of 0 (nothing would ever retire) or a workspace
+// tmpfs with unlimited inodes.
+func TestNewRejectsUnusableConfig(t *testing.T) {
+	ok := Config{Size: 1, MaxIdle: time.Minute, WorkRoot: t.TempDir(), WorkspaceBytes: 1 << 20, WorkspaceInodes: 100}
+	for _, tc := range []struct {
+		name string
+		mod  func(*Config)
+		want string
+	}{
+		{"negative size", func(c *Config) { c.Size = -1 }, "pool size must be >= 0"},
+		{"no work root", func(c *Config) { c.WorkRoot = "" }, "pool work root is required"},
+		{"no max idle", func(c *Config) { c.MaxIdle = 0 }, "pool max idle must be > 0"},
+		{"unlimited inodes", func(c *Config) { c.WorkspaceInodes = 0 }, "pool workspace inodes must be > 0"},
+	} {
+		cfg := ok
+		tc.mod(&cfg)
+		if _, err := New(nil, cfg, nil, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want %q", tc.name, err, tc.want)
+		}
+	}
+	// A disabled pool needs nothing.
+	p, err := New(nil, Config{}, nil, nil)
+	if err != nil {
+		t.Fatalf("disabled pool: %v", err)
+	}
+	p.Close()
+}

@@ -71,7 +71,7 @@ func TestWarmExitReportCannotBeForged(t *testing.T) {
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	r := newPoolRunner(t)
 	tpl := poolTemplate(rootfs)
-	pool, err := warmpool.New(r, warmpool.Config{Size: 1, WorkRoot: t.TempDir(), Preload: []string{"numpy"}}, []warmpool.Template{tpl}, poolQuietLog)
+	pool, err := warmpool.New(r, numpyPoolConfig(t), []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +194,7 @@ func TestWarmHonoursStartupEnv(t *testing.T) {
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	r := newPoolRunner(t)
 	tpl := poolTemplate(rootfs)
-	pool, err := warmpool.New(r, warmpool.Config{Size: 1, WorkRoot: t.TempDir(), Preload: []string{"numpy"}}, []warmpool.Template{tpl}, poolQuietLog)
+	pool, err := warmpool.New(r, numpyPoolConfig(t), []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,7 +274,7 @@ func TestDeadWarmSandboxRunsCold(t *testing.T) {
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	r := newPoolRunner(t)
 	tpl := poolTemplate(rootfs)
-	pool, err := warmpool.New(r, warmpool.Config{Size: 1, WorkRoot: t.TempDir(), Preload: []string{"numpy"}}, []warmpool.Template{tpl}, poolQuietLog)
+	pool, err := warmpool.New(r, numpyPoolConfig(t), []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -438,7 +438,7 @@ func TestFailedWarmStartLogsItsStderr(t *testing.T) {
 	var logs bytes.Buffer
 	var logMu sync.Mutex
 	log := slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &logMu}, nil))
-	pool, err := warmpool.New(r, warmpool.Config{Size: 1, WorkRoot: t.TempDir()}, []warmpool.Template{poolTemplate(rootfs)}, log)
+	pool, err := warmpool.New(r, poolConfig(1, t.TempDir(), 0), []warmpool.Template{poolTemplate(rootfs)}, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -467,4 +467,11 @@ func logLine(text, s string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// numpyPoolConfig is a pool of one ready sandbox that preloads numpy only.
+func numpyPoolConfig(t *testing.T) warmpool.Config {
+	cfg := poolConfig(1, t.TempDir(), 0)
+	cfg.Preload = []string{"numpy"}
+	return cfg
 }
