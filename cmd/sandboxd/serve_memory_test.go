@@ -11,12 +11,9 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -51,48 +48,9 @@ func TestServeMemoryWithLargeResults(t *testing.T) {
 		budget     = 1 << 30 // results_max_bytes: ~21 of these results
 		fileBytes  = 16 << 20
 	)
-	bin := buildCLI(t)
-	rootfs := shimRootfs(t)
-	state := fmt.Sprintf("/run/sandboxd-test-%d/memory-state", os.Getpid())
-	cgroup := fmt.Sprintf("sandboxd-test-%d-memory", os.Getpid())
-	t.Cleanup(func() { os.RemoveAll(filepath.Dir(state)) })
-	resultsDir := filepath.Join(t.TempDir(), "results")
-	port := freePort(t)
-	base := fmt.Sprintf("http://127.0.0.1:%d", port)
-	cmd := exec.Command(bin, "serve")
-	cmd.Env = append(os.Environ(), "EXECUTION_PYTHON_IMAGE=dir:"+rootfs, "EXECUTION_WORK_ROOT="+filepath.Join(t.TempDir(), "work"),
-		"EXECUTION_RESULTS_DIR="+resultsDir, "EXECUTION_STATE_ROOT="+state, "EXECUTION_CGROUP_PARENT="+cgroup,
-		fmt.Sprintf("EXECUTION_WORKER_PORT=%d", port), "EXECUTION_POOL_SIZE=0", "EXECUTION_MAX_CONCURRENT=2",
-		fmt.Sprintf("EXECUTION_RESULTS_MAX_BYTES=%d", budget))
-	var logs bytes.Buffer
-	cmd.Stderr = &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("serve log:\n%.20000s", logs.String())
-		}
-	}()
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		resp, err := http.Get(base + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("never ready: %v", err)
-		}
-	}
-	idle := vmHWM(t, cmd.Process.Pid)
+	w := startWorker(t, "memory", shimRootfs(t), "EXECUTION_MAX_CONCURRENT=2", fmt.Sprintf("EXECUTION_RESULTS_MAX_BYTES=%d", budget))
+	base := w.base
+	idle := vmHWM(t, w.pid())
 
 	// Each execution writes three 16 MiB files of random bytes: 48 MiB, the
 	// default max_artifacts_bytes. Its POST answer (64 MiB of base64) is read
@@ -163,19 +121,13 @@ func TestServeMemoryWithLargeResults(t *testing.T) {
 	errs.Range(func(k, v any) bool { t.Errorf("GET big-%d: %v", k, v); return true })
 	read := time.Since(start)
 
-	peak := vmHWM(t, cmd.Process.Pid)
+	peak := vmHWM(t, w.pid())
 	t.Logf("VmHWM: %.1f MiB idle, %.1f MiB peak after %d executions × 48 MiB (%s) and %d parallel GETs (%s); %d results kept",
 		float64(idle)/(1<<20), float64(peak)/(1<<20), executions, posted.Round(time.Second), readers, read.Round(time.Second), kept)
 	if peak > memoryBoundMiB<<20 {
 		t.Errorf("peak RSS %.1f MiB is over the %d MiB bound", float64(peak)/(1<<20), memoryBoundMiB)
 	}
-	cmd.Process.Signal(syscall.SIGTERM)
-	if err := <-exited; err != nil {
-		t.Fatalf("serve exited with %v", err)
-	}
-	if err := nsjailtest.CheckNoLeftovers(state, cgroup); err != nil {
-		t.Fatal(err)
-	}
+	w.stop(t)
 }
 
 // readAnswer reads a 200 answer in full, checks that it is a succeeded

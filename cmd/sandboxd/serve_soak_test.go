@@ -7,12 +7,9 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -62,34 +59,8 @@ func TestServeSoakMixed(t *testing.T) {
 			t.Fatalf("SANDBOXD_SOAK_N=%q: want a number >= %d", v, len(soakWorkloads)*5)
 		}
 	}
-	bin := buildCLI(t)
-	state := fmt.Sprintf("/run/sandboxd-test-%d/soak-state", os.Getpid())
-	cgroup := fmt.Sprintf("sandboxd-test-%d-soak", os.Getpid())
-	t.Cleanup(func() { os.RemoveAll(filepath.Dir(state)) })
-	port := freePort(t)
-	base := fmt.Sprintf("http://127.0.0.1:%d", port)
-	cmd := exec.Command(bin, "serve")
-	cmd.Env = append(os.Environ(), "EXECUTION_PYTHON_IMAGE=dir:"+rootfs, "EXECUTION_WORK_ROOT="+filepath.Join(t.TempDir(), "work"),
-		"EXECUTION_RESULTS_DIR="+filepath.Join(t.TempDir(), "results"), "EXECUTION_STATE_ROOT="+state, "EXECUTION_CGROUP_PARENT="+cgroup,
-		fmt.Sprintf("EXECUTION_WORKER_PORT=%d", port), "EXECUTION_POOL_SIZE=1", "EXECUTION_MAX_CONCURRENT=2",
-		"EXECUTION_DYNAMIC_MEMORY_MB=256")
-	var logs bytes.Buffer
-	cmd.Stderr = &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("serve log (tail):\n%s", tail(logs.String(), 20000))
-		}
-	}()
-	waitReady(t, base)
+	w := startWorker(t, "soak", rootfs, "EXECUTION_POOL_SIZE=1", "EXECUTION_MAX_CONCURRENT=2", "EXECUTION_DYNAMIC_MEMORY_MB=256")
+	base := w.base
 
 	var mu sync.Mutex
 	statuses := map[string]map[string]int{}
@@ -138,7 +109,7 @@ func TestServeSoakMixed(t *testing.T) {
 		wg.Wait()
 	}
 
-	pid := cmd.Process.Pid
+	pid := w.pid()
 	warm := n / 5
 	start := time.Now()
 	soak(0, warm)
@@ -164,13 +135,7 @@ func TestServeSoakMixed(t *testing.T) {
 	if after.fds > before.fds+8 || after.threads > before.threads+8 {
 		t.Errorf("fds %d → %d, threads %d → %d", before.fds, after.fds, before.threads, after.threads)
 	}
-	cmd.Process.Signal(syscall.SIGTERM)
-	if err := <-exited; err != nil {
-		t.Fatalf("serve exited with %v", err)
-	}
-	if err := nsjailtest.CheckNoLeftovers(state, cgroup); err != nil {
-		t.Fatal(err)
-	}
+	w.stop(t)
 }
 
 // usage is what the soak measures of the worker process.
@@ -208,27 +173,4 @@ func procUsage(t *testing.T, pid int) usage {
 	}
 	u.fds = len(fds)
 	return u
-}
-
-func waitReady(t *testing.T, base string) {
-	t.Helper()
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		resp, err := http.Get(base + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("never ready: %v", err)
-		}
-	}
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -60,49 +59,11 @@ func freePort(t *testing.T) int {
 // cancelled, the worker exits 0 and leaves nothing, the socket included.
 func TestServeDrainsOnSIGTERM(t *testing.T) {
 	nsjailtest.RequireRoot(t)
-	bin := buildCLI(t)
-	rootfs := shimRootfs(t)
-	state := fmt.Sprintf("/run/sandboxd-test-%d/serve-state", os.Getpid())
-	cgroup := fmt.Sprintf("sandboxd-test-%d-serve", os.Getpid())
-	t.Cleanup(func() { os.RemoveAll(filepath.Dir(state)) })
-	work := filepath.Join(t.TempDir(), "work")
-	port := freePort(t)
-	base := fmt.Sprintf("http://127.0.0.1:%d", port)
-	sock := filepath.Join(filepath.Dir(state), "api.sock")
 	gid := socketGroup(t)
-	cmd := exec.Command(bin, "serve")
-	cmd.Env = append(os.Environ(), "EXECUTION_PYTHON_IMAGE=dir:"+rootfs, "EXECUTION_WORK_ROOT="+work,
-		"EXECUTION_RESULTS_DIR="+filepath.Join(t.TempDir(), "results"), "EXECUTION_STATE_ROOT="+state, "EXECUTION_CGROUP_PARENT="+cgroup, fmt.Sprintf("EXECUTION_WORKER_PORT=%d", port),
-		"EXECUTION_POOL_SIZE=0", "EXECUTION_SHUTDOWN_GRACE_MS=300", "EXECUTION_SOMETHING_ELSE=1",
+	sock := filepath.Join(fmt.Sprintf("/run/sandboxd-test-%d", os.Getpid()), "api.sock")
+	w := startWorker(t, "serve", shimRootfs(t), "EXECUTION_SHUTDOWN_GRACE_MS=300", "EXECUTION_SOMETHING_ELSE=1",
 		"EXECUTION_WORKER_SOCKET="+sock, fmt.Sprintf("EXECUTION_WORKER_SOCKET_GROUP=%d", gid), "EXECUTION_READ_HEADER_TIMEOUT=1s")
-	var logs bytes.Buffer
-	cmd.Stderr = &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("serve log:\n%s", logs.String())
-		}
-	}()
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		resp, err := http.Get(base + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("never ready: %v", err)
-		}
-	}
+	base, port, work, state, cgroup := w.base, w.port, w.work, w.state, w.cgroup
 	post := func(code string) (int, map[string]any) {
 		resp, err := http.Post(base+"/v1/executions", "application/json", strings.NewReader(`{"code": "`+code+`"}`))
 		if err != nil {
@@ -150,9 +111,9 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 			t.Fatal("the long execution never started")
 		}
 	}
-	cmd.Process.Signal(syscall.SIGTERM)
+	w.cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case err := <-exited:
+	case err := <-w.exited:
 		if err != nil {
 			t.Fatalf("serve exited with %v", err)
 		}
@@ -175,7 +136,7 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 		t.Fatalf("worker_socket left after exit: %v", err)
 	}
 	for _, want := range []string{`"msg":"swept orphans"`, `"addr":"` + sock + `"`, `"msg":"rootfs ready"`, `"msg":"drained","cancelled":1`, `EXECUTION_SOMETHING_ELSE`} {
-		if !strings.Contains(logs.String(), want) {
+		if !strings.Contains(w.logs.String(), want) {
 			t.Errorf("serve log lacks %s", want)
 		}
 	}
