@@ -51,7 +51,7 @@ func (r *Runner) buildConfig(id string, spec *Spec, lim Limits) (*configs.Config
 		// joined by libcontainer's init before seccomp is loaded: with
 		// NoNewKeyring every sandbox kept the worker's session keyring, or
 		// host root's user-session keyring when the worker had none
-		// (SECURITY.md case 28). keyctl stays denied (GUIDE §4 case 9).
+		// (SECURITY.md case 28). keyctl stays denied (SECURITY.md case 9).
 		// Each live sandbox's keyring counts as one key of host uid
 		// HostIDBase against kernel.keys.maxkeys (server/README.md).
 		NoNewKeyring: false,

@@ -1,5 +1,6 @@
 // Package nsjailtest holds what tests of every package need to start real
-// sandboxes: a busybox rootfs, the runtime rootfs, and root checks.
+// sandboxes: a busybox rootfs, the runtime rootfs, the probe rootfs, root
+// checks and the leftover check (RunAndCheck).
 package nsjailtest
 
 import (

@@ -1,7 +1,7 @@
 // Package config is the configuration of `sandboxd serve`: its keys and
 // defaults, loading (a strict TOML file, then EXECUTION_* variables),
 // printing with each value's source, and validation. It imports nothing of
-// the server: the server, cmd/sandboxd and the tools depend on it.
+// the server: the server and cmd/sandboxd depend on it.
 package config
 
 import (
