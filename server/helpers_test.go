@@ -155,10 +155,18 @@ func newEnv(t *testing.T, rootfs string, mod func(*config.Config)) *testEnv {
 	if err := srv.Prepare(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	e := &testEnv{t: t, srv: srv, sandbox: cs, cfg: cfg, logs: logs}
+	e.http = serveForTest(t, srv, logs, e.wantNoWorkspaces)
+	return e
+}
+
+// serveForTest serves srv's API on a test listener. When the test ends it
+// logs the server's log lines if the test failed, drains and closes the
+// server, then runs leftovers (a check that nothing outlived it).
+func serveForTest(t *testing.T, srv *Server, logs *syncBuffer, leftovers func()) *httptest.Server {
 	hs := httptest.NewUnstartedServer(nil)
 	hs.Config = srv.HTTPServer(nil)
 	hs.Start()
-	e := &testEnv{t: t, srv: srv, sandbox: cs, http: hs, cfg: cfg, logs: logs}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("server log:\n%s", logs)
@@ -168,9 +176,9 @@ func newEnv(t *testing.T, rootfs string, mod func(*config.Config)) *testEnv {
 		srv.Drain(ctx)
 		hs.Close()
 		srv.Close()
-		e.wantNoWorkspaces()
+		leftovers()
 	})
-	return e
+	return hs
 }
 
 // do sends a request and returns the status, headers and body.

@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -115,21 +114,8 @@ func newUnitEnv(t *testing.T, prepare bool, mod func(*config.Config)) *unitEnv {
 			t.Fatal(err)
 		}
 	}
-	hs := httptest.NewUnstartedServer(nil)
-	hs.Config = srv.HTTPServer(nil)
-	hs.Start()
-	u.testEnv = &testEnv{t: t, srv: srv, http: hs, cfg: cfg, logs: logs}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("server log:\n%s", logs)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Drain(ctx)
-		hs.Close()
-		srv.Close()
-		u.wantNoWorkspaces()
-	})
+	u.testEnv = &testEnv{t: t, srv: srv, cfg: cfg, logs: logs}
+	u.http = serveForTest(t, srv, logs, u.wantNoWorkspaces)
 	return u
 }
 

@@ -68,13 +68,7 @@ MODE
 // and the status is the kernel's: exit 7 stays 7, a process that keeps
 // running times out.
 func TestWarmExitReportCannotBeForged(t *testing.T) {
-	rootfs := nsjailtest.RuntimeRootfs(t)
-	r := newPoolRunner(t)
-	tpl := poolTemplate(rootfs)
-	pool, err := warmpool.New(r, numpyPoolConfig(t), []warmpool.Template{tpl}, poolQuietLog)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rootfs, r, tpl, pool := numpyPool(t)
 	defer pool.Close()
 	var logs bytes.Buffer
 	var logMu sync.Mutex
@@ -191,13 +185,7 @@ var startupEnvValues = map[string]string{
 // are read by Python only at start-up, which a warm sandbox is long past: such
 // a request runs cold, counted as sandboxd_pool_fallback_total{reason="env"}.
 func TestWarmHonoursStartupEnv(t *testing.T) {
-	rootfs := nsjailtest.RuntimeRootfs(t)
-	r := newPoolRunner(t)
-	tpl := poolTemplate(rootfs)
-	pool, err := warmpool.New(r, numpyPoolConfig(t), []warmpool.Template{tpl}, poolQuietLog)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rootfs, r, tpl, pool := numpyPool(t)
 	defer pool.Close()
 	// run runs the script cold, or through the pool when warm.
 	run := func(warm bool, extra map[string]string) *nsjail.Result {
@@ -271,13 +259,7 @@ func withEnv(env []string, extra map[string]string) []string {
 // Each process is killed both long before the request and just before it;
 // a stopped one is caught too.
 func TestDeadWarmSandboxRunsCold(t *testing.T) {
-	rootfs := nsjailtest.RuntimeRootfs(t)
-	r := newPoolRunner(t)
-	tpl := poolTemplate(rootfs)
-	pool, err := warmpool.New(r, numpyPoolConfig(t), []warmpool.Template{tpl}, poolQuietLog)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rootfs, r, tpl, pool := numpyPool(t)
 	defer pool.Close()
 	kill := func(pid int, sig syscall.Signal, settle bool) {
 		t.Helper()
@@ -470,6 +452,20 @@ func logLine(text, s string) (string, bool) {
 }
 
 // numpyPoolConfig is a pool of one ready sandbox that preloads numpy only.
+// numpyPool is a pool of one warm sandbox that preloaded numpy, on the
+// runtime image with the production template, and the runner under it.
+func numpyPool(t *testing.T) (rootfs string, r *nsjail.Runner, tpl warmpool.Template, pool *warmpool.Pool) {
+	t.Helper()
+	rootfs = nsjailtest.RuntimeRootfs(t)
+	r = newPoolRunner(t)
+	tpl = poolTemplate(rootfs)
+	pool, err := warmpool.New(r, numpyPoolConfig(t), []warmpool.Template{tpl}, poolQuietLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rootfs, r, tpl, pool
+}
+
 func numpyPoolConfig(t *testing.T) warmpool.Config {
 	cfg := poolConfig(1, t.TempDir(), 0)
 	cfg.Preload = []string{"numpy"}
