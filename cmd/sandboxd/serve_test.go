@@ -63,7 +63,7 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 	sock := filepath.Join(fmt.Sprintf("/run/sandboxd-test-%d", os.Getpid()), "api.sock")
 	w := startWorker(t, "serve", shimRootfs(t), "EXECUTION_SHUTDOWN_GRACE_MS=300", "EXECUTION_SOMETHING_ELSE=1",
 		"EXECUTION_WORKER_SOCKET="+sock, fmt.Sprintf("EXECUTION_WORKER_SOCKET_GROUP=%d", gid), "EXECUTION_READ_HEADER_TIMEOUT=1s")
-	base, port, work, state, cgroup := w.base, w.port, w.work, w.state, w.cgroup
+	base, port, work := w.base, w.port, w.work
 	post := func(code string) (int, map[string]any) {
 		resp, err := http.Post(base+"/v1/executions", "application/json", strings.NewReader(`{"code": "`+code+`"}`))
 		if err != nil {
@@ -111,15 +111,7 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 			t.Fatal("the long execution never started")
 		}
 	}
-	w.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-w.exited:
-		if err != nil {
-			t.Fatalf("serve exited with %v", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("serve did not exit after SIGTERM")
-	}
+	w.stop(t) // SIGTERM, a clean exit, no sandbox left
 	if v := <-long; v["status"] != "cancelled" {
 		t.Fatalf("in-flight execution past the grace period: %v", v)
 	}
@@ -128,9 +120,6 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(work); len(entries) > 0 {
 		t.Fatalf("workspaces left: %v", entries)
-	}
-	if err := nsjailtest.CheckNoLeftovers(state, cgroup); err != nil {
-		t.Fatal(err)
 	}
 	if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("worker_socket left after exit: %v", err)
