@@ -374,6 +374,17 @@ try:
 except OSError as e:
     print(errno.errorcode[e.errno])`)
 	want(t, kr, nsjail.StatusSucceeded, 0, "from the kernel\nEROFS\n")
+	ro.Close()
+
+	// On a directory of a filesystem mounted exec, suid: the bind's own
+	// flags are what the code gets.
+	plain := e.start(t, e.sessionDir(t), true, warmpool.KernelOptions{})
+	kr = run(t, plain, `print([l.split()[5] for l in open("/proc/self/mountinfo") if l.split()[4] == "/workspace"][-1])`)
+	for _, f := range []string{"nosuid", "nodev", "noexec"} {
+		if !strings.Contains(string(kr.Result.Stdout), f) {
+			t.Errorf("the bound workspace is mounted %q, want %s", kr.Result.Stdout, f)
+		}
+	}
 }
 
 // A cold kernel's workspace is bound read-only when asked.
