@@ -551,6 +551,14 @@ func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) 
 		return nil, ErrKernelBusy
 	}
 	defer k.busy.Unlock()
+	k.mu.Lock()
+	dying := k.haveReport || k.killedFor != ""
+	k.mu.Unlock()
+	if dying {
+		// Ending already (its exit was reported, or it is being killed):
+		// nothing of this execution runs; EndReason answers once it returns.
+		<-k.ended
+	}
 	select {
 	case <-k.ended:
 		return nil, ErrKernelEnded
