@@ -213,22 +213,22 @@ func (p *Pool) startWarmKernel(ctx context.Context, w *warmSandbox, tp *template
 	if err := w.pending.SetNice(0); err != nil {
 		p.log.Warn("warm pool: unable to restore the sandbox's priority", "sandbox", w.pending.ID(), "error", err)
 	}
-	k, err := p.handOffKernel(ctx, w, spec, true)
-	if err == nil {
-		k.bound, k.mntID, k.warmWS = w.workspace, mntID, w.workspace
-		k.refill = tp.wakeRefill
-		p.mu.Lock()
-		p.stats.Taken++
-		p.mu.Unlock()
-		return k, nil
+	// On an error the kernel has ended, its workspace unbound and removed.
+	k, err := p.handOffKernel(ctx, w, spec, &warmBind{dir: w.workspace, mntID: mntID, refill: tp.wakeRefill})
+	if err != nil {
+		return nil, err
 	}
-	// handOffKernel ended the sandbox: nothing of the session ran.
-	if uerr := unbindVolume(w.workspace, mntID); uerr != nil {
-		p.log.Error("warm pool: unable to unbind a session's workspace; keeping the warm workspace", "workspace", w.workspace, "error", uerr)
-		return nil, errors.Join(err, uerr)
-	}
-	workspace.Remove(w.workspace)
-	return nil, err
+	p.mu.Lock()
+	p.stats.Taken++
+	p.mu.Unlock()
+	return k, nil
+}
+
+// warmBind is a warm kernel's volume bind, undone when it ends.
+type warmBind struct {
+	dir    string
+	mntID  uint64
+	refill func()
 }
 
 // startColdKernel starts a zygote with the session's volume as its
@@ -239,7 +239,7 @@ func (p *Pool) startColdKernel(ctx context.Context, spec nsjail.Spec) (*Kernel, 
 	if err != nil {
 		return nil, err
 	}
-	k, err := p.handOffKernel(ctx, w, spec, false)
+	k, err := p.handOffKernel(ctx, w, spec, nil)
 	if errors.Is(err, errDiedBeforeHandoff) {
 		return nil, fmt.Errorf("the kernel's sandbox died at its start: %w", err)
 	}
@@ -248,9 +248,11 @@ func (p *Pool) startColdKernel(ctx context.Context, spec nsjail.Spec) (*Kernel, 
 
 // handOffKernel turns the ready sandbox w into a kernel: it opens a pidfd
 // for the kernel process, hands it off without a deadline, sends the
-// kernel hand-off and waits for its answer. On an error the sandbox is
-// ended and waited for; errDiedBeforeHandoff says none of the session ran.
-func (p *Pool) handOffKernel(ctx context.Context, w *warmSandbox, spec nsjail.Spec, warm bool) (*Kernel, error) {
+// kernel hand-off and waits for its answer. bind is the warm sandbox's
+// volume bind (nil for a cold kernel). On an error the kernel has ended
+// (its sandbox waited for, the bind undone); errDiedBeforeHandoff says
+// none of the session ran.
+func (p *Pool) handOffKernel(ctx context.Context, w *warmSandbox, spec nsjail.Spec, bind *warmBind) (*Kernel, error) {
 	log := cmp.Or(spec.Logger, p.log)
 	pidfd, perr := kernelPidfd(w.pending)
 	msg, err := EncodeHandoff(Handoff{Cwd: inside.Workspace, Kernel: true})
@@ -265,11 +267,17 @@ func (p *Pool) handOffKernel(ctx context.Context, w *warmSandbox, spec nsjail.Sp
 	}
 	life, cancel := context.WithCancel(context.Background())
 	k := &Kernel{
-		w: w, sb: sb, log: log.With("sandbox", sb.ID()), lim: spec.Limits, warm: warm,
+		w: w, sb: sb, log: log.With("sandbox", sb.ID()), lim: spec.Limits, warm: bind != nil,
 		cancel: cancel, ended: make(chan struct{}), readerDone: make(chan struct{}), pidfd: pidfd,
 	}
 	if perr != nil {
 		k.pidfd = -1
+	}
+	if bind != nil {
+		k.bound, k.mntID, k.warmWS, k.refill = bind.dir, bind.mntID, bind.dir, bind.refill
+	}
+	if st, err := sb.Stats(); err == nil {
+		k.oomSeen = st.OOMKills
 	}
 	go k.relayExitReport(w.exit, report)
 	go k.watch(life)
@@ -294,9 +302,6 @@ func (p *Pool) handOffKernel(ctx context.Context, w *warmSandbox, spec nsjail.Sp
 	// holder of the kernel's end closed it.
 	w.peer.Close()
 	k.startedAt = time.Now()
-	if st, err := sb.Stats(); err == nil {
-		k.oomSeen = st.OOMKills
-	}
 	return k, nil
 }
 

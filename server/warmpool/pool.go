@@ -2,7 +2,8 @@
 // already imported the data stack, one set per template (a policy's shape),
 // and runs an execution in one of them when it matches; otherwise it runs
 // the execution cold. Each warm sandbox's first process is zygote.py; how
-// the pool and it talk is protocol.go.
+// the pool and it talk is protocol.go. A warm sandbox (or a cold one) can
+// also become a session's long-lived kernel (kernel.go).
 package warmpool
 
 import (
