@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 	"unicode"
 
@@ -190,7 +191,7 @@ func prepareRoot(root string) error {
 // checkOwned refuses what the worker's user does not own or what others
 // may write: such an entry is not the manager's to trust or to delete.
 func checkOwned(p string, fi fs.FileInfo) error {
-	st, ok := fi.Sys().(*unix.Stat_t)
+	st, ok := fi.Sys().(*syscall.Stat_t)
 	if !ok {
 		return fmt.Errorf("%s: no owner information", p)
 	}
