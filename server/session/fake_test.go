@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -263,7 +264,7 @@ func (e *env) reopen() {
 	if e.m != nil {
 		e.m.Close()
 	}
-	m, err := open(e.cfg, e.starter, nil, e.disk)
+	m, err := open(e.cfg, e.starter, slog.New(slog.NewTextHandler(e.t.Output(), nil)), e.disk)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -241,7 +241,9 @@ func classify(root, name string) (entryKind, error) {
 		switch n := e.Name(); {
 		case n == recordName:
 			hasRecord = true
-		case n == volumeName, strings.HasPrefix(n, recordTmp):
+		case n == volumeName, strings.HasPrefix(n, recordTmp),
+			// An interrupted volume.Create or volume.Remove (volume.Sweep).
+			strings.HasPrefix(n, ".creating-"+volumeName+"-"), strings.HasPrefix(n, ".removing-"+volumeName+"-"):
 		default:
 			return entryForeign, fmt.Errorf("%s holds %q, which the session manager never makes", p, n)
 		}
