@@ -65,8 +65,9 @@ type session struct {
 	next ExecInfo
 	// endReason is why the last kernel stopped.
 	endReason string
-	// active counts the Run's Exec in flight: Delete waits for it before
-	// removing the volume the kernel has bound.
+	// active counts the Run's Exec and the janitor's kernel stops in
+	// flight: Delete waits for them before removing the volume a kernel
+	// has bound. Added to only under Manager.mu while !gone and !closed.
 	active sync.WaitGroup
 }
 
