@@ -83,6 +83,9 @@ func open(cfg Config, starter Starter, log *slog.Logger, d disk) (*Manager, erro
 		log = slog.Default()
 	}
 	cfg = cfg.withDefaults()
+	if cfg.UID <= 0 || cfg.GID <= 0 {
+		return nil, fmt.Errorf("open sessions: uid and gid must be the sandbox user's host ids (> 0), got: %d:%d", cfg.UID, cfg.GID)
+	}
 	if err := prepareRoot(cfg.Root); err != nil {
 		return nil, fmt.Errorf("open sessions: %w", err)
 	}
