@@ -134,6 +134,7 @@ func newEnv(t *testing.T, rootfs string, mod func(*config.Config)) *testEnv {
 	cfg := config.Default()
 	cfg.WorkRoot = filepath.Join(t.TempDir(), "work")
 	cfg.ResultsDir = filepath.Join(t.TempDir(), "results")
+	cfg.SessionsDir = filepath.Join(t.TempDir(), "sessions")
 	cfg.StateRoot = testStateRoot
 	cfg.PythonImage = "dir:" + rootfs
 	cfg.PoolSize = 0 // the pool tests turn it on
@@ -313,5 +314,6 @@ func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
 func (e *testEnv) otherConfig() config.Config {
 	cfg := e.cfg
 	cfg.ResultsDir = filepath.Join(e.t.TempDir(), "results")
+	cfg.SessionsDir = filepath.Join(e.t.TempDir(), "sessions")
 	return cfg
 }

@@ -85,6 +85,7 @@ func newUnitEnv(t *testing.T, prepare bool, mod func(*config.Config)) *unitEnv {
 	cfg := config.Default()
 	cfg.WorkRoot = filepath.Join(t.TempDir(), "work")
 	cfg.ResultsDir = filepath.Join(t.TempDir(), "results")
+	cfg.SessionsDir = filepath.Join(t.TempDir(), "sessions")
 	cfg.PoolSize = 0
 	if mod != nil {
 		mod(&cfg)
