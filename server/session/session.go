@@ -11,10 +11,8 @@ package session
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"time"
 
-	"github.com/sandboxd/sandboxd/server/volume"
 	"github.com/sandboxd/sandboxd/server/warmpool"
 )
 
@@ -26,6 +24,7 @@ var (
 	ErrTooMany    = errors.New("max_sessions reached")            // 429 (or 507) with Retry-After
 	ErrClosed     = errors.New("session manager is closed")       // 503
 	ErrNotRunning = errors.New("no execution is running")         // 409 on interrupt
+	ErrInvalid    = errors.New("invalid session")                 // 400: a bad Spec
 )
 
 // Kernel states (Info.Kernel.State).
@@ -64,6 +63,52 @@ type Config struct {
 	MaxBytes         int64         // session_max_bytes: each volume's quota
 	MaxFiles         int64         // session_max_files
 	UID, GID         int           // the sandbox user on the host: owner of the volume root
+
+	// JanitorInterval is how often the janitor looks (DefaultJanitorInterval
+	// when 0); Tidy runs it at once.
+	JanitorInterval time.Duration
+	// Now is the clock (time.Now when nil): tests of expiry move it.
+	Now func() time.Time
+}
+
+// Defaults for a Config's zero fields (server/config sets its own).
+const (
+	DefaultMaxSessions      = 64
+	DefaultRetention        = 24 * time.Hour
+	DefaultIdleTimeout      = 20 * time.Minute
+	DefaultMaxIdleTimeout   = 2 * time.Hour
+	DefaultIdleMemoryBudget = 4 << 30
+	DefaultJanitorInterval  = 5 * time.Second
+	// flushInterval coalesces the rewrites of session.json for
+	// last_used_at: at most one per session per interval (Close writes
+	// what is left). A crash loses at most that much of a session's
+	// lifetime.
+	flushInterval = 5 * time.Second
+)
+
+func (c Config) withDefaults() Config {
+	set := func(p *time.Duration, d time.Duration) {
+		if *p <= 0 {
+			*p = d
+		}
+	}
+	if c.MaxSessions <= 0 {
+		c.MaxSessions = DefaultMaxSessions
+	}
+	set(&c.Retention, DefaultRetention)
+	set(&c.IdleTimeout, DefaultIdleTimeout)
+	set(&c.MaxIdleTimeout, DefaultMaxIdleTimeout)
+	set(&c.JanitorInterval, DefaultJanitorInterval)
+	if c.IdleTimeout > c.MaxIdleTimeout {
+		c.IdleTimeout = c.MaxIdleTimeout
+	}
+	if c.IdleMemoryBudget <= 0 {
+		c.IdleMemoryBudget = DefaultIdleMemoryBudget
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
 }
 
 // Starter starts a kernel for a session: the server's, which turns the
@@ -131,67 +176,3 @@ type ExecInfo struct {
 	// next execution starts a new one. "" when it lives on.
 	KernelEnded string `json:"kernel_ended,omitempty"`
 }
-
-// Manager keeps the sessions.
-type Manager struct{}
-
-// Open sweeps cfg.Root (half-created and half-removed volumes), loads the
-// sessions found there (their kernels are gone: the next execution says
-// StateRestarted) and starts the janitor.
-func Open(cfg Config, starter Starter, log *slog.Logger) (*Manager, error) { panic("not implemented") }
-
-// Create creates a session and its volume.
-func (m *Manager) Create(spec Spec) (Info, error) { panic("not implemented") }
-
-// Get is one session.
-func (m *Manager) Get(id string) (Info, error) { panic("not implemented") }
-
-// List is every session, by id.
-func (m *Manager) List() []Info { panic("not implemented") }
-
-// Delete kills the session's kernel and removes its volume.
-func (m *Manager) Delete(id string) error { panic("not implemented") }
-
-// Interrupt raises KeyboardInterrupt in the session's running execution.
-func (m *Manager) Interrupt(id string) error { panic("not implemented") }
-
-// Begin reserves the session for one execution (ErrBusy when one runs)
-// and marks it used. The Run must be ended with End.
-func (m *Manager) Begin(id string) (*Run, error) { panic("not implemented") }
-
-// Volume lends the session's volume to the file API; release when done.
-// The session counts as used.
-func (m *Manager) Volume(id string) (v *volume.Volume, release func(), err error) {
-	panic("not implemented")
-}
-
-// Close stops every kernel (files kept), the janitor, and closes the
-// volumes' handles (they stay mounted for the next worker).
-func (m *Manager) Close() { panic("not implemented") }
-
-// Stats for /metrics.
-type Stats struct {
-	Sessions, Busy, IdleKernels int
-	IdleKernelBytes             int64
-	BytesOnDisk                 int64
-	KernelStarts                map[string]uint64 // by reason (state/reason)
-}
-
-// Stats is the manager's state.
-func (m *Manager) Stats() Stats { panic("not implemented") }
-
-// Run is one execution reserved in a session.
-type Run struct{}
-
-// Volume is the session's volume, for the request's files and artifacts.
-func (r *Run) Volume() *volume.Volume { panic("not implemented") }
-
-// Exec runs the execution in the session's kernel, starting one first
-// when none runs (kernel: false: always a fresh one, closed after), and
-// says what happened to the Python state.
-func (r *Run) Exec(ctx context.Context, e warmpool.KernelExec) (*warmpool.KernelResult, ExecInfo, error) {
-	panic("not implemented")
-}
-
-// End releases the session for its next execution.
-func (r *Run) End() { panic("not implemented") }

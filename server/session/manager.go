@@ -1,0 +1,778 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"github.com/sandboxd/sandboxd/server/volume"
+	"github.com/sandboxd/sandboxd/server/warmpool"
+)
+
+// Manager keeps the sessions.
+type Manager struct {
+	cfg     Config
+	starter Starter
+	log     *slog.Logger
+	disk    disk
+	lock    *os.File // flock on cfg.Root for the manager's life
+
+	mu       sync.Mutex
+	sessions map[string]*session // also those being created or deleted (gone)
+	closed   bool
+	starts   map[string]uint64 // kernel starts by "state/reason"
+	ops      sync.WaitGroup    // Deletes and kernel stops in flight: Close waits
+
+	stopJanitor chan struct{}
+	janitorDone chan struct{}
+}
+
+// session is one session. Its fields below mu are guarded by Manager.mu.
+type session struct {
+	id  string
+	dir string
+	ws  workspace
+	// writeMu serializes the writes of session.json; it is taken before
+	// Manager.mu, never after.
+	writeMu sync.Mutex
+
+	rec     record    // as it is now; LastUsedAt and Generation change
+	written time.Time // when rec was last written
+	dirty   bool      // rec changed since
+
+	// gone: being created, being deleted, or deleted: invisible to the API.
+	gone bool
+	// busy: a Run holds the session (Begin..End).
+	busy bool
+	// lends: the volume is lent to the file API (Volume).
+	lends int
+	// starting / executing: the Run is starting a kernel / running code.
+	starting, executing bool
+	// cancel cancels the running execution's context (Delete).
+	cancel context.CancelFunc
+	// kernel is the live kernel, if any.
+	kernel Kernel
+	// next is what the next execution says when it starts a kernel.
+	next ExecInfo
+	// endReason is why the last kernel stopped.
+	endReason string
+	// active counts the Run's Exec in flight: Delete waits for it before
+	// removing the volume the kernel has bound.
+	active sync.WaitGroup
+}
+
+// Open sweeps cfg.Root (half-created and half-removed volumes), loads the
+// sessions found there (their kernels are gone: the next execution says
+// StateRestarted) and starts the janitor.
+func Open(cfg Config, starter Starter, log *slog.Logger) (*Manager, error) {
+	return open(cfg, starter, log, volumeDisk{})
+}
+
+func open(cfg Config, starter Starter, log *slog.Logger, d disk) (*Manager, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	cfg = cfg.withDefaults()
+	if err := prepareRoot(cfg.Root); err != nil {
+		return nil, fmt.Errorf("open sessions: %w", err)
+	}
+	lock, err := lockRoot(cfg.Root)
+	if err != nil {
+		return nil, fmt.Errorf("open sessions: %w", err)
+	}
+	m := &Manager{cfg: cfg, starter: starter, log: log.With("component", "sessions"), disk: d, lock: lock,
+		sessions: map[string]*session{}, starts: map[string]uint64{},
+		stopJanitor: make(chan struct{}), janitorDone: make(chan struct{})}
+	if err := m.load(); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("open sessions: %w", err)
+	}
+	go m.janitor()
+	return m, nil
+}
+
+// load sweeps the root and opens every session found in it. A session that
+// cannot be loaded is logged and left on disk for an operator (its id stays
+// taken); only the manager's own leftovers are removed.
+func (m *Manager) load() error {
+	entries, err := os.ReadDir(m.cfg.Root)
+	if err != nil {
+		return err
+	}
+	now := m.cfg.Now()
+	for _, e := range entries {
+		name := e.Name()
+		kind, err := classify(m.cfg.Root, name)
+		if kind == entryForeign {
+			m.log.Warn("sessions dir: entry left alone, not a session", "entry", name, "err", err)
+			continue
+		}
+		dir := filepath.Join(m.cfg.Root, name)
+		if err := m.disk.Sweep(dir); err != nil {
+			m.log.Error("session skipped: its volume leftovers could not be swept", "session", name, "err", err)
+			continue
+		}
+		if kind == entryLeftover {
+			if err := m.removeDir(dir); err != nil {
+				m.log.Error("half-created or half-deleted session could not be removed", "session", name, "err", err)
+			} else {
+				m.log.Info("half-created or half-deleted session removed", "session", name)
+			}
+			continue
+		}
+		s, err := m.loadSession(dir, name, now)
+		if err != nil {
+			m.log.Error("session skipped: it stays on disk, its id taken", "session", name, "err", err)
+			continue
+		}
+		m.sessions[name] = s
+	}
+	return nil
+}
+
+func (m *Manager) loadSession(dir, name string, now time.Time) (*session, error) {
+	if err := removeTmpRecords(dir); err != nil {
+		return nil, err
+	}
+	rec, err := readRecord(dir, name)
+	if err != nil {
+		return nil, err
+	}
+	// A last use in the future (a clock set back, or a planted record)
+	// would keep the session forever (SECURITY.md case 42).
+	if rec.LastUsedAt.After(now) {
+		rec.LastUsedAt = now
+	}
+	rec.IdleTimeoutMS = min(rec.IdleTimeoutMS, m.cfg.MaxIdleTimeout.Milliseconds())
+	ws, err := m.disk.Open(filepath.Join(dir, volumeName))
+	if err != nil {
+		return nil, err
+	}
+	s := &session{id: name, dir: dir, ws: ws, rec: rec, written: now}
+	switch {
+	case !rec.Kernel:
+		s.next = ExecInfo{State: StateNew, Reason: ReasonNoKernel}
+	case rec.Generation == 0:
+		s.next = ExecInfo{State: StateNew, Reason: ReasonFirst}
+	default:
+		s.next = ExecInfo{State: StateRestarted, Reason: ReasonWorkerRestart}
+		s.endReason = ReasonWorkerRestart
+	}
+	return s, nil
+}
+
+// removeDir removes a session directory: session.json first (so that a
+// removal cut short leaves a leftover for the next Open's sweep, never a
+// session with half its files), then its volume, then the directory.
+func (m *Manager) removeDir(dir string) error {
+	if err := os.Remove(filepath.Join(dir, recordName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if err := syncDir(dir); err != nil {
+		return err
+	}
+	if err := m.disk.Remove(filepath.Join(dir, volumeName)); err != nil {
+		return err
+	}
+	if err := removeTmpRecords(dir); err != nil {
+		return err
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return syncDir(filepath.Dir(dir))
+}
+
+// Create creates a session and its volume.
+func (m *Manager) Create(spec Spec) (Info, error) {
+	idle, err := m.checkSpec(&spec)
+	if err != nil {
+		return Info{}, err
+	}
+	now := m.cfg.Now()
+	s := &session{id: spec.ID, dir: filepath.Join(m.cfg.Root, spec.ID), gone: true, written: now,
+		rec: record{Format: recordFormat, ID: spec.ID, Policy: spec.Policy, Kernel: spec.Kernel,
+			IdleTimeoutMS: idle.Milliseconds(), CreatedAt: now, LastUsedAt: now}}
+	s.next = ExecInfo{State: StateNew, Reason: ReasonFirst}
+	if !spec.Kernel {
+		s.next.Reason = ReasonNoKernel
+	}
+	// Reserve the id (and a place under max_sessions) while the volume is
+	// made outside the lock.
+	m.mu.Lock()
+	switch {
+	case m.closed:
+		err = ErrClosed
+	case m.sessions[spec.ID] != nil:
+		err = ErrExists
+	case len(m.sessions) >= m.cfg.MaxSessions:
+		err = ErrTooMany
+	default:
+		m.sessions[spec.ID] = s
+		m.ops.Add(1)
+	}
+	m.mu.Unlock()
+	if err != nil {
+		return Info{}, err
+	}
+	defer m.ops.Done()
+	if err := m.build(s); err != nil {
+		m.mu.Lock()
+		delete(m.sessions, spec.ID)
+		m.mu.Unlock()
+		return Info{}, err
+	}
+	m.mu.Lock()
+	s.gone = false
+	m.mu.Unlock()
+	m.log.Info("session created", "session", s.id, "policy", spec.Policy, "kernel", spec.Kernel)
+	return m.info(s), nil
+}
+
+// checkSpec validates spec, generates its id if it has none, and returns
+// its idle timeout.
+func (m *Manager) checkSpec(spec *Spec) (time.Duration, error) {
+	if spec.ID == "" {
+		spec.ID = newID()
+	}
+	var errs []error
+	if !inside.ValidID(spec.ID) {
+		errs = append(errs, fmt.Errorf("id must match %s, got: %q", inside.IDRule, spec.ID))
+	}
+	if err := checkPolicyName(spec.Policy); err != nil {
+		errs = append(errs, err)
+	}
+	if spec.IdleTimeout < 0 {
+		errs = append(errs, fmt.Errorf("idle timeout must be >= 0, got: %s", spec.IdleTimeout))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	idle := spec.IdleTimeout
+	if idle == 0 {
+		idle = m.cfg.IdleTimeout
+	}
+	return min(idle, m.cfg.MaxIdleTimeout), nil
+}
+
+// build makes the session's directory, its volume, and last its record.
+func (m *Manager) build(s *session) (err error) {
+	if err := os.Mkdir(s.dir, 0o711); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			// A session on disk that Open could not load keeps its id.
+			return fmt.Errorf("%w (a directory %s is in the way)", ErrExists, s.dir)
+		}
+		return fmt.Errorf("create session %s: %w", s.id, err)
+	}
+	defer func() {
+		if err != nil {
+			if rerr := m.removeDir(s.dir); rerr != nil {
+				m.log.Error("half-created session could not be removed; the next start sweeps it", "session", s.id, "err", rerr)
+			}
+		}
+	}()
+	s.ws, err = m.disk.Create(filepath.Join(s.dir, volumeName), volume.Options{
+		MaxBytes: m.cfg.MaxBytes, MaxFiles: m.cfg.MaxFiles, UID: m.cfg.UID, GID: m.cfg.GID})
+	if err != nil {
+		return fmt.Errorf("create session %s: %w", s.id, err)
+	}
+	if err := writeRecord(s.dir, s.rec); err != nil {
+		return fmt.Errorf("create session %s: %w", s.id, err)
+	}
+	return syncDir(m.cfg.Root)
+}
+
+// lookup is the visible session id; called with m.mu held.
+func (m *Manager) lookupLocked(id string) (*session, error) {
+	if m.closed {
+		return nil, ErrClosed
+	}
+	s := m.sessions[id]
+	if s == nil || s.gone {
+		return nil, ErrNotFound
+	}
+	return s, nil
+}
+
+// Get is one session.
+func (m *Manager) Get(id string) (Info, error) {
+	m.mu.Lock()
+	s, err := m.lookupLocked(id)
+	m.mu.Unlock()
+	if err != nil {
+		return Info{}, err
+	}
+	return m.info(s), nil
+}
+
+// List is every session, by id.
+func (m *Manager) List() []Info {
+	m.mu.Lock()
+	var ss []*session
+	if !m.closed {
+		for _, s := range m.sessions {
+			if !s.gone {
+				ss = append(ss, s)
+			}
+		}
+	}
+	m.mu.Unlock()
+	slices.SortFunc(ss, func(a, b *session) int { return strings.Compare(a.id, b.id) })
+	infos := make([]Info, 0, len(ss))
+	for _, s := range ss {
+		infos = append(infos, m.info(s))
+	}
+	return infos
+}
+
+// info is s as the API shows it; the volume's usage is read outside the
+// lock.
+func (m *Manager) info(s *session) Info {
+	m.mu.Lock()
+	i := Info{ID: s.id, Type: s.rec.Policy, IdleTimeoutMS: s.rec.IdleTimeoutMS,
+		CreatedAt: s.rec.CreatedAt, LastUsedAt: s.rec.LastUsedAt,
+		ExpiresAt: s.rec.LastUsedAt.Add(m.cfg.Retention),
+		Kernel:    KernelInfo{Enabled: s.rec.Kernel, State: s.kernelStateLocked(), Generation: s.rec.Generation}}
+	if s.kernel != nil && !ended(s.kernel) {
+		t := s.kernel.StartedAt()
+		i.Kernel.StartedAt = &t
+	} else {
+		i.Kernel.EndReason = s.endReason
+		if s.kernel != nil {
+			i.Kernel.EndReason = s.kernel.EndReason()
+		}
+	}
+	ws := s.ws
+	m.mu.Unlock()
+	u, err := ws.Usage()
+	if err != nil {
+		m.log.Warn("session volume usage", "session", s.id, "err", err)
+	}
+	i.Workspace = WorkspaceInfo{BytesUsed: u.Bytes, FilesUsed: u.Files, MaxBytes: u.MaxBytes, MaxFiles: u.MaxFiles}
+	return i
+}
+
+func (s *session) kernelStateLocked() string {
+	switch {
+	case s.starting:
+		return KernelStarting
+	case s.executing:
+		return KernelBusy
+	case s.kernel != nil && !ended(s.kernel):
+		return KernelIdle
+	}
+	return KernelNone
+}
+
+// ended tells whether k has ended, without waiting.
+func ended(k Kernel) bool {
+	select {
+	case <-k.Ended():
+		return true
+	default:
+		return false
+	}
+}
+
+// touchLocked marks s used now.
+func (m *Manager) touchLocked(s *session) {
+	s.rec.LastUsedAt = m.cfg.Now()
+	s.dirty = true
+}
+
+// Delete kills the session's kernel and removes its volume. A running
+// execution is cancelled: its context is cancelled and its kernel killed.
+func (m *Manager) Delete(id string) error {
+	m.mu.Lock()
+	s, err := m.lookupLocked(id)
+	if err == nil {
+		m.ops.Add(1)
+	}
+	m.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	defer m.ops.Done()
+	return m.remove(s, "deleted", nil)
+}
+
+// remove deletes s (Delete, retention) if it is still there and, when
+// check is not nil, check says so under the lock. The id stays taken until
+// its directory is gone.
+func (m *Manager) remove(s *session, why string, check func() bool) error {
+	m.mu.Lock()
+	if s.gone || (check != nil && !check()) {
+		m.mu.Unlock()
+		return ErrNotFound
+	}
+	s.gone = true
+	k := s.kernel
+	s.kernel = nil
+	if s.cancel != nil {
+		s.cancel()
+	}
+	m.mu.Unlock()
+	if k != nil {
+		k.Close()
+	}
+	// The Run's Exec, if any, returns once its kernel is closed; a kernel
+	// it was starting is closed by it, seeing the session gone.
+	s.active.Wait()
+	s.writeMu.Lock()
+	err := m.removeDir(s.dir)
+	s.writeMu.Unlock()
+	if err != nil {
+		// Left gone and taken: the next Open sweeps or reports it.
+		m.log.Error("session files could not be removed", "session", s.id, "err", err)
+		return fmt.Errorf("delete session %s: %w", s.id, err)
+	}
+	m.mu.Lock()
+	delete(m.sessions, s.id)
+	m.mu.Unlock()
+	m.log.Info("session removed", "session", s.id, "why", why)
+	return nil
+}
+
+// Interrupt raises KeyboardInterrupt in the session's running execution.
+func (m *Manager) Interrupt(id string) error {
+	m.mu.Lock()
+	s, err := m.lookupLocked(id)
+	var k Kernel
+	if err == nil {
+		if !s.executing || s.kernel == nil {
+			err = ErrNotRunning
+		}
+		k = s.kernel
+	}
+	m.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return k.Interrupt()
+}
+
+// Begin reserves the session for one execution (ErrBusy when one runs)
+// and marks it used. The Run must be ended with End.
+func (m *Manager) Begin(id string) (*Run, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, err := m.lookupLocked(id)
+	if err != nil {
+		return nil, err
+	}
+	if s.busy {
+		return nil, ErrBusy
+	}
+	s.busy = true
+	m.touchLocked(s)
+	return &Run{m: m, s: s}, nil
+}
+
+// Volume lends the session's volume to the file API; release when done.
+// The session counts as used.
+func (m *Manager) Volume(id string) (v *volume.Volume, release func(), err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, err := m.lookupLocked(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	s.lends++
+	m.touchLocked(s)
+	var once sync.Once
+	return s.ws.Volume(), func() {
+		once.Do(func() {
+			m.mu.Lock()
+			s.lends--
+			m.touchLocked(s)
+			m.mu.Unlock()
+		})
+	}, nil
+}
+
+// Close stops every kernel (files kept), the janitor, and closes the
+// volumes' handles (they stay mounted for the next worker).
+func (m *Manager) Close() {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return
+	}
+	m.closed = true
+	var kernels []Kernel
+	var all []*session
+	for _, s := range m.sessions {
+		all = append(all, s)
+		if s.cancel != nil {
+			s.cancel()
+		}
+		if s.kernel != nil {
+			kernels = append(kernels, s.kernel)
+			s.kernel = nil
+		}
+	}
+	m.mu.Unlock()
+	close(m.stopJanitor)
+	<-m.janitorDone
+	var wg sync.WaitGroup
+	for _, k := range kernels {
+		wg.Go(k.Close)
+	}
+	wg.Wait()
+	m.ops.Wait()
+	for _, s := range all {
+		s.active.Wait()
+	}
+	for _, s := range all {
+		if err := m.flush(s, true); err != nil {
+			m.log.Error("session's last use not saved", "session", s.id, "err", err)
+		}
+	}
+	m.lock.Close()
+}
+
+// Stats for /metrics.
+type Stats struct {
+	Sessions, Busy, IdleKernels int
+	IdleKernelBytes             int64
+	BytesOnDisk                 int64
+	KernelStarts                map[string]uint64 // by reason (state/reason)
+}
+
+// Stats is the manager's state. BytesOnDisk is what the sessions' files
+// take of their quotas (the volumes' usage).
+func (m *Manager) Stats() Stats {
+	m.mu.Lock()
+	st := Stats{KernelStarts: make(map[string]uint64, len(m.starts))}
+	for k, v := range m.starts {
+		st.KernelStarts[k] = v
+	}
+	var idle []Kernel
+	var wss []workspace
+	for _, s := range m.sessions {
+		if s.gone {
+			continue
+		}
+		st.Sessions++
+		if s.busy {
+			st.Busy++
+		}
+		if !s.executing && !s.starting && s.kernel != nil && !ended(s.kernel) {
+			idle = append(idle, s.kernel)
+		}
+		wss = append(wss, s.ws)
+	}
+	m.mu.Unlock()
+	st.IdleKernels = len(idle)
+	for _, k := range idle {
+		st.IdleKernelBytes += k.MemoryBytes()
+	}
+	for _, ws := range wss {
+		if u, err := ws.Usage(); err == nil {
+			st.BytesOnDisk += u.Bytes
+		}
+	}
+	return st
+}
+
+// flush writes s's record if it changed (and, unless force, was last
+// written flushInterval ago or more).
+func (m *Manager) flush(s *session, force bool) error {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	m.mu.Lock()
+	now := m.cfg.Now()
+	if s.gone || !s.dirty || (!force && now.Sub(s.written) < flushInterval) {
+		m.mu.Unlock()
+		return nil
+	}
+	rec := s.rec
+	s.dirty, s.written = false, now
+	m.mu.Unlock()
+	if err := writeRecord(s.dir, rec); err != nil {
+		m.mu.Lock()
+		s.dirty = true
+		m.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// Run is one execution reserved in a session.
+type Run struct {
+	m      *Manager
+	s      *session
+	execed bool // guarded by m.mu
+	ended  bool
+}
+
+// Volume is the session's volume, for the request's files and artifacts.
+func (r *Run) Volume() *volume.Volume { return r.s.ws.Volume() }
+
+// Exec runs the execution in the session's kernel, starting one first
+// when none runs (kernel: false: always a fresh one, closed after), and
+// says what happened to the Python state. It may be called once per Run.
+func (r *Run) Exec(ctx context.Context, e warmpool.KernelExec) (*warmpool.KernelResult, ExecInfo, error) {
+	m, s := r.m, r.s
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	m.mu.Lock()
+	var err error
+	switch {
+	case m.closed:
+		err = ErrClosed
+	case s.gone:
+		err = ErrNotFound
+	case r.ended || r.execed:
+		err = errors.New("session run: Exec after End or a second Exec")
+	}
+	if err != nil {
+		m.mu.Unlock()
+		return nil, ExecInfo{ID: s.id}, err
+	}
+	r.execed = true
+	s.cancel = cancel
+	s.active.Add(1)
+	m.mu.Unlock()
+	defer s.active.Done()
+	defer func() {
+		m.mu.Lock()
+		s.cancel, s.starting, s.executing = nil, false, false
+		m.mu.Unlock()
+	}()
+	// At most twice: a kernel found alive may end before it gets the code
+	// (ErrKernelEnded); then a new one runs it, saying why.
+	for attempt := 0; ; attempt++ {
+		k, info, err := r.kernel(ctx)
+		if err != nil {
+			return nil, info, err
+		}
+		res, err := k.Exec(ctx, e)
+		if errors.Is(err, warmpool.ErrKernelEnded) && attempt == 0 {
+			r.after(k, nil, cmpOr(k.EndReason(), warmpool.EndExited))
+			continue
+		}
+		info.KernelEnded = r.after(k, res, "")
+		if err != nil {
+			return nil, info, fmt.Errorf("session %s: %w", s.id, err)
+		}
+		return res, info, nil
+	}
+}
+
+// kernel is the kernel the execution runs in: the session's live one
+// (StatePreserved), else a new one, started here. On return the session's
+// state says the code is running.
+func (r *Run) kernel(ctx context.Context) (Kernel, ExecInfo, error) {
+	m, s := r.m, r.s
+	m.mu.Lock()
+	if k := s.kernel; k != nil && ended(k) {
+		s.kernel = nil
+		s.setEndedLocked(k.EndReason())
+		m.mu.Unlock()
+		k.Close()
+		m.mu.Lock()
+	}
+	if k := s.kernel; k != nil {
+		s.executing = true
+		info := ExecInfo{ID: s.id, KernelGeneration: s.rec.Generation, State: StatePreserved}
+		m.mu.Unlock()
+		return k, info, nil
+	}
+	info := s.next
+	info.ID = s.id
+	s.starting = true
+	policy, path := s.rec.Policy, s.ws.Path()
+	m.mu.Unlock()
+
+	k, err := m.starter.StartKernel(ctx, policy, path, warmpool.KernelOptions{})
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s.starting = false
+	if err != nil {
+		return nil, info, fmt.Errorf("session %s: start kernel: %w", s.id, err)
+	}
+	if s.gone || m.closed {
+		// Deleted or closed while the kernel started: its volume is about
+		// to go, or its kernels to stop; this one with it.
+		k.Close()
+		if m.closed {
+			return nil, info, ErrClosed
+		}
+		return nil, info, ErrNotFound
+	}
+	s.rec.Generation++
+	s.dirty = true
+	m.starts[info.State+"/"+info.Reason]++
+	info.KernelGeneration = s.rec.Generation
+	s.kernel, s.executing = k, true
+	return k, info, nil
+}
+
+// after records what an execution in k left (res nil when nothing ran;
+// why, when known to have ended): a kernel that ended, or any kernel of a
+// kernel: false session, is closed and the next execution will say why.
+// It returns why k ended, if it did.
+func (r *Run) after(k Kernel, res *warmpool.KernelResult, why string) string {
+	m, s := r.m, r.s
+	if why == "" && res != nil {
+		why = res.Ended
+	}
+	if why == "" && ended(k) {
+		why = k.EndReason()
+	}
+	m.mu.Lock()
+	s.executing = false
+	mine := s.kernel == k // else Delete or Close took it and closes it
+	closeIt := mine && (why != "" || !s.rec.Kernel)
+	if closeIt {
+		s.kernel = nil
+		if s.rec.Kernel {
+			s.setEndedLocked(why)
+		} else {
+			s.next = ExecInfo{State: StateNew, Reason: ReasonNoKernel}
+			s.endReason = cmpOr(why, warmpool.EndClosed)
+		}
+	}
+	m.mu.Unlock()
+	if closeIt {
+		k.Close()
+	}
+	return why
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// setEndedLocked records that the session's kernel ended (why): the next
+// execution starts a new one and says so.
+func (s *session) setEndedLocked(why string) {
+	s.endReason = why
+	s.next = ExecInfo{State: StateNew, Reason: why}
+}
+
+// End releases the session for its next execution. It is idempotent.
+func (r *Run) End() {
+	m := r.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r.ended {
+		return
+	}
+	r.ended = true
+	r.s.busy = false
+	m.touchLocked(r.s)
+}

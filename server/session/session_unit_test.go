@@ -1,0 +1,362 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"github.com/sandboxd/sandboxd/server/warmpool"
+)
+
+// Unit tests of the manager's logic on fakes (fake_test.go): no root.
+
+func TestStatesAndReasonsAcrossExecutions(t *testing.T) {
+	e := newEnv(t, nil)
+	id := e.create(Spec{Kernel: true}).ID
+	e.wantExec(id, "x = 1", ExecInfo{KernelGeneration: 1, State: StateNew, Reason: ReasonFirst})
+	e.wantExec(id, "x", ExecInfo{KernelGeneration: 1, State: StatePreserved})
+	first := e.starter.last()
+	// A kernel that ends during an execution: the answer says so, and the
+	// next one starts a new kernel, saying why.
+	for _, why := range []string{warmpool.EndTimeout, warmpool.EndOOM, warmpool.EndPids, warmpool.EndExited, warmpool.EndProtocol} {
+		gen := e.starter.last()
+		_, info := e.exec(id, "end:"+why)
+		if info.KernelEnded != why {
+			t.Fatalf("kernel ended by %s: KernelEnded %q", why, info.KernelEnded)
+		}
+		if _, closes, _ := gen.counts(); closes != 1 {
+			t.Fatalf("the ended kernel was closed %d times, want 1", closes)
+		}
+		g := info.KernelGeneration
+		e.wantExec(id, "x", ExecInfo{KernelGeneration: g + 1, State: StateNew, Reason: why})
+	}
+	if _, closes, _ := first.counts(); closes != 1 {
+		t.Fatalf("first kernel closed %d times", closes)
+	}
+	// A kernel that ends while idle (killed between executions) is replaced
+	// at the next execution, which says why.
+	k := e.starter.last()
+	k.end(warmpool.EndExited)
+	e.wantExec(id, "x", ExecInfo{KernelGeneration: 7, State: StateNew, Reason: warmpool.EndExited})
+	info, err := e.m.Get(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Kernel.Generation != 7 || info.Kernel.State != KernelIdle || info.Kernel.StartedAt == nil || !info.Kernel.Enabled {
+		t.Fatalf("kernel info %+v", info.Kernel)
+	}
+}
+
+// The kernel ends between the manager's look and its Exec (ErrKernelEnded):
+// the code runs in a new kernel, and the answer says why.
+func TestKernelEndedBeforeTheCodeIsRetriedInANewOne(t *testing.T) {
+	e := newEnv(t, nil)
+	id := e.create(Spec{Kernel: true}).ID
+	e.exec(id, "")
+	k := e.starter.last()
+	r, err := e.m.Begin(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.End()
+	// Ended after the Begin, before the Exec: Exec's own check may see it
+	// or not; either way the code must run in a new kernel.
+	k.end(warmpool.EndOOM)
+	_, info, err := r.Exec(context.Background(), warmpool.KernelExec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (ExecInfo{ID: id, KernelGeneration: 2, State: StateNew, Reason: warmpool.EndOOM}); info != want {
+		t.Fatalf("got %+v, want %+v", info, want)
+	}
+	if execs, _, _ := k.counts(); execs != 1 {
+		t.Fatalf("the ended kernel ran %d executions, want 1", execs)
+	}
+}
+
+func TestKernelDisabledStartsAFreshKernelEachTime(t *testing.T) {
+	e := newEnv(t, nil)
+	id := e.create(Spec{Kernel: false}).ID
+	for g := int64(1); g <= 3; g++ {
+		e.wantExec(id, "", ExecInfo{KernelGeneration: g, State: StateNew, Reason: ReasonNoKernel})
+		if _, closes, _ := e.starter.last().counts(); closes != 1 {
+			t.Fatalf("execution %d: its kernel closed %d times, want 1", g, closes)
+		}
+	}
+	info, _ := e.m.Get(id)
+	if info.Kernel.Enabled || info.Kernel.State != KernelNone || info.Kernel.StartedAt != nil {
+		t.Fatalf("kernel info %+v", info.Kernel)
+	}
+	// A kernel: false session's kernel that ends by a timeout says so.
+	_, x := e.exec(id, "end:timeout")
+	if x.KernelEnded != warmpool.EndTimeout || x.Reason != ReasonNoKernel {
+		t.Fatalf("%+v", x)
+	}
+	e.reopen()
+	e.wantExec(id, "", ExecInfo{KernelGeneration: 5, State: StateNew, Reason: ReasonNoKernel})
+}
+
+func TestOneExecutionAtATime(t *testing.T) {
+	e := newEnv(t, nil)
+	id := e.create(Spec{Kernel: true}).ID
+	if err := e.m.Interrupt(id); !errors.Is(err, ErrNotRunning) {
+		t.Fatalf("interrupt with nothing running: %v", err)
+	}
+	r, err := e.m.Begin(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Begin(id); !errors.Is(err, ErrBusy) {
+		t.Fatalf("second Begin: %v, want ErrBusy", err)
+	}
+	if err := e.m.Interrupt(id); !errors.Is(err, ErrNotRunning) {
+		t.Fatalf("interrupt of a reserved session with no code running: %v", err)
+	}
+	done := make(chan ExecInfo)
+	go func() {
+		_, info, _ := r.Exec(context.Background(), warmpool.KernelExec{Code: "block"})
+		done <- info
+	}()
+	waitStarted(t, e.starter)
+	k := e.starter.last()
+	<-k.running
+	if st := e.m.Stats(); st.Busy != 1 || st.Sessions != 1 || st.IdleKernels != 0 {
+		t.Fatalf("stats while running: %+v", st)
+	}
+	if info, _ := e.m.Get(id); info.Kernel.State != KernelBusy {
+		t.Fatalf("kernel state while running: %q", info.Kernel.State)
+	}
+	if err := e.m.Interrupt(id); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, n := k.counts(); n != 1 {
+		t.Fatalf("kernel interrupted %d times, want 1", n)
+	}
+	k.end(warmpool.EndTimeout) // what the kernel does with it is its own business
+	<-done
+	if _, _, err := r.Exec(context.Background(), warmpool.KernelExec{}); err == nil {
+		t.Fatal("a second Exec in one Run was accepted")
+	}
+	r.End()
+	r.End()
+	r2, err := e.m.Begin(id)
+	if err != nil {
+		t.Fatalf("Begin after End: %v", err)
+	}
+	r2.End()
+}
+
+func waitStarted(t *testing.T, st *fakeStarter) {
+	t.Helper()
+	for st.last() == nil {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestStartFailureKeepsTheReason(t *testing.T) {
+	e := newEnv(t, nil)
+	id := e.create(Spec{Kernel: true}).ID
+	e.starter.fail = errors.New("no sandbox for you")
+	r, _ := e.m.Begin(id)
+	if _, _, err := r.Exec(context.Background(), warmpool.KernelExec{}); err == nil || !strings.Contains(err.Error(), "no sandbox") {
+		t.Fatalf("Exec with a failing starter: %v", err)
+	}
+	r.End()
+	e.starter.fail = nil
+	e.wantExec(id, "", ExecInfo{KernelGeneration: 1, State: StateNew, Reason: ReasonFirst})
+	if st := e.m.Stats(); st.KernelStarts["new/first_execution"] != 1 || st.IdleKernels != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestDeleteWhileBusyCancelsAndRemoves(t *testing.T) {
+	e := newEnv(t, nil)
+	id := e.create(Spec{Kernel: true}).ID
+	r, err := e.m.Begin(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error)
+	var got ExecInfo
+	go func() {
+		var err error
+		_, got, err = r.Exec(context.Background(), warmpool.KernelExec{Code: "block"})
+		done <- err
+	}()
+	waitStarted(t, e.starter)
+	k := e.starter.last()
+	<-k.running
+	if err := e.m.Delete(id); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got.KernelEnded == "" {
+		t.Fatal("the cancelled execution says its kernel lives on")
+	}
+	if _, closes, _ := k.counts(); closes == 0 {
+		t.Fatal("kernel not closed")
+	}
+	r.End()
+	if _, err := os.Lstat(filepath.Join(e.root, id)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("session directory after Delete: %v", err)
+	}
+	for _, f := range []func() error{
+		func() error { _, err := e.m.Get(id); return err },
+		func() error { _, err := e.m.Begin(id); return err },
+		func() error { return e.m.Delete(id) },
+		func() error { return e.m.Interrupt(id) },
+		func() error { _, _, err := e.m.Volume(id); return err },
+	} {
+		if err := f(); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("after Delete: %v, want ErrNotFound", err)
+		}
+	}
+	// The id is free again.
+	e.create(Spec{ID: id, Kernel: true})
+}
+
+func TestCreateChecksTheSpec(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.IdleTimeout = time.Minute; c.MaxIdleTimeout = time.Hour })
+	gen := e.create(Spec{})
+	if !strings.HasPrefix(gen.ID, "se-") || !inside.ValidID(gen.ID) {
+		t.Fatalf("generated id %q", gen.ID)
+	}
+	if gen.IdleTimeoutMS != time.Minute.Milliseconds() {
+		t.Fatalf("default idle timeout %d ms", gen.IdleTimeoutMS)
+	}
+	if i := e.create(Spec{IdleTimeout: 10 * time.Hour}); i.IdleTimeoutMS != time.Hour.Milliseconds() {
+		t.Fatalf("idle timeout not capped: %d ms", i.IdleTimeoutMS)
+	}
+	for _, spec := range []Spec{
+		{ID: "..", Policy: "p"},
+		{ID: "a/b", Policy: "p"},
+		{ID: ".hidden", Policy: "p"},
+		{ID: strings.Repeat("a", 65), Policy: "p"},
+		{ID: "ok", Policy: ""},
+		{ID: "ok", Policy: "a/b"},
+		{ID: "ok", Policy: "p", IdleTimeout: -1},
+	} {
+		if _, err := e.m.Create(spec); !errors.Is(err, ErrInvalid) {
+			t.Errorf("Create(%+v): %v, want ErrInvalid", spec, err)
+		}
+	}
+	if _, err := e.m.Create(Spec{ID: gen.ID, Policy: "p"}); !errors.Is(err, ErrExists) {
+		t.Fatalf("duplicate id: %v", err)
+	}
+	entries, _ := os.ReadDir(e.root)
+	if len(entries) != 2 {
+		t.Fatalf("refused creates left entries: %v", entries)
+	}
+}
+
+func TestMaxSessions(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.MaxSessions = 2 })
+	a := e.create(Spec{}).ID
+	e.create(Spec{})
+	if _, err := e.m.Create(Spec{Policy: "p"}); !errors.Is(err, ErrTooMany) {
+		t.Fatalf("third session: %v, want ErrTooMany", err)
+	}
+	if err := e.m.Delete(a); err != nil {
+		t.Fatal(err)
+	}
+	e.create(Spec{})
+}
+
+func TestPersistenceRoundTrip(t *testing.T) {
+	e := newEnv(t, nil)
+	used := e.create(Spec{ID: "used", Kernel: true, IdleTimeout: 3 * time.Minute})
+	fresh := e.create(Spec{ID: "fresh", Kernel: true})
+	e.exec(used.ID, "x = 1")
+	e.exec(used.ID, "x")
+	// A use shortly before Close is not lost, however coalesced the
+	// writes are.
+	e.clock.Add(time.Second)
+	e.exec(used.ID, "x")
+	before, _ := e.m.Get(used.ID)
+	k := e.starter.last()
+	e.reopen()
+	if _, closes, _ := k.counts(); closes != 1 {
+		t.Fatalf("Close closed the kernel %d times", closes)
+	}
+	after, err := e.m.Get(used.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !after.LastUsedAt.Equal(before.LastUsedAt) || !after.CreatedAt.Equal(before.CreatedAt) ||
+		after.IdleTimeoutMS != before.IdleTimeoutMS || after.Type != before.Type || after.Kernel.Generation != 1 {
+		t.Fatalf("after a restart %+v, before %+v", after, before)
+	}
+	if after.Kernel.State != KernelNone || after.Kernel.EndReason != ReasonWorkerRestart {
+		t.Fatalf("kernel after a restart: %+v", after.Kernel)
+	}
+	e.wantExec(used.ID, "x", ExecInfo{KernelGeneration: 2, State: StateRestarted, Reason: ReasonWorkerRestart})
+	// A session that never ran anything lost no state.
+	e.wantExec(fresh.ID, "", ExecInfo{KernelGeneration: 1, State: StateNew, Reason: ReasonFirst})
+	if ids := infoIDs(e.m.List()); ids != "fresh,used" {
+		t.Fatalf("List: %s", ids)
+	}
+}
+
+func infoIDs(infos []Info) string {
+	var ids []string
+	for _, i := range infos {
+		ids = append(ids, i.ID)
+	}
+	return strings.Join(ids, ",")
+}
+
+func TestLastUseWritesAreCoalesced(t *testing.T) {
+	e := newEnv(t, nil)
+	id := e.create(Spec{ID: "s"}).ID
+	read := func() time.Time {
+		rec, err := readRecord(filepath.Join(e.root, id), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec.LastUsedAt
+	}
+	created := read()
+	e.clock.Add(time.Second)
+	e.exec(id, "")
+	e.m.Tidy()
+	if !read().Equal(created) {
+		t.Fatal("last use written within the flush interval")
+	}
+	e.clock.Add(flushInterval)
+	e.m.Tidy()
+	if got, want := read(), created.Add(time.Second); !got.Equal(want) {
+		t.Fatalf("last_used_at %v, want %v", got, want)
+	}
+}
+
+func TestCloseRefusesWhatFollows(t *testing.T) {
+	e := newEnv(t, nil)
+	id := e.create(Spec{}).ID
+	r, _ := e.m.Begin(id)
+	e.m.Close()
+	if _, _, err := r.Exec(context.Background(), warmpool.KernelExec{}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Exec after Close: %v", err)
+	}
+	r.End()
+	if _, err := e.m.Create(Spec{Policy: "p"}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Create after Close: %v", err)
+	}
+	if _, err := e.m.Get(id); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Get after Close: %v", err)
+	}
+	e.m.Close()
+}
+
+func TestOneManagerPerRoot(t *testing.T) {
+	e := newEnv(t, nil)
+	if _, err := open(e.cfg, e.starter, nil, e.disk); err == nil || !strings.Contains(err.Error(), "in use") {
+		t.Fatalf("a second manager on one root: %v", err)
+	}
+}

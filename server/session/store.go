@@ -1,0 +1,307 @@
+package session
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+	"unicode"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/nsjail/inside"
+)
+
+// On disk, sessions_dir holds one directory per session, named by its id:
+//
+//	<root>/<id>/session.json   the record (this file), written last at Create
+//	<root>/<id>/volume/        the workspace (package volume's directory)
+//
+// A session directory without session.json is a half-created or
+// half-deleted session (Create writes the record last, Delete removes it
+// first) and Open removes it.
+const (
+	recordName   = "session.json"
+	recordTmp    = ".session.json.tmp-" // + random: an interrupted write
+	volumeName   = "volume"
+	recordFormat = 1
+	// maxRecordBytes bounds the read of a session.json: it is a few hundred
+	// bytes; anything bigger is not ours (SECURITY.md case 42).
+	maxRecordBytes = 64 << 10
+	maxPolicyLen   = 256
+)
+
+// record is session.json: what a restarted worker needs of a session.
+type record struct {
+	Format        int       `json:"format"`
+	ID            string    `json:"id"`
+	Policy        string    `json:"policy"`
+	Kernel        bool      `json:"kernel"`
+	IdleTimeoutMS int64     `json:"idle_timeout_ms"`
+	CreatedAt     time.Time `json:"created_at"`
+	LastUsedAt    time.Time `json:"last_used_at"`
+	// Generation is the number of kernels started so far, so that a
+	// restarted worker's next kernel gets a new number. Written with
+	// last_used_at (coalesced): after a host crash it may repeat one.
+	Generation int64 `json:"generation"`
+}
+
+func (r record) idleTimeout() time.Duration { return time.Duration(r.IdleTimeoutMS) * time.Millisecond }
+
+// check validates a record read from dir (named name): nothing in it is
+// trusted before this (SECURITY.md case 42).
+func (r record) check(name string) error {
+	var errs []error
+	if r.Format != recordFormat {
+		errs = append(errs, fmt.Errorf("format %d, want %d", r.Format, recordFormat))
+	}
+	if r.ID != name || !inside.ValidID(r.ID) {
+		errs = append(errs, fmt.Errorf("id %q does not name its directory %q", r.ID, name))
+	}
+	if err := checkPolicyName(r.Policy); err != nil {
+		errs = append(errs, err)
+	}
+	if r.IdleTimeoutMS <= 0 {
+		errs = append(errs, fmt.Errorf("idle_timeout_ms must be > 0, got: %d", r.IdleTimeoutMS))
+	}
+	if r.CreatedAt.IsZero() || r.LastUsedAt.IsZero() {
+		errs = append(errs, errors.New("created_at and last_used_at are required"))
+	}
+	if r.Generation < 0 {
+		errs = append(errs, fmt.Errorf("generation must be >= 0, got: %d", r.Generation))
+	}
+	return errors.Join(errs...)
+}
+
+func checkPolicyName(p string) error {
+	if p == "" || len(p) > maxPolicyLen || strings.IndexFunc(p, func(r rune) bool { return !unicode.IsPrint(r) || r == '/' }) >= 0 {
+		return fmt.Errorf("policy must be a printable name of 1 to %d bytes without '/', got: %q", maxPolicyLen, p)
+	}
+	return nil
+}
+
+// writeRecord replaces dir/session.json atomically and durably: a temporary
+// file, fsync, rename, fsync of dir. A crash leaves the old record or the
+// new one, and at worst a temporary file that the next write or Open's
+// sweep removes.
+func writeRecord(dir string, r record) error {
+	data, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, recordTmp+randomHex(6))
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("write %s: %w", recordName, err)
+	}
+	_, err = f.Write(append(data, '\n'))
+	if err == nil {
+		err = f.Sync()
+	}
+	if err = errors.Join(err, f.Close()); err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, recordName))
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("write %s in %s: %w", recordName, dir, err)
+	}
+	if err := syncDir(dir); err != nil {
+		return fmt.Errorf("write %s in %s: %w", recordName, dir, err)
+	}
+	return nil
+}
+
+// readRecord reads and checks dir/session.json, never following a link nor
+// blocking on a FIFO, and bounded in size (SECURITY.md case 42).
+// fs.ErrNotExist when there is none.
+func readRecord(dir, name string) (record, error) {
+	var r record
+	f, err := os.OpenFile(filepath.Join(dir, recordName), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) {
+			err = fmt.Errorf("%s is a symbolic link", recordName)
+		}
+		return r, err
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil {
+		return r, err
+	} else if !fi.Mode().IsRegular() {
+		return r, fmt.Errorf("%s is not a regular file (%s)", recordName, fi.Mode().Type())
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxRecordBytes+1))
+	if err != nil {
+		return r, err
+	}
+	if len(data) > maxRecordBytes {
+		return r, fmt.Errorf("%s is bigger than %d bytes", recordName, maxRecordBytes)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil {
+		return r, fmt.Errorf("%s: %w", recordName, err)
+	}
+	if dec.More() {
+		return r, fmt.Errorf("%s: data after the object", recordName)
+	}
+	if err := r.check(name); err != nil {
+		return r, fmt.Errorf("%s: %w", recordName, err)
+	}
+	return r, nil
+}
+
+// prepareRoot makes sure the sessions directory exists, is a real
+// directory (not a link), owned by the worker's user and writable by no
+// one else, and searchable by all: the sandbox's mapped root binds a
+// volume by its path (package volume, Create). It is made 0755 if missing.
+func prepareRoot(root string) error {
+	if !filepath.IsAbs(root) {
+		return fmt.Errorf("sessions dir must be absolute, got: %q", root)
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return fmt.Errorf("sessions dir: %w", err)
+	}
+	fi, err := os.Lstat(root)
+	if err != nil {
+		return fmt.Errorf("sessions dir: %w", err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("sessions dir %s is not a directory (%s)", root, fi.Mode().Type())
+	}
+	if err := checkOwned(root, fi); err != nil {
+		return fmt.Errorf("sessions dir: %w", err)
+	}
+	if fi.Mode().Perm() != 0o755 {
+		if err := os.Chmod(root, 0o755); err != nil {
+			return fmt.Errorf("sessions dir: %w", err)
+		}
+	}
+	return nil
+}
+
+// checkOwned refuses what the worker's user does not own or what others
+// may write: such an entry is not the manager's to trust or to delete.
+func checkOwned(p string, fi fs.FileInfo) error {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fmt.Errorf("%s: no owner information", p)
+	}
+	if int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("%s is owned by uid %d, not by the worker (uid %d)", p, st.Uid, os.Geteuid())
+	}
+	if fi.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("%s is writable by group or others (mode %o)", p, fi.Mode().Perm())
+	}
+	return nil
+}
+
+// entryKind is what Open makes of an entry of the sessions directory.
+type entryKind int
+
+const (
+	entrySession  entryKind = iota // a session directory with its record
+	entryLeftover                  // ours, half-created or half-deleted: remove it
+	entryForeign                   // not ours: log it, never touch it
+)
+
+// classify looks at the entry name of root (after its volume leftovers
+// were swept). Only a directory named by a valid id, owned by the worker,
+// holding nothing but what the manager puts there, is ours; a leftover is
+// such a directory without session.json (SECURITY.md case 42).
+func classify(root, name string) (entryKind, error) {
+	if !inside.ValidID(name) {
+		return entryForeign, fmt.Errorf("%q is not a session id", name)
+	}
+	p := filepath.Join(root, name)
+	fi, err := os.Lstat(p)
+	if err != nil {
+		return entryForeign, err
+	}
+	if !fi.IsDir() {
+		return entryForeign, fmt.Errorf("%s is not a directory (%s)", p, fi.Mode().Type())
+	}
+	if err := checkOwned(p, fi); err != nil {
+		return entryForeign, err
+	}
+	entries, err := os.ReadDir(p)
+	if err != nil {
+		return entryForeign, err
+	}
+	hasRecord := false
+	for _, e := range entries {
+		switch n := e.Name(); {
+		case n == recordName:
+			hasRecord = true
+		case n == volumeName, strings.HasPrefix(n, recordTmp),
+			// An interrupted volume.Create or volume.Remove (volume.Sweep).
+			strings.HasPrefix(n, ".creating-"+volumeName+"-"), strings.HasPrefix(n, ".removing-"+volumeName+"-"):
+		default:
+			return entryForeign, fmt.Errorf("%s holds %q, which the session manager never makes", p, n)
+		}
+	}
+	if !hasRecord {
+		return entryLeftover, nil
+	}
+	return entrySession, nil
+}
+
+// removeTmpRecords removes interrupted writes of session.json in dir.
+func removeTmpRecords(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), recordTmp) {
+			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// lockRoot takes an exclusive flock on the sessions directory for the
+// manager's lifetime: two workers on one sessions_dir would sweep each
+// other's sessions being created and mount one image twice.
+func lockRoot(root string) (*os.File, error) {
+	f, err := os.OpenFile(root, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("sessions dir %s is in use by another worker", root)
+		}
+		return nil, fmt.Errorf("lock sessions dir %s: %w", root, err)
+	}
+	return f, nil
+}
+
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	return errors.Join(f.Sync(), f.Close())
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// newID is a generated session id (inside.IDRule).
+func newID() string { return "se-" + randomHex(10) }
