@@ -129,7 +129,7 @@ var (
 		"Memory the idle session kernels hold, as their cgroups account it (bounded by session_idle_memory_bytes).", nil, nil)
 	sessionDiskDesc   = prometheus.NewDesc("sandboxd_session_bytes_on_disk", "Bytes the sessions' workspace volumes hold.", nil, nil)
 	sessionStartsDesc = prometheus.NewDesc("sandboxd_session_kernel_starts_total",
-		"Session kernels started, by reason (first_execution, idle_timeout, memory_budget, worker_restart, timeout, oom, pids, exited, protocol, kernel_disabled, ...).",
+		"Session kernels started, by state/reason of the execution that started them (new/first_execution, new/idle_timeout, new/memory_budget, restarted/worker_restart, new/timeout, new/oom, new/pids, new/exited, new/protocol, new/kernel_disabled, ...).",
 		[]string{"reason"}, nil)
 )
 

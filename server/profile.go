@@ -120,7 +120,7 @@ func (s *Server) profile(r *http.Request, pol Policy, ws, p, kind string) ([]byt
 	target, _ := json.Marshal(path.Join(inside.Workspace, p))
 	lim, _ := json.Marshal(profileLimits)
 	code := fmt.Sprintf("%s\n_sandboxd_profile(%s, %q, %s)\n", profileSource, target, kind, lim)
-	k, err := s.startKernel(ctx, pol.Name, ws, warmpool.KernelOptions{ReadOnly: true})
+	k, err := s.starter.StartKernel(ctx, pol.Name, ws, warmpool.KernelOptions{ReadOnly: true})
 	if err != nil {
 		s.log.Error("profile: no sandbox", "err", err)
 		return nil, &apiError{status: http.StatusInternalServerError, reason: "sandbox", msg: "profile: the sandbox did not start: " + err.Error()}

@@ -58,6 +58,9 @@ type Server struct {
 	// without root and so cannot mount a tmpfs, give a plain directory
 	// instead.
 	createWorkspace func(root, run string, o workspace.Options, req workspace.Request) (*workspace.Workspace, error)
+	// starter starts session kernels (and profiles' kernels):
+	// kernelStarter, on the warm pool; the API tests give a fake.
+	starter session.Starter
 
 	live      *liveTable
 	results   *results.Store
@@ -115,6 +118,7 @@ func New(d Deps) (*Server, error) {
 		waiters: make(chan struct{}, d.Config.MaxConcurrent+d.Config.MaxQueued),
 	}
 	s.createWorkspace = workspace.Create
+	s.starter = kernelStarter{s}
 	store, err := results.Open(d.Config.ResultsDir, results.Options{
 		MaxBytes: d.Config.ResultsMaxBytes,
 		MaxCount: d.Config.ResultsMax,
@@ -275,7 +279,7 @@ func (s *Server) openSessions() {
 		MaxFiles:         s.cfg.SessionMaxFiles,
 		UID:              s.sandbox.HostUID(),
 		GID:              s.sandbox.HostGID(),
-	}, kernelStarter{s}, s.log)
+	}, s.starter, s.log)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err != nil {

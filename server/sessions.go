@@ -94,6 +94,8 @@ func sessionError(id string, err error) *apiError {
 	switch {
 	case errors.Is(err, session.ErrNotFound):
 		return &apiError{status: http.StatusNotFound, reason: "not_found", msg: fmt.Sprintf("no session %q (unknown, deleted or expired)", q)}
+	case errors.Is(err, session.ErrInvalid):
+		return badRequest("%s", clip(err.Error()))
 	case errors.Is(err, session.ErrExists):
 		return &apiError{status: http.StatusConflict, reason: "conflict", msg: fmt.Sprintf("session %q exists already", q)}
 	case errors.Is(err, session.ErrBusy):

@@ -148,7 +148,7 @@ func minimumsCheck(c Config) (errs []error) {
 		{"results_ttl_ms", c.ResultsTTLMS, 1},
 		{"shutdown_grace_ms", c.ShutdownGraceMS, 0},
 		{"max_sessions", int64(c.MaxSessions), 1},
-		{"session_idle_memory_bytes", c.SessionIdleMemoryBytes, 0},
+		{"session_idle_memory_bytes", c.SessionIdleMemoryBytes, 1},
 	} {
 		if p.v < p.min {
 			errs = append(errs, fmt.Errorf("%s must be >= %d, got: %d", p.key, p.min, p.v))
