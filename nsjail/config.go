@@ -100,9 +100,12 @@ func mounts(spec *Spec, lim Limits) []*configs.Mount {
 		{Source: "sysfs", Destination: "/sys", Device: "sysfs", Flags: noSuidDevExec | unix.MS_RDONLY},
 	}
 	if spec.Workspace != "" {
+		flags := unix.MS_BIND | unix.MS_REC | unix.MS_NOSUID | unix.MS_NODEV
+		if spec.WorkspaceReadOnly {
+			flags |= unix.MS_RDONLY
+		}
 		m = append(m, &configs.Mount{
-			Source: spec.Workspace, Destination: inside.Workspace, Device: "bind",
-			Flags: unix.MS_BIND | unix.MS_REC | unix.MS_NOSUID | unix.MS_NODEV,
+			Source: spec.Workspace, Destination: inside.Workspace, Device: "bind", Flags: flags,
 		})
 	}
 	return m

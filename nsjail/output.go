@@ -1,9 +1,12 @@
 package nsjail
 
 import (
+	"errors"
 	"os"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // capture reads one output stream of the sandbox until EOF. It keeps at most
@@ -30,16 +33,21 @@ func (c *capture) loop() {
 	for {
 		n, err := c.r.Read(chunk)
 		if n > 0 {
-			c.mu.Lock()
-			c.total += int64(n)
-			if room := c.limit - int64(len(c.buf)); room > 0 {
-				c.buf = append(c.buf, chunk[:min(int64(n), room)]...)
-			}
-			c.mu.Unlock()
+			c.add(chunk[:n])
 		}
 		if err != nil { // io.EOF once every writer is gone, or abort
 			return
 		}
+	}
+}
+
+// add counts b and keeps what fits under the limit.
+func (c *capture) add(b []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.total += int64(len(b))
+	if room := c.limit - int64(len(c.buf)); room > 0 {
+		c.buf = append(c.buf, b[:min(int64(len(b)), room)]...)
 	}
 }
 
@@ -58,3 +66,72 @@ func (c *capture) reset() []byte {
 }
 
 func (c *capture) truncated() bool { return c.total > int64(len(c.buf)) }
+
+// Capture reads one output stream up to a cap, as a sandbox's stdout and
+// stderr are read (the rest is drained and counted, never buffered), for
+// streams that end on the caller's word rather than at EOF: a session
+// kernel's execution writes into pipes that a process it left running may
+// hold open forever.
+type Capture struct{ c *capture }
+
+// Captured is what a Capture kept of its stream.
+type Captured struct {
+	// Bytes is what was kept, at most the cap; Total counts everything
+	// read; Truncated says Total went past the cap.
+	Bytes     []byte
+	Total     int64
+	Truncated bool
+}
+
+// NewCapture starts reading r, the read end of a pipe, keeping at most
+// limit bytes. Stop must be called.
+func NewCapture(r *os.File, limit int64) *Capture { return &Capture{newCapture(r, limit)} }
+
+// Stop ends the capture and closes r: it reads, without blocking, what the
+// pipe holds at this moment (all the writer wrote before Stop, when it is
+// done writing) and drops whatever comes later (the writer gets EPIPE).
+// Idempotent in effect only once: call it once.
+func (c *Capture) Stop() Captured {
+	cc := c.c
+	// Wake the reading goroutine; what it read is counted, what is still
+	// in the pipe is drained below.
+	_ = cc.r.SetReadDeadline(time.Unix(1, 0))
+	<-cc.done
+	_ = cc.r.SetReadDeadline(time.Time{})
+	// A failed drain loses only what was still in the pipe; the stream is
+	// closed either way.
+	_ = cc.drainBuffered()
+	cc.r.Close()
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return Captured{Bytes: cc.buf, Total: cc.total, Truncated: cc.truncated()}
+}
+
+// drainBuffered reads the bytes the pipe holds now (FIONREAD), without
+// waiting for more: a writer that keeps writing cannot keep Stop reading.
+func (c *capture) drainBuffered() error {
+	rc, err := c.r.SyscallConn()
+	if err != nil {
+		return err
+	}
+	chunk := make([]byte, 64<<10)
+	var rerr error
+	err = rc.Read(func(fd uintptr) bool {
+		left, err := unix.IoctlGetInt(int(fd), unix.TIOCINQ)
+		if err != nil {
+			rerr = err
+			return true
+		}
+		for left > 0 {
+			n, err := unix.Read(int(fd), chunk[:min(left, len(chunk))])
+			if n <= 0 || err != nil {
+				rerr = err
+				return true
+			}
+			left -= n
+			c.add(chunk[:n])
+		}
+		return true // never wait for more
+	})
+	return errors.Join(err, rerr)
+}

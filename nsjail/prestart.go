@@ -71,6 +71,11 @@ func (p *Pending) leave(to int32, call string) {
 // ID is the sandbox's id.
 func (p *Pending) ID() string { return p.s.id }
 
+// Pid is the host pid of the sandbox's first process. It stays that
+// process's until Handoff's Sandbox or Retire has waited for it (only the
+// Runner reaps it), so a pidfd opened for it before then is the process's.
+func (p *Pending) Pid() (int, error) { return p.s.proc.Pid() }
+
 // Alive reports whether the sandbox's first process is running and has not
 // been sent SIGKILL. Once it has (the host's kill, the OOM killer), it never
 // runs again and takes the whole sandbox with it, but tearing down a large
@@ -176,6 +181,10 @@ type HandoffOptions struct {
 	// over a channel that the code cannot reach (SECURITY.md case 25): its
 	// sender must be a process that runs none of the code.
 	ExitReport <-chan syscall.WaitStatus
+	// NoDeadline runs the sandbox without a deadline: it lives until its
+	// command ends or Wait's context is cancelled. A session's kernel
+	// outlives any one execution, whose timeout its owner enforces.
+	NoDeadline bool
 }
 
 // Handoff marks the moment the sandbox is given its execution, which the
@@ -198,6 +207,7 @@ func (p *Pending) Handoff(o HandoffOptions) (sb *Sandbox, droppedStdout, dropped
 	if o.Timeout > 0 {
 		s.lim.Timeout = o.Timeout
 	}
+	s.noDeadline = o.NoDeadline
 	s.exitReport = o.ExitReport
 	return s, droppedStdout, droppedStderr
 }

@@ -177,6 +177,8 @@ type Sandbox struct {
 	// hand-off, subtracted from the reported usage.
 	exitReport    <-chan syscall.WaitStatus
 	cpuBaselineNS uint64
+	// noDeadline is HandoffOptions.NoDeadline: lim.Timeout does not apply.
+	noDeadline bool
 	// waitOnce runs Wait's work once (two would reap, close and destroy
 	// twice); result is what it returned.
 	waitOnce sync.Once

@@ -118,6 +118,9 @@ type Spec struct {
 	// It must be owned by the sandbox's host uid to be writable (see
 	// Runner.HostUID).
 	Workspace string
+	// WorkspaceReadOnly binds Workspace read-only (a session's file is
+	// profiled by code that must not change it).
+	WorkspaceReadOnly bool
 	// Stdin is read to feed the command's standard input; nil means /dev/null.
 	Stdin io.Reader
 	// Hostname inside the sandbox ("sandbox" when empty).

@@ -85,8 +85,12 @@ func (s *Sandbox) await(ctx context.Context) awaited {
 		state, err := s.proc.Wait()
 		exited <- reaped{state, err}
 	}()
-	deadline := time.NewTimer(s.lim.Timeout)
-	defer deadline.Stop()
+	var expired <-chan time.Time // none with HandoffOptions.NoDeadline
+	if !s.noDeadline {
+		deadline := time.NewTimer(s.lim.Timeout)
+		defer deadline.Stop()
+		expired = deadline.C
+	}
 
 	a := awaited{exited: exited}
 	report := s.exitReport
@@ -96,7 +100,7 @@ wait:
 		case r := <-exited:
 			a.state, a.waitErr = r.state, r.err
 			break wait
-		case <-deadline.C:
+		case <-expired:
 			a.killedFor = StatusTimeout
 			break wait
 		case <-ctx.Done():
@@ -206,6 +210,10 @@ func decodeWaitStatus(ws syscall.WaitStatus) (code int, signal string) {
 	return -1, ""
 }
 
+// DecodeWaitStatus is the exit code (128+N for a signal N, -1 when
+// neither) and signal name of a wait status, as a Result reports them.
+func DecodeWaitStatus(ws syscall.WaitStatus) (code int, signal string) { return decodeWaitStatus(ws) }
+
 func initWaitStatus(state *os.ProcessState) (syscall.WaitStatus, bool) {
 	if state == nil {
 		return 0, false
@@ -237,6 +245,32 @@ func reportMismatch(reported, init syscall.WaitStatus) bool {
 type counted struct {
 	oomKills, pidsLimitHits          uint64
 	stdoutTruncated, stderrTruncated bool
+}
+
+// Outcome is how one execution ended and what was counted during it, for
+// Classify: a session kernel's executions, which end with a reply rather
+// than an exit, are classified by the same rules as a sandbox's run.
+type Outcome struct {
+	// KilledFor is StatusTimeout or StatusCancelled when the caller
+	// stopped the execution for that reason, else empty.
+	KilledFor Status
+	// Known says the exit code is known; ExitCode and Signal are it (see
+	// Result).
+	Known    bool
+	ExitCode int
+	Signal   string
+	// OOMKills and PidsLimitHits are the cgroup counters' increase during
+	// the execution; StdoutTruncated and StderrTruncated the captures'.
+	OOMKills, PidsLimitHits          uint64
+	StdoutTruncated, StderrTruncated bool
+}
+
+// Classify is the status of an execution and the limits it hit, as Wait
+// reports them for a run (see classify).
+func Classify(o Outcome) (Status, []string) {
+	return classify(ending{killedFor: o.KilledFor, known: o.Known, exitCode: o.ExitCode, signal: o.Signal},
+		counted{oomKills: o.OOMKills, pidsLimitHits: o.PidsLimitHits,
+			stdoutTruncated: o.StdoutTruncated, stderrTruncated: o.StderrTruncated})
 }
 
 // classify is the status of a run and the limits it hit, in the order

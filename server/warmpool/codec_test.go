@@ -23,7 +23,7 @@ import (
 const codecProbe = `import json, os, signal, sys
 zygote = {"__name__": "zygote"}
 exec(compile(sys.argv[1], "zygote.py", "exec"), zygote)
-path, argv, cwd = zygote["decode_handoff"](sys.stdin.buffer.read())
+path, argv, cwd, kernel = zygote["decode_handoff"](sys.stdin.buffer.read())
 sys.stdout.write(json.dumps({"path": path, "argv": argv, "cwd": cwd}) + "\n")
 for act in ("exit 7", "kill", "exit 0"):
     pid = os.fork()

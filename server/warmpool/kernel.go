@@ -1,12 +1,24 @@
 package warmpool
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
 	"time"
 
+	"github.com/sandboxd/sandboxd/cgroup"
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"github.com/sandboxd/sandboxd/server/workspace"
+	"golang.org/x/sys/unix"
 )
 
 // A kernel is a session's long-lived Python: the process a warm sandbox's
@@ -68,7 +80,80 @@ type KernelResult struct {
 }
 
 // Kernel is a running session kernel.
-type Kernel struct{}
+type Kernel struct {
+	w         *warmSandbox
+	sb        *nsjail.Sandbox
+	log       *slog.Logger
+	lim       nsjail.Limits // the spec's, zero fields defaulted where used
+	warm      bool
+	startedAt time.Time
+	// bound is the host directory the session's volume is bound on (a warm
+	// kernel's workspace), mntID that bind's mount id; warmWS is removed
+	// after the unbind. All empty for a cold kernel.
+	bound  string
+	mntID  uint64
+	warmWS string
+	// refill wakes the template's refill, once: after the first execution
+	// (a refill's import must not slow it) or at the end.
+	refill     func()
+	refillOnce sync.Once
+
+	// busy is held by the running Exec; seq is its counter.
+	busy sync.Mutex
+	seq  uint64
+
+	// cancel kills the sandbox (its Wait's context).
+	cancel context.CancelFunc
+	// ended is closed once the sandbox is gone, the workspace unbound and
+	// everything released; reason is set before.
+	ended      chan struct{}
+	readerDone chan struct{}
+
+	mu sync.Mutex
+	// pidfd refers to the kernel process (-1 once the kernel ended).
+	pidfd int
+	// waiting is the execution awaiting its reply (nil between them).
+	waiting *awaitedReply
+	// killedFor is why the worker killed the kernel (End*), first wins.
+	killedFor string
+	reason    string
+	// report is the kernel process's wait status, from the zygote.
+	report     syscall.WaitStatus
+	haveReport bool
+	// final holds the cgroup's counters as the kernel ended (read at the
+	// exit report or before a kill): the cgroup is removed after.
+	final     cgroup.Stats
+	haveFinal bool
+	// oomSeen is the cgroup's OOM kill count after the last execution: an
+	// OOM kill beyond it that ends the kernel makes EndOOM.
+	oomSeen uint64
+}
+
+// awaitedReply is an execution's slot for its reply line.
+type awaitedReply struct {
+	ch       chan replyLine // buffered: one send
+	answered bool
+}
+
+// replyLine is what the reader saw on ControlFD for the execution: a line
+// (with its MessageEnd), or why none came.
+type replyLine struct {
+	line []byte
+	err  error
+}
+
+const (
+	// kernelInterruptGrace is how long an execution interrupted at its
+	// timeout has to answer before the kernel is killed.
+	kernelInterruptGrace = 2 * time.Second
+	// kernelAckTimeout bounds the kernel's answer to its hand-off (no user
+	// code has run yet: it only sets up its streams and cwd).
+	kernelAckTimeout = 30 * time.Second
+)
+
+// errDiedBeforeHandoff: a warm sandbox that died before its kernel
+// answered the hand-off (none of the session ran): start one cold instead.
+var errDiedBeforeHandoff = errors.New("the warm sandbox died before its kernel took the hand-off")
 
 // StartKernel starts a kernel for spec (spec.Workspace is the session's
 // volume, spec.Args ignored): from a ready warm sandbox of a matching
@@ -76,34 +161,709 @@ type Kernel struct{}
 // workspace then gets spec.Workspace bound over it, else cold. It works on
 // a pool of Size 0 (always cold).
 func (p *Pool) StartKernel(ctx context.Context, spec nsjail.Spec, o KernelOptions) (*Kernel, error) {
-	panic("not implemented")
+	spec.Args = zygoteArgs(p.cfg.Preload)
+	spec.Cwd = inside.Workspace
+	spec.WorkspaceReadOnly = o.ReadOnly
+	if spec.Workspace == "" {
+		return nil, errors.New("a kernel needs a workspace")
+	}
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	if spec.Stdin != nil {
+		return nil, errors.New("a kernel has no stdin")
+	}
+	log := cmp.Or(spec.Logger, p.log)
+	// Only a tmpfs warm workspace is a (shared) mount a volume can be
+	// bound on.
+	if p.cfg.WorkspaceBytes > 0 {
+		if w, tp := p.take(func(t Template) (bool, bool) { ok := t.MatchesKernel(&spec); return ok, ok }); w != nil {
+			k, err := p.startWarmKernel(ctx, w, tp, spec, o)
+			if !errors.Is(err, errDiedBeforeHandoff) {
+				return k, err
+			}
+			tp.wakeRefill()
+			p.mu.Lock()
+			p.stats.FallbackDead++
+			p.mu.Unlock()
+			log.Warn("warm sandbox found dead at a kernel's hand-off; starting the kernel cold", "error", err)
+		}
+	}
+	return p.startColdKernel(ctx, spec)
+}
+
+func (p *Pool) startWarmKernel(ctx context.Context, w *warmSandbox, tp *templatePool, spec nsjail.Spec, o KernelOptions) (*Kernel, error) {
+	if w.dead() {
+		p.retiring.Add(1)
+		go func() {
+			defer p.retiring.Done()
+			p.retire(w)
+		}()
+		return nil, errDiedBeforeHandoff
+	}
+	mntID, err := bindVolume(spec.Workspace, w.workspace, o.ReadOnly)
+	if err != nil {
+		p.retiring.Add(1)
+		go func() {
+			defer p.retiring.Done()
+			p.retire(w)
+		}()
+		return nil, fmt.Errorf("unable to bind the session's workspace into the warm sandbox: %w", err)
+	}
+	if err := w.pending.SetNice(0); err != nil {
+		p.log.Warn("warm pool: unable to restore the sandbox's priority", "sandbox", w.pending.ID(), "error", err)
+	}
+	k, err := p.handOffKernel(ctx, w, spec, true)
+	if err == nil {
+		k.bound, k.mntID, k.warmWS = w.workspace, mntID, w.workspace
+		k.refill = tp.wakeRefill
+		p.mu.Lock()
+		p.stats.Taken++
+		p.mu.Unlock()
+		return k, nil
+	}
+	// handOffKernel ended the sandbox: nothing of the session ran.
+	if uerr := unbindVolume(w.workspace, mntID); uerr != nil {
+		p.log.Error("warm pool: unable to unbind a session's workspace; keeping the warm workspace", "workspace", w.workspace, "error", uerr)
+		return nil, errors.Join(err, uerr)
+	}
+	workspace.Remove(w.workspace)
+	return nil, err
+}
+
+// startColdKernel starts a zygote with the session's volume as its
+// workspace and waits for its preload (on the request path: the pool had
+// no warm sandbox for it).
+func (p *Pool) startColdKernel(ctx context.Context, spec nsjail.Spec) (*Kernel, error) {
+	w, err := p.launch(ctx, nil, spec, 0)
+	if err != nil {
+		return nil, err
+	}
+	k, err := p.handOffKernel(ctx, w, spec, false)
+	if errors.Is(err, errDiedBeforeHandoff) {
+		return nil, fmt.Errorf("the kernel's sandbox died at its start: %w", err)
+	}
+	return k, err
+}
+
+// handOffKernel turns the ready sandbox w into a kernel: it opens a pidfd
+// for the kernel process, hands it off without a deadline, sends the
+// kernel hand-off and waits for its answer. On an error the sandbox is
+// ended and waited for; errDiedBeforeHandoff says none of the session ran.
+func (p *Pool) handOffKernel(ctx context.Context, w *warmSandbox, spec nsjail.Spec, warm bool) (*Kernel, error) {
+	log := cmp.Or(spec.Logger, p.log)
+	pidfd, perr := kernelPidfd(w.pending)
+	msg, err := EncodeHandoff(Handoff{Cwd: inside.Workspace, Kernel: true})
+	if err == nil {
+		err = perr
+	}
+	report := make(chan syscall.WaitStatus, 1)
+	sb, out, errOut := w.pending.Handoff(nsjail.HandoffOptions{NoDeadline: true, Logger: spec.Logger, ExitReport: report})
+	if len(out)+len(errOut) > 0 {
+		log.Warn("kernel's sandbox wrote output before hand-off (dropped)", "sandbox", sb.ID(),
+			"stdout", truncateForLog(out), "stderr", truncateForLog(errOut))
+	}
+	life, cancel := context.WithCancel(context.Background())
+	k := &Kernel{
+		w: w, sb: sb, log: log.With("sandbox", sb.ID()), lim: spec.Limits, warm: warm,
+		cancel: cancel, ended: make(chan struct{}), readerDone: make(chan struct{}), pidfd: pidfd,
+	}
+	if perr != nil {
+		k.pidfd = -1
+	}
+	go k.relayExitReport(w.exit, report)
+	go k.watch(life)
+	go k.read()
+	if err != nil {
+		k.kill(EndProtocol)
+		<-k.ended
+		w.peer.Close()
+		return nil, err
+	}
+	if err := k.handOff(ctx, msg); err != nil {
+		k.kill(EndProtocol)
+		<-k.ended
+		unread, uerr := pipeUnread(w.peer)
+		w.peer.Close()
+		if uerr == nil && unread > 0 {
+			return nil, fmt.Errorf("%w (%v)", errDiedBeforeHandoff, err)
+		}
+		return nil, err
+	}
+	// The kernel took it: from now on, an EOF on control means every
+	// holder of the kernel's end closed it.
+	w.peer.Close()
+	k.startedAt = time.Now()
+	if st, err := sb.Stats(); err == nil {
+		k.oomSeen = st.OOMKills
+	}
+	return k, nil
+}
+
+// handOff sends the kernel hand-off and waits for its answer.
+func (k *Kernel) handOff(ctx context.Context, msg []byte) error {
+	wait := k.expect()
+	defer k.unexpect()
+	if err := k.w.control.SetWriteDeadline(time.Now().Add(kernelAckTimeout)); err != nil {
+		return err
+	}
+	if _, err := k.w.control.Write(msg); err != nil {
+		return fmt.Errorf("the kernel hand-off failed: %w", err)
+	}
+	timer := time.NewTimer(kernelAckTimeout)
+	defer timer.Stop()
+	select {
+	case r := <-wait.ch:
+		if r.err != nil {
+			return fmt.Errorf("the kernel did not answer its hand-off: %w", r.err)
+		}
+		reply, err := DecodeKernelReply(r.line)
+		if err != nil {
+			return err
+		}
+		if reply.Seq != KernelReadySeq || reply.ExitCode != 0 {
+			return fmt.Errorf("the kernel answered its hand-off with %+v", reply)
+		}
+		return nil
+	case <-k.ended:
+		return errors.New("the kernel ended before it answered its hand-off")
+	case <-timer.C:
+		return fmt.Errorf("the kernel did not answer its hand-off within %s", kernelAckTimeout)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// kernelPidfd opens a pidfd for the kernel process of the ready sandbox p:
+// the zygote's only child (it forked nothing else, and no code has run).
+// Signals then go to that process, never to a pid that could be reused
+// after it exited (SECURITY.md case 41).
+func kernelPidfd(p *nsjail.Pending) (int, error) {
+	zpid, err := p.Pid()
+	if err != nil {
+		return -1, err
+	}
+	// The zygote is not reaped before Handoff's Sandbox is waited for, so
+	// zpid is the zygote's.
+	only := func() (int, error) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", zpid, zpid))
+		if err != nil {
+			return 0, err
+		}
+		f := strings.Fields(string(b))
+		if len(f) != 1 {
+			return 0, fmt.Errorf("the zygote has %d children, want its kernel only", len(f))
+		}
+		return strconv.Atoi(f[0])
+	}
+	kpid, err := only()
+	if err != nil {
+		return -1, err
+	}
+	fd, err := unix.PidfdOpen(kpid, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		return -1, fmt.Errorf("pidfd_open of the kernel: %w", err)
+	}
+	// Still the zygote's child after the open: the pidfd is of that
+	// process (a child stays listed, as a zombie, until the zygote reaps it).
+	if again, err := only(); err != nil || again != kpid {
+		unix.Close(fd)
+		return -1, fmt.Errorf("the kernel process changed while its pidfd was opened (%v)", err)
+	}
+	return fd, nil
+}
+
+// relayExitReport passes the zygote's report of the kernel process's exit
+// on to the sandbox's Wait, noting it and the cgroup's counters first
+// (the cgroup is removed after Wait).
+func (k *Kernel) relayExitReport(in <-chan syscall.WaitStatus, out chan<- syscall.WaitStatus) {
+	defer close(out)
+	ws, ok := <-in
+	if !ok {
+		return
+	}
+	st, err := k.sb.Stats()
+	k.mu.Lock()
+	k.report, k.haveReport = ws, true
+	if err == nil && !k.haveFinal {
+		k.final, k.haveFinal = st, true
+	}
+	k.mu.Unlock()
+	out <- ws
+}
+
+// watch waits for the sandbox's end, then says why it ended, releases the
+// pidfd and the control socket, unbinds the workspace and removes the warm
+// workspace, and closes ended.
+func (k *Kernel) watch(life context.Context) {
+	res := k.sb.Wait(life)
+	k.mu.Lock()
+	switch {
+	case k.killedFor != "":
+		k.reason = k.killedFor
+	case k.haveReport && k.report.Signaled() && k.report.Signal() == unix.SIGKILL && k.final.OOMKills > k.oomSeen,
+		!k.haveReport && res.Status == nsjail.StatusOOM:
+		k.reason = EndOOM
+	default:
+		k.reason = EndExited
+	}
+	if k.pidfd >= 0 {
+		unix.Close(k.pidfd)
+		k.pidfd = -1
+	}
+	k.mu.Unlock()
+	k.w.control.Close()
+	<-k.readerDone
+	if k.bound != "" {
+		if err := unbindVolume(k.bound, k.mntID); err != nil {
+			// Never remove a directory the volume may still be bound on.
+			k.log.Error("unable to unbind the session's workspace; keeping the warm workspace", "workspace", k.bound, "error", err)
+		} else if err := workspace.Remove(k.warmWS); err != nil {
+			k.log.Warn("unable to remove a kernel's warm workspace", "workspace", k.warmWS, "error", err)
+		}
+	}
+	k.wakeRefill()
+	k.log.Info("kernel ended", "reason", k.reason)
+	close(k.ended)
+}
+
+func (k *Kernel) wakeRefill() {
+	k.refillOnce.Do(func() {
+		if k.refill != nil {
+			k.refill()
+		}
+	})
+}
+
+// read frames what the kernel writes on ControlFD: one line per awaited
+// reply. Anything else (bytes while no reply is awaited, a second line, a
+// line past maxKernelReplyBytes) kills the kernel: SECURITY.md case 39.
+func (k *Kernel) read() {
+	defer close(k.readerDone)
+	var line []byte
+	chunk := make([]byte, maxKernelReplyBytes)
+	for {
+		n, err := k.w.control.Read(chunk)
+		if n > 0 {
+			if !k.takeBytes(&line, chunk[:n]) {
+				return
+			}
+		}
+		if err != nil {
+			k.deliver(replyLine{err: fmt.Errorf("control socket: %w", err)})
+			return
+		}
+	}
+}
+
+// takeBytes adds b to the line being read and delivers it when complete;
+// false when the kernel broke the protocol (and is being killed).
+func (k *Kernel) takeBytes(line *[]byte, b []byte) bool {
+	k.mu.Lock()
+	awaited := k.waiting != nil && !k.waiting.answered
+	k.mu.Unlock()
+	if !awaited {
+		k.log.Warn("kernel wrote on its control socket while no reply was awaited; killing it", "bytes", truncateForLog(b))
+		k.kill(EndProtocol)
+		return false
+	}
+	*line = append(*line, b...)
+	i := bytes.IndexByte(*line, MessageEnd)
+	switch {
+	case i >= 0 && i != len(*line)-1:
+		k.log.Warn("kernel wrote past its reply; killing it", "bytes", truncateForLog(*line))
+		k.kill(EndProtocol)
+		return false
+	case i >= 0:
+		k.deliver(replyLine{line: *line})
+		*line = nil
+	case len(*line) >= maxKernelReplyBytes:
+		k.log.Warn("kernel reply too long; killing it", "bytes", truncateForLog(*line))
+		k.kill(EndProtocol)
+		return false
+	}
+	return true
+}
+
+// deliver hands r to the awaited reply, if any, once.
+func (k *Kernel) deliver(r replyLine) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.waiting != nil && !k.waiting.answered {
+		k.waiting.answered = true
+		k.waiting.ch <- r
+	}
+}
+
+// expect opens the slot for the next reply.
+func (k *Kernel) expect() *awaitedReply {
+	a := &awaitedReply{ch: make(chan replyLine, 1)}
+	k.mu.Lock()
+	k.waiting = a
+	k.mu.Unlock()
+	return a
+}
+
+// unexpect closes it: a reply that comes later breaks the protocol.
+func (k *Kernel) unexpect() {
+	k.mu.Lock()
+	k.waiting = nil
+	k.mu.Unlock()
+}
+
+// kill ends the kernel's sandbox for reason, reading its counters first;
+// the first reason wins. It does not wait (see ended).
+func (k *Kernel) kill(reason string) {
+	k.mu.Lock()
+	// A kernel whose exit was reported is gone already: its report says why.
+	first := k.killedFor == "" && k.reason == "" && !k.haveReport
+	if first {
+		k.killedFor = reason
+	}
+	k.mu.Unlock()
+	if !first {
+		return
+	}
+	if st, err := k.sb.Stats(); err == nil {
+		k.mu.Lock()
+		if !k.haveFinal {
+			k.final, k.haveFinal = st, true
+		}
+		k.mu.Unlock()
+	}
+	k.cancel()
+}
+
+// signal sends sig to the kernel process by its pidfd.
+func (k *Kernel) signal(sig unix.Signal) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.pidfd < 0 {
+		return ErrKernelEnded
+	}
+	return unix.PidfdSendSignal(k.pidfd, sig, nil, 0)
 }
 
 // Exec runs one execution. The error is non-nil only when nothing ran
 // (ErrKernelEnded, ErrKernelBusy).
 func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) {
-	panic("not implemented")
+	if !k.busy.TryLock() {
+		return nil, ErrKernelBusy
+	}
+	defer k.busy.Unlock()
+	select {
+	case <-k.ended:
+		return nil, ErrKernelEnded
+	default:
+	}
+	defer k.wakeRefill()
+	log := k.log
+	if e.Logger != nil {
+		log = e.Logger.With("sandbox", k.sb.ID())
+	}
+	k.seq++
+	seq := k.seq
+	msg, err := EncodeKernelRequest(KernelRequest{Seq: seq, Code: e.Code, Env: e.Env})
+	if err != nil {
+		return nil, err
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("unable to create the execution's stdout pipe: %w", err)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return nil, fmt.Errorf("unable to create the execution's stderr pipe: %w", err)
+	}
+	before, err := k.sb.Stats()
+	if err != nil {
+		log.Warn("unable to read the kernel's cgroup counters", "error", err)
+	}
+	res := &nsjail.Result{ID: k.sb.ID(), StartedAt: time.Now()}
+	stdout := nsjail.NewCapture(outR, cmp.Or(k.lim.StdoutBytes, nsjail.DefaultLimits.StdoutBytes))
+	stderr := nsjail.NewCapture(errR, cmp.Or(k.lim.StderrBytes, nsjail.DefaultLimits.StderrBytes))
+	wait := k.expect()
+	sent := make(chan error, 1)
+	go func() {
+		sent <- k.send(msg, outW, errW)
+		// Only the kernel holds the write ends now: the streams end with it.
+		outW.Close()
+		errW.Close()
+	}()
+	o := k.await(ctx, seq, wait, sent, e.Timeout, log)
+	k.unexpect()
+	res.FinishedAt = time.Now()
+	out, errOut := stdout.Stop(), stderr.Stop()
+
+	after, ended := k.countersAfter()
+	if !ended {
+		if after, err = k.sb.Stats(); err != nil {
+			log.Warn("unable to read the kernel's cgroup counters", "error", err)
+			after = before
+		}
+	}
+	o.OOMKills = after.OOMKills - min(after.OOMKills, before.OOMKills)
+	o.PidsLimitHits = after.PidsLimitHits - min(after.PidsLimitHits, before.PidsLimitHits)
+	o.StdoutTruncated, o.StderrTruncated = out.Truncated, errOut.Truncated
+	res.Stdout, res.Stderr = out.Bytes, errOut.Bytes
+	res.StdoutBytes, res.StderrBytes = out.Total, errOut.Total
+	res.StdoutTruncated, res.StderrTruncated = out.Truncated, errOut.Truncated
+	res.Status, res.LimitsHit = nsjail.Classify(o)
+	res.ExitCode, res.Signal = o.ExitCode, o.Signal
+	res.Usage = nsjail.Usage{
+		WallMS:          res.FinishedAt.Sub(res.StartedAt).Milliseconds(),
+		CPUMS:           int64((after.CPUUsageNS - min(after.CPUUsageNS, before.CPUUsageNS)) / 1e6),
+		PeakMemoryBytes: after.MemoryPeakBytes,
+		PidsPeak:        after.PidsPeak,
+	}
+	if !ended && o.PidsLimitHits > 0 {
+		// Threads or processes may be left half-made: end the kernel.
+		k.kill(EndPids)
+		<-k.ended
+	}
+	k.mu.Lock()
+	k.oomSeen = max(k.oomSeen, after.OOMKills)
+	k.mu.Unlock()
+	kr := &KernelResult{Result: res}
+	select {
+	case <-k.ended:
+		kr.Ended = k.EndReason()
+	default:
+	}
+	log.Info("kernel execution finished", "seq", seq, "status", res.Status, "exit_code", res.ExitCode,
+		"wall_ms", res.Usage.WallMS, "limits_hit", res.LimitsHit, "kernel_ended", kr.Ended)
+	return kr, nil
+}
+
+// send writes the request line with the execution's stdout and stderr
+// write ends beside it (SCM_RIGHTS).
+func (k *Kernel) send(msg []byte, stdout, stderr *os.File) error {
+	// The kernel reads its requests at once; a kernel that does not is
+	// ended by the execution's timeout, which the caller runs meanwhile.
+	n, _, err := k.w.control.WriteMsgUnix(msg, unix.UnixRights(int(stdout.Fd()), int(stderr.Fd())), nil)
+	if err == nil && n < len(msg) {
+		_, err = k.w.control.Write(msg[n:])
+	}
+	return err
+}
+
+// await waits for execution seq's reply, interrupting it at its timeout
+// and killing the kernel when the interrupt is not answered within
+// kernelInterruptGrace, when ctx is done or when the kernel breaks the
+// protocol; it returns when the reply came or the kernel has ended, with
+// what is known of the execution's end.
+func (k *Kernel) await(ctx context.Context, seq uint64, wait *awaitedReply, sent <-chan error, timeout time.Duration,
+	log *slog.Logger) nsjail.Outcome {
+	var o nsjail.Outcome
+	timer := time.NewTimer(cmp.Or(timeout, k.lim.Timeout, nsjail.DefaultLimits.Timeout))
+	defer timer.Stop()
+	var grace <-chan time.Time
+	done := ctx.Done()
+	replies := wait.ch
+	protocol := func(why string, args ...any) {
+		log.Warn("kernel broke its protocol; killing it: "+why, args...)
+		k.kill(EndProtocol)
+		replies = nil // whatever it says now is ignored
+	}
+	for {
+		select {
+		case err := <-sent:
+			sent = nil
+			if err != nil {
+				protocol("the request could not be sent", "error", err)
+			}
+		case r := <-replies:
+			if r.err != nil {
+				// Every holder of the kernel's end closed it: it can never
+				// answer. A kernel that died says so on its exit report.
+				replies = nil
+				grace = time.After(kernelInterruptGrace)
+				log.Debug("kernel control socket closed", "error", r.err)
+				continue
+			}
+			reply, err := DecodeKernelReply(r.line)
+			if err != nil || reply.Seq != seq {
+				protocol("a bad reply", "reply", truncateForLog(r.line), "error", err, "seq", seq)
+				continue
+			}
+			o.Known, o.ExitCode = true, reply.ExitCode
+			return o
+		case <-timer.C:
+			o.KilledFor = nsjail.StatusTimeout
+			if err := k.signal(unix.SIGINT); err != nil {
+				log.Warn("unable to interrupt the kernel at its timeout", "error", err)
+			}
+			grace = time.After(kernelInterruptGrace)
+		case <-grace:
+			grace = nil
+			if o.KilledFor == nsjail.StatusTimeout {
+				k.kill(EndTimeout)
+			} else {
+				protocol("its control socket closed")
+			}
+		case <-done:
+			done = nil
+			o.KilledFor = nsjail.StatusCancelled
+			k.kill(EndCancelled)
+		case <-k.ended:
+			return k.endedOutcome(o)
+		}
+	}
+}
+
+// endedOutcome completes o for an execution during which the kernel ended.
+func (k *Kernel) endedOutcome(o nsjail.Outcome) nsjail.Outcome {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	switch k.reason {
+	case EndClosed, EndCancelled:
+		o.KilledFor = nsjail.StatusCancelled
+	case EndTimeout:
+		o.KilledFor = nsjail.StatusTimeout
+	}
+	switch {
+	case k.haveReport:
+		o.Known = true
+		o.ExitCode, o.Signal = nsjail.DecodeWaitStatus(k.report)
+	case k.reason == EndProtocol:
+		// The code broke the protocol: a failure, with no exit code.
+		o.Known, o.ExitCode = true, -1
+	}
+	return o
+}
+
+// countersAfter are the counters as the kernel ended, when it has.
+func (k *Kernel) countersAfter() (cgroup.Stats, bool) {
+	select {
+	case <-k.ended:
+	default:
+		return cgroup.Stats{}, false
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	st := k.final
+	if k.reason == EndOOM && st.OOMKills <= k.oomSeen {
+		// The counters could not be read at the end; the sandbox's own
+		// result said OOM.
+		st.OOMKills = k.oomSeen + 1
+	}
+	return st, true
 }
 
 // Interrupt raises KeyboardInterrupt in the running execution (SIGINT to
 // the kernel process, by pidfd); the kernel and its state survive.
-func (k *Kernel) Interrupt() error { panic("not implemented") }
+func (k *Kernel) Interrupt() error {
+	k.mu.Lock()
+	running := k.waiting != nil && !k.waiting.answered
+	k.mu.Unlock()
+	select {
+	case <-k.ended:
+		return ErrKernelEnded
+	default:
+	}
+	if !running {
+		return nil // nothing to interrupt; a late SIGINT would be noted as pending
+	}
+	return k.signal(unix.SIGINT)
+}
 
 // Close ends the kernel (EndClosed unless it had ended already), waits for
 // its sandbox to be destroyed and unbinds the workspace. Idempotent.
-func (k *Kernel) Close() { panic("not implemented") }
+func (k *Kernel) Close() {
+	k.kill(EndClosed)
+	<-k.ended
+}
 
 // Ended is closed once the kernel has ended; EndReason then says why.
-func (k *Kernel) Ended() <-chan struct{} { panic("not implemented") }
+func (k *Kernel) Ended() <-chan struct{} { return k.ended }
 
 // EndReason is why the kernel ended ("" while it runs).
-func (k *Kernel) EndReason() string { panic("not implemented") }
+func (k *Kernel) EndReason() string {
+	select {
+	case <-k.ended:
+	default:
+		return ""
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.reason
+}
 
 // StartedAt is when the kernel was handed its session.
-func (k *Kernel) StartedAt() time.Time { panic("not implemented") }
+func (k *Kernel) StartedAt() time.Time { return k.startedAt }
 
 // Warm reports whether the kernel came from a ready warm sandbox.
-func (k *Kernel) Warm() bool { panic("not implemented") }
+func (k *Kernel) Warm() bool { return k.warm }
 
 // MemoryBytes is what the kernel's cgroup accounts now.
-func (k *Kernel) MemoryBytes() int64 { panic("not implemented") }
+func (k *Kernel) MemoryBytes() int64 {
+	select {
+	case <-k.ended:
+		return 0
+	default:
+	}
+	st, _ := k.sb.Stats()
+	return st.MemoryCurrentBytes
+}
+
+// bindVolume binds src (a session's volume) on dst (a warm sandbox's
+// shared workspace mount), nosuid, nodev, noexec (and read-only when
+// readOnly), and returns the bind's mount id. The new mount propagates into
+// the sandbox's /workspace, where it is locked: the code can neither
+// unmount it nor change its flags (SECURITY.md case 40).
+func bindVolume(src, dst string, readOnly bool) (uint64, error) {
+	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_SYMLINK_NOFOLLOW)
+	if err != nil {
+		return 0, fmt.Errorf("open_tree %s: %w", src, err)
+	}
+	defer unix.Close(fd)
+	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC}
+	if readOnly {
+		attr.Attr_set |= unix.MOUNT_ATTR_RDONLY
+	}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, attr); err != nil {
+		return 0, fmt.Errorf("mount_setattr: %w", err)
+	}
+	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return 0, fmt.Errorf("move_mount onto %s: %w", dst, err)
+	}
+	id, err := mountID(dst)
+	if err != nil {
+		unix.Unmount(dst, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
+		return 0, err
+	}
+	return id, nil
+}
+
+// unbindVolume undoes bindVolume: it detaches the bind with mount id id
+// from dir, refusing to unmount anything else, and checks it is gone.
+func unbindVolume(dir string, id uint64) error {
+	top, err := mountID(dir)
+	if err != nil {
+		return err
+	}
+	if top != id {
+		return fmt.Errorf("the mount on %s is %d, not the session's bind %d", dir, top, id)
+	}
+	if err := unix.Unmount(dir, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil {
+		return fmt.Errorf("unable to unbind the session's workspace from %s: %w", dir, err)
+	}
+	if top, err := mountID(dir); err != nil || top == id {
+		return fmt.Errorf("the session's workspace is still bound on %s (%v)", dir, err)
+	}
+	return nil
+}
+
+// mountID is the id of the mount at the top of dir.
+func mountID(dir string) (uint64, error) {
+	var st unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, dir, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID, &st); err != nil {
+		return 0, fmt.Errorf("statx %s: %w", dir, err)
+	}
+	if st.Mask&unix.STATX_MNT_ID == 0 {
+		return 0, errors.New("statx: no mount id on this kernel")
+	}
+	return st.Mnt_id, nil
+}

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"slices"
 	"sync"
@@ -109,7 +110,12 @@ type templatePool struct {
 type warmSandbox struct {
 	pending   *nsjail.Pending
 	workspace string
-	control   *os.File // fd 3 of the code's process: the hand-off message
+	// control is the pool's end of ControlFD (the hand-off message, a
+	// kernel's executions); peer is the sandbox's end, which the pool keeps
+	// open until the hand-off is known to be read: bytes unread in it
+	// outlive the sandbox then (SECURITY.md case 34).
+	control *net.UnixConn
+	peer    *os.File
 	// exit delivers the code's process's wait status, as the zygote got it
 	// from the kernel; it closes without a value if the zygote died.
 	exit    <-chan syscall.WaitStatus
@@ -186,7 +192,7 @@ func (p *Pool) Stats() Stats {
 // see package workspace) and then removes, as it does spec.Workspace. The
 // error is non-nil only when nothing ran (see nsjail.Runner.Run).
 func (p *Pool) Run(ctx context.Context, spec nsjail.Spec) (res *nsjail.Result, outputs string, err error) {
-	w, tp := p.take(&spec)
+	w, tp := p.take(func(t Template) (bool, bool) { return t.Matches(&spec) })
 	if w == nil {
 		res, err := p.sandboxer.Run(ctx, spec)
 		return res, spec.Workspace, err
@@ -212,9 +218,15 @@ func (p *Pool) Run(ctx context.Context, spec nsjail.Spec) (res *nsjail.Result, o
 	return res, w.workspace, nil
 }
 
-// take finds a ready sandbox of a template that spec matches (see
+// closeControl closes both ends of w's ControlFD channel held by the pool.
+func (w *warmSandbox) closeControl() {
+	w.control.Close()
+	w.peer.Close()
+}
+
+// take finds a ready sandbox of a template that matches (see
 // Template.Matches); one whose environment alone differs is counted.
-func (p *Pool) take(spec *nsjail.Spec) (*warmSandbox, *templatePool) {
+func (p *Pool) take(matches func(Template) (shape, env bool)) (*warmSandbox, *templatePool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -222,7 +234,7 @@ func (p *Pool) take(spec *nsjail.Spec) (*warmSandbox, *templatePool) {
 	}
 	envDiffers := false
 	for _, tp := range p.templates {
-		shape, env := tp.t.Matches(spec)
+		shape, env := matches(tp.t)
 		if shape && !env {
 			envDiffers = true
 		}
@@ -276,15 +288,14 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (r
 	if w.dead() {
 		return nil, false, p.dropDead(w, sb, spec, false, "its zygote or code's process is gone")
 	}
-	// The pipe stays open until the sandbox is gone, so that what is left
+	// The peer stays open until the sandbox is gone, so that what is left
 	// unread in it tells whether the code's process ever took the hand-off.
 	if _, err := w.control.Write(msg); err != nil {
-		// EPIPE: the code's process is gone.
 		return nil, false, p.dropDead(w, sb, spec, false, fmt.Sprintf("the hand-off failed: %v", err))
 	}
 	res = sb.Wait(ctx)
-	unread, uerr := pipeUnread(w.control)
-	w.control.Close()
+	unread, uerr := pipeUnread(w.peer)
+	w.closeControl()
 	if uerr == nil && unread > 0 {
 		// The code's process never read the whole message (it runs the
 		// code only after MessageEnd): none of the execution ran.
@@ -311,7 +322,7 @@ func (p *Pool) dropDead(w *warmSandbox, sb *nsjail.Sandbox, spec nsjail.Spec, wa
 		defer p.retiring.Done()
 		if !waited {
 			// As retire, for a sandbox already handed off.
-			w.control.Close()
+			w.closeControl()
 			ctx, cancel := context.WithTimeout(context.Background(), retireGrace)
 			sb.Wait(ctx)
 			cancel()
@@ -326,8 +337,9 @@ func (p *Pool) dropDead(w *warmSandbox, sb *nsjail.Sandbox, spec nsjail.Spec, wa
 	return nil
 }
 
-// pipeUnread is the number of bytes written to the pipe f and not read yet
-// (FIONREAD, alias TIOCINQ, works on either end of a pipe).
+// pipeUnread is the number of bytes in f's receive queue, not read yet
+// (FIONREAD, alias TIOCINQ and SIOCINQ: f is the sandbox's end of the
+// ControlFD socketpair, or either end of a pipe).
 func pipeUnread(f *os.File) (int, error) {
 	rc, err := f.SyscallConn()
 	if err != nil {
@@ -410,6 +422,7 @@ const retireGrace = 5 * time.Second
 func (p *Pool) retire(w *warmSandbox) {
 	w.control.Close()
 	w.pending.Retire(retireGrace)
+	w.peer.Close()
 	workspace.Remove(w.workspace)
 }
 
@@ -456,27 +469,6 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctlR, ctlW, err := os.Pipe()
-	if err != nil {
-		workspace.Remove(ws)
-		return nil, err
-	}
-	readyR, readyW, err := os.Pipe()
-	if err != nil {
-		ctlR.Close()
-		ctlW.Close()
-		workspace.Remove(ws)
-		return nil, err
-	}
-	statusR, statusW, err := os.Pipe()
-	if err != nil {
-		ctlR.Close()
-		ctlW.Close()
-		readyR.Close()
-		readyW.Close()
-		workspace.Remove(ws)
-		return nil, err
-	}
 	spec := nsjail.Spec{
 		Rootfs:    t.Rootfs,
 		Args:      zygoteArgs(p.cfg.Preload),
@@ -485,39 +477,74 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 		Workspace: ws,
 		Limits:    t.Limits,
 	}
-	// No deadline runs until the hand-off, which sets the execution's; until
-	// then the pool's own timer applies.
-	pending, err := p.sandboxer.Prestart(spec, zygoteFiles(ctlR, readyW, statusW)...)
-	ctlR.Close()
-	readyW.Close()
-	statusW.Close()
+	// Preload on idle CPU only: a refill must not slow running executions.
+	w, err := p.launch(context.Background(), p.stop, spec, 19)
 	if err != nil {
-		ctlW.Close()
-		readyR.Close()
-		statusR.Close()
 		workspace.Remove(ws)
 		return nil, err
 	}
-	// Preload on idle CPU only: a refill must not slow running executions.
-	if err := pending.SetNice(19); err != nil {
-		p.log.Warn("warm pool: unable to lower the preload's priority", "sandbox", pending.ID(), "error", err)
+	return w, nil
+}
+
+// launch starts spec, a zygote's (zygoteArgs), at the given niceness and
+// waits until its preload is done (bounded by readyTimeout, ctx and stop,
+// which makes it errPoolClosed). spec.Workspace is the caller's to remove.
+func (p *Pool) launch(ctx context.Context, stop <-chan struct{}, spec nsjail.Spec, nice int) (*warmSandbox, error) {
+	ctl, ctlPeer, err := controlPair()
+	if err != nil {
+		return nil, err
 	}
-	w := &warmSandbox{pending: pending, workspace: ws, control: ctlW, exit: readExitReport(statusR)}
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		ctl.Close()
+		ctlPeer.Close()
+		return nil, err
+	}
+	statusR, statusW, err := os.Pipe()
+	if err != nil {
+		ctl.Close()
+		ctlPeer.Close()
+		readyR.Close()
+		readyW.Close()
+		return nil, err
+	}
+	// No deadline runs until the hand-off, which sets the execution's; until
+	// then the pool's own timer applies.
+	pending, err := p.sandboxer.Prestart(spec, zygoteFiles(ctlPeer, readyW, statusW)...)
+	readyW.Close()
+	statusW.Close()
+	if err != nil {
+		ctl.Close()
+		ctlPeer.Close()
+		readyR.Close()
+		statusR.Close()
+		return nil, err
+	}
+	if nice != 0 {
+		if err := pending.SetNice(nice); err != nil {
+			p.log.Warn("warm pool: unable to lower the preload's priority", "sandbox", pending.ID(), "error", err)
+		}
+	}
+	w := &warmSandbox{pending: pending, workspace: spec.Workspace, control: ctl, peer: ctlPeer, exit: readExitReport(statusR)}
 	got := make(chan error, 1)
 	go func() { got <- readReady(readyR) }()
+	timer := time.NewTimer(readyTimeout)
+	defer timer.Stop()
 	select {
 	case err = <-got:
-	case <-time.After(readyTimeout):
+	case <-timer.C:
 		err = fmt.Errorf("preload did not finish within %s", readyTimeout)
-	case <-p.stop:
+	case <-stop:
 		err = errPoolClosed
+	case <-ctx.Done():
+		err = ctx.Err()
 	}
 	readyR.Close()
 	if err != nil {
-		ctlW.Close()
+		ctl.Close()
 		res := pending.Retire(time.Second)
-		workspace.Remove(ws)
-		if err == errPoolClosed {
+		ctlPeer.Close()
+		if err == errPoolClosed || ctx.Err() != nil {
 			return nil, err
 		}
 		return nil, fmt.Errorf("warm sandbox did not become ready: %v (status %s, stderr: %s)", err, res.Status, truncateForLog(res.Stderr))

@@ -8,8 +8,10 @@ package warmpool
 //
 //  1. Start. The pool pre-starts a sandbox running zygoteArgs: zygote.py
 //     with the preload's module names joined by PreloadSep as its one
-//     argument, and three pipes (zygoteFiles): ControlFD (pool → the code's
-//     process: the hand-off), ReadyFD and ExitReportFD (zygote → pool).
+//     argument, and three channels (zygoteFiles): ControlFD, one end of a
+//     unix stream socketpair (pool ↔ the code's process: the hand-off, and
+//     a kernel's executions), ReadyFD and ExitReportFD, pipes (zygote →
+//     pool).
 //  2. Ready. The zygote imports the preload, forks the process the code
 //     will run in, and writes ReadyByte on ReadyFD, which it then closes.
 //     The code's process closes ReadyFD and ExitReportFD: it never holds a
@@ -17,10 +19,23 @@ package warmpool
 //  3. Hand-off. The pool writes one Handoff message, JSON ending with
 //     MessageEnd (EncodeHandoff), on ControlFD. The code's process waits
 //     with poll and reads up to MessageEnd only, so that a message it never
-//     took stays in the pipe, where the pool finds it (the sandbox died
-//     first: SECURITY.md case 34); it then closes ControlFD and runs the
-//     file as `python3 PATH` would. EOF on ControlFD without a message
-//     retires the sandbox: both processes exit 0.
+//     took stays in the socket, where the pool finds it (the pool keeps
+//     the sandbox's end open too, so the bytes outlive the sandbox: the
+//     sandbox died first, SECURITY.md case 34); it then closes ControlFD
+//     and runs the file as `python3 PATH` would. EOF on ControlFD without a
+//     message retires the sandbox: both processes exit 0.
+//  3k. Kernel hand-off. A Handoff with Kernel set makes the code's process
+//     a session's kernel instead: it keeps ControlFD, points fds 1 and 2 at
+//     /dev/null, changes to Cwd (after the pool bound the session's volume
+//     there) and answers with a KernelReply of Seq KernelReadySeq. Then,
+//     per execution, the pool sends one KernelRequest (EncodeKernelRequest:
+//     one line, Seq counting from 1) carrying, as SCM_RIGHTS, KernelFDs
+//     fds: the write ends of the execution's stdout and stderr pipes. The
+//     kernel puts them on fds 1 and 2, runs the code as a cell of its
+//     persistent __main__, puts /dev/null back, and answers one
+//     KernelReply line with the same Seq. Everything the kernel writes is
+//     untrusted (the code runs in that process): DecodeKernelReply is
+//     strict, and the pool decides timeouts, OOM and the pids limit itself.
 //  4. Exit report. The zygote reaps the code's process, kills whatever that
 //     left, writes its wait status in decimal and MessageEnd on
 //     ExitReportFD (DecodeExitReport), and exits with the same status, a
@@ -29,17 +44,20 @@ package warmpool
 
 import (
 	"bufio"
+	"bytes"
 	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strconv"
 	"strings"
 	"syscall"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"golang.org/x/sys/unix"
 )
 
 //go:embed zygote.py
@@ -63,13 +81,91 @@ const (
 
 // Handoff is the message that gives the code's process its execution.
 type Handoff struct {
-	// Path is the file to run, as `python3 PATH`.
+	// Path is the file to run, as `python3 PATH` (none for a kernel).
 	Path string `json:"path"`
 	// Argv is the code's sys.argv.
 	Argv []string `json:"argv"`
 	// Cwd is the working directory ("/" when empty).
 	Cwd string `json:"cwd"`
+	// Kernel makes the process a session's kernel (step 3k).
+	Kernel bool `json:"kernel,omitempty"`
 }
+
+const (
+	// KernelReadySeq is the Seq of a kernel's answer to its hand-off;
+	// executions count from KernelReadySeq+1.
+	KernelReadySeq = 0
+	// KernelFDs is the number of fds a KernelRequest carries: stdout's and
+	// stderr's write ends, in that order.
+	KernelFDs = 2
+	// maxKernelReplyBytes bounds a KernelReply line, MessageEnd included.
+	maxKernelReplyBytes = 128
+	// maxKernelExitCode is the highest exit code a reply may carry.
+	maxKernelExitCode = 255
+)
+
+// KernelRequest is one execution sent to a kernel.
+type KernelRequest struct {
+	Seq uint64 `json:"seq"`
+	// Code is run as a cell named CellName(Seq).
+	Code string `json:"code"`
+	// Env is set in os.environ for the execution, then restored.
+	Env map[string]string `json:"env"`
+}
+
+// KernelReply is a kernel's answer to a KernelRequest (or to its
+// hand-off, Seq KernelReadySeq).
+type KernelReply struct {
+	Seq uint64 `json:"seq"`
+	// ExitCode is 0, 1 for an uncaught exception, N for SystemExit(N),
+	// 130 for KeyboardInterrupt.
+	ExitCode int `json:"exit_code"`
+	// Interrupted says the cell ended with KeyboardInterrupt.
+	Interrupted bool `json:"interrupted,omitempty"`
+}
+
+// EncodeKernelRequest is r as its line (the fds go beside it).
+func EncodeKernelRequest(r KernelRequest) ([]byte, error) {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return nil, fmt.Errorf("encode the kernel request: %w", err)
+	}
+	return append(b, MessageEnd), nil
+}
+
+// DecodeKernelReply parses one reply line, with its MessageEnd, strictly:
+// a bounded line holding one JSON object with known fields only and an
+// exit code in [0, 255] (SECURITY.md case 39: the code can write anything
+// on ControlFD).
+func DecodeKernelReply(line []byte) (KernelReply, error) {
+	var r KernelReply
+	if len(line) > maxKernelReplyBytes {
+		return r, fmt.Errorf("kernel reply longer than %d bytes", maxKernelReplyBytes)
+	}
+	if len(line) == 0 || line[len(line)-1] != MessageEnd {
+		return r, errors.New("kernel reply: no end")
+	}
+	dec := json.NewDecoder(bytes.NewReader(line[:len(line)-1]))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil {
+		return r, fmt.Errorf("kernel reply %q: %w", line, err)
+	}
+	if dec.More() {
+		return r, fmt.Errorf("kernel reply %q: more than one value", line)
+	}
+	if r.ExitCode < 0 || r.ExitCode > maxKernelExitCode {
+		return r, fmt.Errorf("kernel reply %q: exit code out of range", line)
+	}
+	return r, nil
+}
+
+// CellNameFormat names the file a kernel compiles execution Seq's code
+// under, as tracebacks show it ("<cell 3>"; zygote.py registers the source
+// in linecache, so the lines show too).
+const CellNameFormat = "<cell %d>"
+
+// CellName is execution seq's cell name.
+func CellName(seq uint64) string { return fmt.Sprintf(CellNameFormat, seq) }
 
 // EncodeHandoff is h as its message: one line, as encoding/json escapes
 // every control character in strings.
@@ -106,7 +202,26 @@ func zygoteArgs(preload []string) []string {
 	return []string{"python3", "-P", "-c", zygoteSource, strings.Join(preload, PreloadSep)}
 }
 
-// zygoteFiles orders the pipes' sandbox ends as Prestart takes them, so
+// controlPair makes a warm sandbox's ControlFD channel, a unix stream
+// socketpair (a kernel answers on it): the pool's end as a *net.UnixConn
+// (deadlines, SCM_RIGHTS) and the sandbox's end, left blocking, as the
+// zygote reads it.
+func controlPair() (pool *net.UnixConn, sandbox *os.File, err error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("unable to create the control socketpair: %w", err)
+	}
+	f := os.NewFile(uintptr(fds[0]), "control")
+	c, err := net.FileConn(f) // a dup of f's fd, made non-blocking
+	f.Close()
+	if err != nil {
+		unix.Close(fds[1])
+		return nil, nil, fmt.Errorf("unable to use the control socket: %w", err)
+	}
+	return c.(*net.UnixConn), os.NewFile(uintptr(fds[1]), "control-sandbox"), nil
+}
+
+// zygoteFiles orders the channels' sandbox ends as Prestart takes them, so
 // that each becomes its protocol fd.
 func zygoteFiles(control, ready, exitReport *os.File) []*os.File {
 	files := make([]*os.File, 3)

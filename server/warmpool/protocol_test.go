@@ -40,12 +40,15 @@ func pyBytes(b ...byte) string { return "b" + strconv.Quote(string(b)) }
 // no name more, none less.
 func TestZygoteMirrorsProtocol(t *testing.T) {
 	want := map[string]string{
-		"CONTROL_FD":     strconv.Itoa(ControlFD),
-		"READY_FD":       strconv.Itoa(ReadyFD),
-		"EXIT_REPORT_FD": strconv.Itoa(ExitReportFD),
-		"READY_BYTE":     pyBytes(ReadyByte),
-		"PRELOAD_SEP":    strconv.Quote(PreloadSep),
-		"MESSAGE_END":    pyBytes(MessageEnd),
+		"CONTROL_FD":       strconv.Itoa(ControlFD),
+		"READY_FD":         strconv.Itoa(ReadyFD),
+		"EXIT_REPORT_FD":   strconv.Itoa(ExitReportFD),
+		"READY_BYTE":       pyBytes(ReadyByte),
+		"PRELOAD_SEP":      strconv.Quote(PreloadSep),
+		"MESSAGE_END":      pyBytes(MessageEnd),
+		"KERNEL_READY_SEQ": strconv.Itoa(KernelReadySeq),
+		"KERNEL_FDS":       strconv.Itoa(KernelFDs),
+		"CELL_NAME_FORMAT": strconv.Quote(CellNameFormat),
 	}
 	if got := zygoteProtocol(t); !maps.Equal(got, want) {
 		t.Fatalf("zygote.py's PROTOCOL block is\n%q\nprotocol.go says\n%q", got, want)

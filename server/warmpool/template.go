@@ -30,12 +30,27 @@ func (t Template) Matches(spec *nsjail.Spec) (shape, env bool) {
 		spec.Stdin != nil {
 		return false, false
 	}
-	a, b := t.Limits, spec.Limits
-	a.Timeout, b.Timeout = 0, 0
-	if t.Rootfs != spec.Rootfs || a != b || spec.Hostname != "" {
+	if !t.sandboxMatches(spec) {
 		return false, false
 	}
 	return true, maps.Equal(envMap(t.Env), envMap(spec.Env))
+}
+
+// MatchesKernel reports whether a warm sandbox of t can become a session's
+// kernel for spec (see Pool.StartKernel): as Matches, but spec.Args do not
+// matter (a kernel runs no file), and the environment must be exactly t's
+// (Python reads it at start-up, long before the hand-off).
+func (t Template) MatchesKernel(spec *nsjail.Spec) bool {
+	return spec.Workspace != "" && spec.Stdin == nil && t.sandboxMatches(spec) &&
+		maps.Equal(envMap(t.Env), envMap(spec.Env))
+}
+
+// sandboxMatches: t's rootfs, t's limits (the timeout aside: it is the
+// execution's), no hostname of spec's own.
+func (t Template) sandboxMatches(spec *nsjail.Spec) bool {
+	a, b := t.Limits, spec.Limits
+	a.Timeout, b.Timeout = 0, 0
+	return t.Rootfs == spec.Rootfs && a == b && spec.Hostname == ""
 }
 
 func envMap(env []string) map[string]string {

@@ -9,7 +9,9 @@
 # open: _check_no_stray_fds), and runs the file exactly as `python3 path` would: __name__ == "__main__", __file__,
 # sys.argv, sys.path[0], cwd, exit codes and tracebacks. EOF on CONTROL_FD
 # without a message means the pool is retiring this sandbox: it exits 0
-# quietly.
+# quietly. A hand-off with "kernel" set makes it a session's kernel instead
+# (_kernel): it keeps CONTROL_FD and runs execution after execution, each a
+# notebook cell in one persistent namespace, until EOF or its death.
 #
 # The zygote itself never runs the code. It waits for the code's process,
 # kills whatever that left behind, writes the process's wait status (as the
@@ -31,6 +33,9 @@ EXIT_REPORT_FD = 5
 READY_BYTE = b"R"
 PRELOAD_SEP = ","
 MESSAGE_END = b"\n"
+KERNEL_READY_SEQ = 0
+KERNEL_FDS = 2
+CELL_NAME_FORMAT = "<cell %d>"
 # --- end PROTOCOL ---
 
 _PR_SET_DUMPABLE = 4
@@ -38,12 +43,31 @@ _STRAY_FD_EXIT = 70  # EX_SOFTWARE: the preload left an fd open
 
 
 def decode_handoff(message):
-    """The hand-off message (protocol.go's Handoff) as (path, argv, cwd)."""
+    """The hand-off message (protocol.go's Handoff) as (path, argv, cwd,
+    kernel)."""
     import json
 
     job = json.loads(message)
     path = job["path"]
-    return path, job.get("argv") or [path], job.get("cwd") or "/"
+    return path, job.get("argv") or [path], job.get("cwd") or "/", bool(job.get("kernel"))
+
+
+def decode_request(message):
+    """A kernel's execution (protocol.go's KernelRequest) as (seq, code, env)."""
+    import json
+
+    req = json.loads(message)
+    return req["seq"], req["code"], req.get("env") or {}
+
+
+def encode_reply(seq, exit_code, interrupted):
+    """A kernel's answer (protocol.go's KernelReply, DecodeKernelReply)."""
+    import json
+
+    reply = {"seq": seq, "exit_code": exit_code}
+    if interrupted:
+        reply["interrupted"] = True
+    return json.dumps(reply).encode() + MESSAGE_END
 
 
 def encode_exit_report(status):
@@ -122,8 +146,13 @@ def _fork_code_process():
     msg = _receive()
     if msg is None:
         os._exit(0)
-    _run(msg)
-    os._exit(1)  # not reached: _run exits
+    path, argv, cwd, kernel = decode_handoff(msg)
+    if kernel:
+        _kernel(cwd)
+    else:
+        os.close(CONTROL_FD)
+        _run(path, argv, cwd)
+    os._exit(1)  # not reached: both exit
 
 
 def _receive():
@@ -144,7 +173,6 @@ def _receive():
         if not chunk:
             return None
         data += chunk
-    os.close(CONTROL_FD)
     return data
 
 
@@ -171,11 +199,10 @@ def _relay_exit_status(pid):
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
 
-def _run(msg):
+def _run(path, argv, cwd):
     import types
     from importlib.machinery import SourceFileLoader
 
-    path, argv, cwd = decode_handoff(msg)
     os.chdir(cwd)
     sys.argv[:] = argv
     try:
@@ -288,6 +315,160 @@ def _finish(code, main, opened):
             if code == 0:
                 code = 120  # what the interpreter returns when the flush fails
     os._exit(code)
+
+
+# --- the kernel (protocol.go, step 3k) ---
+
+_interrupt_pending = False
+_KERNEL_PROTOCOL_EXIT = 76  # EX_PROTOCOL: a request without its fds
+
+
+def _note_interrupt(signum, frame):
+    """SIGINT between cells: remembered, never raised into the loop."""
+    global _interrupt_pending
+    _interrupt_pending = True
+
+
+def _kernel(cwd):
+    """Loop over a session's executions, each a cell run in one persistent
+    __main__, as a notebook does. Every execution brings its own stdout and
+    stderr (the pool's pipes, on fds 1 and 2 while it runs; /dev/null
+    between executions, where a thread left running writes). A cell's
+    SystemExit, exception or KeyboardInterrupt ends the cell, never the
+    kernel. The code runs in this very process and may write anything on
+    CONTROL_FD: the pool trusts nothing said here beyond a well-formed
+    reply with the right seq (SECURITY.md case 39)."""
+    import ctypes
+    import socket
+    import types
+
+    global _interrupt_pending
+    sock = socket.socket(fileno=CONTROL_FD)
+    # Not inherited by programs the code runs (a fork still has it).
+    os.set_inheritable(CONTROL_FD, False)
+    _to_devnull()
+    for stream in (sys.stdout, sys.stderr):
+        # Output is live: a line reaches the pipe when printed.
+        stream.reconfigure(line_buffering=True, write_through=True)
+    os.chdir(cwd)
+    sys.argv[:] = [""]
+    # As an interactive interpreter's: modules beside the data import.
+    sys.path.insert(0, cwd)
+    main = types.ModuleType("__main__")
+    main.__builtins__ = __builtins__
+    sys.modules["__main__"] = main
+    libc = ctypes.CDLL(None)
+    kernel_pid = os.getpid()
+    signal.signal(signal.SIGINT, _note_interrupt)
+    sock.sendall(encode_reply(KERNEL_READY_SEQ, 0, False))
+    while True:
+        got = _receive_request(sock)
+        if got is None:
+            os._exit(0)  # EOF: the pool is done with this kernel
+        msg, fds = got
+        if len(fds) != KERNEL_FDS:
+            os._exit(_KERNEL_PROTOCOL_EXIT)
+        _interrupt_pending = False
+        seq, code, env = decode_request(msg)
+        exit_code, interrupted = _execute(main, seq, code, env, fds, libc)
+        if os.getpid() != kernel_pid:
+            # A fork made by the cell that returned into the loop: it ends
+            # here, as a forked child of a script ends with the script.
+            os._exit(exit_code)
+        try:
+            sock.sendall(encode_reply(seq, exit_code, interrupted))
+        except OSError:
+            os._exit(0)
+
+
+def _receive_request(sock):
+    """One request line and the fds that came with it, or None at EOF."""
+    import socket
+
+    chunks, fds = [], []
+    while not chunks or not chunks[-1].endswith(MESSAGE_END):
+        chunk, got, _, _ = socket.recv_fds(sock, 1 << 16, KERNEL_FDS)
+        fds += got
+        if not chunk:
+            for fd in fds:
+                os.close(fd)
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks), fds
+
+
+def _to_devnull():
+    fd = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _flush(libc):
+    for stream in {id(s): s for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)}.values():
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    try:
+        libc.fflush(None)  # what C code printed
+    except BaseException:
+        pass
+
+
+def _execute(main, seq, code, env, fds, libc):
+    """Run one cell with its own stdout, stderr and environment."""
+    import linecache
+
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+    _flush(libc)
+    os.dup2(fds[0], 1)
+    os.dup2(fds[1], 2)
+    for fd in fds:
+        os.close(fd)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    name = CELL_NAME_FORMAT % seq
+    # Tracebacks and inspect show the cell's lines.
+    linecache.cache[name] = (len(code), None, code.splitlines(True), name)
+    try:
+        return _run_cell(main, code, name)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        _flush(libc)
+        _to_devnull()
+
+
+def _run_cell(main, source, name):
+    """(exit code, interrupted) of one cell. SIGINT raises KeyboardInterrupt
+    only while the cell runs; one that came first (between the request and
+    here) is raised at its start."""
+    try:
+        try:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            if _interrupt_pending:
+                raise KeyboardInterrupt
+            exec(compile(source, name, "exec", dont_inherit=True), main.__dict__)
+        finally:
+            signal.signal(signal.SIGINT, _note_interrupt)
+    except SystemExit as exc:
+        return _exit_code(exc), False
+    except BaseException as exc:
+        # As the interpreter prints it, minus this frame (see _run).
+        tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+        exc.__traceback__ = tb
+        try:
+            sys.excepthook(type(exc), exc, tb)
+        except BaseException:
+            pass
+        if isinstance(exc, KeyboardInterrupt):
+            return 130, True
+        return 1, False
+    return 0, False
 
 
 def _check_no_stray_fds():

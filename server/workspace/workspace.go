@@ -16,6 +16,7 @@ import (
 	"syscall"
 
 	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"golang.org/x/sys/unix"
 )
 
 // ColdPrefix names every execution's workspace directory, so the orphan
@@ -130,8 +131,10 @@ func Create(root, run string, o Options, req Request) (ws *Workspace, err error)
 
 // CreateWarm makes an empty workspace under root for a warm sandbox, which
 // an execution's request is moved into later (MoveInto): a tmpfs sized by
-// o, or, when o.Bytes is 0, a plain directory (then root must be on the
-// same filesystem as the executions' workspaces: entries are renamed).
+// o, made a shared mount (a kernel's volume is bound on it later), or, when
+// o.Bytes is 0, a plain directory (then root must be on the same filesystem
+// as the executions' workspaces: entries are renamed; no volume can be
+// bound on it).
 func CreateWarm(root string, o Options) (string, error) {
 	dir, err := os.MkdirTemp(root, WarmPrefix)
 	if err != nil {
@@ -145,6 +148,14 @@ func CreateWarm(root string, o Options) (string, error) {
 		if err := Mount(dir, o); err != nil {
 			os.RemoveAll(dir)
 			return "", err
+		}
+		// Shared, so that a session's volume bound on dir later (see
+		// server/warmpool's kernels) propagates into the sandbox, whose copy
+		// of this mount is a slave: host to sandbox only, and locked there
+		// (the code cannot unmount it to reach the tmpfs below).
+		if err := unix.Mount("", dir, "", unix.MS_SHARED, ""); err != nil {
+			Remove(dir)
+			return "", fmt.Errorf("unable to make the warm workspace %s shared: %w", dir, err)
 		}
 	}
 	return dir, nil

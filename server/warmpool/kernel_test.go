@@ -1,0 +1,461 @@
+package warmpool_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+	"github.com/sandboxd/sandboxd/server/volume"
+	"github.com/sandboxd/sandboxd/server/warmpool"
+)
+
+// kernelEnv is a pool for kernels and what a session's spec needs.
+type kernelEnv struct {
+	r      *nsjail.Runner
+	pool   *warmpool.Pool
+	rootfs string
+	tpl    warmpool.Template
+}
+
+// newKernelEnv makes a pool of size ready sandboxes (0: every kernel is
+// cold) with tmpfs warm workspaces, as the server keeps them.
+func newKernelEnv(t testing.TB, size int) *kernelEnv {
+	t.Helper()
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	r := newPoolRunner(t)
+	tpl := poolTemplate(rootfs)
+	pool, err := warmpool.New(r, poolConfig(size, t.TempDir(), 64<<20), []warmpool.Template{tpl}, poolQuietLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return &kernelEnv{r: r, pool: pool, rootfs: rootfs, tpl: tpl}
+}
+
+// sessionDir is a plain directory standing in for a session's volume,
+// owned by the sandbox user.
+func (e *kernelEnv) sessionDir(t testing.TB) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "session")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(dir, e.r.HostUID(), e.r.HostGID()); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func (e *kernelEnv) spec(ws string) nsjail.Spec {
+	return nsjail.Spec{Rootfs: e.rootfs, Env: e.tpl.Env, Workspace: ws, Limits: e.tpl.Limits}
+}
+
+// start starts a kernel on ws, closed when t ends; warm says whether it
+// must come from the pool (which is waited for) or be cold.
+func (e *kernelEnv) start(t testing.TB, ws string, warm bool, o warmpool.KernelOptions) *warmpool.Kernel {
+	t.Helper()
+	if warm {
+		waitReadyTB(t, e.pool, 1)
+	}
+	k, err := e.pool.StartKernel(context.Background(), e.spec(ws), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.Close)
+	if k.Warm() != warm {
+		t.Fatalf("kernel warm = %v, want %v", k.Warm(), warm)
+	}
+	return k
+}
+
+func waitReadyTB(t testing.TB, p *warmpool.Pool, n uint64) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for p.Stats().Ready < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("pool not ready: %+v", p.Stats())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// run runs code and fails t unless the kernel answered.
+func run(t testing.TB, k *warmpool.Kernel, code string, timeout ...time.Duration) *warmpool.KernelResult {
+	t.Helper()
+	e := warmpool.KernelExec{Code: code}
+	if len(timeout) > 0 {
+		e.Timeout = timeout[0]
+	}
+	kr, err := k.Exec(context.Background(), e)
+	if err != nil {
+		t.Fatalf("Exec(%q): %v", code, err)
+	}
+	return kr
+}
+
+// want checks an execution's status, exit code and stdout.
+func want(t testing.TB, kr *warmpool.KernelResult, status nsjail.Status, exit int, stdout string) {
+	t.Helper()
+	r := kr.Result
+	if r.Status != status || r.ExitCode != exit || string(r.Stdout) != stdout {
+		t.Fatalf("got %s/%d stdout %q (stderr %q, ended %q), want %s/%d stdout %q",
+			r.Status, r.ExitCode, r.Stdout, r.Stderr, kr.Ended, status, exit, stdout)
+	}
+}
+
+func wantAlive(t testing.TB, kr *warmpool.KernelResult) {
+	t.Helper()
+	if kr.Ended != "" {
+		t.Fatalf("the kernel ended (%s): %s %q", kr.Ended, kr.Result.Status, kr.Result.Stderr)
+	}
+}
+
+// waitFile waits for the code to create name in the host directory dir
+// (its /workspace): the execution is then running.
+func waitFile(t testing.TB, dir, name string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never appeared", name)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A notebook's life in one kernel, warm and cold: state persists across
+// executions (a variable, an import, a DataFrame, a function), each
+// execution's output is its own, sys.exit and exceptions end the cell but
+// not the kernel, the environment is the execution's only.
+func TestKernelKeepsStateAcrossExecutions(t *testing.T) {
+	for _, warm := range []bool{true, false} {
+		t.Run(fmt.Sprintf("warm=%v", warm), func(t *testing.T) {
+			e := newKernelEnv(t, map[bool]int{true: 1, false: 0}[warm])
+			ws := e.sessionDir(t)
+			if err := os.WriteFile(filepath.Join(ws, "data.csv"), []byte("k,v\na,1\nb,2\na,3\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			k := e.start(t, ws, warm, warmpool.KernelOptions{})
+			if k.StartedAt().IsZero() || k.MemoryBytes() <= 0 {
+				t.Fatalf("started at %v, memory %d", k.StartedAt(), k.MemoryBytes())
+			}
+
+			kr := run(t, k, "import os, pandas as pd\nx = 41\ndf = pd.read_csv('data.csv')\ndef f(): return x + 1\nprint(os.getcwd(), len(df))")
+			want(t, kr, nsjail.StatusSucceeded, 0, "/workspace 3\n")
+			wantAlive(t, kr)
+			kr = run(t, k, "print(f(), df.groupby('k')['v'].sum().to_dict(), pd.__name__, __name__)")
+			want(t, kr, nsjail.StatusSucceeded, 0, "42 {'a': 4, 'b': 2} pandas __main__\n")
+			if kr.Result.Usage.WallMS < 0 || kr.Result.FinishedAt.Before(kr.Result.StartedAt) || kr.Result.Usage.PeakMemoryBytes <= 0 {
+				t.Errorf("usage %+v, %v..%v", kr.Result.Usage, kr.Result.StartedAt, kr.Result.FinishedAt)
+			}
+
+			kr = run(t, k, "import sys\nprint('bye')\nsys.exit(3)")
+			want(t, kr, nsjail.StatusFailed, 3, "bye\n")
+			wantAlive(t, kr)
+
+			kr = run(t, k, "y = 1\ndef g():\n    raise ValueError('boom')\ng()")
+			want(t, kr, nsjail.StatusFailed, 1, "")
+			wantAlive(t, kr)
+			for _, s := range []string{"Traceback (most recent call last):", `File "<cell 4>", line 4, in <module>`,
+				"    g()", `File "<cell 4>", line 3, in g`, "    raise ValueError('boom')", "ValueError: boom"} {
+				if !strings.Contains(string(kr.Result.Stderr), s) {
+					t.Errorf("traceback lacks %q:\n%s", s, kr.Result.Stderr)
+				}
+			}
+			if strings.Contains(string(kr.Result.Stderr), "zygote") || strings.Contains(string(kr.Result.Stderr), "<string>") {
+				t.Errorf("traceback shows the kernel's own frames:\n%s", kr.Result.Stderr)
+			}
+
+			kr = run(t, k, "def broken(:\n")
+			want(t, kr, nsjail.StatusFailed, 1, "")
+			if !strings.Contains(string(kr.Result.Stderr), "SyntaxError") {
+				t.Errorf("stderr %q", kr.Result.Stderr)
+			}
+
+			kr, err := k.Exec(context.Background(), warmpool.KernelExec{Code: "import os, sys\nprint(os.environ.get('SESSION_VAR'), y, file=sys.stderr)", Env: map[string]string{"SESSION_VAR": "v1"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want(t, kr, nsjail.StatusSucceeded, 0, "")
+			if string(kr.Result.Stderr) != "v1 1\n" {
+				t.Fatalf("stderr %q", kr.Result.Stderr)
+			}
+			kr = run(t, k, "print(os.environ.get('SESSION_VAR'))")
+			want(t, kr, nsjail.StatusSucceeded, 0, "None\n")
+		})
+	}
+}
+
+// Interrupt raises KeyboardInterrupt in the running code and the state
+// survives; a second execution meanwhile is refused; the interrupt is
+// answered by the kernel process, found by its pidfd.
+func TestKernelInterrupt(t *testing.T) {
+	e := newKernelEnv(t, 0)
+	ws := e.sessionDir(t)
+	k := e.start(t, ws, false, warmpool.KernelOptions{})
+	run(t, k, "z = 'kept'")
+	done := make(chan *warmpool.KernelResult, 1)
+	go func() {
+		kr, err := k.Exec(context.Background(), warmpool.KernelExec{Code: "open('running', 'w').close()\nwhile True:\n    pass", Timeout: time.Hour})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- kr
+	}()
+	waitFile(t, ws, "running")
+	if _, err := k.Exec(context.Background(), warmpool.KernelExec{Code: "print(1)"}); !errors.Is(err, warmpool.ErrKernelBusy) {
+		t.Fatalf("a second execution: %v, want ErrKernelBusy", err)
+	}
+	if err := k.Interrupt(); err != nil {
+		t.Fatal(err)
+	}
+	kr := <-done
+	if kr == nil {
+		t.FailNow()
+	}
+	want(t, kr, nsjail.StatusFailed, 130, "")
+	wantAlive(t, kr)
+	if !strings.Contains(string(kr.Result.Stderr), "KeyboardInterrupt") {
+		t.Fatalf("stderr %q", kr.Result.Stderr)
+	}
+	want(t, run(t, k, "print(z)"), nsjail.StatusSucceeded, 0, "kept\n")
+	// Nothing runs: an interrupt is a no-op, and the next cell is not hit.
+	if err := k.Interrupt(); err != nil {
+		t.Fatal(err)
+	}
+	want(t, run(t, k, "print(z)"), nsjail.StatusSucceeded, 0, "kept\n")
+}
+
+// A timeout interrupts the code; the kernel lives on when it stops, and
+// is killed (EndTimeout) when it does not.
+func TestKernelTimeout(t *testing.T) {
+	e := newKernelEnv(t, 0)
+	k := e.start(t, e.sessionDir(t), false, warmpool.KernelOptions{})
+	kr := run(t, k, "v = 7\nwhile True:\n    pass", time.Second)
+	if kr.Result.Status != nsjail.StatusTimeout || !slices.Contains(kr.Result.LimitsHit, nsjail.LimitTimeout) {
+		t.Fatalf("status %s, limits %v", kr.Result.Status, kr.Result.LimitsHit)
+	}
+	wantAlive(t, kr)
+	want(t, run(t, k, "print(v)"), nsjail.StatusSucceeded, 0, "7\n")
+
+	kr = run(t, k, "print('stubborn', flush=True)\ntry:\n    while True: pass\nexcept KeyboardInterrupt:\n    while True: pass", time.Second)
+	if kr.Result.Status != nsjail.StatusTimeout || kr.Ended != warmpool.EndTimeout || string(kr.Result.Stdout) != "stubborn\n" {
+		t.Fatalf("status %s, ended %q, stdout %q", kr.Result.Status, kr.Ended, kr.Result.Stdout)
+	}
+	if k.EndReason() != warmpool.EndTimeout {
+		t.Fatalf("end reason %q", k.EndReason())
+	}
+	if _, err := k.Exec(context.Background(), warmpool.KernelExec{Code: "print(v)"}); !errors.Is(err, warmpool.ErrKernelEnded) {
+		t.Fatalf("Exec after the end: %v", err)
+	}
+	if err := k.Interrupt(); !errors.Is(err, warmpool.ErrKernelEnded) {
+		t.Fatalf("Interrupt after the end: %v", err)
+	}
+}
+
+// The kernel's ends the worker decides: OOM, the pids limit, its own exit,
+// a cancelled context, Close.
+func TestKernelEnds(t *testing.T) {
+	e := newKernelEnv(t, 0)
+	cases := []struct {
+		name, code string
+		status     nsjail.Status
+		ended      string
+		limit      string
+	}{
+		{"oom", "x = bytearray(2 * 1024 * 1024 * 1024)", nsjail.StatusOOM, warmpool.EndOOM, nsjail.LimitMemory},
+		{"pids", `import threading, time
+ts = []
+try:
+    for i in range(500):
+        t = threading.Thread(target=time.sleep, args=(2,)); t.start(); ts.append(t)
+except RuntimeError as e:
+    print("refused")`, nsjail.StatusSucceeded, warmpool.EndPids, nsjail.LimitPids},
+		{"exit", "import os\nos._exit(5)", nsjail.StatusFailed, warmpool.EndExited, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			k := e.start(t, e.sessionDir(t), false, warmpool.KernelOptions{})
+			kr := run(t, k, c.code)
+			if kr.Result.Status != c.status || kr.Ended != c.ended || (c.limit != "" && !slices.Contains(kr.Result.LimitsHit, c.limit)) {
+				t.Fatalf("status %s, ended %q, limits %v, want %s, %q, %q (stderr %q)", kr.Result.Status, kr.Ended, kr.Result.LimitsHit,
+					c.status, c.ended, c.limit, kr.Result.Stderr)
+			}
+		})
+	}
+	t.Run("cancelled", func(t *testing.T) {
+		ws := e.sessionDir(t)
+		k := e.start(t, ws, false, warmpool.KernelOptions{})
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() {
+			waitFile(t, ws, "running")
+			cancel()
+		}()
+		kr, err := k.Exec(ctx, warmpool.KernelExec{Code: "import time\nopen('running', 'w').close()\ntime.sleep(3600)"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if kr.Result.Status != nsjail.StatusCancelled || kr.Ended != warmpool.EndCancelled {
+			t.Fatalf("status %s, ended %q", kr.Result.Status, kr.Ended)
+		}
+	})
+	t.Run("closed", func(t *testing.T) {
+		k := e.start(t, e.sessionDir(t), false, warmpool.KernelOptions{})
+		k.Close()
+		k.Close()
+		<-k.Ended()
+		if k.EndReason() != warmpool.EndClosed || k.MemoryBytes() != 0 {
+			t.Fatalf("end reason %q, memory %d", k.EndReason(), k.MemoryBytes())
+		}
+	})
+}
+
+// The session's volume is bound over a warm sandbox's workspace: the code
+// sees its files and its writes land in the volume; the bind is nosuid,
+// nodev, noexec and locked (the code cannot unmount it to reach the tmpfs
+// below); a read-only kernel cannot write; Close unbinds it and leaves the
+// volume mounted and intact.
+func TestKernelWorkspaceIsTheVolume(t *testing.T) {
+	e := newKernelEnv(t, 1)
+	v, err := volume.Create(filepath.Join(t.TempDir(), "vol"), volume.Options{UID: e.r.HostUID(), GID: e.r.HostGID(), MaxBytes: 16 << 20, MaxFiles: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { v.Remove() })
+	if _, _, err := v.Put("in/data.txt", strings.NewReader("from the host")); err != nil {
+		t.Fatal(err)
+	}
+	k := e.start(t, v.Path(), true, warmpool.KernelOptions{})
+	kr := run(t, k, `import ctypes, os
+print(open("/workspace/in/data.txt").read())
+open("/workspace/out.txt", "w").write("from the kernel")
+flags = [l.split()[5] for l in open("/proc/self/mountinfo") if l.split()[4] == "/workspace"]
+print(flags)
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.umount2(b"/workspace", 2), ctypes.get_errno() != 0)`)
+	want(t, kr, nsjail.StatusSucceeded, 0, "")
+	lines := strings.Split(string(kr.Result.Stdout), "\n")
+	if len(lines) < 3 || lines[0] != "from the host" || lines[2] != "-1 True" {
+		t.Fatalf("stdout %q (stderr %q)", kr.Result.Stdout, kr.Result.Stderr)
+	}
+	for _, f := range []string{"nosuid", "nodev", "noexec"} {
+		if !strings.Contains(lines[1], f) {
+			t.Errorf("the workspace mounts are %s, want %s", lines[1], f)
+		}
+	}
+	got, err := os.ReadFile(filepath.Join(v.Path(), "out.txt"))
+	if err != nil || string(got) != "from the kernel" {
+		t.Fatalf("the volume holds %q, %v", got, err)
+	}
+	want(t, run(t, k, `print(open("/workspace/out.txt").read())`), nsjail.StatusSucceeded, 0, "from the kernel\n")
+	k.Close()
+	if n := mountsUnder(t, e.pool, "warm-"); n != 0 {
+		t.Fatalf("%d warm workspace mounts hold a volume after Close", n)
+	}
+	if u, err := v.Usage(); err != nil || u.Files == 0 {
+		t.Fatalf("volume after Close: %+v %v", u, err)
+	}
+
+	ro := e.start(t, v.Path(), true, warmpool.KernelOptions{ReadOnly: true})
+	kr = run(t, ro, `import errno
+print(open("/workspace/out.txt").read())
+try:
+    open("/workspace/new.txt", "w")
+except OSError as e:
+    print(errno.errorcode[e.errno])`)
+	want(t, kr, nsjail.StatusSucceeded, 0, "from the kernel\nEROFS\n")
+}
+
+// A cold kernel's workspace is bound read-only when asked.
+func TestColdKernelReadOnly(t *testing.T) {
+	e := newKernelEnv(t, 0)
+	ws := e.sessionDir(t)
+	k := e.start(t, ws, false, warmpool.KernelOptions{ReadOnly: true})
+	kr := run(t, k, `import errno, os
+print(os.listdir("/workspace"))
+try:
+    open("/workspace/new.txt", "w")
+except OSError as e:
+    print(errno.errorcode[e.errno])`)
+	want(t, kr, nsjail.StatusSucceeded, 0, "[]\nEROFS\n")
+}
+
+// mountsUnder counts the mounts in the worker's namespace whose mount
+// point has a path element starting with prefix.
+func mountsUnder(t testing.TB, _ *warmpool.Pool, prefix string) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) > 4 && strings.Contains(f[4], "/"+prefix) && f[3] != "/" {
+			n++
+		}
+	}
+	return n
+}
+
+// BenchmarkKernelExecPrint measures print(1) in a live kernel: request,
+// run, reply, output and counters.
+func BenchmarkKernelExecPrint(b *testing.B) {
+	e := newKernelEnv(b, 0)
+	k := e.start(b, e.sessionDir(b), false, warmpool.KernelOptions{})
+	var lat []time.Duration
+	for b.Loop() {
+		start := time.Now()
+		kr, err := k.Exec(context.Background(), warmpool.KernelExec{Code: "print(1)"})
+		lat = append(lat, time.Since(start))
+		if err != nil || kr.Result.Status != nsjail.StatusSucceeded {
+			b.Fatalf("%v %+v", err, kr)
+		}
+	}
+	reportLatency(b, lat)
+}
+
+// BenchmarkKernelStartWarm measures a warm kernel's start (bind, hand-off,
+// answer) and its first print(1), with the pool refilled between
+// iterations, as a new session on an idle worker.
+func BenchmarkKernelStartWarm(b *testing.B) {
+	e := newKernelEnv(b, 1)
+	ws := e.sessionDir(b)
+	var lat []time.Duration
+	for b.Loop() {
+		b.StopTimer()
+		waitReadyTB(b, e.pool, 1)
+		b.StartTimer()
+		start := time.Now()
+		k, err := e.pool.StartKernel(context.Background(), e.spec(ws), warmpool.KernelOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		kr, err := k.Exec(context.Background(), warmpool.KernelExec{Code: "print(1)"})
+		lat = append(lat, time.Since(start))
+		if err != nil || kr.Result.Status != nsjail.StatusSucceeded || !k.Warm() {
+			b.Fatalf("%v %+v warm=%v", err, kr, k.Warm())
+		}
+		b.StopTimer()
+		k.Close()
+		b.StartTimer()
+	}
+	reportLatency(b, lat)
+}
+
+func reportLatency(b *testing.B, lat []time.Duration) {
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+}
