@@ -454,4 +454,3 @@ func TestSessionProfile(t *testing.T) {
 		wantError(t, code, body, want.status, want.msg)
 	}
 }
-
