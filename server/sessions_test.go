@@ -11,12 +11,15 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 	"github.com/sandboxd/sandboxd/server/config"
@@ -452,5 +455,81 @@ func TestSessionProfile(t *testing.T) {
 	} {
 		code, _, body := e.do("GET", "/v1/sessions/prof/files/"+p+"?profile=1", nil)
 		wantError(t, code, body, want.status, want.msg)
+	}
+}
+
+// startUpload sends a PUT's headers and first bytes on a raw connection.
+func startUpload(t *testing.T, e *testEnv, path string, contentLength int, first string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", e.http.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	fmt.Fprintf(c, "PUT %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n%s", path, contentLength, first)
+	return c
+}
+
+// SECURITY.md case 44: an upload is streamed to disk within bounds. One
+// larger than the quota is refused from its Content-Length, unread; one
+// that trickles is cut (408) once it falls behind the pace; one whose
+// client goes away is dropped; none leaves a byte in the volume, and a big
+// one is not cut by read_timeout while it keeps the pace.
+func TestSessionUploadsAreBounded(t *testing.T) {
+	e := newSessionEnv(t, shellRootfs(t), func(c *config.Config) {
+		c.SessionMaxBytes = 64 << 20
+		c.ReadHeaderTimeout = config.Duration(200 * time.Millisecond)
+		c.ReadTimeout = config.Duration(500 * time.Millisecond)
+	})
+	e.createSession(SessionRequest{ID: "up", Kernel: new(bool)})
+	before := e.sessionUsage("up")
+
+	c := startUpload(t, e, "/v1/sessions/up/files/huge.bin", 1<<40, "")
+	code, body := readResponse(t, c)
+	wantError(t, code, []byte(body), http.StatusRequestEntityTooLarge, "more than a session's workspace holds")
+
+	c = startUpload(t, e, "/v1/sessions/up/files/slow.bin", 10<<20, strings.Repeat("s", 1000))
+	code, body = readResponse(t, c)
+	wantError(t, code, []byte(body), http.StatusRequestTimeout, "upload too slow")
+
+	c = startUpload(t, e, "/v1/sessions/up/files/cut.bin", 10<<20, strings.Repeat("c", 100_000))
+	waitFor(t, func() bool { return len(e.srv.uploads) == 1 })
+	c.Close()
+	waitFor(t, func() bool { return len(e.srv.uploads) == 0 })
+
+	if after := e.sessionUsage("up"); after != before {
+		t.Fatalf("refused uploads left something: %+v, then %+v", before, after)
+	}
+	if _, _, body := e.do("GET", "/v1/sessions/up/files", nil); !strings.Contains(string(body), `"files":[]`) {
+		t.Fatalf("files left: %s", body)
+	}
+
+	// 8 MiB at a steady pace takes longer than read_timeout: not cut.
+	pr, pw := io.Pipe()
+	go func() {
+		chunk := bytes.Repeat([]byte("p"), 1<<20)
+		for range 8 {
+			pw.Write(chunk)
+			time.Sleep(100 * time.Millisecond)
+		}
+		pw.Close()
+	}()
+	req, _ := http.NewRequest("PUT", e.http.URL+"/v1/sessions/up/files/paced.bin", pr)
+	req.ContentLength = 8 << 20
+	resp, err := e.http.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var fi FileInfo
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(got, &fi) != nil || fi.Size != 8<<20 {
+		t.Fatalf("a paced 8 MiB upload = %d %s", resp.StatusCode, got)
+	}
+	// Downloads are paced the same way: the whole file, past write_timeout's
+	// start.
+	code, _, data := e.do("GET", "/v1/sessions/up/files/paced.bin", nil)
+	if code != http.StatusOK || len(data) != 8<<20 {
+		t.Fatalf("GET = %d, %d bytes", code, len(data))
 	}
 }
