@@ -351,6 +351,9 @@ for i in range(1000):
 	if after := e.sessionUsage("small"); after != before {
 		t.Fatalf("refusals changed the usage: %+v, then %+v", before, after)
 	}
+	if _, _, metrics := e.do("GET", "/metrics", nil); !strings.Contains(string(metrics), "sandboxd_session_quota_refusals_total 3\n") {
+		t.Errorf("the three refusals are not counted")
+	}
 	if code, _, body := e.do("GET", "/v1/sessions/small/files", nil); code != http.StatusOK || !strings.Contains(string(body), `"files":[]`) {
 		t.Fatalf("files left: %s", body)
 	}
@@ -531,5 +534,43 @@ func TestSessionUploadsAreBounded(t *testing.T) {
 	code, _, data := e.do("GET", "/v1/sessions/up/files/paced.bin", nil)
 	if code != http.StatusOK || len(data) != 8<<20 {
 		t.Fatalf("GET = %d, %d bytes", code, len(data))
+	}
+}
+
+// With the pool on, a session's kernel is a warm sandbox of its policy
+// (the kernel starter's spec matches the policy's template): the data
+// stack is imported already, no sandbox is started cold, and the pool
+// counts it taken. The metrics show the session.
+func TestSessionKernelFromTheWarmPool(t *testing.T) {
+	e := newSessionEnv(t, nsjailtest.RuntimeRootfs(t), func(c *config.Config) {
+		c.PoolSize = 1
+		c.PoolPreload = []string{"pandas"}
+	})
+	deadline := time.Now().Add(2 * time.Minute)
+	for e.srv.PoolStats().Ready < 2 { // one per policy
+		if time.Now().After(deadline) {
+			t.Fatalf("pool never filled: %+v", e.srv.PoolStats())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	e.createSession(SessionRequest{ID: "warm", Type: TypeSkill})
+	r := e.sessionExec("warm", SessionExecutionRequest{Code: "import sys\nprint('pandas' in sys.modules)\nopen('w.txt', 'w').write('w')"})
+	wantExecStatus(t, r, "succeeded")
+	wantState(t, r, session.StateNew, session.ReasonFirst, 1)
+	if r.Stdout != "True\n" || r.Policy.MemoryMB != e.cfg.SkillMemoryMB {
+		t.Fatalf("a warm kernel: %q %q %+v", r.Stdout, r.Stderr, r.Policy)
+	}
+	if st := e.srv.PoolStats(); st.Taken != 1 || e.sandbox.started.Load() != 0 {
+		t.Fatalf("pool %+v, %d cold sandboxes", st, e.sandbox.started.Load())
+	}
+	if code, _, body := e.do("GET", "/v1/sessions/warm/files/w.txt", nil); code != http.StatusOK || string(body) != "w" {
+		t.Fatalf("the warm kernel's workspace is not the session's: %d %q", code, body)
+	}
+	_, _, metrics := e.do("GET", "/metrics", nil)
+	for _, want := range []string{"sandboxd_sessions 1", "sandboxd_sessions_busy 0", "sandboxd_session_idle_kernels 1",
+		`sandboxd_session_kernel_starts_total{reason="new/first_execution"} 1`, "sandboxd_session_quota_refusals_total 0"} {
+		if !strings.Contains(string(metrics), want+"\n") {
+			t.Errorf("metrics lack %q", want)
+		}
 	}
 }
