@@ -2,10 +2,12 @@
 // one sandboxed run and back. Data flows one way: request → policy →
 // workspace (package workspace) → sandbox (the warmpool.Sandboxer, or the
 // warm pool of package warmpool built on it) → result (stored in package
-// results). Its own files are the HTTP API (routes, guard, limits,
-// listeners, OpenAPI, the legacy endpoint), the request's validation and
-// policy, admission, the execution's orchestration and the result store's
-// glue.
+// results). A session's execution takes the same path with the session's
+// volume (package volume) for workspace and its kernel (package session,
+// on the warm pool's kernels) for sandbox. Its own files are the HTTP API
+// (routes, guard, limits, listeners, OpenAPI, the legacy endpoint, the
+// session and file API), the request's validation and policy, admission,
+// the execution's orchestration and the result store's glue.
 package server
 
 import (
