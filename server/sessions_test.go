@@ -9,12 +9,15 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -24,6 +27,7 @@ import (
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 	"github.com/sandboxd/sandboxd/server/config"
 	"github.com/sandboxd/sandboxd/server/session"
+	"github.com/sandboxd/sandboxd/server/volume"
 )
 
 // newSessionEnv is newEnv whose sessions are deleted when the test ends,
@@ -572,5 +576,31 @@ func TestSessionKernelFromTheWarmPool(t *testing.T) {
 		if !strings.Contains(string(metrics), want+"\n") {
 			t.Errorf("metrics lack %q", want)
 		}
+	}
+}
+
+// The drain lets a session's execution finish, then stops every kernel
+// (nothing of its sandbox is left) and keeps the session's files, mounted
+// for the next worker.
+func TestSessionDrainStopsKernelsKeepsFiles(t *testing.T) {
+	e := newEnv(t, nsjailtest.RuntimeRootfs(t), nil)
+	e.createSession(SessionRequest{ID: "drained"})
+	done := make(chan *ExecutionResponse, 1)
+	go func() {
+		done <- e.sessionExec("drained", SessionExecutionRequest{Code: "import time\ntime.sleep(1)\nopen('kept.txt', 'w').write('k')"})
+	}()
+	waitFor(t, func() bool { return e.srv.SessionStats().Busy == 1 })
+	e.srv.Drain(context.Background())
+	wantExecStatus(t, <-done, "succeeded")
+	if err := nsjailtest.CheckNoLeftovers(testStateRoot, testCgroupParent); err != nil {
+		t.Fatalf("a kernel outlived the drain: %v", err)
+	}
+	dir := filepath.Join(e.cfg.SessionsDir, "drained", "volume")
+	data, err := os.ReadFile(filepath.Join(dir, "mnt", "kept.txt"))
+	if err != nil || string(data) != "k" || len(mountsUnder(e.cfg.SessionsDir)) != 1 {
+		t.Fatalf("files after the drain: %q %v, mounts %v", data, err, mountsUnder(e.cfg.SessionsDir))
+	}
+	if err := volume.Remove(dir); err != nil {
+		t.Fatal(err)
 	}
 }
