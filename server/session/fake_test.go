@@ -118,9 +118,14 @@ type fakeStarter struct {
 	kernels []*fakeKernel
 	fail    error
 	memory  int64
+	// hook, when set, runs in StartKernel before the kernel is returned.
+	hook func(ctx context.Context)
 }
 
 func (st *fakeStarter) StartKernel(ctx context.Context, policy, workspace string, o warmpool.KernelOptions) (Kernel, error) {
+	if st.hook != nil {
+		st.hook(ctx)
+	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.fail != nil {

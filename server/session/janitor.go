@@ -108,7 +108,11 @@ func (m *Manager) Tidy() {
 		idle     time.Duration
 	}
 	var snaps []snap
-	var reaped []Kernel
+	type reap struct {
+		s *session
+		k Kernel
+	}
+	var reaped []reap
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -122,7 +126,8 @@ func (m *Manager) Tidy() {
 		if k := s.kernel; k != nil && !s.executing && ended(k) {
 			s.kernel = nil
 			s.setEndedLocked(k.EndReason())
-			reaped = append(reaped, k)
+			s.active.Add(1)
+			reaped = append(reaped, reap{s, k})
 		}
 		snaps = append(snaps, snap{s, s.kernel, s.rec.LastUsedAt, s.rec.idleTimeout()})
 	}
@@ -133,8 +138,9 @@ func (m *Manager) Tidy() {
 	m.ops.Add(1)
 	m.mu.Unlock()
 	defer m.ops.Done()
-	for _, k := range reaped {
-		k.Close()
+	for _, r := range reaped {
+		r.k.Close()
+		r.s.active.Done()
 	}
 
 	views := make([]idleView, 0, len(snaps))
@@ -160,11 +166,13 @@ func (m *Manager) Tidy() {
 		if ok {
 			sn.s.kernel = nil
 			sn.s.setEndedLocked(c.reason)
+			sn.s.active.Add(1) // Delete waits for the kernel to let go of the volume
 		}
 		m.mu.Unlock()
 		if ok {
 			m.log.Info("idle kernel stopped", "session", c.id, "why", c.reason)
 			sn.k.Close()
+			sn.s.active.Done()
 		}
 	}
 	for _, sn := range snaps {

@@ -65,8 +65,9 @@ type session struct {
 	next ExecInfo
 	// endReason is why the last kernel stopped.
 	endReason string
-	// active counts the Run's Exec in flight: Delete waits for it before
-	// removing the volume the kernel has bound.
+	// active counts the Run's Exec and the janitor's kernel stops in
+	// flight: Delete waits for them before removing the volume a kernel
+	// has bound. Added to only under Manager.mu while !gone and !closed.
 	active sync.WaitGroup
 }
 
@@ -82,6 +83,9 @@ func open(cfg Config, starter Starter, log *slog.Logger, d disk) (*Manager, erro
 		log = slog.Default()
 	}
 	cfg = cfg.withDefaults()
+	if cfg.UID <= 0 || cfg.GID <= 0 {
+		return nil, fmt.Errorf("open sessions: uid and gid must be the sandbox user's host ids (> 0), got: %d:%d", cfg.UID, cfg.GID)
+	}
 	if err := prepareRoot(cfg.Root); err != nil {
 		return nil, fmt.Errorf("open sessions: %w", err)
 	}

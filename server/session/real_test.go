@@ -47,8 +47,21 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// leftovers lists the mounts and loop devices under root.
+// leftovers lists the mounts and loop devices under root that are still
+// there after a while. Any sandbox being started on the host, by this test
+// or by another process, holds a copy of every host mount between its
+// unshare and its pivot_root, so an unmounted volume's loop device may
+// outlive the unmount for that long; a leak stays.
 func leftovers(root string) []string {
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		left := leftoversNow(root)
+		if len(left) == 0 || time.Now().After(deadline) {
+			return left
+		}
+	}
+}
+
+func leftoversNow(root string) []string {
 	var left []string
 	info, _ := os.ReadFile("/proc/self/mountinfo")
 	for _, line := range strings.Split(string(info), "\n") {
@@ -75,7 +88,7 @@ type realEnv struct {
 	m     *Manager
 }
 
-func newRealEnv(t *testing.T, starter Starter) *realEnv {
+func newRealEnv(t *testing.T, starter func() Starter) *realEnv {
 	t.Helper()
 	nsjailtest.RequireRoot(t)
 	base, err := os.MkdirTemp(testRoot, "t-")
@@ -83,13 +96,23 @@ func newRealEnv(t *testing.T, starter Starter) *realEnv {
 		t.Fatal(err)
 	}
 	os.Chmod(base, 0o755)
+	// Checked last, after the manager and the starter (a pool) are
+	// closed.
+	t.Cleanup(func() {
+		if left := leftovers(base); len(left) > 0 {
+			t.Errorf("left behind: %s", strings.Join(left, "; "))
+		} else {
+			os.RemoveAll(base)
+		}
+	})
 	e := &realEnv{t: t, root: filepath.Join(base, "sessions"), clock: newFakeClock()}
 	e.cfg = Config{Root: e.root, UID: testUID, GID: testUID, MaxBytes: 8 << 20, MaxFiles: 100,
 		Now: e.clock.Now, JanitorInterval: time.Hour}
-	if starter == nil {
-		starter = &fakeStarter{}
+	var st Starter = &fakeStarter{}
+	if starter != nil {
+		st = starter()
 	}
-	e.open(starter)
+	e.open(st)
 	t.Cleanup(func() {
 		// Close keeps the volumes mounted for the next worker; the test
 		// is the last one: unmount what is left.
@@ -99,11 +122,6 @@ func newRealEnv(t *testing.T, starter Starter) *realEnv {
 			if v, err := volume.Open(filepath.Join(e.root, en.Name(), volumeName)); err == nil {
 				v.Close()
 			}
-		}
-		if left := leftovers(base); len(left) > 0 {
-			t.Errorf("left behind: %s", strings.Join(left, "; "))
-		} else {
-			os.RemoveAll(base)
 		}
 	})
 	return e

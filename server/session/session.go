@@ -6,6 +6,21 @@
 // one execution at a time, kernel (re)starts and why, idle kernels stopped,
 // sessions expired, the host's budgets, and what a restarted worker finds
 // on disk. The HTTP API is package server's.
+//
+// On disk (sessions_dir, 0755, the worker's own): one directory per
+// session, named by its id, holding session.json (the record: policy,
+// kernel flag, idle timeout, created and last used, kernel generation;
+// written atomically, last at Create, first removed at Delete) and the
+// volume directory. Open removes what a killed worker left half-made and
+// leaves everything else it does not recognise alone (SECURITY.md case 42).
+//
+// A session's Python state lives only in its kernel: every execution's
+// answer says whether it ran in the kernel that ran the previous one
+// (StatePreserved) or in a new one, and why (ExecInfo). Its files live in
+// the volume and survive kernels, executions and worker restarts.
+//
+// The clock (Config.Now) is injectable and Tidy runs the janitor at once,
+// so that expiry is tested without waiting. See README.md.
 package session
 
 import (

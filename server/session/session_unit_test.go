@@ -360,3 +360,44 @@ func TestOneManagerPerRoot(t *testing.T) {
 		t.Fatalf("a second manager on one root: %v", err)
 	}
 }
+
+// Delete while the execution's kernel is still starting: the kernel that
+// arrives after the session is gone is closed, never left running on a
+// removed volume, and Delete waits for that.
+func TestDeleteWhileTheKernelStarts(t *testing.T) {
+	e := newEnv(t, nil)
+	id := e.create(Spec{Kernel: true}).ID
+	deleted := make(chan error)
+	e.starter.hook = func(ctx context.Context) {
+		if info, _ := e.m.Get(id); info.Kernel.State != KernelStarting {
+			t.Errorf("kernel state while starting: %q", info.Kernel.State)
+		}
+		go func() { deleted <- e.m.Delete(id) }()
+		<-ctx.Done() // Delete cancels the execution's context
+		for {
+			if _, err := e.m.Get(id); errors.Is(err, ErrNotFound) {
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	r, err := e.m.Begin(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = r.Exec(context.Background(), warmpool.KernelExec{})
+	if !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Exec in a session deleted while its kernel started: %v", err)
+	}
+	r.End()
+	if err := <-deleted; err != nil {
+		t.Fatal(err)
+	}
+	k := e.starter.last()
+	if _, closes, _ := k.counts(); closes != 1 {
+		t.Fatalf("the late kernel was closed %d times, want 1", closes)
+	}
+	if st := e.m.Stats(); st.Sessions != 0 || len(st.KernelStarts) != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}

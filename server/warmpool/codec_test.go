@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"maps"
 	"slices"
 	"strings"
 	"syscall"
@@ -17,14 +18,19 @@ import (
 
 // codecProbe loads zygote.py as a module (its __main__ guard keeps the
 // zygote from starting), decodes the hand-off message on stdin with
-// zygote.py's decode_handoff and prints it as JSON, then encodes the real
+// zygote.py's decode_handoff and prints it as JSON, decodes the kernel
+// request in its second argument with decode_request and prints it, writes
+// two replies with encode_reply, then encodes the real
 // wait statuses of three children with encode_exit_report: one exits 7,
 // one kills itself with SIGKILL, one exits 0.
 const codecProbe = `import json, os, signal, sys
 zygote = {"__name__": "zygote"}
 exec(compile(sys.argv[1], "zygote.py", "exec"), zygote)
 path, argv, cwd, kernel = zygote["decode_handoff"](sys.stdin.buffer.read())
-sys.stdout.write(json.dumps({"path": path, "argv": argv, "cwd": cwd}) + "\n")
+sys.stdout.write(json.dumps({"path": path, "argv": argv, "cwd": cwd, "kernel": kernel}) + "\n")
+seq, code, env = zygote["decode_request"](sys.argv[2].encode())
+sys.stdout.write(json.dumps({"seq": seq, "code": code, "env": env}) + "\n")
+sys.stdout.buffer.write(zygote["encode_reply"](seq, 3, True) + zygote["encode_reply"](seq + 1, 0, False))
 for act in ("exit 7", "kill", "exit 0"):
     pid = os.fork()
     if pid == 0:
@@ -43,7 +49,7 @@ sys.stdout.flush()
 func TestZygoteCodecsAgree(t *testing.T) {
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	r := newPoolRunner(t)
-	h := warmpool.Handoff{Path: inside.Path("code/m\u00e4in \"1\"\n.py"), Argv: []string{"a\tb", "\u2603", ""}, Cwd: inside.Workspace}
+	h := warmpool.Handoff{Path: inside.Path("code/m\u00e4in \"1\"\n.py"), Argv: []string{"a\tb", "\u2603", ""}, Cwd: inside.Workspace, Kernel: true}
 	msg, err := warmpool.EncodeHandoff(h)
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +58,15 @@ func TestZygoteCodecsAgree(t *testing.T) {
 		t.Fatalf("the message %q has MessageEnd inside it", msg)
 	}
 	tpl := poolTemplate(rootfs)
-	res, err := r.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "-P", "-c", codecProbe, warmpool.ZygoteSource},
+	req := warmpool.KernelRequest{Seq: 41, Code: "print('\u00e4')\n\x00\r\n", Env: map[string]string{"K": "v\nw"}}
+	reqLine, err := warmpool.EncodeKernelRequest(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.IndexByte(reqLine, warmpool.MessageEnd) != len(reqLine)-1 {
+		t.Fatalf("the request %q has MessageEnd inside it", reqLine)
+	}
+	res, err := r.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "-P", "-c", codecProbe, warmpool.ZygoteSource, string(reqLine)},
 		Env: tpl.Env, Limits: tpl.Limits, Stdin: bytes.NewReader(msg)})
 	if err != nil {
 		t.Fatal(err)
@@ -60,14 +74,31 @@ func TestZygoteCodecsAgree(t *testing.T) {
 	if res.Status != nsjail.StatusSucceeded {
 		t.Fatalf("status %s: %s", res.Status, res.Stderr)
 	}
-	decodedLine, reports, _ := strings.Cut(string(res.Stdout), "\n")
+	decodedLine, rest, _ := strings.Cut(string(res.Stdout), "\n")
 	var got warmpool.Handoff
 	if err := json.Unmarshal([]byte(decodedLine), &got); err != nil {
 		t.Fatalf("zygote.py decoded %q: %v", decodedLine, err)
 	}
-	if got.Path != h.Path || !slices.Equal(got.Argv, h.Argv) || got.Cwd != h.Cwd {
+	if got.Path != h.Path || !slices.Equal(got.Argv, h.Argv) || got.Cwd != h.Cwd || got.Kernel != h.Kernel {
 		t.Errorf("zygote.py decoded %+v, want %+v", got, h)
 	}
+	reqDecoded, rest, _ := strings.Cut(rest, "\n")
+	var gotReq warmpool.KernelRequest
+	if err := json.Unmarshal([]byte(reqDecoded), &gotReq); err != nil {
+		t.Fatalf("zygote.py decoded the request as %q: %v", reqDecoded, err)
+	}
+	if gotReq.Seq != req.Seq || gotReq.Code != req.Code || !maps.Equal(gotReq.Env, req.Env) {
+		t.Errorf("zygote.py decoded %+v, want %+v", gotReq, req)
+	}
+	for _, want := range []warmpool.KernelReply{{Seq: 41, ExitCode: 3, Interrupted: true}, {Seq: 42}} {
+		line, more, _ := strings.Cut(rest, "\n")
+		rest = more
+		reply, err := warmpool.DecodeKernelReply([]byte(line + "\n"))
+		if err != nil || reply != want {
+			t.Errorf("zygote.py's reply %q decodes to %+v, %v; want %+v", line, reply, err, want)
+		}
+	}
+	reports := rest
 	var statuses []syscall.WaitStatus
 	for _, line := range strings.SplitAfter(reports, string(warmpool.MessageEnd)) {
 		if line == "" {

@@ -2,6 +2,10 @@ package warmpool
 
 import (
 	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
 
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
@@ -28,3 +32,24 @@ func ReadyPid(p *Pool) (int, error) {
 
 // ZygoteSource is zygote.py.
 var ZygoteSource = zygoteSource
+
+// KernelPid is the host pid of the process k's pidfd refers to (from the
+// pidfd's fdinfo), 0 once k has ended.
+func KernelPid(k *Kernel) (int, error) {
+	k.mu.Lock()
+	fd := k.pidfd
+	k.mu.Unlock()
+	if fd < 0 {
+		return 0, nil
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", fd))
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Pid:"); ok {
+			return strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return 0, errors.New("no Pid in the pidfd's fdinfo")
+}

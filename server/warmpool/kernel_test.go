@@ -23,6 +23,8 @@ type kernelEnv struct {
 	pool   *warmpool.Pool
 	rootfs string
 	tpl    warmpool.Template
+	// workRoot holds the warm workspaces.
+	workRoot string
 }
 
 // newKernelEnv makes a pool of size ready sandboxes (0: every kernel is
@@ -32,12 +34,13 @@ func newKernelEnv(t testing.TB, size int) *kernelEnv {
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	r := newPoolRunner(t)
 	tpl := poolTemplate(rootfs)
-	pool, err := warmpool.New(r, poolConfig(size, t.TempDir(), 64<<20), []warmpool.Template{tpl}, poolQuietLog)
+	workRoot := t.TempDir()
+	pool, err := warmpool.New(r, poolConfig(size, workRoot, 64<<20), []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	return &kernelEnv{r: r, pool: pool, rootfs: rootfs, tpl: tpl}
+	return &kernelEnv{r: r, pool: pool, rootfs: rootfs, tpl: tpl, workRoot: workRoot}
 }
 
 // sessionDir is a plain directory standing in for a session's volume,
@@ -344,9 +347,8 @@ flags = [l.split()[5] for l in open("/proc/self/mountinfo") if l.split()[4] == "
 print(flags)
 libc = ctypes.CDLL(None, use_errno=True)
 print(libc.umount2(b"/workspace", 2), ctypes.get_errno() != 0)`)
-	want(t, kr, nsjail.StatusSucceeded, 0, "")
 	lines := strings.Split(string(kr.Result.Stdout), "\n")
-	if len(lines) < 3 || lines[0] != "from the host" || lines[2] != "-1 True" {
+	if kr.Result.Status != nsjail.StatusSucceeded || len(lines) < 3 || lines[0] != "from the host" || lines[2] != "-1 True" {
 		t.Fatalf("stdout %q (stderr %q)", kr.Result.Stdout, kr.Result.Stderr)
 	}
 	for _, f := range []string{"nosuid", "nodev", "noexec"} {
@@ -359,9 +361,13 @@ print(libc.umount2(b"/workspace", 2), ctypes.get_errno() != 0)`)
 		t.Fatalf("the volume holds %q, %v", got, err)
 	}
 	want(t, run(t, k, `print(open("/workspace/out.txt").read())`), nsjail.StatusSucceeded, 0, "from the kernel\n")
+	if n := countMounts(t, e.workRoot, "ext4"); n != 1 {
+		t.Fatalf("%d volume binds under the pool's work root, want the kernel's", n)
+	}
 	k.Close()
-	if n := mountsUnder(t, e.pool, "warm-"); n != 0 {
-		t.Fatalf("%d warm workspace mounts hold a volume after Close", n)
+	// The pool's next warm sandbox has its tmpfs there; nothing else may be.
+	if n := countMounts(t, e.workRoot, "ext4"); n != 0 {
+		t.Fatalf("%d volume binds are left under the pool's work root after Close", n)
 	}
 	if u, err := v.Usage(); err != nil || u.Files == 0 {
 		t.Fatalf("volume after Close: %+v %v", u, err)
@@ -375,6 +381,17 @@ try:
 except OSError as e:
     print(errno.errorcode[e.errno])`)
 	want(t, kr, nsjail.StatusSucceeded, 0, "from the kernel\nEROFS\n")
+	ro.Close()
+
+	// On a directory of a filesystem mounted exec, suid: the bind's own
+	// flags are what the code gets.
+	plain := e.start(t, e.sessionDir(t), true, warmpool.KernelOptions{})
+	kr = run(t, plain, `print([l.split()[5] for l in open("/proc/self/mountinfo") if l.split()[4] == "/workspace"][-1])`)
+	for _, f := range []string{"nosuid", "nodev", "noexec"} {
+		if !strings.Contains(string(kr.Result.Stdout), f) {
+			t.Errorf("the bound workspace is mounted %q, want %s", kr.Result.Stdout, f)
+		}
+	}
 }
 
 // A cold kernel's workspace is bound read-only when asked.
@@ -391,9 +408,9 @@ except OSError as e:
 	want(t, kr, nsjail.StatusSucceeded, 0, "[]\nEROFS\n")
 }
 
-// mountsUnder counts the mounts in the worker's namespace whose mount
-// point has a path element starting with prefix.
-func mountsUnder(t testing.TB, _ *warmpool.Pool, prefix string) int {
+// countMounts counts the mounts of type fstype in the worker's namespace
+// below root.
+func countMounts(t testing.TB, root, fstype string) int {
 	t.Helper()
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
@@ -401,8 +418,9 @@ func mountsUnder(t testing.TB, _ *warmpool.Pool, prefix string) int {
 	}
 	n := 0
 	for _, l := range strings.Split(string(b), "\n") {
+		_, after, ok := strings.Cut(l, " - ")
 		f := strings.Fields(l)
-		if len(f) > 4 && strings.Contains(f[4], "/"+prefix) && f[3] != "/" {
+		if ok && len(f) > 4 && strings.HasPrefix(f[4], root+"/") && strings.HasPrefix(after, fstype+" ") {
 			n++
 		}
 	}

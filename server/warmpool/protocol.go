@@ -145,16 +145,30 @@ func DecodeKernelReply(line []byte) (KernelReply, error) {
 	if len(line) == 0 || line[len(line)-1] != MessageEnd {
 		return r, errors.New("kernel reply: no end")
 	}
+	// Pointers: a field left out (or null, or a reply that is null) is an
+	// error, never a zero.
+	var wire struct {
+		Seq         *uint64 `json:"seq"`
+		ExitCode    *int    `json:"exit_code"`
+		Interrupted *bool   `json:"interrupted"`
+	}
 	dec := json.NewDecoder(bytes.NewReader(line[:len(line)-1]))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&r); err != nil {
+	if err := dec.Decode(&wire); err != nil {
 		return r, fmt.Errorf("kernel reply %q: %w", line, err)
 	}
 	if dec.More() {
 		return r, fmt.Errorf("kernel reply %q: more than one value", line)
 	}
-	if r.ExitCode < 0 || r.ExitCode > maxKernelExitCode {
+	if wire.Seq == nil || wire.ExitCode == nil {
+		return r, fmt.Errorf("kernel reply %q: seq or exit_code missing", line)
+	}
+	if *wire.ExitCode < 0 || *wire.ExitCode > maxKernelExitCode {
 		return r, fmt.Errorf("kernel reply %q: exit code out of range", line)
+	}
+	r.Seq, r.ExitCode = *wire.Seq, *wire.ExitCode
+	if wire.Interrupted != nil {
+		r.Interrupted = *wire.Interrupted
 	}
 	return r, nil
 }

@@ -74,3 +74,33 @@ func TestZygoteFilesAreTheProtocolFds(t *testing.T) {
 		t.Errorf("zygote args end with %q", args[len(args)-1])
 	}
 }
+
+// A kernel reply is parsed strictly: everything the kernel writes is
+// untrusted (SECURITY.md case 39).
+func TestDecodeKernelReply(t *testing.T) {
+	good := map[string]KernelReply{
+		"{\"seq\": 3, \"exit_code\": 0}\n":                           {Seq: 3},
+		"{\"seq\":4,\"exit_code\":130,\"interrupted\":true}\n":       {Seq: 4, ExitCode: 130, Interrupted: true},
+		"{\"seq\": 0, \"exit_code\": 255, \"interrupted\": false}\n": {ExitCode: 255},
+	}
+	for line, want := range good {
+		if got, err := DecodeKernelReply([]byte(line)); err != nil || got != want {
+			t.Errorf("%q: %+v, %v; want %+v", line, got, err, want)
+		}
+	}
+	bad := []string{
+		"", "\n", "{\"seq\": 3, \"exit_code\": 0}", "null\n", "[]\n", "{}{}\n",
+		"{\"seq\": 3, \"exit_code\": 0} 1\n",
+		"{\"seq\": 3, \"exit_code\": 0, \"status\": \"ok\"}\n",
+		"{\"seq\": -1, \"exit_code\": 0}\n", "{\"seq\": 1.5, \"exit_code\": 0}\n",
+		"{\"seq\": 1, \"exit_code\": 256}\n", "{\"seq\": 1, \"exit_code\": -1}\n",
+		"{\"seq\": 1, \"exit_code\": \"0\"}\n", "{\"seq\": 1}\n", "{\"exit_code\": 0}\n",
+		"{\"seq\": null, \"exit_code\": 0}\n",
+		"{\"seq\": 1, \"exit_code\": 0, \"pad\": \"" + strings.Repeat("x", 200) + "\"}\n",
+	}
+	for _, line := range bad {
+		if got, err := DecodeKernelReply([]byte(line)); err == nil {
+			t.Errorf("%q decoded to %+v", line, got)
+		}
+	}
+}
