@@ -25,6 +25,7 @@ func BenchmarkAPIGroupby(b *testing.B) {
 			cfg := config.Default()
 			cfg.WorkRoot = filepath.Join(b.TempDir(), "work")
 			cfg.ResultsDir = filepath.Join(b.TempDir(), "results")
+			cfg.SessionsDir = filepath.Join(b.TempDir(), "sessions")
 			cfg.StateRoot = testStateRoot
 			cfg.PoolSize = size
 			cfg.MaxConcurrent = 1

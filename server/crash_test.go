@@ -44,6 +44,7 @@ func crashWorker() {
 	cfg := config.Default()
 	cfg.WorkRoot = os.Getenv("CRASH_WORK_ROOT")
 	cfg.ResultsDir = os.Getenv("CRASH_RESULTS")
+	cfg.SessionsDir = filepath.Join(cfg.WorkRoot, "..", "sessions")
 	cfg.StateRoot = os.Getenv("CRASH_STATE")
 	cfg.PoolSize = 0
 	rootfs := os.Getenv("CRASH_ROOTFS")
@@ -131,6 +132,7 @@ func TestRestartAfterSIGKILLSweepsOrphans(t *testing.T) {
 	// The restarted worker serves.
 	cfg := config.Default()
 	cfg.WorkRoot, cfg.ResultsDir, cfg.StateRoot, cfg.PoolSize = work, resultsDir, crashStateRoot, 0
+	cfg.SessionsDir = filepath.Join(t.TempDir(), "sessions")
 	rootfs := shellRootfs(t)
 	cs := &countingSandbox{Runner: r}
 	srv, err := New(Deps{Config: cfg, Sandbox: cs, Logger: quietLog,

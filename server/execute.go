@@ -16,6 +16,7 @@ import (
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/server/results"
+	"github.com/sandboxd/sandboxd/server/session"
 	"github.com/sandboxd/sandboxd/server/workspace"
 )
 
@@ -63,14 +64,19 @@ type ExecutionResponse struct {
 	Policy           Policy          `json:"policy"`
 	// Error explains sandbox_error (our failure, not the code's).
 	Error string `json:"error,omitempty"`
+	// Session is a session's execution's: what happened to the Python
+	// state (POST /v1/sessions/{id}/executions).
+	Session *session.ExecInfo `json:"session,omitempty"`
 }
 
-// apiError is a refusal with its HTTP status; reason labels the metric.
+// apiError is a refusal with its HTTP status; reason labels the metric;
+// code, when set, is the answer's errorBody.Code.
 type apiError struct {
 	status     int
 	reason     string
 	msg        string
 	retryAfter string
+	code       string
 }
 
 func (e *apiError) Error() string { return e.msg }
@@ -97,67 +103,87 @@ func newRunName() string {
 
 // plan is a validated request, ready to run.
 type plan struct {
-	id     string
-	run    string // newRunName
-	hash   string // requestHash of the request
-	policy Policy
-	code   string
-	input  []byte
-	files  []workspace.File
-	env    []string
+	id      string
+	run     string // newRunName
+	hash    string // requestHash of the request
+	policy  Policy
+	code    string
+	input   []byte
+	files   []workspace.File
+	env     []string          // the whole environment (a sandbox's)
+	extra   map[string]string // the request's env (a kernel's execution)
+	session string            // a session's execution: its session id
 }
 
 // validate turns a request into a plan, or says why not. Nothing is started
 // and nothing is written before it succeeds.
 func (s *Server) validate(req *ExecutionRequest) (*plan, *apiError) {
-	p := &plan{id: req.ID, run: newRunName(), hash: requestHash(req), code: req.Code}
+	p, e := s.newPlan(req.ID, requestHash(req))
+	if e != nil {
+		return nil, e
+	}
+	pol, err := s.policies.Apply(req.Type, req.TimeoutMS)
+	if err != nil {
+		return nil, badRequest("%v", err)
+	}
+	if len(req.Input) > 0 && string(req.Input) != "null" {
+		p.input = req.Input
+	}
+	if e := s.checkRun(p, pol, req.Code, p.input, req.Files, req.Env); e != nil {
+		return nil, e
+	}
+	return p, nil
+}
+
+// newPlan starts a plan: the client's id, checked, or a new one.
+func (s *Server) newPlan(id, hash string) (*plan, *apiError) {
+	p := &plan{id: id, run: newRunName(), hash: hash}
 	if p.id == "" {
 		p.id = newID()
 	} else if !inside.ValidID(p.id) {
 		// The sandbox id rule, so a client id is usable as is.
 		return nil, badRequest("id %q is invalid: want %s", clip(p.id), inside.IDRule)
 	}
-	pol, err := s.policies.Apply(req.Type, req.TimeoutMS)
-	if err != nil {
-		return nil, badRequest("%v", err)
+	return p, nil
+}
+
+// checkRun checks what every execution has, its code, files and env,
+// against the limits and the policy pol, and fills p with them.
+func (s *Server) checkRun(p *plan, pol Policy, code string, input []byte, files []File, env map[string]string) *apiError {
+	p.policy, p.code = pol, code
+	if strings.TrimSpace(code) == "" {
+		return badRequest("code is required")
 	}
-	p.policy = pol
-	if strings.TrimSpace(req.Code) == "" {
-		return nil, badRequest("code is required")
+	if int64(len(code)) > s.cfg.MaxCodeBytes {
+		return &apiError{status: http.StatusRequestEntityTooLarge, reason: "too_large",
+			msg: fmt.Sprintf("code is %d bytes, more than max_code_bytes (%d)", len(code), s.cfg.MaxCodeBytes)}
 	}
-	if int64(len(req.Code)) > s.cfg.MaxCodeBytes {
-		return nil, &apiError{status: http.StatusRequestEntityTooLarge, reason: "too_large",
-			msg: fmt.Sprintf("code is %d bytes, more than max_code_bytes (%d)", len(req.Code), s.cfg.MaxCodeBytes)}
-	}
-	if len(req.Input) > 0 && string(req.Input) != "null" {
-		p.input = req.Input
-	}
-	files, total, err := decodeFiles(req.Files, s.cfg.MaxInputFiles)
+	decoded, total, err := decodeFiles(files, s.cfg.MaxInputFiles)
 	if errors.Is(err, errTooManyFiles) {
-		return nil, &apiError{status: http.StatusRequestEntityTooLarge, reason: "too_large", msg: err.Error()}
+		return &apiError{status: http.StatusRequestEntityTooLarge, reason: "too_large", msg: err.Error()}
 	}
 	if err != nil {
-		return nil, badRequest("%v", err)
+		return badRequest("%v", err)
 	}
-	p.files = files
-	if total += int64(len(p.input)); total > s.cfg.MaxInputBytes {
-		return nil, &apiError{status: http.StatusRequestEntityTooLarge, reason: "too_large",
+	p.files = decoded
+	if total += int64(len(input)); total > s.cfg.MaxInputBytes {
+		return &apiError{status: http.StatusRequestEntityTooLarge, reason: "too_large",
 			msg: fmt.Sprintf("input and files are %d bytes, more than max_input_bytes (%d)", total, s.cfg.MaxInputBytes)}
 	}
 	allowed := map[string]bool{}
 	for _, n := range s.cfg.AllowedEnv {
 		allowed[n] = true
 	}
-	for k, v := range req.Env {
+	for k, v := range env {
 		if !allowed[k] {
-			return nil, badRequest("env %q is not allowed: allowed names are %v", clip(k), s.cfg.AllowedEnv)
+			return badRequest("env %q is not allowed: allowed names are %v", clip(k), s.cfg.AllowedEnv)
 		}
 		if strings.ContainsRune(v, 0) {
-			return nil, badRequest("env %q contains a NUL byte", clip(k))
+			return badRequest("env %q contains a NUL byte", clip(k))
 		}
 	}
-	p.env = pol.Env(req.Env)
-	return p, nil
+	p.env, p.extra = pol.Env(env), env
+	return nil
 }
 
 // idTaken: executeNew lost the race for the id to another request.
@@ -181,103 +207,37 @@ func (s *Server) execute(run, wait context.Context, p *plan) (*results.Reader, *
 	}
 }
 
-// executeNew runs a validated request end to end: admission, workspace,
-// sandbox, output collection, the stored answer, cleanup. It returns only
-// once the workspace is gone. The context cancels the run (client gone,
-// DELETE, drain).
+// executeNew runs a validated request end to end: admission, workspace (a
+// session's volume for a session's execution), sandbox, output
+// collection, the stored answer, cleanup. It returns only once the
+// workspace is gone. The context cancels the run (client gone, DELETE,
+// drain).
 func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *results.Reader, *apiError) {
-	log := s.log.With("execution_id", p.id, "run", p.run, "policy", p.policy.Name)
-	rootfs, python, err := s.ready()
-	if err != nil {
-		return nil, nil, &apiError{status: http.StatusServiceUnavailable, reason: "not_ready", msg: "not ready: " + err.Error(), retryAfter: "5"}
+	if p.session != "" {
+		return s.executeInSession(ctx, p)
 	}
-	if !s.enter() {
-		return nil, nil, &apiError{status: http.StatusServiceUnavailable, reason: "draining", msg: "shutting down: not accepting executions"}
+	rootfs, python, e := s.readyOr503()
+	if e != nil {
+		return nil, nil, e
 	}
-	defer s.inFlight.Done()
-
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	rec, err := s.claim(p, cancel)
-	if errors.Is(err, errIDTaken) {
-		return nil, nil, idTaken
+	ctx, x, e := s.admit(ctx, p)
+	if e != nil {
+		return nil, nil, e
 	}
-	if err != nil {
-		log.Error("recording the execution failed", "err", err)
-		return nil, nil, storeError(err)
+	defer x.done()
+	if !x.wait(ctx) {
+		return x.finish()
 	}
-	ticket, err := s.admission.Reserve()
-	if err != nil {
-		s.forget(rec)
-		return nil, nil, &apiError{status: http.StatusTooManyRequests, reason: "over_capacity", msg: err.Error(), retryAfter: "1"}
-	}
-	defer ticket.Release()
-	admitted := time.Now()
-	log.Info("execution admitted", "timeout_ms", p.policy.TimeoutMS)
-
-	resp := &ExecutionResponse{ID: p.id, Type: p.policy.Name, Policy: p.policy,
-		Artifacts: []Artifact{}, ArtifactsOmitted: []Omitted{}, LimitsHit: []string{}}
-	started := false // the sandbox was asked to run the code
-	finish := func() (*ExecutionResponse, *results.Reader, *apiError) {
-		if resp.StartedAt.IsZero() {
-			resp.StartedAt = admitted
-		}
-		if resp.FinishedAt.IsZero() {
-			resp.FinishedAt = time.Now()
-		}
-		resp.DurationMS = resp.FinishedAt.Sub(resp.StartedAt).Milliseconds()
-		s.metrics.executions.WithLabelValues(resp.Type, resp.Status).Inc()
-		s.metrics.duration.WithLabelValues(resp.Type).Observe(time.Since(admitted).Seconds())
-		// Stored before it leaves the live table: a lookup finds one or
-		// the other.
-		text, holes := storedDocument(resp)
-		rd, err := s.results.Finish(p.id, text, holes)
-		if err != nil && started {
-			// The code ran: the id must stay taken, or a retry of this
-			// request would run it again. A small answer without
-			// artifacts, kept in the database, may still be stored.
-			log.Error("storing the result failed; storing a sandbox_error answer instead", "status", resp.Status, "err", err)
-			resp = unstoredResponse(resp, err)
-			text, _ = storedDocument(resp)
-			rd, err = s.results.Finish(p.id, text, nil)
-		}
-		if err != nil {
-			log.Error("storing the result failed", "status", resp.Status, "err", err)
-			e := storeError(err)
-			e.msg = fmt.Sprintf("execution %q ended (%s) but its result could not be stored: %s", p.id, resp.Status, e.msg)
-			if started {
-				// Still pending in the store: the id stays taken, and
-				// the next worker answers it interrupted.
-				s.live.remove(rec)
-			} else {
-				s.forget(rec)
-			}
-			return nil, nil, e
-		}
-		s.live.remove(rec)
-		log.Info("execution finished", "status", resp.Status, "exit_code", resp.ExitCode,
-			"duration_ms", resp.DurationMS, "limits_hit", resp.LimitsHit, "artifacts", len(resp.Artifacts),
-			"artifacts_omitted", len(resp.ArtifactsOmitted))
-		return resp, rd, nil
-	}
-
-	if err := ticket.Wait(ctx); err != nil {
-		resp.Status = string(nsjail.StatusCancelled)
-		resp.Error = "cancelled while queued"
-		return finish()
-	}
-	s.live.setRunning(rec)
-
+	log := x.log
 	ws, err := s.createWorkspace(s.cfg.WorkRoot, p.run, workspace.Options{
 		Bytes: s.cfg.WorkspaceBytes, Inodes: s.cfg.WorkspaceInodes, UID: s.sandbox.HostUID(), GID: s.sandbox.HostGID(),
 	}, workspace.Request{Code: p.code, Input: p.input, Files: p.files})
 	if err != nil {
-		s.forget(rec)
 		log.Error("workspace failed", "err", err)
 		if errors.Is(err, workspace.ErrFull) {
-			return nil, nil, &apiError{status: http.StatusInsufficientStorage, reason: "disk_full", msg: err.Error(), retryAfter: "5"}
+			return nil, nil, x.refuse(&apiError{status: http.StatusInsufficientStorage, reason: "disk_full", msg: err.Error(), retryAfter: "5"})
 		}
-		return nil, nil, &apiError{status: http.StatusInternalServerError, reason: "workspace", msg: err.Error()}
+		return nil, nil, x.refuse(&apiError{status: http.StatusInternalServerError, reason: "workspace", msg: err.Error()})
 	}
 	// The request's bytes are in the workspace now: let them go while the
 	// run lasts (only queued executions hold them; see server/README.md).
@@ -304,35 +264,173 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 	spec := s.spec(p, rootfs, python, ws.Dir)
 	spec.Logger = log // execution_id and policy on the sandbox's lines too
 	log.Info("sandbox starting")
-	started = true
+	x.started = true
 	res, outputs, err := s.run(ctx, spec)
 	if err != nil {
 		// The spec was refused before anything started: our bug, not the
 		// caller's.
 		log.Error("sandbox refused the spec", "err", err)
-		resp.Status = string(nsjail.StatusSandboxError)
-		resp.Error = err.Error()
-		return finish()
+		x.resp.Status = string(nsjail.StatusSandboxError)
+		x.resp.Error = err.Error()
+		return x.finish()
 	}
 	if outputs != ws.Dir {
 		warm = outputs
 	}
-	s.fill(resp, res, outputs, func(i int, r io.Reader) (int64, error) {
-		f, err := s.results.CreatePart(p.id, i)
-		if err != nil {
-			log.Error("storing an artifact failed", "err", err)
-			return 0, err
+	s.fill(x.resp, res, outputs, nil, x.saveArtifact)
+	return x.finish()
+}
+
+// readyOr503 is ready, its error as the API answers it.
+func (s *Server) readyOr503() (rootfs, python string, e *apiError) {
+	rootfs, python, err := s.ready()
+	if err != nil {
+		return "", "", &apiError{status: http.StatusServiceUnavailable, reason: "not_ready", msg: "not ready: " + err.Error(), retryAfter: "5"}
+	}
+	return rootfs, python, nil
+}
+
+// execution is one execution from its admission to its stored answer: what
+// single-shot and session executions share.
+type execution struct {
+	s        *Server
+	p        *plan
+	log      *slog.Logger
+	rec      *record
+	ticket   *Ticket
+	cancel   context.CancelFunc
+	admitted time.Time
+	resp     *ExecutionResponse
+	// started: the sandbox was asked to run the code, so the id must stay
+	// taken whatever happens (a retry must not run it again).
+	started bool
+}
+
+// admit registers the execution (refused while draining), claims its id
+// in the live table and the result store, and reserves its admission
+// ticket. The returned context is cancelled by DELETE and the drain. On
+// success the caller must call done once the run is over.
+func (s *Server) admit(ctx context.Context, p *plan) (context.Context, *execution, *apiError) {
+	x := &execution{s: s, p: p, log: s.log.With("execution_id", p.id, "run", p.run, "policy", p.policy.Name)}
+	if p.session != "" {
+		x.log = x.log.With("session_id", p.session)
+	}
+	if !s.enter() {
+		return nil, nil, &apiError{status: http.StatusServiceUnavailable, reason: "draining", msg: "shutting down: not accepting executions"}
+	}
+	ctx, x.cancel = context.WithCancel(ctx)
+	rec, err := s.claim(p, x.cancel)
+	if err != nil {
+		x.cancel()
+		s.inFlight.Done()
+		if errors.Is(err, errIDTaken) {
+			return nil, nil, idTaken
 		}
-		n, err := io.Copy(f, r)
-		if cerr := f.Close(); err == nil {
-			err = cerr
+		x.log.Error("recording the execution failed", "err", err)
+		return nil, nil, storeError(err)
+	}
+	x.rec = rec
+	ticket, err := s.admission.Reserve()
+	if err != nil {
+		s.forget(rec)
+		x.cancel()
+		s.inFlight.Done()
+		return nil, nil, &apiError{status: http.StatusTooManyRequests, reason: "over_capacity", msg: err.Error(), retryAfter: "1"}
+	}
+	x.ticket = ticket
+	x.admitted = time.Now()
+	x.log.Info("execution admitted", "timeout_ms", p.policy.TimeoutMS)
+	x.resp = &ExecutionResponse{ID: p.id, Type: p.policy.Name, Policy: p.policy,
+		Artifacts: []Artifact{}, ArtifactsOmitted: []Omitted{}, LimitsHit: []string{}}
+	return ctx, x, nil
+}
+
+// done gives back what admit took: the slot, the context, the drain's count.
+func (x *execution) done() {
+	x.ticket.Release()
+	x.cancel()
+	x.s.inFlight.Done()
+}
+
+// wait waits for a slot; false when the wait was cancelled (the answer is
+// then "cancelled": finish it).
+func (x *execution) wait(ctx context.Context) bool {
+	if err := x.ticket.Wait(ctx); err != nil {
+		x.resp.Status = string(nsjail.StatusCancelled)
+		x.resp.Error = "cancelled while queued"
+		return false
+	}
+	x.s.live.setRunning(x.rec)
+	return true
+}
+
+// refuse ends an execution refused before its code ran: its id is free
+// again, and the client gets e.
+func (x *execution) refuse(e *apiError) *apiError {
+	x.s.forget(x.rec)
+	return e
+}
+
+// saveArtifact stores the i-th artifact's content in the result store.
+func (x *execution) saveArtifact(i int, r io.Reader) (int64, error) {
+	f, err := x.s.results.CreatePart(x.p.id, i)
+	if err != nil {
+		x.log.Error("storing an artifact failed", "err", err)
+		return 0, err
+	}
+	n, err := io.Copy(f, r)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		x.log.Error("storing an artifact failed", "err", err)
+	}
+	return n, err
+}
+
+// finish stores the answer and takes the execution out of the live table
+// (stored first: a lookup finds one or the other), and opens the answer to
+// be streamed.
+func (x *execution) finish() (*ExecutionResponse, *results.Reader, *apiError) {
+	s, p, log, resp := x.s, x.p, x.log, x.resp
+	if resp.StartedAt.IsZero() {
+		resp.StartedAt = x.admitted
+	}
+	if resp.FinishedAt.IsZero() {
+		resp.FinishedAt = time.Now()
+	}
+	resp.DurationMS = resp.FinishedAt.Sub(resp.StartedAt).Milliseconds()
+	s.metrics.executions.WithLabelValues(resp.Type, resp.Status).Inc()
+	s.metrics.duration.WithLabelValues(resp.Type).Observe(time.Since(x.admitted).Seconds())
+	text, holes := storedDocument(resp)
+	rd, err := s.results.Finish(p.id, text, holes)
+	if err != nil && x.started {
+		// The code ran: the id must stay taken, or a retry of this
+		// request would run it again. A small answer without
+		// artifacts, kept in the database, may still be stored.
+		log.Error("storing the result failed; storing a sandbox_error answer instead", "status", resp.Status, "err", err)
+		resp = unstoredResponse(resp, err)
+		text, _ = storedDocument(resp)
+		rd, err = s.results.Finish(p.id, text, nil)
+	}
+	if err != nil {
+		log.Error("storing the result failed", "status", resp.Status, "err", err)
+		e := storeError(err)
+		e.msg = fmt.Sprintf("execution %q ended (%s) but its result could not be stored: %s", p.id, resp.Status, e.msg)
+		if x.started {
+			// Still pending in the store: the id stays taken, and
+			// the next worker answers it interrupted.
+			s.live.remove(x.rec)
+		} else {
+			s.forget(x.rec)
 		}
-		if err != nil {
-			log.Error("storing an artifact failed", "err", err)
-		}
-		return n, err
-	})
-	return finish()
+		return nil, nil, e
+	}
+	s.live.remove(x.rec)
+	log.Info("execution finished", "status", resp.Status, "exit_code", resp.ExitCode,
+		"duration_ms", resp.DurationMS, "limits_hit", resp.LimitsHit, "artifacts", len(resp.Artifacts),
+		"artifacts_omitted", len(resp.ArtifactsOmitted))
+	return resp, rd, nil
 }
 
 // unstoredResponse is the answer kept when resp, of an execution that ran,
@@ -361,8 +459,10 @@ func (s *Server) spec(p *plan, rootfs, python, workspace string) nsjail.Spec {
 }
 
 // fill copies the sandbox result and the workspace output into resp, and
-// the artifacts' contents through save.
-func (s *Server) fill(resp *ExecutionResponse, res *nsjail.Result, dir string, save workspace.SaveArtifact) {
+// the artifacts' contents through save. since, for a session's volume, is
+// output/ before the execution: only what it created or changed is its
+// result and artifacts.
+func (s *Server) fill(resp *ExecutionResponse, res *nsjail.Result, dir string, since *workspace.Snapshot, save workspace.SaveArtifact) {
 	resp.Status = string(res.Status)
 	resp.ExitCode = res.ExitCode
 	if res.Signal != "" {
@@ -382,16 +482,16 @@ func (s *Server) fill(resp *ExecutionResponse, res *nsjail.Result, dir string, s
 	resp.StartedAt = res.StartedAt
 	resp.FinishedAt = res.FinishedAt
 	resp.Error = res.Error
-	result, msg := workspace.ReadResult(dir, s.cfg.MaxResultBytes)
+	result, msg := workspace.ReadResultSince(dir, s.cfg.MaxResultBytes, since)
 	resp.Result = result
 	if msg != "" {
 		resp.ResultError = &msg
 	}
-	resp.Artifacts, resp.ArtifactsOmitted = workspace.CollectArtifacts(dir, workspace.ArtifactLimits{
+	resp.Artifacts, resp.ArtifactsOmitted = workspace.CollectArtifactsSince(dir, workspace.ArtifactLimits{
 		MaxFileBytes:  s.cfg.MaxArtifactBytes,
 		MaxTotalBytes: s.cfg.MaxArtifactsBytes,
 		MaxCount:      s.cfg.MaxArtifacts,
-	}, save)
+	}, since, save)
 	if resp.Artifacts == nil {
 		resp.Artifacts = []Artifact{}
 	}

@@ -5,15 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"path"
-	"path/filepath"
 	"strings"
 
 	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"github.com/sandboxd/sandboxd/server/volume"
 	"github.com/sandboxd/sandboxd/server/workspace"
 )
-
-// maxFileDepth bounds the directory depth of request files.
-const maxFileDepth = 8
 
 // File is one request file, written under /workspace/input/.
 type File struct {
@@ -29,39 +26,16 @@ var errTooManyFiles = errors.New("too many files")
 // itself: no request file may be it or below it.
 const reservedInput = inside.RequestName
 
-// checkFilePath rejects request file paths that could land outside
-// /workspace/input/ (path traversal, CWE-22), name input/ itself, or collide
-// with request.json: each would otherwise fail only when the workspace is
-// written (a 500), or turn request.json into a directory. Messages carry the
-// path clipped.
+// checkFilePath is volume.CheckPath (the one path rule: SECURITY.md case
+// 38; paths are relative to /workspace/input/) plus the one name under
+// input/ the server writes itself: a file there would turn request.json
+// into something else.
 func checkFilePath(p string) error {
-	q := clip(p)
-	switch {
-	case p == "":
-		return errors.New("path is empty")
-	case strings.ContainsRune(p, 0):
-		return fmt.Errorf("path %q contains a NUL byte", q)
-	case strings.HasPrefix(p, "/"):
-		return fmt.Errorf("path %q is absolute: want a path relative to /workspace/input/", q)
-	case strings.Contains(p, "\\"):
-		return fmt.Errorf("path %q contains a backslash", q)
-	}
-	for _, c := range strings.Split(p, "/") {
-		if c == ".." {
-			return fmt.Errorf("path %q contains ..", q)
-		}
-	}
-	if !filepath.IsLocal(p) || path.Clean(p) != p {
-		return fmt.Errorf("path %q is not a clean relative path", q)
-	}
-	if p == "." {
-		return errors.New(`path "." names /workspace/input/ itself: want a file name`)
-	}
-	if strings.Count(p, "/") >= maxFileDepth {
-		return fmt.Errorf("path %q is deeper than %d directories", q, maxFileDepth)
+	if err := volume.CheckPath(p); err != nil {
+		return err
 	}
 	if p == reservedInput || strings.HasPrefix(p, reservedInput+"/") {
-		return fmt.Errorf("path %q is reserved: %s holds the request's input", q, reservedInput)
+		return fmt.Errorf("path %q is reserved: %s holds the request's input", clip(p), reservedInput)
 	}
 	return nil
 }

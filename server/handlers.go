@@ -234,16 +234,18 @@ func (s *Server) reject(w http.ResponseWriter, reason string, status int, msg st
 	writeAPIError(w, e)
 }
 
-// errorBody is every error response.
+// errorBody is every error response. Code, when set, is a stable name
+// for a refusal a client handles by itself (session_busy).
 type errorBody struct {
 	Error string `json:"error"`
+	Code  string `json:"code,omitempty"`
 }
 
 func writeAPIError(w http.ResponseWriter, e *apiError) {
 	if e.retryAfter != "" {
 		w.Header().Set("Retry-After", e.retryAfter)
 	}
-	writeError(w, e.status, e.msg)
+	writeJSON(w, e.status, errorBody{Error: e.msg, Code: e.code})
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {

@@ -21,6 +21,7 @@ import (
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 	"github.com/sandboxd/sandboxd/server/config"
+	"github.com/sandboxd/sandboxd/server/volume"
 )
 
 // Every test binary gets its own state root and cgroup parent (the same the
@@ -134,6 +135,7 @@ func newEnv(t *testing.T, rootfs string, mod func(*config.Config)) *testEnv {
 	cfg := config.Default()
 	cfg.WorkRoot = filepath.Join(t.TempDir(), "work")
 	cfg.ResultsDir = filepath.Join(t.TempDir(), "results")
+	cfg.SessionsDir = filepath.Join(t.TempDir(), "sessions")
 	cfg.StateRoot = testStateRoot
 	cfg.PythonImage = "dir:" + rootfs
 	cfg.PoolSize = 0 // the pool tests turn it on
@@ -258,6 +260,7 @@ func (e *testEnv) workspaces() []string {
 
 func (e *testEnv) wantNoWorkspaces() {
 	e.t.Helper()
+	e.wantNoSessionMounts()
 	if ws := e.workspaces(); len(ws) > 0 {
 		e.t.Fatalf("workspaces left under %s: %v", e.cfg.WorkRoot, ws)
 	}
@@ -313,5 +316,22 @@ func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
 func (e *testEnv) otherConfig() config.Config {
 	cfg := e.cfg
 	cfg.ResultsDir = filepath.Join(e.t.TempDir(), "results")
+	cfg.SessionsDir = filepath.Join(e.t.TempDir(), "sessions")
 	return cfg
+}
+
+// wantNoSessionMounts fails if a session volume is still mounted under
+// sessions_dir once the server is drained (a test must delete the sessions
+// it made), and unmounts it: t.TempDir's removal must never walk into a
+// mounted volume.
+func (e *testEnv) wantNoSessionMounts() {
+	e.t.Helper()
+	if e.cfg.SessionsDir == "" || len(mountsUnder(e.cfg.SessionsDir)) == 0 {
+		return
+	}
+	e.t.Errorf("session volumes left mounted: %v", mountsUnder(e.cfg.SessionsDir))
+	entries, _ := os.ReadDir(e.cfg.SessionsDir)
+	for _, en := range entries {
+		volume.Remove(filepath.Join(e.cfg.SessionsDir, en.Name(), "volume"))
+	}
 }

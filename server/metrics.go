@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/sandboxd/sandboxd/server/session"
 	"github.com/sandboxd/sandboxd/server/warmpool"
 )
 
@@ -18,6 +19,9 @@ type metrics struct {
 	inFlight   prometheus.Gauge
 	queued     prometheus.Gauge
 	rejected   *prometheus.CounterVec
+	// quotaRefusals counts what the API refused for a session's quota
+	// (the code's own ENOSPC is the code's).
+	quotaRefusals prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -44,8 +48,12 @@ func newMetrics() *metrics {
 			Name: "sandboxd_requests_rejected_total",
 			Help: "Requests refused before any sandbox started, by reason.",
 		}, []string{"reason"}),
+		quotaRefusals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sandboxd_session_quota_refusals_total",
+			Help: "Uploads and execution files refused (413) because a session's workspace quota was used up.",
+		}),
 	}
-	m.reg.MustRegister(m.executions, m.duration, m.inFlight, m.queued, m.rejected,
+	m.reg.MustRegister(m.executions, m.duration, m.inFlight, m.queued, m.rejected, m.quotaRefusals,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -105,4 +113,40 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(poolMemDesc, prometheus.GaugeValue, float64(st.IdleMemoryBytes))
 	ch <- prometheus.MustNewConstMetric(poolFallbackDesc, prometheus.CounterValue, float64(st.FallbackDead), "dead")
 	ch <- prometheus.MustNewConstMetric(poolFallbackDesc, prometheus.CounterValue, float64(st.FallbackEnv), "env")
+}
+
+// sessionCollector exports the session manager's state, one Stats() per
+// scrape.
+type sessionCollector struct {
+	stats func() session.Stats
+}
+
+var (
+	sessionsDesc       = prometheus.NewDesc("sandboxd_sessions", "Sessions kept (their files on disk).", nil, nil)
+	sessionsBusyDesc   = prometheus.NewDesc("sandboxd_sessions_busy", "Sessions running an execution.", nil, nil)
+	sessionIdleDesc    = prometheus.NewDesc("sandboxd_session_idle_kernels", "Session kernels alive and waiting.", nil, nil)
+	sessionIdleMemDesc = prometheus.NewDesc("sandboxd_session_idle_kernel_memory_bytes",
+		"Memory the idle session kernels hold, as their cgroups account it (bounded by session_idle_memory_bytes).", nil, nil)
+	sessionDiskDesc   = prometheus.NewDesc("sandboxd_session_bytes_on_disk", "Bytes the sessions' workspace volumes hold.", nil, nil)
+	sessionStartsDesc = prometheus.NewDesc("sandboxd_session_kernel_starts_total",
+		"Session kernels started, by state/reason of the execution that started them (new/first_execution, new/idle_timeout, new/memory_budget, restarted/worker_restart, new/timeout, new/oom, new/pids, new/exited, new/protocol, new/kernel_disabled, ...).",
+		[]string{"reason"}, nil)
+)
+
+func (c *sessionCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{sessionsDesc, sessionsBusyDesc, sessionIdleDesc, sessionIdleMemDesc, sessionDiskDesc, sessionStartsDesc} {
+		ch <- d
+	}
+}
+
+func (c *sessionCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.stats()
+	ch <- prometheus.MustNewConstMetric(sessionsDesc, prometheus.GaugeValue, float64(st.Sessions))
+	ch <- prometheus.MustNewConstMetric(sessionsBusyDesc, prometheus.GaugeValue, float64(st.Busy))
+	ch <- prometheus.MustNewConstMetric(sessionIdleDesc, prometheus.GaugeValue, float64(st.IdleKernels))
+	ch <- prometheus.MustNewConstMetric(sessionIdleMemDesc, prometheus.GaugeValue, float64(st.IdleKernelBytes))
+	ch <- prometheus.MustNewConstMetric(sessionDiskDesc, prometheus.GaugeValue, float64(st.BytesOnDisk))
+	for reason, n := range st.KernelStarts {
+		ch <- prometheus.MustNewConstMetric(sessionStartsDesc, prometheus.CounterValue, float64(n), reason)
+	}
 }

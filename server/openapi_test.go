@@ -11,6 +11,8 @@ import (
 
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"github.com/sandboxd/sandboxd/server/session"
+	"github.com/sandboxd/sandboxd/server/volume"
 )
 
 type openapiDoc struct {
@@ -50,7 +52,7 @@ func TestOpenAPIMatchesHandlers(t *testing.T) {
 	for _, r := range s.routes() {
 		p := r.path
 		for _, seg := range strings.Split(p, "/") {
-			if strings.HasPrefix(seg, ":") {
+			if strings.HasPrefix(seg, ":") || strings.HasPrefix(seg, "*") {
 				p = strings.Replace(p, seg, "{"+seg[1:]+"}", 1)
 			}
 		}
@@ -72,6 +74,10 @@ func TestOpenAPIMatchesHandlers(t *testing.T) {
 		"Usage": nsjail.Usage{}, "Artifact": Artifact{}, "Omitted": Omitted{}, "ExecutionResponse": ExecutionResponse{},
 		"ExecutionPending": runningView{}, "Policies": policiesResponse{}, "LegacyRequest": LegacyRequest{},
 		"LegacyResponse": LegacyResponse{},
+		"SessionRequest": SessionRequest{}, "Session": SessionView{}, "SessionKernel": session.KernelInfo{},
+		"SessionWorkspace": session.WorkspaceInfo{}, "SessionList": sessionList{},
+		"SessionExecutionRequest": SessionExecutionRequest{}, "SessionExecInfo": session.ExecInfo{},
+		"FileInfo": FileInfo{}, "FileEntry": volume.Entry{}, "FileList": FileList{},
 	}
 	for name, v := range types {
 		sc, ok := doc.Components.Schemas[name]
@@ -96,7 +102,8 @@ func TestOpenAPIMatchesHandlers(t *testing.T) {
 			}
 		}
 		// Fields always encoded (no omitempty) must be required in responses.
-		if strings.HasSuffix(name, "Response") || name == "ExecutionPending" || name == "Artifact" || name == "Omitted" {
+		if strings.HasSuffix(name, "Response") || name == "ExecutionPending" || name == "Artifact" || name == "Omitted" ||
+			strings.HasPrefix(name, "Session") && !strings.HasSuffix(name, "Request") || strings.HasPrefix(name, "File") {
 			for _, f := range required {
 				if !slices.Contains(req, f) {
 					t.Errorf("schema %s: %s is always present but not required", name, f)
@@ -120,6 +127,12 @@ func jsonFields(t reflect.Type) (all, always []string) {
 	for i := range t.NumField() {
 		f := t.Field(i)
 		tag := f.Tag.Get("json")
+		if f.Anonymous && tag == "" {
+			// Embedded: its fields are the outer object's.
+			a, b := jsonFields(f.Type)
+			all, always = append(all, a...), append(always, b...)
+			continue
+		}
 		if tag == "-" || !f.IsExported() {
 			continue
 		}

@@ -45,7 +45,7 @@ func TestRejections(t *testing.T) {
 		{"file path reserved", "POST", "/v1/executions", ExecutionRequest{Code: "true", Files: []File{{Path: "request.json", ContentBase64: ""}}}, nil, 400, "reserved"},
 		// These three failed with 500 when the workspace was written (or,
 		// without input, made request.json a directory).
-		{"file path dot", "POST", "/v1/executions", ExecutionRequest{Code: "true", Files: []File{{Path: "."}}}, nil, 400, "input/ itself"},
+		{"file path dot", "POST", "/v1/executions", ExecutionRequest{Code: "true", Files: []File{{Path: "."}}}, nil, 400, "names the directory itself"},
 		{"file path dot slash", "POST", "/v1/executions", ExecutionRequest{Code: "true", Files: []File{{Path: "./"}}}, nil, 400, "not a clean"},
 		{"file under reserved", "POST", "/v1/executions", ExecutionRequest{Code: "true", Files: []File{{Path: "request.json/x"}}}, nil, 400, "reserved"},
 		{"file under reserved with input", "POST", "/v1/executions", ExecutionRequest{Code: "true", Input: json.RawMessage(`{}`), Files: []File{{Path: "request.json/a/b"}}}, nil, 400, "reserved"},

@@ -2,10 +2,12 @@
 // one sandboxed run and back. Data flows one way: request → policy →
 // workspace (package workspace) → sandbox (the warmpool.Sandboxer, or the
 // warm pool of package warmpool built on it) → result (stored in package
-// results). Its own files are the HTTP API (routes, guard, limits,
-// listeners, OpenAPI, the legacy endpoint), the request's validation and
-// policy, admission, the execution's orchestration and the result store's
-// glue.
+// results). A session's execution takes the same path with the session's
+// volume (package volume) for workspace and its kernel (package session,
+// on the warm pool's kernels) for sandbox. Its own files are the HTTP API
+// (routes, guard, limits, listeners, OpenAPI, the legacy endpoint, the
+// session and file API), the request's validation and policy, admission,
+// the execution's orchestration and the result store's glue.
 package server
 
 import (
@@ -23,6 +25,7 @@ import (
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/server/config"
 	"github.com/sandboxd/sandboxd/server/results"
+	"github.com/sandboxd/sandboxd/server/session"
 	"github.com/sandboxd/sandboxd/server/warmpool"
 	"github.com/sandboxd/sandboxd/server/workspace"
 )
@@ -57,11 +60,16 @@ type Server struct {
 	// without root and so cannot mount a tmpfs, give a plain directory
 	// instead.
 	createWorkspace func(root, run string, o workspace.Options, req workspace.Request) (*workspace.Workspace, error)
+	// starter starts session kernels (and profiles' kernels):
+	// kernelStarter, on the warm pool; the API tests give a fake.
+	starter session.Starter
 
 	live      *liveTable
 	results   *results.Store
 	admission *Admission
 	decoding  decodeSlots
+	uploads   decodeSlots   // session file uploads streaming at once
+	etags     etagCache     // SHA-256 of session files served
 	waiters   chan struct{} // retries waiting for a live execution (existing)
 	metrics   *metrics
 	handler   http.Handler
@@ -70,7 +78,9 @@ type Server struct {
 	rootfs   string // set once Prepare succeeds
 	python   string // interpreter name found in the rootfs
 	prepErr  error
-	pool     *warmpool.Pool // set by Prepare when pool_size > 0
+	pool     *warmpool.Pool // set by Prepare (Size 0 with pool_size 0: cold starts)
+	manager  *session.Manager
+	sessErr  error          // why there is no manager
 	draining bool           // under mu: once set, inFlight gets no new Add
 	inFlight sync.WaitGroup // executions between admission and cleanup
 	cleanups sync.WaitGroup // workspace removals after the response
@@ -105,10 +115,12 @@ func New(d Deps) (*Server, error) {
 		live:     newLiveTable(),
 		metrics:  newMetrics(),
 		decoding: make(decodeSlots, d.Config.MaxDecoding),
+		uploads:  make(decodeSlots, d.Config.MaxDecoding),
 		// As many retries may wait as there can be live executions.
 		waiters: make(chan struct{}, d.Config.MaxConcurrent+d.Config.MaxQueued),
 	}
 	s.createWorkspace = workspace.Create
+	s.starter = kernelStarter{s}
 	store, err := results.Open(d.Config.ResultsDir, results.Options{
 		MaxBytes: d.Config.ResultsMaxBytes,
 		MaxCount: d.Config.ResultsMax,
@@ -133,7 +145,8 @@ func New(d Deps) (*Server, error) {
 		s.metrics.inFlight.Set(float64(running))
 		s.metrics.queued.Set(float64(queued))
 	})
-	s.metrics.reg.MustRegister(&poolCollector{size: d.Config.PoolSize, stats: s.PoolStats})
+	s.metrics.reg.MustRegister(&poolCollector{size: d.Config.PoolSize, stats: s.PoolStats},
+		&sessionCollector{stats: s.SessionStats})
 	s.handler = s.deadlines(s.guard(s.router()))
 	return s, nil
 }
@@ -156,6 +169,18 @@ func (s *Server) routes() []route {
 		{http.MethodGet, "/metrics", s.handleMetrics},
 		{http.MethodGet, "/openapi.json", s.handleOpenAPI},
 		{http.MethodPost, "/execute", s.handleLegacyExecute},
+		{http.MethodPost, "/v1/sessions", s.handleCreateSession},
+		{http.MethodGet, "/v1/sessions", s.handleListSessions},
+		{http.MethodGet, "/v1/sessions/:id", s.handleGetSession},
+		{http.MethodDelete, "/v1/sessions/:id", s.handleDeleteSession},
+		{http.MethodPost, "/v1/sessions/:id/executions", s.handleSessionExecute},
+		{http.MethodPost, "/v1/sessions/:id/interrupt", s.handleInterrupt},
+		// httprouter takes a route and a catch-all below it: /files lists,
+		// /files/*path is a file (GET with ?profile=1: its profile).
+		{http.MethodGet, "/v1/sessions/:id/files", s.handleListFiles},
+		{http.MethodPut, "/v1/sessions/:id/files/*path", s.handlePutFile},
+		{http.MethodGet, "/v1/sessions/:id/files/*path", s.handleGetFile},
+		{http.MethodDelete, "/v1/sessions/:id/files/*path", s.handleDeleteFile},
 	}
 }
 
@@ -196,32 +221,32 @@ func (s *Server) Prepare(ctx context.Context) error {
 		return err
 	}
 	python := findPython(root)
-	var pool *warmpool.Pool
+	var templates []warmpool.Template
 	if s.cfg.PoolSize > 0 {
-		var templates []warmpool.Template
 		for _, name := range s.policies.Names() {
 			templates = append(templates, s.policies[name].Template(s.cfg, root))
 		}
-		// The pool's cold fallbacks run through s.sandbox, as every cold
-		// execution does.
-		pool, err = warmpool.New(s.sandbox, warmpool.Config{
-			Size:            s.cfg.PoolSize,
-			MaxIdle:         time.Duration(s.cfg.PoolMaxIdle),
-			Preload:         s.cfg.PoolPreload,
-			WorkRoot:        s.cfg.WorkRoot,
-			WorkspaceBytes:  s.cfg.WorkspaceBytes,
-			WorkspaceInodes: s.cfg.WorkspaceInodes,
-		}, templates, s.log)
-		if err != nil {
-			err = fmt.Errorf("warm pool: %w", err)
-			s.mu.Lock()
-			s.prepErr = err
-			s.mu.Unlock()
-			return err
-		}
+	}
+	// The pool's cold fallbacks run through s.sandbox, as every cold
+	// execution does. Built with pool_size 0 too: session kernels then
+	// start cold through it.
+	pool, err := warmpool.New(s.sandbox, warmpool.Config{
+		Size:            s.cfg.PoolSize,
+		MaxIdle:         time.Duration(s.cfg.PoolMaxIdle),
+		Preload:         s.cfg.PoolPreload,
+		WorkRoot:        s.cfg.WorkRoot,
+		WorkspaceBytes:  s.cfg.WorkspaceBytes,
+		WorkspaceInodes: s.cfg.WorkspaceInodes,
+	}, templates, s.log)
+	if err != nil {
+		err = fmt.Errorf("warm pool: %w", err)
+		s.mu.Lock()
+		s.prepErr = err
+		s.mu.Unlock()
+		return err
 	}
 	s.mu.Lock()
-	if s.draining && pool != nil {
+	if s.draining {
 		// Drain already ran: nothing would ever close this pool.
 		s.mu.Unlock()
 		pool.Close()
@@ -230,7 +255,90 @@ func (s *Server) Prepare(ctx context.Context) error {
 	s.rootfs, s.python, s.prepErr, s.pool = root, python, nil, pool
 	s.mu.Unlock()
 	s.log.Info("rootfs ready", "rootfs", root, "python", python, "pool_size", s.cfg.PoolSize)
+	s.openSessions()
 	return nil
+}
+
+// openSessions opens the session manager on sessions_dir: the sessions a
+// previous worker left come back (their files; their kernels are gone).
+// Without it (no loop devices, say) single-shot executions still work and
+// the session API answers 503 with the reason.
+func (s *Server) openSessions() {
+	s.mu.Lock()
+	if s.manager != nil {
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	m, err := session.Open(session.Config{
+		Root:             s.cfg.SessionsDir,
+		MaxSessions:      s.cfg.MaxSessions,
+		Retention:        time.Duration(s.cfg.SessionRetention),
+		IdleTimeout:      time.Duration(s.cfg.SessionIdleTimeout),
+		MaxIdleTimeout:   time.Duration(s.cfg.SessionMaxIdleTimeout),
+		IdleMemoryBudget: s.cfg.SessionIdleMemoryBytes,
+		MaxBytes:         s.cfg.SessionMaxBytes,
+		MaxFiles:         s.cfg.SessionMaxFiles,
+		UID:              s.sandbox.HostUID(),
+		GID:              s.sandbox.HostGID(),
+	}, s.starter, s.log)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		s.sessErr = fmt.Errorf("sessions_dir %s: %w", s.cfg.SessionsDir, err)
+		s.log.Error("sessions unavailable", "err", s.sessErr)
+		return
+	}
+	if s.draining {
+		m.Close()
+		s.sessErr = errors.New("shutting down")
+		return
+	}
+	s.manager, s.sessErr = m, nil
+	s.log.Info("sessions open", "sessions_dir", s.cfg.SessionsDir, "sessions", len(m.List()))
+}
+
+// kernelStarter starts the session manager's kernels: the policy's
+// sandbox, as a single-shot execution of it gets (spec), from the warm
+// pool when one is ready.
+type kernelStarter struct{ s *Server }
+
+func (k kernelStarter) StartKernel(ctx context.Context, policy, ws string, o warmpool.KernelOptions) (session.Kernel, error) {
+	kern, err := k.s.startKernel(ctx, policy, ws, o)
+	if err != nil {
+		return nil, err // not a typed nil in the interface
+	}
+	return kern, nil
+}
+
+// startKernel starts a kernel of policy on the workspace ws.
+func (s *Server) startKernel(ctx context.Context, policy, ws string, o warmpool.KernelOptions) (*warmpool.Kernel, error) {
+	rootfs, python, err := s.ready()
+	if err != nil {
+		return nil, err
+	}
+	pol, ok := s.policies[policy]
+	if !ok {
+		return nil, fmt.Errorf("unknown policy %q", policy)
+	}
+	s.mu.Lock()
+	pool := s.pool
+	s.mu.Unlock()
+	p := &plan{run: newRunName(), policy: pol, env: pol.BaseEnv()}
+	spec := s.spec(p, rootfs, python, ws)
+	spec.Logger = s.log.With("run", p.run, "policy", pol.Name)
+	return pool.StartKernel(ctx, spec, o)
+}
+
+// SessionStats is the session manager's state (zero without one).
+func (s *Server) SessionStats() session.Stats {
+	s.mu.Lock()
+	m := s.manager
+	s.mu.Unlock()
+	if m == nil {
+		return session.Stats{}
+	}
+	return m.Stats()
 }
 
 // PoolStats is the warm pool's state (zero while it is off or not built).
@@ -238,14 +346,14 @@ func (s *Server) PoolStats() warmpool.Stats {
 	s.mu.Lock()
 	pool := s.pool
 	s.mu.Unlock()
-	if pool == nil {
+	if pool == nil || s.cfg.PoolSize == 0 {
 		return warmpool.Stats{}
 	}
 	return pool.Stats()
 }
 
 // run runs spec on the warm pool once it is built (it runs spec cold itself
-// when no warm sandbox matches), else cold. outputs is the host directory
+// when no warm sandbox matches, and always with pool_size 0), else cold. outputs is the host directory
 // that holds what the code left in /workspace: spec.Workspace, or a warm
 // sandbox's own workspace, which the caller removes too.
 func (s *Server) run(ctx context.Context, spec nsjail.Spec) (res *nsjail.Result, outputs string, err error) {
@@ -320,9 +428,10 @@ func (s *Server) ready() (rootfs, python string, err error) {
 }
 
 // Drain stops admitting executions, lets the live ones finish until ctx is
-// done, then cancels the rest and waits for their cleanup, and finally
-// closes the warm pool (its ready sandboxes are ended and removed). It
-// returns the number of executions it had to cancel.
+// done, then cancels the rest and waits for their cleanup, closes the
+// session manager (kernels stopped, files kept for the next worker), and
+// finally closes the warm pool (its ready sandboxes are ended and
+// removed). It returns the number of executions it had to cancel.
 func (s *Server) Drain(ctx context.Context) int {
 	s.mu.Lock()
 	s.draining = true
@@ -338,8 +447,11 @@ func (s *Server) Drain(ctx context.Context) int {
 		<-done
 	}
 	s.mu.Lock()
-	pool := s.pool
+	pool, m := s.pool, s.manager
 	s.mu.Unlock()
+	if m != nil {
+		m.Close()
+	}
 	if pool != nil {
 		pool.Close()
 	}

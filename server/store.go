@@ -233,7 +233,7 @@ func storeError(err error) *apiError {
 // canonical JSON (the decoded request encoded again: fields in a fixed
 // order, env sorted, input compacted), so a retry that re-serialises the
 // same request matches.
-func requestHash(req *ExecutionRequest) string {
+func requestHash(req any) string {
 	data, err := json.Marshal(req)
 	if err != nil { // Input was checked valid by the decoder
 		data = []byte(err.Error())

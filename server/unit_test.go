@@ -50,8 +50,18 @@ func (f *fakeSandbox) Run(ctx context.Context, spec nsjail.Spec) (*nsjail.Result
 		StartedAt: now, FinishedAt: now}, nil
 }
 
-func (f *fakeSandbox) HostUID() int { return os.Getuid() }
-func (f *fakeSandbox) HostGID() int { return os.Getgid() }
+// HostUID and HostGID are the test's own ids, or an unprivileged pair
+// when it runs as root (the session manager refuses root as the sandbox
+// user); nothing the fake starts runs as them.
+func (f *fakeSandbox) HostUID() int { return unprivileged(os.Getuid()) }
+func (f *fakeSandbox) HostGID() int { return unprivileged(os.Getgid()) }
+
+func unprivileged(id int) int {
+	if id == 0 {
+		return 65534
+	}
+	return id
+}
 
 // Prestart fails: the unit tests run without the warm pool.
 func (f *fakeSandbox) Prestart(nsjail.Spec, ...*os.File) (*nsjail.Pending, error) {
@@ -85,6 +95,7 @@ func newUnitEnv(t *testing.T, prepare bool, mod func(*config.Config)) *unitEnv {
 	cfg := config.Default()
 	cfg.WorkRoot = filepath.Join(t.TempDir(), "work")
 	cfg.ResultsDir = filepath.Join(t.TempDir(), "results")
+	cfg.SessionsDir = filepath.Join(t.TempDir(), "sessions")
 	cfg.PoolSize = 0
 	if mod != nil {
 		mod(&cfg)

@@ -118,6 +118,7 @@ func TestServeUnpacksPythonImage(t *testing.T) {
 		cmd := exec.Command(bin, "serve")
 		cmd.Env = append(os.Environ(), "EXECUTION_PYTHON_IMAGE="+ref, "EXECUTION_ROOTFS_CACHE="+cache,
 			"EXECUTION_WORK_ROOT="+filepath.Join(t.TempDir(), "work"), "EXECUTION_RESULTS_DIR="+filepath.Join(t.TempDir(), "results"),
+			"EXECUTION_SESSIONS_DIR="+filepath.Join(t.TempDir(), "sessions"),
 			"EXECUTION_STATE_ROOT="+state,
 			"EXECUTION_CGROUP_PARENT="+cgroup, fmt.Sprintf("EXECUTION_WORKER_PORT=%d", port), "EXECUTION_POOL_SIZE=0", "GOGC=1")
 		var logs bytes.Buffer

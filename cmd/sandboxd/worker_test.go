@@ -64,7 +64,8 @@ func startWorker(t *testing.T, name, rootfs string, env ...string) *worker {
 	t.Cleanup(func() { os.RemoveAll(filepath.Dir(w.state)) })
 	w.cmd = exec.Command(buildCLI(t), "serve")
 	w.cmd.Env = append(os.Environ(), "EXECUTION_PYTHON_IMAGE=dir:"+rootfs, "EXECUTION_WORK_ROOT="+w.work,
-		"EXECUTION_RESULTS_DIR="+filepath.Join(t.TempDir(), "results"), "EXECUTION_STATE_ROOT="+w.state,
+		"EXECUTION_RESULTS_DIR="+filepath.Join(t.TempDir(), "results"), "EXECUTION_SESSIONS_DIR="+filepath.Join(t.TempDir(), "sessions"),
+		"EXECUTION_STATE_ROOT="+w.state,
 		"EXECUTION_CGROUP_PARENT="+w.cgroup, fmt.Sprintf("EXECUTION_WORKER_PORT=%d", w.port), "EXECUTION_POOL_SIZE=0")
 	w.cmd.Env = append(w.cmd.Env, env...)
 	w.cmd.Stderr = w.logs

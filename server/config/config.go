@@ -121,6 +121,24 @@ type Config struct {
 	ResultsMax      int   `toml:"results_max" doc:"finished results kept for GET"`
 	ResultsTTLMS    int64 `toml:"results_ttl_ms" doc:"how long a finished result is kept"`
 	ShutdownGraceMS int64 `toml:"shutdown_grace_ms" doc:"SIGTERM: time in-flight runs get before they are cancelled"`
+
+	// Sessions (server/session): one persistent workspace volume per
+	// session under SessionsDir, each with a kernel-enforced quota of
+	// SessionMaxBytes and SessionMaxFiles (server/volume), and a
+	// long-lived Python kernel stopped after an idle time.
+	SessionsDir      string   `toml:"sessions_dir" doc:"directory of the sessions' workspace volumes"`
+	MaxSessions      int      `toml:"max_sessions" doc:"sessions at once (429 beyond)"`
+	SessionRetention Duration `toml:"session_retention" doc:"a session unused this long is deleted with its files"`
+	// SessionIdleTimeout is the default idle time after which a session's
+	// kernel is stopped (its files stay); a request may ask for up to
+	// SessionMaxIdleTimeout.
+	SessionIdleTimeout    Duration `toml:"session_idle_timeout" doc:"default idle time before a session's kernel is stopped"`
+	SessionMaxIdleTimeout Duration `toml:"session_max_idle_timeout" doc:"largest idle_timeout_ms a session may ask for"`
+	// SessionIdleMemoryBytes bounds the memory all idle kernels hold,
+	// host-wide: beyond it the longest-idle kernel is stopped.
+	SessionIdleMemoryBytes int64 `toml:"session_idle_memory_bytes" doc:"memory of all idle session kernels (longest idle stopped beyond)"`
+	SessionMaxBytes        int64 `toml:"session_max_bytes" doc:"bytes each session's workspace holds (kernel-enforced quota)"`
+	SessionMaxFiles        int64 `toml:"session_max_files" doc:"files and directories each session's workspace holds (kernel-enforced)"`
 }
 
 // DefaultPreload is what a warm sandbox imports before it is handed code.
@@ -172,6 +190,15 @@ func Default() Config {
 		ResultsMax:        1000,
 		ResultsTTLMS:      15 * 60 * 1000,
 		ShutdownGraceMS:   30_000,
+
+		SessionsDir:            "/var/lib/sandboxd/sessions",
+		MaxSessions:            64,
+		SessionRetention:       Duration(24 * time.Hour),
+		SessionIdleTimeout:     Duration(20 * time.Minute),
+		SessionMaxIdleTimeout:  Duration(2 * time.Hour),
+		SessionIdleMemoryBytes: 4 << 30,
+		SessionMaxBytes:        500 << 20,
+		SessionMaxFiles:        10_000,
 	}
 }
 

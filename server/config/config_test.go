@@ -17,8 +17,10 @@ dynamic_timeout_ms = 5000
 pool_max_idle = "90s"
 pool_preload = ["numpy"]
 worker_token = "from-file"
+session_retention = "48h"
+max_sessions = 8
 `), 0o600)
-	cfg, src, err := Load(file, []string{"EXECUTION_WORKER_PORT=4100", "EXECUTION_ALLOWED_ENV=TZ, LANG", "EXECUTION_POOL_SIZE=0", "OTHER=1"})
+	cfg, src, err := Load(file, []string{"EXECUTION_SESSION_MAX_FILES=500", "EXECUTION_SESSIONS_DIR=/srv/sessions", "EXECUTION_WORKER_PORT=4100", "EXECUTION_ALLOWED_ENV=TZ, LANG", "EXECUTION_POOL_SIZE=0", "OTHER=1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,13 +39,21 @@ worker_token = "from-file"
 	if cfg.SkillMemoryMB != 2048 || src["skill_memory_mb"] != SourceDefault {
 		t.Errorf("default: %d %s", cfg.SkillMemoryMB, src["skill_memory_mb"])
 	}
+	if time.Duration(cfg.SessionRetention) != 48*time.Hour || cfg.MaxSessions != 8 || src["max_sessions"] != SourceFile ||
+		cfg.SessionMaxFiles != 500 || cfg.SessionsDir != "/srv/sessions" || src["sessions_dir"] != SourceEnv ||
+		cfg.SessionMaxBytes != 500<<20 || src["session_max_bytes"] != SourceDefault ||
+		time.Duration(cfg.SessionIdleTimeout) != 20*time.Minute || time.Duration(cfg.SessionMaxIdleTimeout) != 2*time.Hour ||
+		cfg.SessionIdleMemoryBytes != 4<<30 {
+		t.Errorf("session settings: %+v", cfg)
+	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
 	cfg.Print(&out, src)
 	if strings.Contains(out.String(), "from-file") || !strings.Contains(out.String(), "<redacted>") ||
-		!strings.Contains(out.String(), "EXECUTION_POOL_MAX_IDLE") || !strings.Contains(out.String(), "'1m30s'") {
+		!strings.Contains(out.String(), "EXECUTION_POOL_MAX_IDLE") || !strings.Contains(out.String(), "'1m30s'") ||
+		!strings.Contains(out.String(), "EXECUTION_SESSION_IDLE_MEMORY_BYTES") || !strings.Contains(out.String(), "'48h0m0s'") {
 		t.Errorf("print:\n%s", out.String())
 	}
 	if u := UnknownEnv([]string{"EXECUTION_WORKER_PORT=1", "EXECUTION_WROKER_PORT=2", "PATH=/"}); !slices.Equal(u, []string{"EXECUTION_WROKER_PORT"}) {

@@ -53,6 +53,7 @@ var checks = []check{
 	{"results", resultsCheck},
 	{"pool", poolCheck},
 	{"allowed_env", allowedEnvCheck},
+	{"sessions", sessionsCheck},
 }
 
 // Validate rejects values that cannot work, every problem at once, each in
@@ -90,7 +91,7 @@ func isLoopbackHost(h string) bool {
 func pathsCheck(c Config) (errs []error) {
 	for _, p := range []struct{ key, v string }{
 		{"work_root", c.WorkRoot}, {"rootfs_cache", c.RootfsCache}, {"state_root", c.StateRoot},
-		{"results_dir", c.ResultsDir},
+		{"results_dir", c.ResultsDir}, {"sessions_dir", c.SessionsDir},
 	} {
 		if !filepath.IsAbs(p.v) {
 			errs = append(errs, fmt.Errorf("%s must be an absolute path, got: %q", p.key, p.v))
@@ -146,6 +147,8 @@ func minimumsCheck(c Config) (errs []error) {
 		{"results_max", int64(c.ResultsMax), 1},
 		{"results_ttl_ms", c.ResultsTTLMS, 1},
 		{"shutdown_grace_ms", c.ShutdownGraceMS, 0},
+		{"max_sessions", int64(c.MaxSessions), 1},
+		{"session_idle_memory_bytes", c.SessionIdleMemoryBytes, 1},
 	} {
 		if p.v < p.min {
 			errs = append(errs, fmt.Errorf("%s must be >= %d, got: %d", p.key, p.min, p.v))
@@ -260,6 +263,42 @@ func allowedEnvCheck(c Config) (errs []error) {
 		} else if ReservedEnv[n] {
 			errs = append(errs, fmt.Errorf("allowed_env must not include %s: the worker sets it", n))
 		}
+	}
+	return errs
+}
+
+// The bounds of a session volume's quota: those of package server/volume
+// (MinBytes, MaxBytesLimit, MinFiles, MaxFilesLimit; config imports
+// nothing of the server, and a server test checks that they agree).
+const (
+	SessionMinBytes = 1 << 20
+	SessionMaxBytes = 1 << 40
+	SessionMinFiles = 16
+	SessionMaxFiles = 1 << 22
+)
+
+func sessionsCheck(c Config) (errs []error) {
+	if c.SessionMaxBytes < SessionMinBytes || c.SessionMaxBytes > SessionMaxBytes {
+		errs = append(errs, fmt.Errorf("session_max_bytes must be in %d..%d, got: %d", int64(SessionMinBytes), int64(SessionMaxBytes), c.SessionMaxBytes))
+	}
+	if c.SessionMaxFiles < SessionMinFiles || c.SessionMaxFiles > SessionMaxFiles {
+		errs = append(errs, fmt.Errorf("session_max_files must be in %d..%d, got: %d", SessionMinFiles, SessionMaxFiles, c.SessionMaxFiles))
+	}
+	for _, p := range []struct {
+		key string
+		v   Duration
+	}{
+		{"session_retention", c.SessionRetention}, {"session_idle_timeout", c.SessionIdleTimeout},
+		{"session_max_idle_timeout", c.SessionMaxIdleTimeout},
+	} {
+		if time.Duration(p.v) < time.Second {
+			errs = append(errs, fmt.Errorf("%s must be >= 1s, got: %s", p.key, time.Duration(p.v)))
+		}
+	}
+	if c.SessionIdleTimeout > c.SessionMaxIdleTimeout && time.Duration(c.SessionIdleTimeout) >= time.Second {
+		// The default must be a value a request could ask for.
+		errs = append(errs, fmt.Errorf("session_idle_timeout must be <= session_max_idle_timeout (%s), got: %s",
+			time.Duration(c.SessionMaxIdleTimeout), time.Duration(c.SessionIdleTimeout)))
 	}
 	return errs
 }

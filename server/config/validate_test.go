@@ -46,6 +46,14 @@ var validateCases = []struct {
 	{"pool idle", "pool", func(c *Config) { c.PoolMaxIdle = Duration(time.Millisecond) }, "pool_max_idle must be >= 1s, got: 1ms"},
 	{"pool preload", "pool", func(c *Config) { c.PoolPreload = []string{"a-b"} }, `pool_preload entries must be Python module names, got: "a-b"`},
 	{"env name", "allowed_env", func(c *Config) { c.AllowedEnv = []string{"1X"} }, `allowed_env entries must be variable names, got: "1X"`},
+	{"sessions dir", "paths", func(c *Config) { c.SessionsDir = "sessions" }, `sessions_dir must be an absolute path, got: "sessions"`},
+	{"max sessions", "minimums", func(c *Config) { c.MaxSessions = 0 }, "max_sessions must be >= 1, got: 0"},
+	{"idle memory", "minimums", func(c *Config) { c.SessionIdleMemoryBytes = -1 }, "session_idle_memory_bytes must be >= 1, got: -1"},
+	{"session bytes", "sessions", func(c *Config) { c.SessionMaxBytes = 1000 }, "session_max_bytes must be in 1048576..1099511627776, got: 1000"},
+	{"session files", "sessions", func(c *Config) { c.SessionMaxFiles = 1 << 23 }, "session_max_files must be in 16..4194304, got: 8388608"},
+	{"session retention", "sessions", func(c *Config) { c.SessionRetention = Duration(time.Millisecond) }, "session_retention must be >= 1s, got: 1ms"},
+	{"session idle above max", "sessions", func(c *Config) { c.SessionIdleTimeout = Duration(3 * time.Hour) },
+		"session_idle_timeout must be <= session_max_idle_timeout (2h0m0s), got: 3h0m0s"},
 	{"env reserved", "allowed_env", func(c *Config) { c.AllowedEnv = []string{"LD_PRELOAD"} }, "allowed_env must not include LD_PRELOAD: the worker sets it"},
 }
 

@@ -549,3 +549,24 @@ func (l *lister) walk(fd int, rel string, depth int) error {
 		}
 	}
 }
+
+// MakeDirs makes the directory p and its missing parents, owned by the
+// sandbox user (the layout a session's code expects: input/,
+// output/artifacts/). Existing directories are kept as they are; anything
+// else in the way is ErrNotRegular.
+func (v *Volume) MakeDirs(p string) error {
+	if err := CheckPath(p); err != nil {
+		return err
+	}
+	root, err := v.openRoot()
+	if err != nil {
+		return err
+	}
+	defer unix.Close(root)
+	dir, made, err := v.openDir(root, p, true)
+	undoDirs(made, err != nil)
+	if err != nil {
+		return err
+	}
+	return unix.Close(dir)
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 )
 
@@ -38,40 +39,59 @@ const (
 	MaxPathBytes = 1024
 )
 
-// CheckPath rejects a volume path that could resolve outside the volume root
-// (path traversal, CWE-22) or that names nothing sensible. The rules are
-// those of server's checkFilePath for files[] (copied here so this package
-// stands alone; the lead unifies them), without its request.json
-// reservation, plus "." and length limits. SECURITY.md case 38.
+// CheckPath is the one path rule of sandboxd: a session volume's file API,
+// and the execution API's files[] (server's checkFilePath adds its one
+// reserved name). It rejects a path that could resolve outside the
+// directory it is relative to (path traversal, CWE-22) or that names
+// nothing sensible: empty, absolute, a backslash, a NUL byte, a ".." or
+// "." component, an empty component, the directory itself, deeper than
+// MaxDepth, a name longer than ext4's NAME_MAX or a path longer than
+// MaxPathBytes. Each would otherwise fail only when written (a 500), or
+// worse. SECURITY.md case 38. Messages echo the path bounded (echo).
 func CheckPath(p string) error {
+	q := echo(p)
 	switch {
 	case p == "":
 		return fmt.Errorf("%w: path is empty", ErrBadPath)
 	case len(p) > MaxPathBytes:
-		return fmt.Errorf("%w: path is %d bytes, more than %d", ErrNameTooLong, len(p), MaxPathBytes)
+		return fmt.Errorf("%w: path %s is %d bytes, more than %d", ErrNameTooLong, q, len(p), MaxPathBytes)
 	case strings.ContainsRune(p, 0):
-		return fmt.Errorf("%w: path %q contains a NUL byte", ErrBadPath, p)
+		return fmt.Errorf("%w: path %s contains a NUL byte", ErrBadPath, q)
 	case strings.HasPrefix(p, "/"):
-		return fmt.Errorf("%w: path %q is absolute: want a path relative to /workspace/", ErrBadPath, p)
+		return fmt.Errorf("%w: path %s is absolute: want a relative path", ErrBadPath, q)
 	case strings.Contains(p, "\\"):
-		return fmt.Errorf("%w: path %q contains a backslash", ErrBadPath, p)
+		return fmt.Errorf("%w: path %s contains a backslash", ErrBadPath, q)
+	case p == ".":
+		return fmt.Errorf(`%w: path "." names the directory itself: want a file name`, ErrBadPath)
 	}
 	parts := strings.Split(p, "/")
 	for _, c := range parts {
 		if c == ".." {
-			return fmt.Errorf("%w: path %q contains ..", ErrBadPath, p)
+			return fmt.Errorf("%w: path %s contains ..", ErrBadPath, q)
 		}
 		if len(c) > MaxNameBytes {
-			return fmt.Errorf("%w: a name in path %.40q... is %d bytes, more than %d", ErrNameTooLong, p, len(c), MaxNameBytes)
+			return fmt.Errorf("%w: a name in path %s is %d bytes, more than %d", ErrNameTooLong, q, len(c), MaxNameBytes)
 		}
 	}
-	if p == "." || !filepath.IsLocal(p) || path.Clean(p) != p {
-		return fmt.Errorf("%w: path %q is not a clean relative path", ErrBadPath, p)
+	if !filepath.IsLocal(p) || path.Clean(p) != p {
+		return fmt.Errorf("%w: path %s is not a clean relative path", ErrBadPath, q)
 	}
 	if len(parts) > MaxDepth {
-		return fmt.Errorf("%w: path %q is deeper than %d directories", ErrBadPath, p, MaxDepth)
+		return fmt.Errorf("%w: path %s is deeper than %d directories", ErrBadPath, q, MaxDepth)
 	}
 	return nil
+}
+
+// maxEcho bounds the part of a path an error message quotes: a client's
+// path echoed in an answer or a log line cannot make either large.
+const maxEcho = 128
+
+// echo is p quoted, at most maxEcho bytes of it, with its length when cut.
+func echo(p string) string {
+	if len(p) <= maxEcho {
+		return strconv.Quote(p)
+	}
+	return strconv.Quote(strings.ToValidUTF8(p[:maxEcho], "")) + fmt.Sprintf("…(%d bytes)", len(p))
 }
 
 // splitPrefix turns a List prefix into the directory to walk ("" for the

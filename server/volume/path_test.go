@@ -42,6 +42,10 @@ func TestCheckPath(t *testing.T) {
 			t.Errorf("CheckPath(%.60q) = %v, want %v", p, err, want)
 		}
 	}
+	// The message echoes a long path cut short.
+	if err := volume.CheckPath(strings.Repeat("../", 2000)); err == nil || len(err.Error()) > 300 {
+		t.Errorf("CheckPath of a 6000-byte path: %d-byte message", len(err.Error()))
+	}
 	// A name too long is a bad path too: one 400 for both.
 	if !errors.Is(volume.ErrNameTooLong, volume.ErrBadPath) {
 		t.Error("ErrNameTooLong does not wrap ErrBadPath")

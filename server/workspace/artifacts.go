@@ -21,6 +21,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/sandboxd/sandboxd/nsjail/inside"
@@ -200,12 +201,25 @@ func openRegularAt(dirfd int, name string, limit int64) (f *os.File, reason stri
 // reason in errMsg when it is missing, not a regular file, too large or not
 // valid JSON.
 func ReadResult(dir string, limit int64) (result json.RawMessage, errMsg string) {
+	return ReadResultSince(dir, limit, nil)
+}
+
+// ReadResultSince is ReadResult of a workspace that outlives its
+// executions (a session's): a result.json that is as it was in since is
+// not this execution's, and is reported missing.
+func ReadResultSince(dir string, limit int64, since *Snapshot) (result json.RawMessage, errMsg string) {
 	out, err := openOutput(dir)
 	if err != nil {
 		return nil, fmt.Sprintf("%s/ is not a readable directory: %v", inside.OutputDir, err)
 	}
 	defer unix.Close(out)
 	const name = inside.ResultFile // in messages
+	if since != nil {
+		var st unix.Stat_t
+		if unix.Fstatat(out, inside.ResultName, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && since.hasResult && since.result == stampOf(&st) {
+			return nil, name + " was not written by this execution"
+		}
+	}
 	data, reason, err := readRegularAt(out, inside.ResultName, limit)
 	switch {
 	case errors.Is(err, unix.ENOENT):
@@ -235,8 +249,12 @@ func ReadResult(dir string, limit int64) (result json.RawMessage, errMsg string)
 // same i, whose copy replaces it.
 type SaveArtifact func(i int, r io.Reader) (int64, error)
 
-// collector walks output/artifacts/ within its limits.
+// collector walks output/artifacts/ within its limits. With snap set it
+// only records what it sees (TakeSnapshot); with since set it skips every
+// entry that is as it was in since (CollectArtifactsSince).
 type collector struct {
+	snap      *Snapshot
+	since     *Snapshot
 	lim       ArtifactLimits
 	save      SaveArtifact
 	total     int64
@@ -260,7 +278,15 @@ func (c *collector) omit(name, reason string) {
 // ContentBase64, and no artifact is ever held in memory (SECURITY.md case
 // 31: a client fills the worker's memory with large results).
 func CollectArtifacts(dir string, lim ArtifactLimits, save SaveArtifact) ([]Artifact, []Omitted) {
-	c := &collector{lim: lim, save: save}
+	return CollectArtifactsSince(dir, lim, nil, save)
+}
+
+// CollectArtifactsSince is CollectArtifacts of a workspace that outlives
+// its executions (a session's): only the entries this execution created
+// or changed, those not as they were in since (nil: all), are returned or
+// omitted.
+func CollectArtifactsSince(dir string, lim ArtifactLimits, since *Snapshot, save SaveArtifact) ([]Artifact, []Omitted) {
+	c := &collector{lim: lim, save: save, since: since}
 	out, err := openOutput(dir)
 	if err != nil {
 		return nil, nil
@@ -302,6 +328,17 @@ func (c *collector) walk(dirfd int, prefix string, depth int) {
 	sort.Strings(names)
 	for _, name := range names {
 		rel := path.Join(prefix, name)
+		var st unix.Stat_t
+		statErr := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW)
+		if statErr == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			if c.snap != nil {
+				c.snap.artifacts[rel] = c.snap.saw(stampOf(&st))
+				continue
+			}
+			if c.since != nil && c.since.artifacts[rel] == stampOf(&st) {
+				continue // not this execution's
+			}
+		}
 		if !utf8.ValidString(name) {
 			// JSON has only UTF-8: encoding/json turns each invalid byte
 			// into U+FFFD, so files whose names differ only there would
@@ -311,8 +348,7 @@ func (c *collector) walk(dirfd int, prefix string, depth int) {
 			c.omit(quotedName(rel), ReasonNameNotUTF8)
 			continue
 		}
-		var st unix.Stat_t
-		if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if statErr != nil {
 			c.omit(rel, ReasonUnreadable)
 			continue
 		}
@@ -397,4 +433,79 @@ func (e *readErrs) Read(p []byte) (int, error) {
 		e.err = err
 	}
 	return n, err
+}
+
+// stamp is one version of a file: a file created, written, truncated,
+// replaced, renamed, chmod-ed or linked since has another. The ctime is the
+// kernel's: the code can set a file's mtime back (utimensat), never its
+// ctime.
+type stamp struct {
+	ino          uint64
+	size         int64
+	mtime, ctime unix.Timespec
+}
+
+func stampOf(st *unix.Stat_t) stamp {
+	return stamp{ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
+}
+
+// Snapshot is what output/ of a workspace that outlives its executions (a
+// session's) held before one: the stamp of every entry under
+// output/artifacts/ (the same bounded walk as CollectArtifacts) and of
+// output/result.json. After the execution, CollectArtifactsSince and
+// ReadResultSince take only what it created or changed.
+type Snapshot struct {
+	artifacts map[string]stamp
+	result    stamp
+	hasResult bool
+	latest    unix.Timespec // the latest ctime seen
+}
+
+func (s *Snapshot) saw(st stamp) stamp {
+	if timespecAfter(st.ctime, s.latest) {
+		s.latest = st.ctime
+	}
+	return st
+}
+
+func timespecAfter(a, b unix.Timespec) bool {
+	return a.Sec > b.Sec || a.Sec == b.Sec && a.Nsec > b.Nsec
+}
+
+// settle returns once the clock the kernel stamps files with (the coarse
+// realtime clock, one tick of a few ms) has passed every ctime recorded:
+// a file rewritten later, within the same tick as its recorded version,
+// would otherwise keep its stamp (same size, same ctime) and pass for
+// unchanged. Almost always at once: the files are older.
+func (s *Snapshot) settle() {
+	for i := 0; i < 100; i++ {
+		var now unix.Timespec
+		if unix.ClockGettime(unix.CLOCK_REALTIME_COARSE, &now) != nil || timespecAfter(now, s.latest) {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TakeSnapshot records output/ of the workspace dir (nothing when it is
+// missing or not a directory: everything found after is new). Take it
+// right before the execution starts: it returns once a write after it is
+// sure to change a file's stamp (settle).
+func TakeSnapshot(dir string) *Snapshot {
+	snap := &Snapshot{artifacts: map[string]stamp{}}
+	out, err := openOutput(dir)
+	if err != nil {
+		return snap
+	}
+	defer unix.Close(out)
+	var st unix.Stat_t
+	if unix.Fstatat(out, inside.ResultName, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+		snap.result, snap.hasResult = snap.saw(stampOf(&st)), true
+	}
+	if artifacts, err := openDirAt(out, inside.ArtifactsName); err == nil {
+		c := &collector{snap: snap}
+		c.walk(artifacts, "", 0) // closes artifacts
+	}
+	snap.settle()
+	return snap
 }

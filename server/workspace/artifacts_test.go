@@ -93,3 +93,74 @@ func TestArtifactTheStoreCannotKeepIsNotStored(t *testing.T) {
 		t.Fatalf("artifacts %d, omitted %q, want a.csv %s", len(arts), reasons, ReasonNotStored)
 	}
 }
+
+// A session's workspace outlives its executions: only what the execution
+// created or changed is its artifact or result; files it left alone, even
+// a same-size rewrite within the same clock tick, are told apart by their
+// stamp (inode, size, mtime, ctime).
+func TestCollectSinceTakesOnlyWhatChanged(t *testing.T) {
+	ws := t.TempDir()
+	dir := filepath.Join(ws, "output", "artifacts")
+	write := func(name, data string) {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("kept.txt", "old")
+	write("rewritten.txt", "old")
+	write("replaced.txt", "old")
+	write("d/kept.csv", "1,2\n")
+	write("touched.txt", "old")
+	if err := os.Symlink("/etc/passwd", filepath.Join(dir, "old-link")); err != nil {
+		t.Fatal(err)
+	}
+	result := filepath.Join(ws, "output", "result.json")
+	os.WriteFile(result, []byte(`{"old":1}`), 0o644)
+
+	snap := TakeSnapshot(ws)
+	write("rewritten.txt", "new") // same size, right after the snapshot
+	os.Remove(filepath.Join(dir, "replaced.txt"))
+	write("replaced.txt", "new")
+	write("d/new.png", "png")
+	// mtime set back to what it was: the ctime still moves.
+	fi, _ := os.Stat(filepath.Join(dir, "touched.txt"))
+	os.Chtimes(filepath.Join(dir, "touched.txt"), fi.ModTime(), fi.ModTime())
+	if err := os.Symlink("/etc/shadow", filepath.Join(dir, "new-link")); err != nil {
+		t.Fatal(err)
+	}
+	lim := ArtifactLimits{MaxFileBytes: 1 << 20, MaxTotalBytes: 1 << 20, MaxCount: 10}
+	keep := func(_ int, r io.Reader) (int64, error) { return io.Copy(io.Discard, r) }
+	arts, omitted := CollectArtifactsSince(ws, lim, snap, keep)
+	names, reasons := artifactNames(t, arts, omitted)
+	if want := []string{"d/new.png", "replaced.txt", "rewritten.txt", "touched.txt"}; !slices.Equal(names, want) {
+		t.Errorf("artifacts %q, want %q", names, want)
+	}
+	if len(reasons) != 1 || reasons["new-link"] != ReasonSymlink {
+		t.Errorf("omitted %q, want only the new link", reasons)
+	}
+	if res, msg := ReadResultSince(ws, 1<<20, snap); res != nil || msg != "output/result.json was not written by this execution" {
+		t.Errorf("unchanged result.json: %s %q", res, msg)
+	}
+	os.WriteFile(result, []byte(`{"new":2}`), 0o644)
+	if res, msg := ReadResultSince(ws, 1<<20, snap); string(res) != `{"new":2}` || msg != "" {
+		t.Errorf("rewritten result.json: %s %q", res, msg)
+	}
+	// Without a snapshot (a single-shot execution), everything counts.
+	arts, _ = CollectArtifacts(ws, lim, keep)
+	if len(arts) != 6 {
+		t.Errorf("CollectArtifacts: %d artifacts, want 6", len(arts))
+	}
+	// A workspace without output/ snapshots as empty: everything after is new.
+	empty := t.TempDir()
+	snap = TakeSnapshot(empty)
+	os.MkdirAll(filepath.Join(empty, "output", "artifacts"), 0o755)
+	os.WriteFile(filepath.Join(empty, "output", "artifacts", "a"), []byte("a"), 0o644)
+	if arts, _ := CollectArtifactsSince(empty, lim, snap, keep); len(arts) != 1 {
+		t.Errorf("after an empty snapshot: %d artifacts, want 1", len(arts))
+	}
+}

@@ -319,6 +319,7 @@ func startServer(ctx context.Context, o serverOptions) (*serverProc, error) {
 		"EXECUTION_WORKER_PORT=" + strconv.Itoa(port),
 		"EXECUTION_WORK_ROOT=" + filepath.Join(dir, "work"),
 		"EXECUTION_RESULTS_DIR=" + filepath.Join(dir, "results"),
+		"EXECUTION_SESSIONS_DIR=" + filepath.Join(dir, "sessions"),
 		"EXECUTION_STATE_ROOT=" + filepath.Join(dir, "state"),
 		"EXECUTION_ROOTFS_CACHE=" + filepath.Join(dir, "rootfs-cache"),
 		"EXECUTION_PYTHON_IMAGE=" + o.Image,
