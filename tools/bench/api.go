@@ -322,6 +322,7 @@ func startServer(ctx context.Context, o serverOptions) (*serverProc, error) {
 		"EXECUTION_SESSIONS_DIR=" + filepath.Join(dir, "sessions"),
 		"EXECUTION_STATE_ROOT=" + filepath.Join(dir, "state"),
 		"EXECUTION_ROOTFS_CACHE=" + filepath.Join(dir, "rootfs-cache"),
+		"EXECUTION_SESSIONS_DIR=" + filepath.Join(dir, "sessions"),
 		"EXECUTION_PYTHON_IMAGE=" + o.Image,
 		// A cgroup parent of its own: a worker's start-up sweep kills every
 		// sandbox under its parent, so sharing the default one with other

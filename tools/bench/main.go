@@ -64,6 +64,10 @@ type config struct {
 	KeepImage  bool
 	SkipAPI    bool
 	SkipPeers  bool
+	SkipSess   bool
+	SessN      int
+	SessCSVMB  int
+	SessMemN   int
 	From       string
 }
 
@@ -111,6 +115,10 @@ func parseFlags(args []string) (config, error) {
 	fs.BoolVar(&c.KeepImage, "keep-docker-image", false, "leave the loaded image in Docker afterwards")
 	fs.BoolVar(&c.SkipAPI, "skip-api", false, "skip the HTTP API matrix")
 	fs.BoolVar(&c.SkipPeers, "skip-peers", false, "skip the cold launchers, the warm-interpreter baseline and BenchmarkExecTrue")
+	fs.BoolVar(&c.SkipSess, "skip-sessions", false, "skip the sessions section (create + first execution, live kernel, ten-step CSV analysis, idle session memory)")
+	fs.IntVar(&c.SessN, "sessions-n", 30, "sessions: create+first samples (and 4x as many live-kernel executions)")
+	fs.IntVar(&c.SessCSVMB, "sessions-csv-mb", 50, "sessions: size of the ten-step analysis CSV (MB)")
+	fs.IntVar(&c.SessMemN, "sessions-mem-n", 4, "sessions: idle sessions with the CSV loaded whose memory is measured")
 	fs.StringVar(&c.From, "from", "", "measure nothing: re-render report.md, latency.png (and -results) from this results.json")
 	var env multiFlag
 	fs.Var(&env, "server-env", "KEY=VALUE added to the started server's environment (repeatable)")
@@ -165,6 +173,9 @@ func parseFlags(args []string) (config, error) {
 			}
 		}
 		quick("n-print", &c.NPrint, 16)
+		quick("sessions-n", &c.SessN, 8)
+		quick("sessions-csv-mb", &c.SessCSVMB, 10)
+		quick("sessions-mem-n", &c.SessMemN, 2)
 		quick("n-pandas", &c.NPandas, 6)
 		quick("warm-n", &c.WarmN, 6)
 		quick("warm-procs", &c.WarmProcs, 2)
@@ -179,7 +190,7 @@ func parseFlags(args []string) (config, error) {
 			return c, fmt.Errorf("-%s must be > 0, got: %d", name, v)
 		}
 	}
-	if c.From == "" && (c.URL == "" && !c.SkipAPI || !c.SkipPeers) {
+	if c.From == "" && (c.URL == "" && (!c.SkipAPI || !c.SkipSess) || !c.SkipPeers) {
 		if c.Rootfs == "" {
 			return c, fmt.Errorf("-rootfs (or $SANDBOXD_RUNTIME_ROOTFS) is required: the unpacked python-runtime rootfs")
 		}
@@ -231,6 +242,11 @@ func run(ctx context.Context, cfg config) error {
 
 	if !cfg.SkipAPI {
 		if err := runAPI(ctx, cfg, rep, logf); err != nil {
+			return err
+		}
+	}
+	if !cfg.SkipSess && cfg.URL == "" && ctx.Err() == nil {
+		if err := runSessionsPhase(ctx, cfg, rep, logf); err != nil {
 			return err
 		}
 	}

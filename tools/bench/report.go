@@ -18,6 +18,7 @@ type Report struct {
 	Peers         []PeerResult    `json:"peers"`
 	Warm          *WarmResult     `json:"warm_interpreter,omitempty"`
 	ExecTrue      *ExecTrueResult `json:"exec_true,omitempty"`
+	Sessions      *SessionsResult `json:"sessions,omitempty"`
 	Targets       []Target        `json:"targets"`
 	Notes         []string        `json:"notes"`
 }
@@ -234,6 +235,24 @@ func evaluateTargets(r *Report) []Target {
 		t = append(t, Target{name, fmt.Sprintf("PSS %.1f MiB, RSS %.1f MiB, cgroup charge %.1f MiB (median of %d idle sandboxes)",
 			pm.MedianPSSMiB, pm.MedianRSSMiB, pm.MedianCgroupMiB, len(pm.Sandboxes)), yesNo(pm.MedianPSSMiB <= 100)})
 	}
+
+	// Issue 12's targets.
+	for _, st := range []struct {
+		name string
+		s    func(*SessionsResult) Summary
+		p50  float64
+	}{
+		{"session: create + first print(1), pool warm: p50 ≤ 5 ms", func(s *SessionsResult) Summary { return s.CreateFirst }, 5},
+		{"session: print(1) in a live kernel: p50 ≤ 2 ms", func(s *SessionsResult) Summary { return s.LiveExec }, 2},
+	} {
+		if r.Sessions == nil || st.s(r.Sessions).N == 0 {
+			na(st.name, "no sessions run")
+			continue
+		}
+		sum := st.s(r.Sessions)
+		t = append(t, Target{st.name, fmt.Sprintf("p50 %s ms, p99 %s ms (n=%d, failures %d)", fmtMS(sum.P50MS), fmtMS(sum.P99MS), sum.N, sum.Failures),
+			yesNo(sum.P50MS <= st.p50 && sum.Failures == 0)})
+	}
 	return t
 }
 
@@ -280,7 +299,7 @@ func (r *Report) Markdown(chart string) string {
 	b.WriteString("Workloads: (a) `print(1)`; (b) a pandas groupby over 100k rows plus one matplotlib PNG written to output/artifacts/ (see tools/bench/workloads.go). " +
 		"Every run's stdout (and, through the API, status and the PNG artifact) is checked: a run with any other outcome is a failure.\n")
 
-	b.WriteString("\n## Targets (issue 5)\n\n| target | measured | met |\n|---|---|---|\n")
+	b.WriteString("\n## Targets (issues 5 and 12)\n\n| target | measured | met |\n|---|---|---|\n")
 	for _, t := range r.Targets {
 		fmt.Fprintf(&b, "| %s | %s | %s |\n", t.Name, t.Measured, t.Met)
 	}
@@ -315,6 +334,7 @@ func (r *Report) Markdown(chart string) string {
 		b.WriteString("\n")
 	}
 
+	r.sessionsMarkdown(&b)
 	if len(r.Peers) > 0 {
 		b.WriteString("\n## Cold launchers on the same rootfs (whole-process wall time)\n\n")
 		b.WriteString("Each cell: p50 ms [p90] over sequential cold runs, and the ratio to the fastest peer in that column (ours excluded from \"fastest\"). " +
@@ -535,4 +555,46 @@ func writeOutputs(cfg config, r *Report, logf func(string, ...any)) error {
 	}
 	fmt.Println(r.Markdown(""))
 	return nil
+}
+
+// sessionsMarkdown renders the sessions section (issue 12).
+func (r *Report) sessionsMarkdown(b *strings.Builder) {
+	s := r.Sessions
+	if s == nil {
+		return
+	}
+	b.WriteString("\n## Sessions (issue 12)\n\n")
+	fmt.Fprintf(b, "One server, warm pool on (%d per policy). *create + first*: `POST /v1/sessions` then `print(1)` in it, the pool full before each. "+
+		"*live kernel*: `print(1)` in a session whose kernel is alive (state `preserved` checked on every answer). Whole HTTP round trips.\n\n", s.PoolSize)
+	b.WriteString("| measurement | n | failures | p50 ms | p90 ms | p99 ms |\n|---|---:|---:|---:|---:|---:|\n")
+	for _, row := range []struct {
+		name string
+		s    Summary
+	}{{"create session + first print(1)", s.CreateFirst}, {"print(1) in a live kernel", s.LiveExec}} {
+		fmt.Fprintf(b, "| %s | %d | %d | %s | %s | %s |\n", row.name, row.s.N, row.s.Failures, fmtMS(row.s.P50MS), fmtMS(row.s.P90MS), fmtMS(row.s.P99MS))
+	}
+	if t := s.TenStep; t != nil {
+		fmt.Fprintf(b, "\nTen-step analysis of a %.0f MB CSV (load, eight groupbys, a chart; tools/bench/sessions.go): "+
+			"**session %.0f ms** (upload %.0f ms, then ten executions in one kernel) against **ten single-shot executions %.0f ms** "+
+			"(each sends the CSV in `files[]` and loads it again): **%.1f×**.\n\n", float64(t.CSVBytes)/1e6, t.SessionMS, t.SessionUpload, t.SingleShotMS, t.Ratio)
+		b.WriteString("| step | session ms | single-shot ms |\n|---:|---:|---:|\n")
+		for i := range t.SessionSteps {
+			single := "–"
+			if i < len(t.SingleShotStep) {
+				single = fmt.Sprintf("%.0f", t.SingleShotStep[i])
+			}
+			fmt.Fprintf(b, "| %d | %.0f | %s |\n", i+1, t.SessionSteps[i], single)
+		}
+	}
+	if m := s.Memory; m != nil {
+		fmt.Fprintf(b, "\nIdle sessions with pandas imported and the %.0f MB CSV loaded as a DataFrame (%d measured): median PSS %.1f MiB, "+
+			"cgroup charge %.1f MiB: **%d such sessions fit in this host's %.1f GiB** (at the cgroup charge, nothing else running).\n",
+			float64(m.CSVBytes)/1e6, m.Sessions, m.MedianPSSMiB, m.MedianCgroupMiB, m.Fit, m.HostMemGiB)
+	}
+	for _, e := range s.Errors {
+		fmt.Fprintf(b, "\n- failure: `%s`", strings.ReplaceAll(e, "`", "'"))
+	}
+	if len(s.Errors) > 0 {
+		b.WriteString("\n")
+	}
 }
