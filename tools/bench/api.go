@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -322,7 +323,6 @@ func startServer(ctx context.Context, o serverOptions) (*serverProc, error) {
 		"EXECUTION_SESSIONS_DIR=" + filepath.Join(dir, "sessions"),
 		"EXECUTION_STATE_ROOT=" + filepath.Join(dir, "state"),
 		"EXECUTION_ROOTFS_CACHE=" + filepath.Join(dir, "rootfs-cache"),
-		"EXECUTION_SESSIONS_DIR=" + filepath.Join(dir, "sessions"),
 		"EXECUTION_PYTHON_IMAGE=" + o.Image,
 		// A cgroup parent of its own: a worker's start-up sweep kills every
 		// sandbox under its parent, so sharing the default one with other
@@ -404,6 +404,10 @@ func (s *serverProc) stop() {
 		}
 	}
 	s.log.Close()
+	// Session volumes stay mounted across a worker's stop (they are meant
+	// to outlive it): unmount whatever the server left below its directory
+	// before removing it, so RemoveAll never walks into a mount.
+	unmountBelow(s.dir)
 	os.RemoveAll(s.dir)
 	os.RemoveAll(s.binDir)
 }
@@ -436,4 +440,25 @@ func tail(s string, n int) string {
 func tailFile(path string, n int) string {
 	data, _ := os.ReadFile(path)
 	return strings.ReplaceAll(tail(strings.TrimSpace(string(data)), n), "\n", " | ")
+}
+
+// unmountBelow lazily unmounts every mount point below dir, deepest first.
+func unmountBelow(dir string) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	var points []string
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		// Field 5 is the mount point, octal-escaped (\040 for a space);
+		// the bench's directories have none.
+		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			points = append(points, f[4])
+		}
+	}
+	slices.SortFunc(points, func(a, b string) int { return len(b) - len(a) })
+	for _, p := range points {
+		_ = syscall.Unmount(p, syscall.MNT_DETACH)
+	}
 }
