@@ -61,6 +61,23 @@ func leftovers(root string) []string {
 	}
 }
 
+// holders names the processes whose mount namespace still shows a mount
+// whose source or mount point is below root (a failure's diagnosis).
+func holders(root string) []string {
+	var out []string
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		info, err := os.ReadFile(d + "/mountinfo")
+		if err != nil || !strings.Contains(string(info), root) {
+			continue
+		}
+		comm, _ := os.ReadFile(d + "/comm")
+		ns, _ := os.Readlink(d + "/ns/mnt")
+		out = append(out, fmt.Sprintf("%s (%s, %s)", filepath.Base(d), strings.TrimSpace(string(comm)), ns))
+	}
+	return out
+}
+
 func leftoversNow(root string) []string {
 	var left []string
 	info, _ := os.ReadFile("/proc/self/mountinfo")
@@ -100,7 +117,7 @@ func newRealEnv(t *testing.T, starter func() Starter) *realEnv {
 	// closed.
 	t.Cleanup(func() {
 		if left := leftovers(base); len(left) > 0 {
-			t.Errorf("left behind: %s", strings.Join(left, "; "))
+			t.Errorf("left behind: %s; mount namespaces holding it: %s", strings.Join(left, "; "), strings.Join(holders(base), "; "))
 		} else {
 			os.RemoveAll(base)
 		}
