@@ -17,6 +17,7 @@ import (
 	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/server/results"
 	"github.com/sandboxd/sandboxd/server/session"
+	"github.com/sandboxd/sandboxd/server/stream"
 	"github.com/sandboxd/sandboxd/server/workspace"
 )
 
@@ -43,25 +44,29 @@ type ExecutionRequest struct {
 
 // ExecutionResponse is the result of one execution.
 type ExecutionResponse struct {
-	ID               string          `json:"id"`
-	Type             string          `json:"type"`
-	Status           string          `json:"status"`
-	ExitCode         int             `json:"exit_code"`
-	Signal           *string         `json:"signal"`
-	Stdout           string          `json:"stdout"`
-	Stderr           string          `json:"stderr"`
-	StdoutTruncated  bool            `json:"stdout_truncated"`
-	StderrTruncated  bool            `json:"stderr_truncated"`
-	Result           json.RawMessage `json:"result"`
-	ResultError      *string         `json:"result_error"`
-	Artifacts        []Artifact      `json:"artifacts"`
-	ArtifactsOmitted []Omitted       `json:"artifacts_omitted"`
-	LimitsHit        []string        `json:"limits_hit"`
-	Usage            nsjail.Usage    `json:"usage"`
-	StartedAt        time.Time       `json:"started_at"`
-	FinishedAt       time.Time       `json:"finished_at"`
-	DurationMS       int64           `json:"duration_ms"`
-	Policy           Policy          `json:"policy"`
+	ID              string  `json:"id"`
+	Type            string  `json:"type"`
+	Status          string  `json:"status"`
+	ExitCode        int     `json:"exit_code"`
+	Signal          *string `json:"signal"`
+	Stdout          string  `json:"stdout"`
+	Stderr          string  `json:"stderr"`
+	StdoutTruncated bool    `json:"stdout_truncated"`
+	StderrTruncated bool    `json:"stderr_truncated"`
+	// StdoutOmittedBytes and StderrOmittedBytes count what the cap cut
+	// between the head and the tail that Stdout and Stderr keep.
+	StdoutOmittedBytes int64           `json:"stdout_omitted_bytes"`
+	StderrOmittedBytes int64           `json:"stderr_omitted_bytes"`
+	Result             json.RawMessage `json:"result"`
+	ResultError        *string         `json:"result_error"`
+	Artifacts          []Artifact      `json:"artifacts"`
+	ArtifactsOmitted   []Omitted       `json:"artifacts_omitted"`
+	LimitsHit          []string        `json:"limits_hit"`
+	Usage              nsjail.Usage    `json:"usage"`
+	StartedAt          time.Time       `json:"started_at"`
+	FinishedAt         time.Time       `json:"finished_at"`
+	DurationMS         int64           `json:"duration_ms"`
+	Policy             Policy          `json:"policy"`
 	// Error explains sandbox_error (our failure, not the code's).
 	Error string `json:"error,omitempty"`
 	// Session is a session's execution's: what happened to the Python
@@ -113,6 +118,11 @@ type plan struct {
 	env     []string          // the whole environment (a sandbox's)
 	extra   map[string]string // the request's env (a kernel's execution)
 	session string            // a session's execution: its session id
+	// hub gets the execution's live events (registered at admission);
+	// admitted is closed once it is admitted (an answer that is not
+	// waited for can be given then: events, 202).
+	hub      *stream.Hub
+	admitted chan struct{}
 }
 
 // validate turns a request into a plan, or says why not. Nothing is started
@@ -137,7 +147,7 @@ func (s *Server) validate(req *ExecutionRequest) (*plan, *apiError) {
 
 // newPlan starts a plan: the client's id, checked, or a new one.
 func (s *Server) newPlan(id, hash string) (*plan, *apiError) {
-	p := &plan{id: id, run: newRunName(), hash: hash}
+	p := &plan{id: id, run: newRunName(), hash: hash, hub: s.streams.NewHub(), admitted: make(chan struct{})}
 	if p.id == "" {
 		p.id = newID()
 	} else if !inside.ValidID(p.id) {
@@ -263,6 +273,7 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 
 	spec := s.spec(p, rootfs, python, ws.Dir)
 	spec.Logger = log // execution_id and policy on the sandbox's lines too
+	spec.Output = p.hub.Output
 	log.Info("sandbox starting")
 	x.started = true
 	res, outputs, err := s.run(ctx, spec)
@@ -342,6 +353,7 @@ func (s *Server) admit(ctx context.Context, p *plan) (context.Context, *executio
 	x.log.Info("execution admitted", "timeout_ms", p.policy.TimeoutMS)
 	x.resp = &ExecutionResponse{ID: p.id, Type: p.policy.Name, Policy: p.policy,
 		Artifacts: []Artifact{}, ArtifactsOmitted: []Omitted{}, LimitsHit: []string{}}
+	close(p.admitted)
 	return ctx, x, nil
 }
 
@@ -420,12 +432,15 @@ func (x *execution) finish() (*ExecutionResponse, *results.Reader, *apiError) {
 		if x.started {
 			// Still pending in the store: the id stays taken, and
 			// the next worker answers it interrupted.
+			s.streams.Finish(p.id, x.rec.hub)
 			s.live.remove(x.rec)
 		} else {
 			s.forget(x.rec)
 		}
 		return nil, nil, e
 	}
+	// The result event's clients open the stored answer: stored first.
+	s.streams.Finish(p.id, x.rec.hub)
 	s.live.remove(x.rec)
 	log.Info("execution finished", "status", resp.Status, "exit_code", resp.ExitCode,
 		"duration_ms", resp.DurationMS, "limits_hit", resp.LimitsHit, "artifacts", len(resp.Artifacts),
@@ -475,6 +490,8 @@ func (s *Server) fill(resp *ExecutionResponse, res *nsjail.Result, dir string, s
 	resp.Stderr = string(res.Stderr)
 	resp.StdoutTruncated = res.StdoutTruncated
 	resp.StderrTruncated = res.StderrTruncated
+	resp.StdoutOmittedBytes = max(0, res.StdoutBytes-int64(len(res.Stdout)))
+	resp.StderrOmittedBytes = max(0, res.StderrBytes-int64(len(res.Stderr)))
 	if res.LimitsHit != nil {
 		resp.LimitsHit = res.LimitsHit
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/sandboxd/sandboxd/server/config"
 	"github.com/sandboxd/sandboxd/server/results"
 	"github.com/sandboxd/sandboxd/server/session"
+	"github.com/sandboxd/sandboxd/server/stream"
 	"github.com/sandboxd/sandboxd/server/warmpool"
 	"github.com/sandboxd/sandboxd/server/workspace"
 )
@@ -71,6 +72,8 @@ type Server struct {
 	uploads   decodeSlots   // session file uploads streaming at once
 	etags     etagCache     // SHA-256 of session files served
 	waiters   chan struct{} // retries waiting for a live execution (existing)
+	streams   *stream.Registry
+	attached  decodeSlots // event streams attached by GET (events.go)
 	metrics   *metrics
 	handler   http.Handler
 
@@ -118,6 +121,9 @@ func New(d Deps) (*Server, error) {
 		uploads:  make(decodeSlots, d.Config.MaxDecoding),
 		// As many retries may wait as there can be live executions.
 		waiters: make(chan struct{}, d.Config.MaxConcurrent+d.Config.MaxQueued),
+		streams: stream.NewRegistry(stream.DefaultLimits, finishedStreams, streamLinger),
+		// SECURITY.md case 53: as many as stored answers may stream.
+		attached: make(decodeSlots, d.Config.MaxStreams),
 	}
 	s.createWorkspace = workspace.Create
 	s.starter = kernelStarter{s}
@@ -162,6 +168,7 @@ func (s *Server) routes() []route {
 	return []route{
 		{http.MethodPost, "/v1/executions", s.handleCreate},
 		{http.MethodGet, "/v1/executions/:id", s.handleGet},
+		{http.MethodGet, "/v1/executions/:id/events", s.handleEvents},
 		{http.MethodDelete, "/v1/executions/:id", s.handleCancel},
 		{http.MethodGet, "/v1/policies", s.handlePolicies},
 		{http.MethodGet, "/healthz", s.handleHealthz},

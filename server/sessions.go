@@ -253,14 +253,19 @@ func (s *Server) handleSessionExecute(w http.ResponseWriter, r *http.Request, ps
 		writeAPIError(w, e)
 		return
 	}
-	// As for POST /v1/executions: a named execution outlives its
-	// connection (a retry gets its answer, never a second run in the
-	// kernel); an unnamed one is cancelled with its client.
+	// As for POST /v1/executions: a named or asynchronous execution
+	// outlives its connection (a retry gets its answer, never a second
+	// run in the kernel); an unnamed one is cancelled with its client.
+	mode := answerModeOf(r)
 	run := r.Context()
-	if req.ID != "" {
+	if req.ID != "" || mode == answerAsync {
 		run = context.WithoutCancel(run)
 	}
 	req = SessionExecutionRequest{}
+	if mode != answerSync {
+		s.answerDetached(w, r, p, run, mode)
+		return
+	}
 	rd, e := s.execute(run, r.Context(), p)
 	if e != nil {
 		s.logReject(e, "session_id", sid, "execution_id", p.id, "policy", p.policy.Name)
@@ -348,7 +353,7 @@ func (s *Server) executeInSession(ctx context.Context, p *plan) (*ExecutionRespo
 	x.log.Info("kernel execution starting")
 	x.started = true
 	kr, info, err := run.Exec(ctx, warmpool.KernelExec{Code: p.code, Env: p.extra,
-		Timeout: time.Duration(p.policy.TimeoutMS) * time.Millisecond, Logger: x.log})
+		Timeout: time.Duration(p.policy.TimeoutMS) * time.Millisecond, Logger: x.log, Output: p.hub.Output})
 	p.code = ""
 	x.resp.Session = &info
 	if err != nil {
