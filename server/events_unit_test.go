@@ -117,6 +117,44 @@ func (s *sseStream) want(typ, text string) sseEvent {
 	return ev
 }
 
+// wantText reads events of stream until their texts make text: how the
+// code's writes are cut into chunks is the pipe's business (print writes
+// its end separately when stdout is unbuffered).
+func (s *sseStream) wantText(stream, text string) {
+	s.t.Helper()
+	got := ""
+	for got != text {
+		ev := s.next()
+		var d struct{ Text string }
+		if ev.typ != stream || json.Unmarshal([]byte(ev.data), &d) != nil || !strings.HasPrefix(text, got+d.Text) {
+			s.t.Fatalf("event %+v after %s %q, want the rest of %q", ev, stream, got, text)
+		}
+		got += d.Text
+	}
+}
+
+// rest reads the events up to the result: the texts of each stream, and
+// the answer.
+func (s *sseStream) rest() (map[string]string, *ExecutionResponse) {
+	s.t.Helper()
+	texts := map[string]string{}
+	for {
+		ev := s.next()
+		if ev.typ == "result" {
+			var resp ExecutionResponse
+			if err := json.Unmarshal([]byte(ev.data), &resp); err != nil {
+				s.t.Fatalf("result event data is not an answer: %v\n%s", err, ev.data)
+			}
+			return texts, &resp
+		}
+		var d struct{ Text string }
+		if err := json.Unmarshal([]byte(ev.data), &d); err != nil {
+			s.t.Fatalf("event %+v: %v", ev, err)
+		}
+		texts[ev.typ] += d.Text
+	}
+}
+
 // result reads the result event and decodes its answer.
 func (s *sseStream) result() (sseEvent, *ExecutionResponse) {
 	s.t.Helper()
