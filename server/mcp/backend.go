@@ -236,7 +236,16 @@ func (t handlerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}()
 		t.h.ServeHTTP(w, sreq)
 	}()
-	<-w.started
+	// As over a connection, a cancelled request fails its body's reads (not
+	// a short, clean answer), and a handler still writing gets an error.
+	stop := context.AfterFunc(req.Context(), func() {
+		pr.CloseWithError(req.Context().Err())
+	})
+	select {
+	case <-w.started:
+	case <-req.Context().Done():
+		return nil, req.Context().Err()
+	}
 	resp := &http.Response{
 		Status:        fmt.Sprintf("%d %s", w.status, http.StatusText(w.status)),
 		StatusCode:    w.status,
@@ -244,7 +253,7 @@ func (t handlerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		ProtoMajor:    1,
 		ProtoMinor:    1,
 		Header:        w.sent,
-		Body:          pr,
+		Body:          stopOnClose{pr, stop},
 		ContentLength: -1,
 		Request:       req,
 	}
@@ -252,6 +261,18 @@ func (t handlerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		resp.ContentLength = n
 	}
 	return resp, nil
+}
+
+// stopOnClose is an in-process answer's body: closing it also drops the
+// request context's watch.
+type stopOnClose struct {
+	*io.PipeReader
+	stop func() bool
+}
+
+func (s stopOnClose) Close() error {
+	s.stop()
+	return s.PipeReader.Close()
 }
 
 // pipeWriter is the http.ResponseWriter of an in-process request: the

@@ -201,26 +201,35 @@ func (t tools) runPython(ctx context.Context, _ *sdk.CallToolRequest, in runPyth
 // execute POSTs an execution and returns its answer; when ctx ends first
 // (the client cancelled the call or went away) the execution is cancelled.
 func (t tools) execute(ctx context.Context, path string, body []byte, id string) ([]byte, error) {
-	resp, err := t.b.do(ctx, http.MethodPost, path, body, nil)
-	if err == nil {
-		defer resp.Body.Close()
-		var raw []byte
-		raw, err = io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes+1))
-		if err == nil && len(raw) > maxAnswerBytes {
-			err = fmt.Errorf("the execution's answer is larger than %d bytes", maxAnswerBytes)
-		}
-		if err == nil {
-			return raw, nil
-		}
+	raw, err := t.post(ctx, path, body)
+	if err == nil && ctx.Err() == nil {
+		return raw, nil
 	}
 	if ctx.Err() != nil {
+		// Cancelled mid-call: the run, named, would go on without its
+		// client. (Once it has finished, the DELETE is a harmless 409.)
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		if resp, derr := t.b.do(cctx, http.MethodDelete, "/v1/executions/"+url.PathEscape(id), nil, nil); derr == nil {
 			resp.Body.Close()
 		}
+		return nil, ctx.Err()
 	}
 	return nil, err
+}
+
+// post sends an execution and reads its whole answer.
+func (t tools) post(ctx context.Context, path string, body []byte) ([]byte, error) {
+	resp, err := t.b.do(ctx, http.MethodPost, path, body, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes+1))
+	if err == nil && len(raw) > maxAnswerBytes {
+		err = fmt.Errorf("the execution's answer is larger than %d bytes", maxAnswerBytes)
+	}
+	return raw, err
 }
 
 func (t tools) createSession(ctx context.Context, _ *sdk.CallToolRequest, in createSessionArgs) (*sdk.CallToolResult, any, error) {
