@@ -14,10 +14,12 @@ import (
 
 // handleMCP serves POST /mcp with the handler Deps.MCP built (the guard
 // has run). The body is read here first, under the same bounds as an API
-// body (max body, a decoding turn, read_timeout), and the read deadline is
-// then lifted: an MCP call that runs code must outlive read_timeout as a
-// POST /v1/executions does (limits.go, deadlines). The turn is given back
-// before the call runs, as the tools' own API calls take turns of their own.
+// body (max body, a decoding turn, read_timeout: SECURITY.md case 32),
+// with the API's refusals (413, 408, 429), and the read deadline is then
+// lifted as decodeBody does: an MCP call that runs code must outlive
+// read_timeout as a POST /v1/executions does (limits.go, deadlines). The
+// turn is given back before the call runs, as the tools' own API calls
+// take turns of their own.
 func (s *Server) handleMCP(w http.ResponseWriter, r *http.Request, _ httprouter.Params) {
 	if s.mcp == nil {
 		writeError(w, http.StatusNotFound, "MCP is not enabled on this worker")

@@ -28,13 +28,21 @@ func TestMCP(t *testing.T) {
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	sessions := filepath.Join(t.TempDir(), "sessions")
 	t.Cleanup(func() { unmountBelow(t, sessions) })
-	w := startWorker(t, "mcp", rootfs, "EXECUTION_WORKER_TOKEN="+mcpTestToken, "EXECUTION_SESSIONS_DIR="+sessions)
+	// Short connection timeouts: a tool call that runs longer than
+	// read_timeout and write_timeout must still be answered (they bound
+	// what the client does, never how long code runs).
+	w := startWorker(t, "mcp", rootfs, "EXECUTION_WORKER_TOKEN="+mcpTestToken, "EXECUTION_SESSIONS_DIR="+sessions,
+		"EXECUTION_READ_HEADER_TIMEOUT=1s", "EXECUTION_READ_TIMEOUT=1s", "EXECUTION_WRITE_TIMEOUT=2s")
 	bin := buildCLI(t)
 
 	t.Run("http", func(t *testing.T) {
 		hc := &http.Client{Transport: headerTransport{"Authorization": "Bearer " + mcpTestToken}}
 		cs := connectMCP(t, &sdk.StreamableClientTransport{Endpoint: w.base + "/mcp", HTTPClient: hc, MaxRetries: -1})
 		mcpScenario(t, cs)
+		res := callTool(t, cs, "run_python", map[string]any{"code": "import time\ntime.sleep(2.5)\nprint('slept')"})
+		if res.IsError || !strings.Contains(text(res), "slept") {
+			t.Fatalf("a run outliving read_timeout: isError %v, text %q", res.IsError, text(res))
+		}
 	})
 	t.Run("stdio", func(t *testing.T) {
 		cmd := exec.Command(bin, "mcp", "--url", w.base)

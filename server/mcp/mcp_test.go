@@ -464,3 +464,36 @@ func TestHandlerTransport(t *testing.T) {
 		}
 	}
 }
+
+// Over Streamable HTTP, a client that goes away (its request cancelled, the
+// connection closed) cancels the tool call and so its execution.
+func TestHTTPClientGoneCancelsExecution(t *testing.T) {
+	posted := make(chan string, 1)
+	api := &fakeAPI{post: func(w http.ResponseWriter, r *http.Request, body map[string]any) {
+		posted <- body["id"].(string)
+		<-r.Context().Done()
+	}}
+	hs := httptest.NewServer(Handler(InProcess(api), 1<<20, nil))
+	defer hs.Close()
+	cs, err := sdk.NewClient(&sdk.Implementation{Name: "test", Version: "1"}, nil).Connect(context.Background(),
+		&sdk.StreamableClientTransport{Endpoint: hs.URL, MaxRetries: -1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "import time; time.sleep(60)"}})
+		done <- err
+	}()
+	id := <-posted
+	cancel()
+	<-done
+	want := "DELETE /v1/executions/" + id
+	for deadline := time.Now().Add(10 * time.Second); !slices.Contains(api.seen(), want); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("calls %v, want %s", api.seen(), want)
+		}
+	}
+}
