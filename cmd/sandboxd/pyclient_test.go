@@ -5,10 +5,13 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"io/fs"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"testing"
 	"time"
 
@@ -95,6 +98,46 @@ func TestPythonClient(t *testing.T) {
 	w.stop(t)
 	if left := mountsBelow(t, dirs); len(left) > 0 {
 		t.Fatalf("mounts left below the sessions directory: %v", left)
+	}
+}
+
+// mcpToolsJSON is the MCP server's tool definitions (package server/mcp
+// embeds it): the Python client's function-calling schemas must be the
+// same, so that a model sees the same tools however it reaches sandboxd.
+const mcpToolsJSON = "../../server/mcp/tools.json"
+
+// The Python client's tools (sandboxd.tool_definitions("mcp")) are
+// server/mcp/tools.json: name, title, description and input schema, in
+// order. Skipped where server/mcp has no tools.json (before the MCP server
+// was merged).
+func TestPythonToolSchemasMatchMCP(t *testing.T) {
+	py := python3(t)
+	data, err := os.ReadFile(mcpToolsJSON)
+	if errors.Is(err, fs.ErrNotExist) {
+		t.Skipf("%s does not exist: no MCP server to compare the Python client's tool schemas with", mcpToolsJSON)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want any
+	if err := json.Unmarshal(data, &want); err != nil {
+		t.Fatalf("%s: %v", mcpToolsJSON, err)
+	}
+	cmd := exec.Command(py, "-c", "import json, sandboxd; print(json.dumps(sandboxd.tool_definitions('mcp')))")
+	cmd.Dir = pyClientDir
+	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("python3: %v", err)
+	}
+	var got any
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("sandboxd.tool_definitions('mcp'): %v", err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("tools/clients/python/sandboxd.py's _TOOLS_JSON differs from %s: copy the file into it again\npython: %s\nmcp:    %s",
+			mcpToolsJSON, out, data)
 	}
 }
 

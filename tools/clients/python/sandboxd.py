@@ -1358,6 +1358,23 @@ class Client:
         self.download(session_id, path, buf)
         return buf.getvalue()
 
+    def read_range(self, session_id: str, path: str, offset: int, length: int) -> Tuple[bytes, str, int]:
+        """At most length bytes of the file from offset (an HTTP Range
+        request): (bytes, media type, the file's size). RangeNotSatisfiable
+        when offset is at or past the end (or the file is empty)."""
+        resp, conn = self._send("GET", self._file_path(session_id, path), idempotent=True,
+                                headers={"Accept": "*/*", "Range": f"bytes={offset}-{offset + length - 1}"})
+        try:
+            media_type = (resp.getheader("Content-Type") or "").split(";")[0].strip()
+            m = re.fullmatch(r"bytes \d+-\d+/(\d+)", resp.getheader("Content-Range") or "")
+            data = resp.read(length + 1)[:length] if resp.status == 200 else resp.read()
+            size = int(m.group(1)) if m else int(resp.getheader("Content-Length") or len(data))
+            return data, media_type, size
+        except (OSError, http.client.HTTPException) as e:
+            raise TransportError(f"GET {path}: {e}") from e
+        finally:
+            conn.close()
+
     def list_files(self, session_id: str, prefix: str = "", limit: Optional[int] = None) -> FileList:
         q = {}
         if prefix:
@@ -1410,8 +1427,10 @@ class Client:
                       timeout_ms=int(timeout_s * 1000) if timeout_s else None)
         return ToolResult.from_execution(ex)
 
-    def _tool_create_session(self) -> "ToolResult":
-        s = self.create_session()
+    def _tool_create_session(self, session_id: Optional[str] = None, kernel: Optional[bool] = None,
+                             idle_timeout_s: Optional[float] = None) -> "ToolResult":
+        s = self.create_session(session_id, kernel=kernel,
+                                idle_timeout_ms=int(idle_timeout_s * 1000) if idle_timeout_s else None)
         return ToolResult(f"session_id: {s.id}\nFiles persist in /workspace and Python variables persist "
                           f"between run_python calls with this session_id.", structured={"session_id": s.id})
 
@@ -1428,14 +1447,34 @@ class Client:
         return ToolResult(f"stored {info.path} ({info.size} bytes)",
                           structured={"path": info.path, "size": info.size, "sha256": info.sha256})
 
-    def _tool_read_file(self, session_id: str, path: str) -> "ToolResult":
-        data = self.read_file(session_id, path)
+    def _tool_read_file(self, session_id: str, path: str, offset: int = 0,
+                        max_bytes: int = 65536) -> "ToolResult":
+        if offset < 0 or not 1 <= max_bytes <= 1 << 20:
+            raise ValueError("offset must be >= 0 and max_bytes between 1 and 1048576")
         try:
-            return ToolResult(data.decode("utf-8"), structured={"path": path, "size": len(data), "text": True})
+            data, media_type, size = self.read_range(session_id, path, offset, max_bytes)
+        except RangeNotSatisfiable:
+            if offset == 0:  # an empty file
+                return ToolResult("", structured={"path": path, "size": 0, "offset": 0, "bytes": 0})
+            raise ValueError(f"offset {offset} is at or past the end of {path}") from None
+        info = {"path": path, "size": size, "media_type": media_type, "offset": offset, "bytes": len(data)}
+        if media_type.startswith("image/") and media_type != "image/svg+xml":
+            whole = self.read_file(session_id, path) if len(data) < size else data
+            img = Artifact(name=path, size=len(whole), media_type=media_type,
+                           content_base64=base64.b64encode(whole).decode("ascii"))
+            return ToolResult(f"{path}: {media_type}, {size} bytes", images=[img], structured=info)
+        cut = _trim_partial_utf8(data) if offset + len(data) < size else data
+        try:
+            text = cut.decode("utf-8")
+            if "\0" in text:
+                raise UnicodeDecodeError("utf-8", cut, 0, 1, "NUL byte")
         except UnicodeDecodeError:
-            b64 = base64.b64encode(data).decode("ascii")
-            return ToolResult(f"{path}: {len(data)} bytes of binary data (base64 in structured content)",
-                              structured={"path": path, "size": len(data), "content_base64": b64})
+            return ToolResult(f"{path}: {media_type or 'binary data'}, {size} bytes (not text)", structured=info)
+        end = offset + len(cut)
+        info["bytes"] = len(cut)
+        if end < size:
+            text += f"\n[bytes {offset}-{end} of {size} shown; call read_file with offset={end} for more]"
+        return ToolResult(text, structured=info)
 
     def _tool_list_files(self, session_id: str, prefix: Optional[str] = None) -> "ToolResult":
         fl = self.list_files(session_id, prefix or "")
@@ -1446,6 +1485,18 @@ class Client:
             "files": [{"name": f.name, "size": f.size} for f in fl], "truncated": fl.truncated})
 
 
+def _trim_partial_utf8(b: bytes) -> bytes:
+    """b without an incomplete UTF-8 character at its end (a read cut in
+    the middle of one)."""
+    for back in range(1, min(4, len(b)) + 1):
+        c = b[-back]
+        if c & 0xC0 == 0x80:  # a continuation byte: look further back
+            continue
+        need = 1 if c < 0x80 else 2 if c < 0xE0 else 3 if c < 0xF0 else 4
+        return b[:-back] if need > back else b
+    return b
+
+
 def _tool_file(f: Mapping[str, str]) -> Tuple[str, bytes]:
     if "text" in f and f.get("text") is not None:
         return f["path"], str(f["text"]).encode("utf-8")
@@ -1453,94 +1504,203 @@ def _tool_file(f: Mapping[str, str]) -> Tuple[str, bytes]:
 
 
 # ---------------------------------------------------------------------------
-# Tool schemas for function-calling APIs. They are the input schemas of the
-# MCP server's tools (sandboxd serve /mcp, sandboxd mcp): a model sees the
-# same tools whichever way it reaches sandboxd. test_sandboxd.py compares
-# them with the server's tools/list when the server answers MCP.
+# Tool schemas for function-calling APIs: the MCP server's tools (sandboxd
+# serve /mcp, sandboxd mcp), so that a model sees the same tools whichever
+# way it reaches sandboxd. _TOOLS_JSON is server/mcp/tools.json verbatim;
+# TestPythonToolSchemasMatchMCP (cmd/sandboxd/pyclient_test.go) fails when
+# the two differ: copy the file here again.
 
-_FILE_ITEM = {
-    "type": "object",
-    "properties": {
-        "path": {"type": "string", "description": "relative path under /workspace/input/, e.g. sales.csv"},
-        "content_base64": {"type": "string", "description": "the file's bytes, base64"},
-        "text": {"type": "string", "description": "the file's content as UTF-8 text (instead of content_base64)"},
-    },
-    "required": ["path"],
-    "additionalProperties": False,
-}
+_TOOLS_JSON = r'''[
+  {
+    "name": "run_python",
+    "title": "Run Python",
+    "description": "Run Python 3 code in a fresh, isolated Linux sandbox with pandas, numpy, scipy, scikit-learn, statsmodels, matplotlib, seaborn and openpyxl installed. There is no network access. The working directory is /workspace; files you pass in `files` appear under /workspace/input/. To return a chart or file, save it under /workspace/output/artifacts/ (for example plt.savefig('output/artifacts/chart.png')): images come back as images, other files as resource links. Open matplotlib figures are captured as PNG images too. Without session_id every call starts from scratch; with the session_id of a session made by create_session, variables, imports, DataFrames and files persist between calls, as in a notebook. The answer gives stdout, then the Python traceback if the code raised (or the end of stderr), and is marked as an error when the code failed, timed out or ran out of memory: read the traceback, fix the code and call again.",
+    "inputSchema": {
+      "type": "object",
+      "properties": {
+        "code": {
+          "type": "string",
+          "description": "The Python source to run, as a script (or a notebook cell in a session). print() what you want to see."
+        },
+        "session_id": {
+          "type": "string",
+          "description": "Run in this session (from create_session): the Python state and the files of earlier calls are kept. Omit for a one-off run in a fresh sandbox."
+        },
+        "timeout_s": {
+          "type": "number",
+          "exclusiveMinimum": 0,
+          "description": "Stop the code after this many seconds (default and maximum: the server's policy, typically 30)."
+        },
+        "files": {
+          "type": "array",
+          "description": "Files written under /workspace/input/ before the code runs (in a session they stay there). Give each file's content as text or as base64, not both.",
+          "items": {
+            "type": "object",
+            "properties": {
+              "path": {
+                "type": "string",
+                "description": "Path relative to /workspace/input/, for example \"sales.csv\" or \"data/2024.json\"; no \"..\", not absolute."
+              },
+              "text": {
+                "type": "string",
+                "description": "The file's content as UTF-8 text (CSV, JSON, Python, ...)."
+              },
+              "content_base64": {
+                "type": "string",
+                "description": "The file's content, base64-encoded (for binary files such as .xlsx or .png)."
+              }
+            },
+            "required": ["path"],
+            "additionalProperties": false
+          }
+        }
+      },
+      "required": ["code"],
+      "additionalProperties": false
+    }
+  },
+  {
+    "name": "create_session",
+    "title": "Create a Python session",
+    "description": "Create a session: a persistent workspace (files kept between calls) and a long-lived Python process, so that later run_python calls with its session_id reuse loaded data, variables and imports. Use it when a task needs several steps on the same data; upload data once with upload_file, then run code on it. Returns the session_id. Close it with close_session when done; an unused session expires on its own.",
+    "inputSchema": {
+      "type": "object",
+      "properties": {
+        "session_id": {
+          "type": "string",
+          "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+          "description": "An id to give the session (letters, digits, '_', '.', '-'; up to 64). Omit to get a generated one."
+        },
+        "kernel": {
+          "type": "boolean",
+          "description": "Keep a long-lived Python process whose variables persist (default true). false: every run starts a fresh Python on the session's files."
+        },
+        "idle_timeout_s": {
+          "type": "number",
+          "exclusiveMinimum": 0,
+          "description": "Stop the Python process after this many idle seconds (its variables are lost, the files stay). Default: the server's, typically 20 minutes."
+        }
+      },
+      "additionalProperties": false
+    }
+  },
+  {
+    "name": "close_session",
+    "title": "Close a session",
+    "description": "Delete a session: its Python process is stopped (a running execution is cancelled) and its files are removed. Call it when the task is done.",
+    "inputSchema": {
+      "type": "object",
+      "properties": {
+        "session_id": {
+          "type": "string",
+          "description": "The session to delete."
+        }
+      },
+      "required": ["session_id"],
+      "additionalProperties": false
+    }
+  },
+  {
+    "name": "upload_file",
+    "title": "Upload a file to a session",
+    "description": "Write a file into a session's workspace (replacing any file at that path), for the session's code to read. Paths are relative to /workspace, the code's working directory: upload \"input/sales.csv\" and read it with pd.read_csv(\"input/sales.csv\"). Give the content as text or as base64, not both.",
+    "inputSchema": {
+      "type": "object",
+      "properties": {
+        "session_id": {
+          "type": "string",
+          "description": "The session (from create_session)."
+        },
+        "path": {
+          "type": "string",
+          "description": "Path relative to /workspace, for example \"input/sales.csv\"; no \"..\", not absolute. Parent directories are made."
+        },
+        "text": {
+          "type": "string",
+          "description": "The file's content as UTF-8 text."
+        },
+        "content_base64": {
+          "type": "string",
+          "description": "The file's content, base64-encoded (for binary files)."
+        }
+      },
+      "required": ["session_id", "path"],
+      "additionalProperties": false
+    }
+  },
+  {
+    "name": "read_file",
+    "title": "Read a session file",
+    "description": "Read a file from a session's workspace (a path relative to /workspace, for example \"output/summary.csv\"). Text comes back as text, from offset for at most max_bytes bytes; an image comes back as an image; another binary file as a resource link with its size.",
+    "inputSchema": {
+      "type": "object",
+      "properties": {
+        "session_id": {
+          "type": "string",
+          "description": "The session (from create_session)."
+        },
+        "path": {
+          "type": "string",
+          "description": "Path relative to /workspace."
+        },
+        "offset": {
+          "type": "integer",
+          "minimum": 0,
+          "description": "Byte offset to start reading text at (default 0)."
+        },
+        "max_bytes": {
+          "type": "integer",
+          "minimum": 1,
+          "maximum": 1048576,
+          "description": "At most this many bytes of text (default 65536)."
+        }
+      },
+      "required": ["session_id", "path"],
+      "additionalProperties": false
+    }
+  },
+  {
+    "name": "list_files",
+    "title": "List session files",
+    "description": "List the files in a session's workspace (paths relative to /workspace, with their sizes), optionally only those whose path starts with prefix, for example \"output/\".",
+    "inputSchema": {
+      "type": "object",
+      "properties": {
+        "session_id": {
+          "type": "string",
+          "description": "The session (from create_session)."
+        },
+        "prefix": {
+          "type": "string",
+          "description": "Only paths starting with this, for example \"input/\" or \"output/artifacts/\"."
+        }
+      },
+      "required": ["session_id"],
+      "additionalProperties": false
+    }
+  }
+]
+'''
 
-RUN_PYTHON_SCHEMA: Dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "code": {"type": "string", "description": "Python 3 source to run. In a session, variables, imports and "
-                                                  "DataFrames persist between calls, as in a notebook; the value of "
-                                                  "a final expression is shown."},
-        "session_id": {"type": "string", "description": "run in this session (from create_session); omit for a "
-                                                        "fresh, single-use sandbox"},
-        "timeout_s": {"type": "number", "description": "seconds before the run is stopped (at most the worker's "
-                                                       "policy limit)"},
-        "files": {"type": "array", "items": _FILE_ITEM, "description": "input files written under "
-                                                                       "/workspace/input/ before the code runs"},
-    },
-    "required": ["code"],
-    "additionalProperties": False,
-}
+_TOOLS: List[Dict[str, Any]] = json.loads(_TOOLS_JSON)
 
-_SESSION_ID = {"type": "string", "description": "the session, from create_session"}
-_WS_PATH = {"type": "string", "description": "path relative to /workspace, e.g. input/sales.csv"}
+# name -> {name, title, description, inputSchema}, in the MCP server's order.
+TOOL_SCHEMAS: Dict[str, Dict[str, Any]] = {t["name"]: t for t in _TOOLS}
 
-TOOL_SCHEMAS: Dict[str, Dict[str, Any]] = {
-    "run_python": {
-        "description": "Run Python code in an isolated sandbox with numpy, pandas and matplotlib, and return "
-                       "its stdout, then the error as Python prints it when the code fails. Matplotlib figures "
-                       "come back as images. The working directory is /workspace; files given come under "
-                       "/workspace/input/; write files to /workspace/output/artifacts/ to return them. There is "
-                       "no network.",
-        "input_schema": RUN_PYTHON_SCHEMA,
-    },
-    "create_session": {
-        "description": "Create a session: a persistent /workspace and a Python process whose variables persist "
-                       "across run_python calls that pass its session_id. Close it when done.",
-        "input_schema": {"type": "object", "properties": {}, "additionalProperties": False},
-    },
-    "close_session": {
-        "description": "Close a session: stop its Python process and delete its files.",
-        "input_schema": {"type": "object", "properties": {"session_id": _SESSION_ID},
-                         "required": ["session_id"], "additionalProperties": False},
-    },
-    "upload_file": {
-        "description": "Store a file in a session's /workspace (replacing it), as UTF-8 text or base64 bytes.",
-        "input_schema": {"type": "object", "properties": {
-            "session_id": _SESSION_ID, "path": _WS_PATH,
-            "content_base64": {"type": "string", "description": "the file's bytes, base64"},
-            "text": {"type": "string", "description": "the file's content as UTF-8 text"},
-        }, "required": ["session_id", "path"], "additionalProperties": False},
-    },
-    "read_file": {
-        "description": "Read a file of a session's /workspace (text as is; binary data as base64).",
-        "input_schema": {"type": "object", "properties": {"session_id": _SESSION_ID, "path": _WS_PATH},
-                         "required": ["session_id", "path"], "additionalProperties": False},
-    },
-    "list_files": {
-        "description": "List the files of a session's /workspace (name and size), optionally under a prefix.",
-        "input_schema": {"type": "object", "properties": {
-            "session_id": _SESSION_ID,
-            "prefix": {"type": "string", "description": "only names starting with this, e.g. output/"},
-        }, "required": ["session_id"], "additionalProperties": False},
-    },
-}
+RUN_PYTHON_SCHEMA: Dict[str, Any] = TOOL_SCHEMAS["run_python"]["inputSchema"]
 
 
 def tool_definitions(style: str = "openai", names: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
     """The tools entries for a function-calling API: style "openai" (Chat
     Completions: {"type": "function", "function": {name, description,
     parameters}}), "openai-responses" ({"type": "function", name, ...}),
-    "anthropic" ({name, description, input_schema}) or "mcp" ({name,
-    description, inputSchema}). names: a subset (default all)."""
+    "anthropic" ({name, description, input_schema}) or "mcp" ({name, title,
+    description, inputSchema}, as the MCP server lists them). names: a
+    subset (default all)."""
     out = []
     for name in names or list(TOOL_SCHEMAS):
-        t = TOOL_SCHEMAS[name]
-        schema = json.loads(json.dumps(t["input_schema"]))  # a copy the caller may change
+        t = json.loads(json.dumps(TOOL_SCHEMAS[name]))  # a copy the caller may change
+        schema = t["inputSchema"]
         if style == "openai":
             out.append({"type": "function", "function": {"name": name, "description": t["description"],
                                                          "parameters": schema}})
@@ -1549,7 +1709,7 @@ def tool_definitions(style: str = "openai", names: Optional[Sequence[str]] = Non
         elif style == "anthropic":
             out.append({"name": name, "description": t["description"], "input_schema": schema})
         elif style == "mcp":
-            out.append({"name": name, "description": t["description"], "inputSchema": schema})
+            out.append(t)
         else:
             raise ValueError(f"style {style!r}: openai, openai-responses, anthropic or mcp")
     return out

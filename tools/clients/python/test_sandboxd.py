@@ -451,6 +451,17 @@ class WorkerTest(unittest.TestCase):
         self.assertEqual(r.text, "hi")
         r = self.c.call_tool("read_file", {"session_id": sid, "path": "missing.txt"})
         self.assertTrue(r.is_error)
+        # A page of a text file, never a UTF-8 character cut in two.
+        self.c.call_tool("upload_file", {"session_id": sid, "path": "long.txt", "text": "é" * 100})
+        r = self.c.call_tool("read_file", {"session_id": sid, "path": "long.txt", "offset": 2, "max_bytes": 5})
+        self.assertEqual(r.text, "éé\n[bytes 2-6 of 200 shown; call read_file with offset=6 for more]")
+        r = self.c.call_tool("read_file", {"session_id": sid, "path": "long.txt", "offset": 200})
+        self.assertTrue(r.is_error)
+        # An image comes back as an image.
+        png = (b"\x89PNG\r\n\x1a\n" + b"\0" * 100)
+        self.c.upload(sid, "output/p.png", png)
+        r = self.c.call_tool("read_file", {"session_id": sid, "path": "output/p.png", "max_bytes": 10})
+        self.assertEqual([(i.media_type, i.data) for i in r.images], [("image/png", png)])
         r = self.c.call_tool("close_session", {"session_id": sid})
         self.assertFalse(r.is_error)
         with self.assertRaises(sandboxd.NotFound):
@@ -464,7 +475,7 @@ class WorkerTest(unittest.TestCase):
         self.assertEqual(sorted(got), sorted(sandboxd.TOOL_SCHEMAS))
         for name, t in sandboxd.TOOL_SCHEMAS.items():
             with self.subTest(tool=name):
-                self.assertEqual(got[name], t["input_schema"])
+                self.assertEqual(got[name], t["inputSchema"])
 
 
 def mcp_tools(test):

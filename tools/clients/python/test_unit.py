@@ -316,6 +316,17 @@ class TypesTest(unittest.TestCase):
             self.assertIsNot(schema, sandboxd.RUN_PYTHON_SCHEMA)
         with self.assertRaises(ValueError):
             sandboxd.tool_definitions("other")
+        self.assertEqual(sandboxd.tool_definitions("mcp"), list(sandboxd.TOOL_SCHEMAS.values()))
+
+    def test_trim_partial_utf8(self):
+        s = "é€😀"  # 2, 3 and 4 bytes
+        e = s.encode()
+        for n in range(len(e) + 1):
+            with self.subTest(n=n):
+                got = sandboxd._trim_partial_utf8(e[:n]).decode()  # decodes: nothing partial left
+                self.assertTrue(s.startswith(got))
+                self.assertGreater(len(got.encode()) + 4, n)  # at most one character cut
+        self.assertEqual(sandboxd._trim_partial_utf8(b"ab"), b"ab")
 
     def test_call_tool_refuses_bad_calls_as_results(self):
         c = sandboxd.Client("http://127.0.0.1:1", retries=0)
