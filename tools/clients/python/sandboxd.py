@@ -1729,27 +1729,54 @@ class ToolResult:
 
     @classmethod
     def from_execution(cls, ex: Execution) -> "ToolResult":
+        """The text a model reads, as the MCP server's run_python gives it:
+        stdout, the final expression's value, the error as Python prints it
+        (or the end of stderr), how the run ended when it failed,
+        output/result.json and what was left out."""
         parts = []
+        if ex.session is not None and ex.session.state in ("new", "restarted") and \
+                ex.session.reason not in (None, "first_execution", "kernel_disabled"):
+            parts.append(f"[a new Python process: the previous one ended ({ex.session.reason}); "
+                         f"variables were lost, files kept]")
         if ex.stdout:
-            parts.append(ex.stdout)
-        if ex.stdout_omitted_bytes:
-            parts.append(f"[{ex.stdout_omitted_bytes} bytes of stdout omitted]")
+            out = ex.stdout.rstrip("\n")
+            if ex.stdout_omitted_bytes:
+                out += f"\n[stdout: {ex.stdout_omitted_bytes} bytes omitted from the middle]"
+            elif ex.stdout_truncated:
+                out += "\n[stdout truncated]"
+            parts.append(out)
         for d in ex.display:
-            parts.append(d.markdown or d.text)
+            if d.markdown or d.text:
+                parts.append(d.markdown or d.text)
         if ex.error is not None:
-            parts.append(str(ex.error))
+            parts.append(str(ex.error).rstrip("\n"))
             if ex.error.hint:
                 parts.append(f"Hint: {ex.error.hint}")
-        elif not ex.ok:
-            reason = ex.error_message or (ex.stderr.strip()[-4000:] if ex.stderr else "")
-            parts.append(f"[{ex.status}, exit code {ex.exit_code}]" + (f"\n{reason}" if reason else ""))
+        elif ex.stderr:
+            tail = ex.stderr[-4000:].rstrip("\n")
+            cut = len(ex.stderr) > 4000 or ex.stderr_truncated or ex.stderr_omitted_bytes
+            parts.append(("[stderr, last part]\n" if cut else "[stderr]\n") + tail)
+        if not ex.ok:
+            line = f"[{ex.status}" + (f", exit code {ex.exit_code}" if ex.exit_code not in (None, 0) else "")
+            line += (f", signal {ex.signal}" if ex.signal else "") + "]"
+            if ex.limits_hit:
+                line += " limits hit: " + ", ".join(ex.limits_hit)
+            if ex.error_message:
+                line += "\n" + ex.error_message
+            parts.append(line)
+        if ex.result is not None:
+            shown = json.dumps(ex.result, ensure_ascii=False)
+            parts.append("output/result.json: " + (shown if len(shown) <= 4000 else
+                                                   f"{len(shown)} bytes (in structured['result'])"))
+        for o in ex.artifacts_omitted:
+            parts.append(f"artifact {o.name} not returned: {o.reason}")
         others = [a.name for a in ex.artifacts if not a.is_image]
         if others:
             parts.append("Artifacts: " + ", ".join(others))
         structured = {k: v for k, v in ex.raw.items() if k != "artifacts"}
         structured["artifacts"] = [{k: v for k, v in a.items() if k != "content_base64"}
                                    for a in _list(ex.raw.get("artifacts")) if isinstance(a, dict)]
-        return cls("\n".join(p.rstrip("\n") for p in parts) or "(no output)", is_error=not ex.ok,
+        return cls("\n\n".join(parts) or "(no output)", is_error=not ex.ok,
                    images=ex.figures, structured=structured, execution=ex)
 
     def anthropic_content(self) -> List[Dict[str, Any]]:
