@@ -238,8 +238,9 @@ class WorkerTest(unittest.TestCase):
     def test_busy_and_interrupt(self):
         s = self.session()
         s.run("y = 'kept'")
-        blocked = Background(s.run, "import time\nwhile True:\n    time.sleep(0.02)\n")
-        wait_until("the session to be busy", lambda: s.refresh().kernel.state == "busy")
+        blocked = Background(s.run, "import time\nopen('started', 'w').close()\nwhile True:\n    time.sleep(0.02)\n")
+        # The code itself runs (not only the kernel's start): interrupt it there.
+        wait_until("the code to start", lambda: "started" in s.list_files().names)
         with self.assertRaises(sandboxd.SessionBusy) as cm:
             s.run("print(1)")
         self.assertEqual(cm.exception.code, "session_busy")
