@@ -56,11 +56,14 @@ type session struct {
 	busy bool
 	// lends: the volume is lent to the file API (Lend).
 	lends int
-	// ctx is cancelled once the session is being deleted, or the manager
-	// closed (stop): the lent requests end with it (a slow download must
-	// not hold a Delete).
+	// ctx is cancelled once the session is being deleted (stop): the
+	// lent requests end with it (a slow download must not hold a Delete).
 	ctx  context.Context
 	stop context.CancelFunc
+	// lent counts the lends in flight: Delete waits for them before it
+	// removes the volume a request reads or writes (SECURITY.md case 49).
+	// Added to only under Manager.mu while !gone and !closed.
+	lent sync.WaitGroup
 	// starting / executing: the Run is starting a kernel / running code.
 	starting, executing bool
 	// cancel cancels the running execution's context (Delete).
@@ -71,10 +74,9 @@ type session struct {
 	next ExecInfo
 	// endReason is why the last kernel stopped.
 	endReason string
-	// active counts the Run's Exec, the janitor's kernel stops and the
-	// lends in flight: Delete waits for them before removing the volume a
-	// kernel has bound or a request reads or writes (SECURITY.md case 49).
-	// Added to only under Manager.mu while !gone and !closed.
+	// active counts the Run's Exec and the janitor's kernel stops in
+	// flight: Delete waits for them before removing the volume a kernel
+	// has bound. Added to only under Manager.mu while !gone and !closed.
 	active sync.WaitGroup
 }
 
@@ -452,6 +454,7 @@ func (m *Manager) remove(s *session, why string, check func() bool) error {
 	// it was starting is closed by it, seeing the session gone. The lent
 	// requests see their context cancelled and end (SECURITY.md case 49).
 	s.active.Wait()
+	s.lent.Wait()
 	s.writeMu.Lock()
 	err := m.removeDir(s.dir)
 	s.writeMu.Unlock()
@@ -510,8 +513,10 @@ type Lend struct {
 	Volume *volume.Volume
 	// Policy is the session's policy (type): the profile's sandbox's.
 	Policy string
-	// Ctx is cancelled when the session is being deleted or the manager
-	// closes: the request must end then (a Delete waits for it).
+	// Ctx is cancelled when the session is being deleted: the request
+	// must end then (the Delete waits for it). Close leaves lends alone:
+	// the volumes stay mounted, and the HTTP server's shutdown bounds the
+	// requests.
 	Ctx context.Context
 
 	release func()
@@ -531,7 +536,7 @@ func (m *Manager) Lend(id string) (*Lend, error) {
 		return nil, err
 	}
 	s.lends++
-	s.active.Add(1)
+	s.lent.Add(1)
 	m.touchLocked(s)
 	var once sync.Once
 	return &Lend{Volume: s.ws.Volume(), Policy: s.rec.Policy, Ctx: s.ctx, release: func() {
@@ -540,7 +545,7 @@ func (m *Manager) Lend(id string) (*Lend, error) {
 			s.lends--
 			m.touchLocked(s)
 			m.mu.Unlock()
-			s.active.Done()
+			s.lent.Done()
 		})
 	}}, nil
 }
@@ -561,7 +566,6 @@ func (m *Manager) Close() {
 		if s.cancel != nil {
 			s.cancel()
 		}
-		s.stop()
 		if s.kernel != nil {
 			kernels = append(kernels, s.kernel)
 			s.kernel = nil
