@@ -69,6 +69,9 @@ type Server struct {
 	// starter starts session kernels (and profiles' kernels):
 	// kernelStarter, on the warm pool; the API tests give a fake.
 	starter session.Starter
+	// reserve is (*session.Manager).Begin; the API tests hold an
+	// execution right after it reserved its session.
+	reserve func(m *session.Manager, id string) (*session.Run, error)
 
 	live      *liveTable
 	results   *results.Store
@@ -128,6 +131,7 @@ func New(d Deps) (*Server, error) {
 	}
 	s.createWorkspace = workspace.Create
 	s.starter = kernelStarter{s}
+	s.reserve = (*session.Manager).Begin
 	store, err := results.Open(d.Config.ResultsDir, results.Options{
 		MaxBytes: d.Config.ResultsMaxBytes,
 		MaxCount: d.Config.ResultsMax,
@@ -414,6 +418,13 @@ func findPython(root string) string {
 		}
 	}
 	return "python3"
+}
+
+// isDraining tells whether Drain began.
+func (s *Server) isDraining() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.draining
 }
 
 // enter registers a live execution unless the server is draining.
