@@ -46,6 +46,12 @@ type Deps struct {
 	ResolveRootfs func(ctx context.Context) (string, error)
 	// Logger receives one line per event.
 	Logger *slog.Logger
+	// MCP, optional, builds the handler of /mcp (the Model Context
+	// Protocol) on api, the API's routes without the guard: the guard runs
+	// once, on /mcp itself, and the tools call the routes in-process.
+	// maxBody bounds an MCP request as it bounds an API request.
+	// cmd/sandboxd passes server/mcp's; without it /mcp answers 404.
+	MCP func(api http.Handler, maxBody int64) http.Handler
 }
 
 // Server is the execution API. Create it with New, call Prepare (the API
@@ -64,6 +70,9 @@ type Server struct {
 	// starter starts session kernels (and profiles' kernels):
 	// kernelStarter, on the warm pool; the API tests give a fake.
 	starter session.Starter
+	// reserve is (*session.Manager).Begin; the API tests hold an
+	// execution right after it reserved its session.
+	reserve func(m *session.Manager, id string) (*session.Run, error)
 
 	live      *liveTable
 	results   *results.Store
@@ -76,6 +85,7 @@ type Server struct {
 	attached  decodeSlots // event streams attached by GET (events.go)
 	metrics   *metrics
 	handler   http.Handler
+	mcp       http.Handler // /mcp, nil without Deps.MCP
 
 	mu       sync.Mutex
 	rootfs   string // set once Prepare succeeds
@@ -127,6 +137,7 @@ func New(d Deps) (*Server, error) {
 	}
 	s.createWorkspace = workspace.Create
 	s.starter = kernelStarter{s}
+	s.reserve = (*session.Manager).Begin
 	store, err := results.Open(d.Config.ResultsDir, results.Options{
 		MaxBytes: d.Config.ResultsMaxBytes,
 		MaxCount: d.Config.ResultsMax,
@@ -153,7 +164,11 @@ func New(d Deps) (*Server, error) {
 	})
 	s.metrics.reg.MustRegister(&poolCollector{size: d.Config.PoolSize, stats: s.PoolStats},
 		&sessionCollector{stats: s.SessionStats})
-	s.handler = s.deadlines(s.guard(s.router()))
+	api := s.router()
+	s.handler = s.deadlines(s.guard(api))
+	if d.MCP != nil {
+		s.mcp = d.MCP(api, s.maxBody())
+	}
 	return s, nil
 }
 
@@ -188,6 +203,8 @@ func (s *Server) routes() []route {
 		{http.MethodPut, "/v1/sessions/:id/files/*path", s.handlePutFile},
 		{http.MethodGet, "/v1/sessions/:id/files/*path", s.handleGetFile},
 		{http.MethodDelete, "/v1/sessions/:id/files/*path", s.handleDeleteFile},
+		// MCP over Streamable HTTP, stateless: POST only (mcp_route.go).
+		{http.MethodPost, "/mcp", s.handleMCP},
 	}
 }
 
@@ -408,6 +425,13 @@ func findPython(root string) string {
 		}
 	}
 	return "python3"
+}
+
+// isDraining tells whether Drain began.
+func (s *Server) isDraining() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.draining
 }
 
 // enter registers a live execution unless the server is draining.
