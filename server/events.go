@@ -4,7 +4,7 @@ package server
 // text/event-stream gets the execution's events as server-sent events
 // while it runs (its output as it is read, what else is published into its
 // hub), then one `result` event holding the usual answer; a POST that
-// prefers respond-async gets 202 and a Location once it is admitted; GET
+// prefers respond-async gets 202 and a Location once it is accepted (execution.accept); GET
 // /v1/executions/{id}/events attaches to a running or finished execution,
 // resuming after Last-Event-ID. The execution itself never waits for a
 // client (package stream): these answers only read.
@@ -104,6 +104,7 @@ func (s *Server) answerDetached(w http.ResponseWriter, r *http.Request, p *plan,
 		}
 		return
 	}
+	p.detached = true
 	rd, e := s.startDetached(run, r.Context(), p)
 	switch {
 	case e != nil:
@@ -125,7 +126,7 @@ func (s *Server) answerDetached(w http.ResponseWriter, r *http.Request, p *plan,
 	}
 }
 
-// startDetached runs p in the background and returns once it is admitted
+// startDetached runs p in the background and returns once it is accepted (execution.accept)
 // (nil, nil) or answered without running: a stored answer (a retry) or a
 // refusal. The run then goes on by itself and closes its own answer.
 func (s *Server) startDetached(run, wait context.Context, p *plan) (*results.Reader, *apiError) {
@@ -137,16 +138,20 @@ func (s *Server) startDetached(run, wait context.Context, p *plan) (*results.Rea
 	go func() {
 		rd, e := s.execute(run, wait, p)
 		select {
-		case <-p.admitted: // the caller is answered already
+		case <-p.accepted: // the caller is answered already
 			if rd != nil {
 				rd.Close()
+			}
+			if e != nil {
+				// Refused after the client was answered: its events say so.
+				s.logReject(e, "session_id", p.session, "execution_id", p.id, "policy", p.policy.Name)
 			}
 		default:
 			out <- outcome{rd, e}
 		}
 	}()
 	select {
-	case <-p.admitted:
+	case <-p.accepted:
 		return nil, nil
 	case o := <-out:
 		return o.rd, o.e
@@ -163,6 +168,25 @@ func writeAccepted(w http.ResponseWriter, id string) {
 	w.Header().Set("Location", "/v1/executions/"+id)
 	w.Header().Set("Preference-Applied", "respond-async")
 	writeJSON(w, http.StatusAccepted, accepted{ID: id, Status: StatusRunning})
+}
+
+// writeRefusal answers GET for an execution refused after its client was
+// answered (202): the refusal, as the POST would have answered it, while
+// its events are kept. False when there is none.
+func (s *Server) writeRefusal(w http.ResponseWriter, id string) bool {
+	hub := s.streams.Get(id)
+	if hub == nil {
+		return false
+	}
+	status, body, ok := hub.Refusal()
+	if !ok {
+		return false
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	w.Write(append(body, '\n'))
+	return true
 }
 
 func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request, ps httprouter.Params) {
@@ -250,6 +274,10 @@ func (s *Server) streamHub(w http.ResponseWriter, r *http.Request, id string, hu
 				s.writeStoredResult(sse, id, e.ID)
 				return
 			}
+			if e.Type == stream.TypeError { // refused: the last event
+				sse.event(e.ID, e.Type, e.JSON())
+				return
+			}
 			if sse.event(e.ID, e.Type, e.JSON()) != nil {
 				return
 			}
@@ -261,12 +289,9 @@ func (s *Server) streamHub(w http.ResponseWriter, r *http.Request, id string, hu
 	}
 }
 
-// eventGap and eventError are the events of the stream itself: events
-// missed, and a result that cannot be read.
-const (
-	eventGap   = "gap"
-	eventError = "error"
-)
+// eventGap says events were missed; stream.TypeError ends a stream whose
+// execution was refused, or whose result cannot be read.
+const eventGap = "gap"
 
 // writeStoredResult writes id's stored answer as the result event eventID.
 func (s *Server) writeStoredResult(sse *sseWriter, id string, eventID uint64) {
@@ -277,7 +302,7 @@ func (s *Server) writeStoredResult(sse *sseWriter, id string, eventID uint64) {
 			msg = fmt.Sprintf("execution %q ran but its answer could not be stored", clip(id))
 		}
 		data, _ := json.Marshal(errorBody{Error: msg})
-		sse.event(eventID, eventError, data)
+		sse.event(eventID, stream.TypeError, data)
 		return
 	}
 	defer rd.Close()

@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/server/config"
 	"github.com/sandboxd/sandboxd/server/stream"
+	"github.com/sandboxd/sandboxd/server/workspace"
 )
 
 // sseEvent is one server-sent event as a client parses it.
@@ -404,5 +405,31 @@ func TestUnitEventStreamOutlivesWriteTimeout(t *testing.T) {
 	s.want("stdout", "2\n")
 	if _, resp := s.result(); resp.Status != "succeeded" {
 		t.Fatalf("result %+v", resp)
+	}
+}
+
+// An execution refused after its client was answered (the work root is
+// full once it leaves the queue): the stream ends with an error event,
+// and GET answers the refusal while the events are kept.
+func TestUnitRefusedAfterAccept(t *testing.T) {
+	u := newUnitEnv(t, true, nil)
+	u.wsErr = fmt.Errorf("%w: test", workspace.ErrFull)
+	s := u.openEvents("POST", "/v1/executions", ExecutionRequest{ID: "full-1", Code: "x"})
+	ev := s.want("error", "")
+	s.end()
+	var eb errorBody
+	if json.Unmarshal([]byte(ev.data), &eb) != nil || !strings.Contains(eb.Error, "test") || ev.id != "1" {
+		t.Fatalf("error event %+v", ev)
+	}
+	code, h, body := u.do("POST", "/v1/executions", ExecutionRequest{ID: "full-2", Code: "x"}, "Prefer", "respond-async")
+	if code != http.StatusAccepted {
+		t.Fatalf("respond-async: %d %s", code, body)
+	}
+	waitFor(t, func() bool { code, _, _ := u.do("GET", h.Get("Location"), nil); return code != 200 })
+	code, _, body = u.do("GET", h.Get("Location"), nil)
+	wantError(t, code, body, http.StatusInsufficientStorage, "test")
+	u.openEvents("GET", h.Get("Location")+"/events", nil).want("error", "")
+	if u.fake.started.Load() != 0 {
+		t.Fatal("a refused execution ran")
 	}
 }

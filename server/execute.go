@@ -118,11 +118,13 @@ type plan struct {
 	env     []string          // the whole environment (a sandbox's)
 	extra   map[string]string // the request's env (a kernel's execution)
 	session string            // a session's execution: its session id
-	// hub gets the execution's live events (registered at admission);
-	// admitted is closed once it is admitted (an answer that is not
-	// waited for can be given then: events, 202).
+	// hub gets the execution's live events (registered when its id is
+	// claimed); accepted is closed once the execution goes ahead
+	// (execution.accept), when an answer that does not wait for it can be
+	// given (events, 202).
 	hub      *stream.Hub
-	admitted chan struct{}
+	accepted chan struct{}
+	detached bool // answered at accept (events, 202): answerDetached
 }
 
 // validate turns a request into a plan, or says why not. Nothing is started
@@ -147,7 +149,7 @@ func (s *Server) validate(req *ExecutionRequest) (*plan, *apiError) {
 
 // newPlan starts a plan: the client's id, checked, or a new one.
 func (s *Server) newPlan(id, hash string) (*plan, *apiError) {
-	p := &plan{id: id, run: newRunName(), hash: hash, hub: s.streams.NewHub(), admitted: make(chan struct{})}
+	p := &plan{id: id, run: newRunName(), hash: hash, hub: s.streams.NewHub(), accepted: make(chan struct{})}
 	if p.id == "" {
 		p.id = newID()
 	} else if !inside.ValidID(p.id) {
@@ -235,6 +237,7 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 		return nil, nil, e
 	}
 	defer x.done()
+	x.accept()
 	if !x.wait(ctx) {
 		return x.finish()
 	}
@@ -353,7 +356,6 @@ func (s *Server) admit(ctx context.Context, p *plan) (context.Context, *executio
 	x.log.Info("execution admitted", "timeout_ms", p.policy.TimeoutMS)
 	x.resp = &ExecutionResponse{ID: p.id, Type: p.policy.Name, Policy: p.policy,
 		Artifacts: []Artifact{}, ArtifactsOmitted: []Omitted{}, LimitsHit: []string{}}
-	close(p.admitted)
 	return ctx, x, nil
 }
 
@@ -376,10 +378,24 @@ func (x *execution) wait(ctx context.Context) bool {
 	return true
 }
 
+// accept says the execution goes ahead: admitted, and in a session the
+// session reserved. What may still refuse it (a full work root, the
+// session's quota, its kernel's start) comes after the queue; a client
+// answered at accept (202, or its event stream started) learns it from
+// the execution's events (refuse).
+func (x *execution) accept() { close(x.p.accepted) }
+
 // refuse ends an execution refused before its code ran: its id is free
-// again, and the client gets e.
+// again, and the client gets e. Its events end with e; they are kept a
+// while (and GET answers e) when its client was answered already (a
+// detached answer), else forgotten at once, as the execution is.
 func (x *execution) refuse(e *apiError) *apiError {
+	body, _ := json.Marshal(errorBody{Error: e.msg, Code: e.code})
+	x.rec.hub.Refuse(e.status, body) // before forget's Finish
 	x.s.forget(x.rec)
+	if x.p.detached {
+		x.s.streams.Refuse(x.p.id, x.rec.hub, e.status, body)
+	}
 	return e
 }
 

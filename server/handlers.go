@@ -135,6 +135,9 @@ func (s *Server) handleGet(w http.ResponseWriter, _ *http.Request, ps httprouter
 		case errors.Is(err, results.ErrPending):
 			continue
 		case errors.Is(err, results.ErrNotFound):
+			if s.writeRefusal(w, id) {
+				return
+			}
 			writeError(w, http.StatusNotFound, fmt.Sprintf("no execution %q (unknown, or its result has expired)", clip(id)))
 			return
 		case err != nil:

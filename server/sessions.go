@@ -332,6 +332,7 @@ func (s *Server) executeInSession(ctx context.Context, p *plan) (*ExecutionRespo
 	if err != nil {
 		return nil, nil, x.refuse(sessionError(p.session, err))
 	}
+	x.accept()
 	// Ended before the answer is written (deferred calls run before the
 	// handler writes): the client's next execution never meets this one.
 	defer run.End()

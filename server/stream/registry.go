@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"encoding/json"
 	"sync"
 	"time"
 )
@@ -67,7 +68,25 @@ func (r *Registry) Finish(id string, h *Hub) {
 	r.prune()
 }
 
-// Remove forgets h, id's hub, at once: its execution never ran.
+// Refuse ends h's stream with the refusal of its execution (Hub.Refuse)
+// and keeps it as a finished hub, registered again if it was removed
+// meanwhile (unless id has another hub by then), so a client answered
+// before the refusal (202, or its stream started) learns why.
+func (r *Registry) Refuse(id string, h *Hub, status int, data json.RawMessage) {
+	h.Refuse(status, data)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if cur := r.hubs[id]; cur != nil && cur != h {
+		return
+	}
+	r.dropFinished(id)
+	r.hubs[id] = h
+	r.finished = append(r.finished, finishedHub{id: id, hub: h, at: r.now()})
+	r.prune()
+}
+
+// Remove forgets h, id's hub, at once: its execution never ran, or its
+// events are not to be kept.
 func (r *Registry) Remove(id string, h *Hub) {
 	h.Finish()
 	r.mu.Lock()

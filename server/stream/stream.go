@@ -30,6 +30,10 @@ const (
 	TypeStdout = "stdout"
 	TypeStderr = "stderr"
 	TypeResult = "result"
+	// TypeError ends the stream of an execution refused after its
+	// client was answered (202, or its stream started): Data is the
+	// refusal, as the API answers it.
+	TypeError = "error"
 )
 
 // Event is one event of an execution. An event is never changed once a
@@ -95,6 +99,9 @@ type Hub struct {
 	// still be merged into.
 	read     uint64
 	finished bool
+	// refused is the HTTP status of the refusal that ended the stream
+	// (Refuse), 0 when none.
+	refused int
 	// carry is the incomplete UTF-8 sequence at the end of the last
 	// chunk of each output stream, held for the next chunk.
 	carry map[string][]byte
@@ -196,6 +203,31 @@ func (h *Hub) Finish() {
 	h.finished = true
 }
 
+// Refuse ends the stream with an error event holding data, the refusal
+// of the execution (HTTP status status), instead of a result. Nothing is
+// added after it; it does nothing once the hub is finished.
+func (h *Hub) Refuse(status int, data json.RawMessage) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.finished {
+		return
+	}
+	h.carry = nil
+	h.push(Event{Type: TypeError, Data: data})
+	h.finished, h.refused = true, status
+}
+
+// Refusal is the refusal that ended the stream, if one did: its HTTP
+// status and its data.
+func (h *Hub) Refusal() (status int, data json.RawMessage, ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.refused == 0 {
+		return 0, nil, false
+	}
+	return h.refused, h.ring[len(h.ring)-1].Data, true
+}
+
 // push appends e with the next id and drops the oldest events over the
 // bounds.
 func (h *Hub) push(e Event) uint64 {
@@ -293,7 +325,7 @@ func (h *Hub) batch(after uint64, maxBytes int64) (Batch, bool) {
 	}
 	last := b.Events[len(b.Events)-1]
 	h.read = max(h.read, last.ID)
-	b.Done = last.Type == TypeResult
+	b.Done = last.Type == TypeResult || last.Type == TypeError
 	return b, true
 }
 

@@ -256,3 +256,44 @@ func TestRegistry(t *testing.T) {
 		t.Fatalf("after Linger: c %v, b live %v, len %d", r.Get("c") != nil, r.Get("b") == fresh, r.Len())
 	}
 }
+
+// A refusal ends the stream in place of a result, and its hub lingers.
+func TestHubRefused(t *testing.T) {
+	r := NewRegistry(Limits{}, 4, time.Minute)
+	h := r.NewHub()
+	r.Add("x", h)
+	h.Output(TypeStdout, []byte("never"))
+	h.Refuse(507, []byte(`{"error":"full"}`))
+	r.Remove("x", h)
+	if r.Get("x") != nil {
+		t.Fatal("a removed hub is kept")
+	}
+	r.Refuse("x", h, 400, nil) // kept again; the first refusal stands
+	h.Finish()                 // changes nothing
+	if r.Get("x") != h {
+		t.Fatal("a refused hub was not kept")
+	}
+	taken := r.NewHub()
+	r.Add("z", taken)
+	r.Refuse("z", r.NewHub(), 409, nil)
+	if r.Get("z") != taken {
+		t.Fatal("a late refusal replaced the id's new hub")
+	}
+	b := next(t, h, 0, 1<<20)
+	wantTexts(t, b, "1:stdout:never", `2:error:{"error":"full"}`)
+	if !b.Done {
+		t.Fatal("the refusal does not end the stream")
+	}
+	if st, data, ok := h.Refusal(); !ok || st != 507 || string(data) != `{"error":"full"}` {
+		t.Fatalf("Refusal() = %d %s %v", st, data, ok)
+	}
+	other := r.NewHub()
+	r.Add("y", other)
+	r.Remove("y", other)
+	if r.Get("y") != nil {
+		t.Fatal("a hub removed without a refusal was kept")
+	}
+	if _, _, ok := other.Refusal(); ok {
+		t.Fatal("a finished hub says it was refused")
+	}
+}
