@@ -137,15 +137,25 @@ func TestRespondAsyncThenEvents(t *testing.T) {
 }
 
 // A session's execution streams as a single-shot one does, through its
-// kernel's output pipes.
+// kernel's output pipes; the code waits for the test's file "go".
 func TestSessionExecutionStreamed(t *testing.T) {
 	e := newSessionEnv(t, nsjailtest.RuntimeRootfs(t), nil)
 	e.createSession(SessionRequest{ID: "stream"})
 	e.sessionExec("stream", SessionExecutionRequest{Code: "n = 41"})
 	s := e.openEvents("POST", "/v1/sessions/stream/executions",
-		SessionExecutionRequest{ID: "sx-1", Code: "import sys, time\nprint('first', flush=True)\ntime.sleep(2)\nprint(n + 1)\nprint('oops', file=sys.stderr)\n"})
+		SessionExecutionRequest{ID: "sx-1", Code: "import os, sys, time\nprint('first', flush=True)\nwhile not os.path.exists('go'):\n    time.sleep(0.05)\nprint(n + 1)\nprint('oops', file=sys.stderr)\n"})
 	s.wantText("stdout", "first\n")
 	e.wantRunning("sx-1")
+	// A busy session refuses as usual (409), before any stream or 202.
+	for _, hdr := range [][]string{{"Accept", "text/event-stream"}, {"Prefer", "respond-async"}} {
+		code, h, body := e.do("POST", "/v1/sessions/stream/executions", SessionExecutionRequest{Code: "1"}, hdr...)
+		if code != http.StatusConflict || h.Get("Content-Type") != "application/json" || !strings.Contains(string(body), "session_busy") {
+			t.Fatalf("%v on a busy session: %d %s", hdr, code, body)
+		}
+	}
+	if code, body := e.put("stream", "go", nil); code >= 300 {
+		t.Fatalf("PUT go: %d %s", code, body)
+	}
 	texts, r := s.rest()
 	s.end()
 	if texts["stdout"] != "42\n" || texts["stderr"] != "oops\n" {
