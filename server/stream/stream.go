@@ -105,6 +105,10 @@ type Hub struct {
 	// carry is the incomplete UTF-8 sequence at the end of the last
 	// chunk of each output stream, held for the next chunk.
 	carry map[string][]byte
+	// spare is the text buffer of an output event dropped unread, reused
+	// for the next: output flooding a hub nobody reads costs no
+	// allocation per chunk (SECURITY.md case 8).
+	spare []byte
 	// wake is closed when an event arrives; a new one is made only when a
 	// client took the old one.
 	wake      chan struct{}
@@ -146,28 +150,46 @@ func (h *Hub) Output(stream string, chunk []byte) {
 	if h.finished || len(chunk) == 0 {
 		return
 	}
-	text := append(h.carry[stream], chunk...) // a copy: carry is ours
-	cut := completeUTF8(text)
-	h.carry[stream] = append([]byte(nil), text[cut:]...)
-	if cut > 0 {
-		h.output(stream, text[:cut])
+	// The text is carry + chunk up to its last complete character; only
+	// the last utf8.UTFMax bytes decide where that is.
+	carry := h.carry[stream]
+	var rest [2 * utf8.UTFMax]byte
+	var head, tail []byte
+	if len(chunk) >= utf8.UTFMax {
+		cut := completeUTF8(chunk)
+		head, tail = chunk[:cut], append(rest[:0], chunk[cut:]...)
+	} else {
+		short := append(append(rest[:0], carry...), chunk...)
+		cut := completeUTF8(short)
+		carry, head, tail = nil, short[:cut], short[cut:]
 	}
+	h.output(stream, carry, head)
+	h.carry[stream] = append(h.carry[stream][:0], tail...)
 }
 
-// output adds text to the newest event when it is of stream, unread and
+// output adds a+b to the newest event when it is of stream, unread and
 // small enough, else as a new event.
-func (h *Hub) output(stream string, text []byte) {
+func (h *Hub) output(stream string, a, b []byte) {
+	size := len(a) + len(b)
+	if size == 0 {
+		return
+	}
 	if n := len(h.ring); n > h.first {
 		last := &h.ring[n-1]
-		if last.Type == stream && last.ID > h.read && len(last.Text)+len(text) <= h.lim.MaxChunk {
-			last.Text = append(last.Text, text...)
-			h.bytes += int64(len(text))
+		if last.Type == stream && last.ID > h.read && len(last.Text)+size <= h.lim.MaxChunk {
+			last.Text = append(append(last.Text, a...), b...)
+			h.bytes += int64(size)
 			h.evict()
 			h.signal()
 			return
 		}
 	}
-	h.push(Event{Type: stream, Text: text})
+	text := h.spare
+	h.spare = nil
+	if cap(text) < size {
+		text = make([]byte, 0, size)
+	}
+	h.push(Event{Type: stream, Text: append(append(text[:0], a...), b...)})
 }
 
 // completeUTF8 is the length of b without an incomplete UTF-8 sequence at
@@ -194,9 +216,7 @@ func (h *Hub) Finish() {
 		return
 	}
 	for _, stream := range []string{TypeStdout, TypeStderr} {
-		if c := h.carry[stream]; len(c) > 0 {
-			h.output(stream, c)
-		}
+		h.output(stream, h.carry[stream], nil)
 	}
 	h.carry = nil
 	h.push(Event{Type: TypeResult})
@@ -242,7 +262,11 @@ func (h *Hub) push(e Event) uint64 {
 
 func (h *Hub) evict() {
 	for len(h.ring)-h.first > 1 && (len(h.ring)-h.first > h.lim.MaxEvents || h.bytes > h.lim.MaxBytes) {
-		h.bytes -= h.ring[h.first].size()
+		old := h.ring[h.first]
+		h.bytes -= old.size()
+		if old.ID > h.read && old.Text != nil && cap(old.Text) > cap(h.spare) {
+			h.spare = old.Text[:0] // no client ever had it
+		}
 		h.ring[h.first] = Event{} // its text may go
 		h.first++
 	}

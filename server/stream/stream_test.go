@@ -3,6 +3,7 @@ package stream
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -295,5 +296,31 @@ func TestHubRefused(t *testing.T) {
 	}
 	if _, _, ok := other.Refusal(); ok {
 		t.Fatal("a finished hub says it was refused")
+	}
+}
+
+// SECURITY.md case 8 at the hub: 64 MB of output nobody reads costs the
+// ring's buffers, not an allocation per chunk.
+func TestHubFloodReusesBuffers(t *testing.T) {
+	h := NewHub(Limits{})
+	chunk := []byte(strings.Repeat("\xff", 64<<10-1) + "\xe2") // an incomplete character at each end
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for range 1000 {
+		h.Output(TypeStdout, chunk)
+	}
+	runtime.ReadMemStats(&after)
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 8<<20 {
+		t.Fatalf("64 MB of output allocated %d MiB", grew>>20)
+	}
+	h.Finish()
+	b := next(t, h, 0, 1<<30)
+	var total int
+	for _, e := range b.Events {
+		total += len(e.Text)
+	}
+	if total > 1<<20 || b.Missed == 0 || !b.Done {
+		t.Fatalf("held %d bytes, missed %d, done %v", total, b.Missed, b.Done)
 	}
 }
