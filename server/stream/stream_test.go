@@ -137,10 +137,15 @@ func TestHubKeepsUTF8Whole(t *testing.T) {
 	h.Output(TypeStdout, euro[1:2])
 	h.Output(TypeStdout, append(euro[2:], '\xff'))
 	wantTexts(t, next(t, h, 1, 1<<20), "2:stdout:€\xff")
+	// Chunks longer than a character: the carry goes in front.
+	h.Output(TypeStdout, append([]byte("abcd"), euro[:1]...))
+	wantTexts(t, next(t, h, 2, 1<<20), "3:stdout:abcd")
+	h.Output(TypeStdout, append(append([]byte{}, euro[1:]...), "efgh"...))
+	wantTexts(t, next(t, h, 3, 1<<20), "4:stdout:€efgh")
 	h.Output(TypeStderr, euro[:2])
 	h.Finish()
-	b := next(t, h, 2, 1<<20)
-	wantTexts(t, b, "3:stderr:\xe2\x82", "4:result")
+	b := next(t, h, 4, 1<<20)
+	wantTexts(t, b, "5:stderr:\xe2\x82", "6:result")
 	if got := string(b.Events[0].JSON()); got != `{"text":"\ufffd"}` && got != `{"text":"\ufffd\ufffd"}` {
 		t.Fatalf("invalid UTF-8 encoded as %s", got)
 	}
