@@ -125,3 +125,34 @@ func BenchmarkKillAll(b *testing.B) {
 		}
 	}
 }
+
+// SECURITY.md case 47: a session kernel idles frozen; KillAll still empties
+// its cgroup (on v1 a SIGKILL reaches a frozen task only once thawed).
+func TestKillAllFrozen(t *testing.T) {
+	h := realHost(t)
+	paths := sandboxCgroup(t, h, "frozen")
+	startIn(t, cgroupDirs(paths), `sleep 1000 & exec sleep 1000`)
+	waitProcs(t, paths, 2)
+	if d, ok := paths.V2(); ok {
+		writeT(t, filepath.Join(d, "cgroup.freeze"), "1")
+	} else {
+		d, ok := paths["freezer"]
+		if !ok {
+			t.Skip("no freezer hierarchy")
+		}
+		writeT(t, filepath.Join(d, "freezer.state"), "FROZEN")
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+			if state := readT(t, filepath.Join(d, "freezer.state")); state == "FROZEN\n" {
+				break
+			} else if time.Now().After(deadline) {
+				t.Fatalf("freezer.state %q", state)
+			}
+		}
+	}
+	if err := KillAll(paths); err != nil {
+		t.Fatal(err)
+	}
+	if pids, err := procs(uniqueDirs(paths)); err != nil || len(pids) != 0 {
+		t.Fatalf("after KillAll: %v, %v", pids, err)
+	}
+}

@@ -183,6 +183,11 @@ type Sandbox struct {
 	// twice); result is what it returned.
 	waitOnce sync.Once
 	result   *Result
+	// fz guards frozen (Freeze froze the sandbox) and ending (Wait began
+	// to end it: never frozen again). See freeze.go.
+	fz     sync.Mutex
+	frozen bool
+	ending bool
 }
 
 // ID is the sandbox's id (its container, cgroup and state directory name).
