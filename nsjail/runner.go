@@ -188,6 +188,11 @@ type Sandbox struct {
 	fz     sync.Mutex
 	frozen bool
 	ending bool
+	// peak follows the memory high-water mark from ResetMemoryPeak on
+	// (peakReset: a reset succeeded); under peakMu.
+	peakMu    sync.Mutex
+	peak      *cgroup.PeakMeter
+	peakReset bool
 }
 
 // ID is the sandbox's id (its container, cgroup and state directory name).

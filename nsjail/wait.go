@@ -166,6 +166,7 @@ func (s *Sandbox) collect(a awaited) cgroup.Stats {
 			r := <-a.exited
 			s.crossCheckReport(a.reported, r.state)
 		}
+		s.closePeak()
 		s.r.destroy(s.c, s.log)
 		if s.mntns != nil {
 			s.mntns.Close()

@@ -38,7 +38,7 @@ const (
 	EndExited    = "exited"    // it exited by itself (os._exit, a crash)
 	EndProtocol  = "protocol"  // it broke the kernel protocol
 	EndClosed    = "closed"    // Close ended it (idle timeout, budget, session deleted, drain)
-	EndCancelled = "cancelled" // the execution's context was cancelled (client gone, drain)
+	EndCancelled = "cancelled" // the execution was cancelled (client gone, drain) and did not stop at the interrupt
 )
 
 // Kernel errors: nothing of the execution ran.
@@ -556,10 +556,7 @@ func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) 
 		return nil, ErrKernelBusy
 	}
 	defer k.busy.Unlock()
-	k.mu.Lock()
-	dying := k.haveReport || k.killedFor != ""
-	k.mu.Unlock()
-	if dying {
+	if k.dying() {
 		// Ending already (its exit was reported, or it is being killed):
 		// nothing of this execution runs; EndReason answers once it returns.
 		<-k.ended
@@ -573,6 +570,13 @@ func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) 
 	log := k.log
 	if e.Logger != nil {
 		log = e.Logger.With("sandbox", k.sb.ID())
+	}
+	// It idled frozen (SECURITY.md case 47): thawed now, after the
+	// caller's snapshot of the workspace and before the request exists,
+	// so an Interrupt (which signals only while a reply is awaited)
+	// never targets a frozen kernel.
+	if err := k.thaw(log); err != nil {
+		return nil, err
 	}
 	k.seq++
 	seq := k.seq
@@ -608,6 +612,10 @@ func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) 
 	o := k.await(ctx, seq, wait, sent, e.Timeout, log)
 	k.unexpect()
 	res.FinishedAt = time.Now()
+	// Frozen while the output and counters are read, done before Exec
+	// returns: whatever the code left running stops before the caller
+	// collects the workspace's artifacts (SECURITY.md case 47).
+	frozen := k.freeze(log)
 	out, errOut := stdout.Stop(), stderr.Stop()
 
 	after, ended := k.countersAfter()
@@ -630,6 +638,12 @@ func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) 
 		CPUMS:           int64((after.CPUUsageNS - min(after.CPUUsageNS, before.CPUUsageNS)) / 1e6),
 		PeakMemoryBytes: after.MemoryPeakBytes,
 		PidsPeak:        after.PidsPeak,
+	}
+	if err := <-frozen; err != nil {
+		// Left running, the code would run idle: end the kernel instead.
+		log.Error("unable to freeze the kernel after its execution; killing it", "error", err)
+		k.kill(EndProtocol)
+		<-k.ended
 	}
 	if !ended && o.PidsLimitHits > 0 {
 		// Threads or processes may be left half-made: end the kernel.
@@ -663,8 +677,8 @@ func (k *Kernel) send(msg []byte, stdout, stderr *os.File) error {
 }
 
 // await waits for execution seq's reply, interrupting it at its timeout
-// and killing the kernel when the interrupt is not answered within
-// kernelInterruptGrace, when ctx is done or when the kernel breaks the
+// or when ctx is done, and killing the kernel when the interrupt is not
+// answered within kernelInterruptGrace or when the kernel breaks the
 // protocol; it returns when the reply came or the kernel has ended, with
 // what is known of the execution's end.
 func (k *Kernel) await(ctx context.Context, seq uint64, wait *awaitedReply, sent <-chan error, timeout time.Duration,
@@ -679,6 +693,16 @@ func (k *Kernel) await(ctx context.Context, seq uint64, wait *awaitedReply, sent
 		log.Warn("kernel broke its protocol; killing it: "+why, args...)
 		k.kill(EndProtocol)
 		replies = nil // whatever it says now is ignored
+	}
+	// interrupt sends SIGINT and gives the code kernelInterruptGrace to
+	// answer, counted from the first interrupt.
+	interrupt := func(at string) {
+		if err := k.signal(unix.SIGINT); err != nil {
+			log.Warn("unable to interrupt the kernel at "+at, "error", err)
+		}
+		if grace == nil {
+			grace = time.After(kernelInterruptGrace)
+		}
 	}
 	for {
 		select {
@@ -705,21 +729,26 @@ func (k *Kernel) await(ctx context.Context, seq uint64, wait *awaitedReply, sent
 			return o
 		case <-timer.C:
 			o.KilledFor = nsjail.StatusTimeout
-			if err := k.signal(unix.SIGINT); err != nil {
-				log.Warn("unable to interrupt the kernel at its timeout", "error", err)
-			}
-			grace = time.After(kernelInterruptGrace)
+			interrupt("its timeout")
 		case <-grace:
 			grace = nil
-			if o.KilledFor == nsjail.StatusTimeout {
+			switch o.KilledFor {
+			case nsjail.StatusTimeout:
 				k.kill(EndTimeout)
-			} else {
+			case nsjail.StatusCancelled:
+				k.kill(EndCancelled)
+			default:
 				protocol("its control socket closed")
 			}
 		case <-done:
+			// The client went away or cancelled the execution: as at a
+			// timeout, the code is interrupted and the kernel (the
+			// session's state) killed only if it does not stop. Deleting
+			// the session or draining the worker closes the kernel
+			// outright (Close).
 			done = nil
 			o.KilledFor = nsjail.StatusCancelled
-			k.kill(EndCancelled)
+			interrupt("its cancellation")
 		case <-k.ended:
 			return k.endedOutcome(o)
 		}
@@ -763,6 +792,78 @@ func (k *Kernel) countersAfter() (cgroup.Stats, bool) {
 		st.OOMKills = k.oomSeen + 1
 	}
 	return st, true
+}
+
+// freezeAttempts bounds the tries to freeze a kernel after an execution.
+// libcontainer's Pause on v1 retries for ~200 ms itself (a task in an
+// uninterruptible sleep, a disk write, freezes only when it wakes).
+const freezeAttempts = 3
+
+// freeze freezes the kernel's sandbox, between its executions, in the
+// background; the channel says how that went (nil too when the kernel is
+// ending, or has: nothing idles then). A kernel stays frozen until the
+// next Exec thaws it; Close and every kill thaw it after their SIGKILL
+// (nsjail's Wait), Interrupt signals only during an execution, and its
+// memory is still read from its cgroup (MemoryBytes).
+func (k *Kernel) freeze(log *slog.Logger) <-chan error {
+	done := make(chan error, 1)
+	select {
+	case <-k.ended:
+		done <- nil
+		return done
+	default:
+	}
+	go func() {
+		var err error
+		for range freezeAttempts {
+			if err = k.sb.Freeze(); err == nil || k.dying() {
+				done <- nil
+				return
+			}
+			log.Warn("unable to freeze the kernel; trying again", "error", err)
+		}
+		done <- err
+	}()
+	return done
+}
+
+// thaw lets the kernel run again before an execution. It fails (and the
+// kernel ends) when the kernel cannot be thawed, or when it died while
+// frozen (its exit is only reported once its zygote runs again): nothing
+// of the execution has run then.
+func (k *Kernel) thaw(log *slog.Logger) error {
+	if err := k.sb.Thaw(); err != nil {
+		log.Error("unable to thaw the kernel; killing it", "error", err)
+		k.kill(EndProtocol)
+		<-k.ended
+		return ErrKernelEnded
+	}
+	if k.processExited() {
+		<-k.ended
+		return ErrKernelEnded
+	}
+	return nil
+}
+
+// dying says the kernel is ending: its exit was reported, or it is being
+// killed.
+func (k *Kernel) dying() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.haveReport || k.killedFor != ""
+}
+
+// processExited says the kernel process has exited (its pidfd is
+// readable), whether or not its zygote reported it yet.
+func (k *Kernel) processExited() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.pidfd < 0 {
+		return true
+	}
+	fds := []unix.PollFd{{Fd: int32(k.pidfd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	return err == nil && n > 0
 }
 
 // Interrupt raises KeyboardInterrupt in the running execution (SIGINT to

@@ -297,20 +297,37 @@ except RuntimeError as e:
 			}
 		})
 	}
+	// A cancelled execution (the client went away) is interrupted, as at
+	// a timeout: the session's state survives unless the code ignores
+	// the interrupt.
 	t.Run("cancelled", func(t *testing.T) {
 		ws := e.sessionDir(t)
 		k := e.start(t, ws, false, warmpool.KernelOptions{})
-		ctx, cancel := context.WithCancel(context.Background())
-		go func() {
-			waitFile(t, ws, "running")
-			cancel()
-		}()
-		kr, err := k.Exec(ctx, warmpool.KernelExec{Code: "import time\nopen('running', 'w').close()\ntime.sleep(3600)"})
-		if err != nil {
-			t.Fatal(err)
+		cancelled := func(name, code string) *warmpool.KernelResult {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go func() {
+				waitFile(t, ws, name)
+				cancel()
+			}()
+			kr, err := k.Exec(ctx, warmpool.KernelExec{Code: code + "\nopen(" + fmt.Sprintf("%q", name) + ", 'w').close()\nwhile True: pass"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if kr.Result.Status != nsjail.StatusCancelled {
+				t.Fatalf("status %s, ended %q", kr.Result.Status, kr.Ended)
+			}
+			return kr
 		}
-		if kr.Result.Status != nsjail.StatusCancelled || kr.Ended != warmpool.EndCancelled {
-			t.Fatalf("status %s, ended %q", kr.Result.Status, kr.Ended)
+		kr := cancelled("running", "kept = 1")
+		wantAlive(t, kr)
+		if kr.Result.ExitCode != 130 || !strings.Contains(string(kr.Result.Stderr), "KeyboardInterrupt") {
+			t.Fatalf("exit code %d, stderr %q", kr.Result.ExitCode, kr.Result.Stderr)
+		}
+		want(t, run(t, k, "print(kept)"), nsjail.StatusSucceeded, 0, "1\n")
+		kr = cancelled("stubborn", "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)")
+		if kr.Ended != warmpool.EndCancelled {
+			t.Fatalf("a cancelled execution ignoring SIGINT: ended %q", kr.Ended)
 		}
 	})
 	t.Run("closed", func(t *testing.T) {
