@@ -50,7 +50,9 @@ var (
 // KernelOptions shape a kernel's sandbox.
 type KernelOptions struct {
 	// ReadOnly binds the workspace read-only (a profile of a file reads,
-	// never writes).
+	// never writes) and keeps it off the kernel's sys.path: such a kernel
+	// runs the worker's code on the session's files, which must not
+	// import a module the session planted (SECURITY.md case 45).
 	ReadOnly bool
 }
 
@@ -189,7 +191,7 @@ func (p *Pool) StartKernel(ctx context.Context, spec nsjail.Spec, o KernelOption
 			log.Warn("warm sandbox found dead at a kernel's hand-off; starting the kernel cold", "error", err)
 		}
 	}
-	return p.startColdKernel(ctx, spec)
+	return p.startColdKernel(ctx, spec, o)
 }
 
 func (p *Pool) startWarmKernel(ctx context.Context, w *warmSandbox, tp *templatePool, spec nsjail.Spec, o KernelOptions) (*Kernel, error) {
@@ -214,7 +216,7 @@ func (p *Pool) startWarmKernel(ctx context.Context, w *warmSandbox, tp *template
 		p.log.Warn("warm pool: unable to restore the sandbox's priority", "sandbox", w.pending.ID(), "error", err)
 	}
 	// On an error the kernel has ended, its workspace unbound and removed.
-	k, err := p.handOffKernel(ctx, w, spec, &warmBind{dir: w.workspace, mntID: mntID, refill: tp.wakeRefill})
+	k, err := p.handOffKernel(ctx, w, spec, o, &warmBind{dir: w.workspace, mntID: mntID, refill: tp.wakeRefill})
 	if err != nil {
 		return nil, err
 	}
@@ -234,12 +236,12 @@ type warmBind struct {
 // startColdKernel starts a zygote with the session's volume as its
 // workspace and waits for its preload (on the request path: the pool had
 // no warm sandbox for it).
-func (p *Pool) startColdKernel(ctx context.Context, spec nsjail.Spec) (*Kernel, error) {
+func (p *Pool) startColdKernel(ctx context.Context, spec nsjail.Spec, o KernelOptions) (*Kernel, error) {
 	w, err := p.launch(ctx, nil, spec, 0)
 	if err != nil {
 		return nil, err
 	}
-	k, err := p.handOffKernel(ctx, w, spec, nil)
+	k, err := p.handOffKernel(ctx, w, spec, o, nil)
 	if errors.Is(err, errDiedBeforeHandoff) {
 		return nil, fmt.Errorf("the kernel's sandbox died at its start: %w", err)
 	}
@@ -252,10 +254,10 @@ func (p *Pool) startColdKernel(ctx context.Context, spec nsjail.Spec) (*Kernel, 
 // volume bind (nil for a cold kernel). On an error the kernel has ended
 // (its sandbox waited for, the bind undone); errDiedBeforeHandoff says
 // none of the session ran.
-func (p *Pool) handOffKernel(ctx context.Context, w *warmSandbox, spec nsjail.Spec, bind *warmBind) (*Kernel, error) {
+func (p *Pool) handOffKernel(ctx context.Context, w *warmSandbox, spec nsjail.Spec, o KernelOptions, bind *warmBind) (*Kernel, error) {
 	log := cmp.Or(spec.Logger, p.log)
 	pidfd, perr := kernelPidfd(w.pending)
-	msg, err := EncodeHandoff(Handoff{Cwd: inside.Workspace, Kernel: true})
+	msg, err := EncodeHandoff(Handoff{Cwd: inside.Workspace, Kernel: true, CwdOnPath: !o.ReadOnly})
 	if err == nil {
 		err = perr
 	}
@@ -593,6 +595,11 @@ func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) 
 		outR.Close()
 		outW.Close()
 		return nil, fmt.Errorf("unable to create the execution's stderr pipe: %w", err)
+	}
+	// The execution's own memory peak, not the kernel's lifetime one
+	// (pids.peak cannot be reset: PidsPeak is the kernel's).
+	if err := k.sb.ResetMemoryPeak(); err != nil {
+		log.Debug("unable to reset the kernel's memory peak; reporting its lifetime peak", "error", err)
 	}
 	before, err := k.sb.Stats()
 	if err != nil {

@@ -494,3 +494,59 @@ func reportLatency(b *testing.B, lat []time.Duration) {
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
 }
+
+// An execution reports its own memory peak, not the kernel's lifetime
+// one; the kernel keeps the sources of its newest cells only (tracebacks
+// show their lines), within a budget.
+func TestKernelPerExecutionPeakAndBoundedSources(t *testing.T) {
+	e := newKernelEnv(t, 0)
+	k := e.start(t, e.sessionDir(t), false, warmpool.KernelOptions{})
+	big := run(t, k, "b = bytearray(192 << 20)\nb[::4096] = b'x' * len(b[::4096])\ndel b")
+	want(t, big, nsjail.StatusSucceeded, 0, "")
+	small := run(t, k, "print(1)")
+	want(t, small, nsjail.StatusSucceeded, 0, "1\n")
+	if p := big.Result.Usage.PeakMemoryBytes; p < 192<<20 {
+		t.Fatalf("the 192 MiB execution's peak: %d", p)
+	}
+	if p := small.Result.Usage.PeakMemoryBytes; p >= big.Result.Usage.PeakMemoryBytes-(128<<20) {
+		t.Fatalf("print(1) after a 192 MiB execution peaked at %d (the kernel's lifetime peak?)", p)
+	}
+
+	// Three cells of 1.5 M characters each, then one that reads the
+	// budget from the zygote's globals and what linecache holds.
+	for range 3 {
+		want(t, run(t, k, "#"+strings.Repeat("x", 3<<19)+"\ny = 1"), nsjail.StatusSucceeded, 0, "")
+	}
+	kr := run(t, k, `import linecache, sys
+f = sys._getframe()
+while "_CELL_SOURCE_BUDGET" not in f.f_globals:
+    f = f.f_back
+budget = f.f_globals["_CELL_SOURCE_BUDGET"]
+cells = {k: v[0] for k, v in linecache.cache.items() if k.startswith("<cell ")}
+print(sum(cells.values()) <= budget, "<cell 3>" in cells, "<cell 5>" in cells, "<cell 6>" in cells)
+1/0`)
+	if kr.Result.ExitCode != 1 || string(kr.Result.Stdout) != "True False True True\n" ||
+		!strings.Contains(string(kr.Result.Stderr), "    1/0\n") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", kr.Result.ExitCode, kr.Result.Stdout, kr.Result.Stderr)
+	}
+}
+
+// SECURITY.md case 45: a read-only kernel (a profile's) does not import
+// a module the session planted in its workspace; a session's own kernel
+// does, as an interactive interpreter would.
+func TestReadOnlyKernelIgnoresPlantedModules(t *testing.T) {
+	e := newKernelEnv(t, 1)
+	ws := e.sessionDir(t)
+	// colorsys is in the standard library and not preloaded.
+	if err := os.WriteFile(filepath.Join(ws, "colorsys.py"), []byte("print('planted')\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const probe = "import colorsys\nprint(colorsys.__file__.startswith('/workspace'))"
+	for _, warm := range []bool{true, false} {
+		ro := e.start(t, ws, warm, warmpool.KernelOptions{ReadOnly: true})
+		want(t, run(t, ro, probe), nsjail.StatusSucceeded, 0, "False\n")
+		ro.Close()
+	}
+	rw := e.start(t, ws, false, warmpool.KernelOptions{})
+	want(t, run(t, rw, probe), nsjail.StatusSucceeded, 0, "planted\nTrue\n")
+}
