@@ -161,7 +161,8 @@ var errDiedBeforeHandoff = errors.New("the warm sandbox died before its kernel t
 // volume, spec.Args ignored): from a ready warm sandbox of a matching
 // template when there is one (no import on the request path), whose
 // workspace then gets spec.Workspace bound over it, else cold. It works on
-// a pool of Size 0 (always cold).
+// a pool of Size 0 (always cold). spec.Workspace must be the root of a
+// mount (openVolumeRoot).
 func (p *Pool) StartKernel(ctx context.Context, spec nsjail.Spec, o KernelOptions) (*Kernel, error) {
 	spec.Args = zygoteArgs(p.cfg.Preload)
 	spec.Cwd = inside.Workspace
@@ -175,12 +176,17 @@ func (p *Pool) StartKernel(ctx context.Context, spec nsjail.Spec, o KernelOption
 	if spec.Stdin != nil {
 		return nil, errors.New("a kernel has no stdin")
 	}
+	root, err := openVolumeRoot(spec.Workspace)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(root)
 	log := cmp.Or(spec.Logger, p.log)
 	// Only a tmpfs warm workspace is a (shared) mount a volume can be
 	// bound on.
 	if p.cfg.WorkspaceBytes > 0 {
 		if w, tp := p.take(func(t Template) (bool, bool) { ok := t.MatchesKernel(&spec); return ok, ok }); w != nil {
-			k, err := p.startWarmKernel(ctx, w, tp, spec, o)
+			k, err := p.startWarmKernel(ctx, w, tp, root, spec, o)
 			if !errors.Is(err, errDiedBeforeHandoff) {
 				return k, err
 			}
@@ -194,7 +200,9 @@ func (p *Pool) StartKernel(ctx context.Context, spec nsjail.Spec, o KernelOption
 	return p.startColdKernel(ctx, spec, o)
 }
 
-func (p *Pool) startWarmKernel(ctx context.Context, w *warmSandbox, tp *templatePool, spec nsjail.Spec, o KernelOptions) (*Kernel, error) {
+// startWarmKernel binds the volume root (openVolumeRoot's fd for
+// spec.Workspace) over w's workspace and hands w off as a kernel.
+func (p *Pool) startWarmKernel(ctx context.Context, w *warmSandbox, tp *templatePool, root int, spec nsjail.Spec, o KernelOptions) (*Kernel, error) {
 	if w.dead() {
 		p.retiring.Add(1)
 		go func() {
@@ -203,7 +211,7 @@ func (p *Pool) startWarmKernel(ctx context.Context, w *warmSandbox, tp *template
 		}()
 		return nil, errDiedBeforeHandoff
 	}
-	mntID, err := bindVolume(spec.Workspace, w.workspace, o.ReadOnly)
+	mntID, err := bindVolume(root, w.workspace, o.ReadOnly)
 	if err != nil {
 		p.retiring.Add(1)
 		go func() {
@@ -235,7 +243,8 @@ type warmBind struct {
 
 // startColdKernel starts a zygote with the session's volume as its
 // workspace and waits for its preload (on the request path: the pool had
-// no warm sandbox for it).
+// no warm sandbox for it). libcontainer binds spec.Workspace by its path,
+// which StartKernel found a mount root just before.
 func (p *Pool) startColdKernel(ctx context.Context, spec nsjail.Spec, o KernelOptions) (*Kernel, error) {
 	w, err := p.launch(ctx, nil, spec, 0)
 	if err != nil {
@@ -929,15 +938,44 @@ func (k *Kernel) MemoryBytes() int64 {
 	return st.MemoryCurrentBytes
 }
 
-// bindVolume binds src (a session's volume) on dst (a warm sandbox's
-// shared workspace mount), nosuid, nodev, noexec (and read-only when
-// readOnly), and returns the bind's mount id. The new mount propagates into
-// the sandbox's /workspace, where it is locked: the code can neither
-// unmount it nor change its flags (SECURITY.md case 40).
-func bindVolume(src, dst string, readOnly bool) (uint64, error) {
-	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_SYMLINK_NOFOLLOW)
+// openVolumeRoot opens src, a session's volume, as an O_PATH fd (no link
+// followed) and checks that it is the root of a mount. A volume not
+// mounted there (an operator's unmount, a lazy detach, the path reused)
+// leaves a plain directory of the host, which bound as /workspace would
+// hold neither the session's files nor its quota (SECURITY.md case 48).
+// bindVolume clones the tree of this very fd, never the path again.
+func openVolumeRoot(src string) (int, error) {
+	fd, err := unix.Open(src, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return 0, fmt.Errorf("open_tree %s: %w", src, err)
+		return -1, fmt.Errorf("the session's workspace %s: %w", src, err)
+	}
+	var st unix.Statx_t
+	err = unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_TYPE, &st)
+	switch {
+	case err != nil:
+		err = fmt.Errorf("statx %s: %w", src, err)
+	case st.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT == 0:
+		err = fmt.Errorf("statx %s: the kernel does not report mount roots (needs Linux 5.8)", src)
+	case st.Attributes&unix.STATX_ATTR_MOUNT_ROOT == 0:
+		err = fmt.Errorf("the session's workspace %s is not mounted (not the root of a mount)", src)
+	}
+	if err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+// bindVolume binds the tree of root (openVolumeRoot's fd of a session's
+// volume) on dst (a warm sandbox's shared workspace mount), nosuid,
+// nodev, noexec (and read-only when readOnly), and returns the bind's
+// mount id. The new mount propagates into the sandbox's /workspace, where
+// it is locked: the code can neither unmount it nor change its flags
+// (SECURITY.md case 40).
+func bindVolume(root int, dst string, readOnly bool) (uint64, error) {
+	fd, err := unix.OpenTree(root, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
+	if err != nil {
+		return 0, fmt.Errorf("open_tree of the session's workspace: %w", err)
 	}
 	defer unix.Close(fd)
 	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC}

@@ -15,6 +15,7 @@ import (
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 	"github.com/sandboxd/sandboxd/server/volume"
 	"github.com/sandboxd/sandboxd/server/warmpool"
+	"golang.org/x/sys/unix"
 )
 
 // kernelEnv is a pool for kernels and what a session's spec needs.
@@ -43,9 +44,25 @@ func newKernelEnv(t testing.TB, size int) *kernelEnv {
 	return &kernelEnv{r: r, pool: pool, rootfs: rootfs, tpl: tpl, workRoot: workRoot}
 }
 
-// sessionDir is a plain directory standing in for a session's volume,
-// owned by the sandbox user.
+// sessionDir is a directory standing in for a session's volume, owned by
+// the sandbox user and, as a volume is, the root of a mount (bound on
+// itself; unmounted at the end).
 func (e *kernelEnv) sessionDir(t testing.TB) string {
+	t.Helper()
+	dir := e.plainDir(t)
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			t.Error(err)
+		}
+	})
+	return dir
+}
+
+// plainDir is a directory owned by the sandbox user, not a mount root.
+func (e *kernelEnv) plainDir(t testing.TB) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "session")
 	if err := os.Mkdir(dir, 0o700); err != nil {
@@ -549,4 +566,29 @@ func TestReadOnlyKernelIgnoresPlantedModules(t *testing.T) {
 	}
 	rw := e.start(t, ws, false, warmpool.KernelOptions{})
 	want(t, run(t, rw, probe), nsjail.StatusSucceeded, 0, "planted\nTrue\n")
+}
+
+// SECURITY.md case 48: a workspace that is not the root of a mount (a
+// volume unmounted by an operator or lazily detached leaves the plain
+// directory below) is refused, warm or cold, before anything starts; the
+// pool keeps its ready sandbox.
+func TestKernelRefusesAnUnmountedWorkspace(t *testing.T) {
+	for _, size := range []int{1, 0} {
+		e := newKernelEnv(t, size)
+		if size > 0 {
+			waitReadyTB(t, e.pool, 1)
+		}
+		plain := e.plainDir(t)
+		k, err := e.pool.StartKernel(context.Background(), e.spec(plain), warmpool.KernelOptions{})
+		if err == nil {
+			k.Close()
+			t.Fatalf("pool of size %d: a kernel started on a plain directory", size)
+		}
+		if !strings.Contains(err.Error(), "not mounted") {
+			t.Errorf("pool of size %d: %v", size, err)
+		}
+		if st := e.pool.Stats(); st.Ready != uint64(size) {
+			t.Errorf("pool of size %d after the refusal: %+v", size, st)
+		}
+	}
 }
