@@ -421,7 +421,7 @@ func (m *Manager) remove(s *session, why string, check func() bool) error {
 	s.gone = true
 	k := s.kernel
 	s.kernel = nil
-	if s.cancel != nil {
+	if s.cancel != nil && k == nil { // else Close kills the running execution at once (an interrupt could be answered first)
 		s.cancel()
 	}
 	m.mu.Unlock()
