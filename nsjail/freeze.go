@@ -3,8 +3,9 @@ package nsjail
 import (
 	"errors"
 	"fmt"
+	"time"
 
-	"github.com/opencontainers/runc/libcontainer"
+	"github.com/sandboxd/sandboxd/cgroup"
 )
 
 // A sandbox can be frozen between the executions it serves (a session's
@@ -13,6 +14,11 @@ import (
 // running by an execution (a thread, a forked process) is what this stops:
 // idle, it would run with no admission slot of its own and race the
 // worker's reads of the workspace (SECURITY.md case 47).
+//
+// The freezer is the cgroup's (cgroup.Freeze: v1 freezer.state, v2
+// cgroup.freeze), written directly rather than through libcontainer's
+// Pause, whose retry policy costs 10 ms at times; libcontainer reads the
+// same files for its own view (a frozen container is "paused" to it).
 //
 // A frozen task cannot die: on cgroup v1 a SIGKILL stays pending until the
 // task is thawed (v2's freezer lets a fatal signal through). libcontainer's
@@ -23,14 +29,17 @@ import (
 // end began: Wait marks it ending under fz before it kills, and thaws it
 // after the kill, whatever froze it before.
 
+// freezeTimeout bounds Freeze: a task in an uninterruptible sleep (a disk
+// write) freezes only when it wakes.
+const freezeTimeout = time.Second
+
 // errEnding: Freeze after the sandbox began to end.
 var errEnding = errors.New("the sandbox is ending: not frozen")
 
-// Freeze freezes every process of the sandbox (libcontainer's Pause: v1
-// freezer.state, v2 cgroup.freeze) and returns once they all are. A
-// sandbox whose end has begun (Wait is killing it, or it was waited for)
-// is not frozen: an error. On an error nothing is frozen (libcontainer
-// thaws a freeze that failed half-way).
+// Freeze freezes every process of the sandbox and returns once they all
+// are. A sandbox whose end has begun (Wait is killing it, or it was waited
+// for) is not frozen: an error. On an error nothing is frozen (a freeze
+// that failed half-way is thawed).
 func (s *Sandbox) Freeze() error {
 	s.fz.Lock()
 	defer s.fz.Unlock()
@@ -40,7 +49,7 @@ func (s *Sandbox) Freeze() error {
 	if s.frozen {
 		return nil
 	}
-	if err := s.c.Pause(); err != nil {
+	if err := cgroup.Freeze(s.cgroupPaths, freezeTimeout); err != nil {
 		return fmt.Errorf("unable to freeze the sandbox: %w", err)
 	}
 	s.frozen = true
@@ -59,7 +68,7 @@ func (s *Sandbox) thawLocked() error {
 	if !s.frozen {
 		return nil
 	}
-	if err := s.c.Resume(); err != nil && !errors.Is(err, libcontainer.ErrNotPaused) {
+	if err := cgroup.Thaw(s.cgroupPaths); err != nil {
 		return fmt.Errorf("unable to thaw the sandbox: %w", err)
 	}
 	s.frozen = false

@@ -631,7 +631,7 @@ func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) 
 	// Frozen while the output and counters are read, done before Exec
 	// returns: whatever the code left running stops before the caller
 	// collects the workspace's artifacts (SECURITY.md case 47).
-	frozen := k.freeze(log)
+	frozen := k.freeze()
 	out, errOut := stdout.Stop(), stderr.Stop()
 
 	after, ended := k.countersAfter()
@@ -810,18 +810,13 @@ func (k *Kernel) countersAfter() (cgroup.Stats, bool) {
 	return st, true
 }
 
-// freezeAttempts bounds the tries to freeze a kernel after an execution.
-// libcontainer's Pause on v1 retries for ~200 ms itself (a task in an
-// uninterruptible sleep, a disk write, freezes only when it wakes).
-const freezeAttempts = 3
-
 // freeze freezes the kernel's sandbox, between its executions, in the
 // background; the channel says how that went (nil too when the kernel is
 // ending, or has: nothing idles then). A kernel stays frozen until the
 // next Exec thaws it; Close and every kill thaw it after their SIGKILL
 // (nsjail's Wait), Interrupt signals only during an execution, and its
 // memory is still read from its cgroup (MemoryBytes).
-func (k *Kernel) freeze(log *slog.Logger) <-chan error {
+func (k *Kernel) freeze() <-chan error {
 	done := make(chan error, 1)
 	select {
 	case <-k.ended:
@@ -830,13 +825,9 @@ func (k *Kernel) freeze(log *slog.Logger) <-chan error {
 	default:
 	}
 	go func() {
-		var err error
-		for range freezeAttempts {
-			if err = k.sb.Freeze(); err == nil || k.dying() {
-				done <- nil
-				return
-			}
-			log.Warn("unable to freeze the kernel; trying again", "error", err)
+		err := k.sb.Freeze()
+		if k.dying() {
+			err = nil // ending anyway: nothing idles
 		}
 		done <- err
 	}()
