@@ -12,19 +12,29 @@ import (
 // Freeze freezes every task of a sandbox's cgroup (paths as for
 // ReadStats): v1 writes FROZEN to freezer.state, v2 1 to cgroup.freeze,
 // and it returns once the kernel says every task is frozen. It waits with
-// short sleeps growing to 1 ms, writing the request again each time (a
-// task forked meanwhile is frozen too), and gives up at timeout, thawing
-// what it froze. It is libcontainer's Pause without its retry policy
-// (a thaw and a 10 ms sleep after every 50 reads, made for `runc exec`
-// adding processes to a freezing cgroup), which put 10 ms on the 99th
-// percentile of a session kernel's execution (SECURITY.md case 47).
+// short sleeps growing to 1 ms, writing the request again each time, and
+// gives up at timeout, thawing what it froze. A v1 cgroup can stay
+// FREEZING for good: a multi-threaded process in execve waits for its
+// other threads to die, which frozen they never do (seen with runc's init
+// right after a start); so after stuckAfter of FREEZING it thaws, lets the
+// tasks run a moment, and freezes again, as libcontainer's Pause does.
+// Pause's own policy (a thaw and a 10 ms sleep after every 50 quick
+// reads) put 10 ms on the 99th percentile of a session kernel's execution
+// (SECURITY.md case 47).
 func Freeze(paths Paths, timeout time.Duration) error {
 	file, request, frozen, err := freezer(paths)
 	if err != nil {
 		return err
 	}
+	const stuckAfter = 20 * time.Millisecond
 	deadline := time.Now().Add(timeout)
+	attempt := time.Now()
 	for wait := 10 * time.Microsecond; ; wait = min(2*wait, time.Millisecond) {
+		if time.Since(attempt) > stuckAfter {
+			Thaw(paths)
+			time.Sleep(time.Millisecond)
+			attempt, wait = time.Now(), 10*time.Microsecond
+		}
 		if err := writeFile(file, request); err != nil {
 			Thaw(paths)
 			return fmt.Errorf("cgroup freeze: %w", err)

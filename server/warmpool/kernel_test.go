@@ -564,7 +564,11 @@ func TestReadOnlyKernelIgnoresPlantedModules(t *testing.T) {
 		want(t, run(t, ro, probe), nsjail.StatusSucceeded, 0, "False\n")
 		ro.Close()
 	}
-	rw := e.start(t, ws, false, warmpool.KernelOptions{})
+	rw, err := e.pool.StartKernel(context.Background(), e.spec(ws), warmpool.KernelOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rw.Close()
 	want(t, run(t, rw, probe), nsjail.StatusSucceeded, 0, "planted\nTrue\n")
 }
 
