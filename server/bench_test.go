@@ -1,10 +1,15 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -62,4 +67,127 @@ func BenchmarkAPIGroupby(b *testing.B) {
 			}
 		})
 	}
+}
+
+// benchSessionServer is a server on the real runtime with the warm pool
+// on (one per policy) and sessions, served over loopback HTTP as a client
+// sees it; the pool is full when it returns.
+func benchSessionServer(b *testing.B) (*Server, *http.Client, string) {
+	rootfs := nsjailtest.RuntimeRootfs(b)
+	nsjailtest.RequireRoot(b)
+	cfg := config.Default()
+	cfg.WorkRoot = filepath.Join(b.TempDir(), "work")
+	cfg.ResultsDir = filepath.Join(b.TempDir(), "results")
+	cfg.SessionsDir = filepath.Join(b.TempDir(), "sessions")
+	cfg.StateRoot = testStateRoot
+	cfg.PythonImage = "dir:" + rootfs
+	cfg.PoolSize = 1
+	r := nsjailtest.NewRunner(b, nsjail.Options{StateRoot: cfg.StateRoot, CgroupParent: testCgroupParent, Logger: quietLog})
+	srv, err := New(Deps{Config: cfg, Sandbox: r, Logger: quietLog,
+		ResolveRootfs: func(context.Context) (string, error) { return rootfs, nil }})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := srv.Prepare(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	hs := httptest.NewUnstartedServer(nil)
+	hs.Config = srv.HTTPServer(nil)
+	hs.Start()
+	b.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		srv.Drain(ctx)
+		hs.Close()
+		srv.Close()
+	})
+	waitBenchPool(b, srv)
+	return srv, hs.Client(), hs.URL
+}
+
+// waitBenchPool waits until a warm sandbox is ready for every policy.
+func waitBenchPool(b *testing.B, srv *Server) {
+	deadline := time.Now().Add(2 * time.Minute)
+	for srv.PoolStats().Ready < uint64(len(srv.policies)) {
+		if time.Now().After(deadline) {
+			b.Fatalf("pool never filled: %+v", srv.PoolStats())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// benchPost POSTs body to url and checks the status.
+func benchPost(b *testing.B, c *http.Client, url string, body any, want int) []byte {
+	data, _ := json.Marshal(body)
+	resp, err := c.Post(url, "application/json", bytes.NewReader(data))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != want {
+		b.Fatalf("POST %s = %d %s", url, resp.StatusCode, out)
+	}
+	return out
+}
+
+func benchDelete(b *testing.B, c *http.Client, url string) {
+	req, _ := http.NewRequest(http.MethodDelete, url, nil)
+	resp, err := c.Do(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	resp.Body.Close()
+}
+
+// BenchmarkSessionExecPrint is print(1) in a session's live kernel, the
+// HTTP round trip (issue 12: p50 ≤ 2 ms).
+func BenchmarkSessionExecPrint(b *testing.B) {
+	_, c, url := benchSessionServer(b)
+	benchPost(b, c, url+"/v1/sessions", SessionRequest{ID: "bench"}, http.StatusCreated)
+	defer benchDelete(b, c, url+"/v1/sessions/bench")
+	benchPost(b, c, url+"/v1/sessions/bench/executions", SessionExecutionRequest{Code: "x = 1"}, http.StatusOK)
+	var lat []time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		out := benchPost(b, c, url+"/v1/sessions/bench/executions", SessionExecutionRequest{Code: "print(1)"}, http.StatusOK)
+		lat = append(lat, time.Since(t0))
+		if !bytes.Contains(out, []byte(`"stdout":"1\n"`)) {
+			b.Fatalf("%s", out)
+		}
+	}
+	reportBenchLatency(b, lat)
+}
+
+// BenchmarkSessionCreateFirst is POST /v1/sessions and the first print(1)
+// in it, the pool full before each (issue 12: p50 ≤ 5 ms).
+func BenchmarkSessionCreateFirst(b *testing.B) {
+	srv, c, url := benchSessionServer(b)
+	var lat []time.Duration
+	i := 0
+	for b.Loop() {
+		b.StopTimer()
+		waitBenchPool(b, srv)
+		time.Sleep(20 * time.Millisecond) // the previous session's delete and refills settle
+		id := fmt.Sprintf("bench-%d", i)
+		i++
+		b.StartTimer()
+		t0 := time.Now()
+		benchPost(b, c, url+"/v1/sessions", SessionRequest{ID: id}, http.StatusCreated)
+		out := benchPost(b, c, url+"/v1/sessions/"+id+"/executions", SessionExecutionRequest{Code: "print(1)"}, http.StatusOK)
+		lat = append(lat, time.Since(t0))
+		b.StopTimer()
+		if !bytes.Contains(out, []byte(`"stdout":"1\n"`)) {
+			b.Fatalf("%s", out)
+		}
+		benchDelete(b, c, url+"/v1/sessions/"+id)
+		b.StartTimer()
+	}
+	reportBenchLatency(b, lat)
+}
+
+func reportBenchLatency(b *testing.B, lat []time.Duration) {
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
 }
