@@ -325,6 +325,37 @@ func (v *Volume) Close() error {
 	return nil
 }
 
+// MoveTo renames the volume's directory to dir, mounted as it is (a mount
+// moves with the directory it is in), and returns the volume there; v must
+// not be used after. dir must not exist (fs.ErrExist: RENAME_NOREPLACE)
+// and must be on the same filesystem. The session manager keeps spare
+// volumes made ahead of time and moves one into a new session's directory,
+// so that a session's creation does not wait for mkfs. Call it only while
+// no sandbox has the volume bound: a sandbox binds Path by name.
+func (v *Volume) MoveTo(dir string) (*Volume, error) {
+	if !filepath.IsAbs(dir) {
+		return nil, fmt.Errorf("move volume: dir must be absolute, got: %q", dir)
+	}
+	dir = filepath.Clean(dir)
+	lock, err := lockDir(v.dir, true)
+	if err != nil {
+		return nil, fmt.Errorf("move volume %s: %w", v.dir, err)
+	}
+	defer lock.Close()
+	if err := unix.Renameat2(unix.AT_FDCWD, v.dir, unix.AT_FDCWD, dir, unix.RENAME_NOREPLACE); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			err = fs.ErrExist
+		}
+		return nil, fmt.Errorf("move volume %s to %s: %w", v.dir, dir, err)
+	}
+	// Both entries durable: after a host crash the volume is in one
+	// place or the other, never lost with the source's entry alone.
+	if err := errors.Join(SyncDir(filepath.Dir(dir)), SyncDir(filepath.Dir(v.dir))); err != nil {
+		slog.Warn("volume moved but its directory entries may not survive a host crash", "from", v.dir, "to", dir, "err", err)
+	}
+	return &Volume{dir: dir, m: v.m}, nil
+}
+
 // Remove unmounts the volume and deletes it, files and all. It is
 // idempotent.
 func (v *Volume) Remove() error { return Remove(v.dir) }

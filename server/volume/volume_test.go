@@ -509,3 +509,65 @@ func TestOpenRefusesAnImageStillInUse(t *testing.T) {
 		t.Fatal("reopened volume lost its file or has two loop devices")
 	}
 }
+
+// MoveTo carries a mounted volume, files and mount, to a new directory;
+// it never replaces what is there, and the old path holds nothing after.
+func TestMoveToKeepsTheMountAndRefusesToReplace(t *testing.T) {
+	requireRoot(t)
+	parent, err := os.MkdirTemp(testRoot, "mv-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(parent)
+	os.Chmod(parent, 0o711)
+	v, err := volume.Create(filepath.Join(parent, "spare"), volume.Options{UID: testUID, GID: testGID, MaxBytes: 8 << 20, MaxFiles: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(t, v, "x", []byte("x"))
+	taken := filepath.Join(parent, "taken")
+	if err := os.Mkdir(taken, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v.MoveTo(taken); !errors.Is(err, fs.ErrExist) {
+		t.Fatalf("MoveTo an existing directory: %v, want fs.ErrExist", err)
+	}
+	os.Remove(taken)
+	if _, err := v.MoveTo("relative"); err == nil {
+		t.Fatal("MoveTo a relative path: no error")
+	}
+	sub := filepath.Join(parent, "s1")
+	if err := os.Mkdir(sub, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(sub)
+	moved, err := v.MoveTo(filepath.Join(sub, "volume"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := moved.Remove(); err != nil {
+			t.Error(err)
+		}
+	}()
+	if _, err := os.Lstat(v.Dir()); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the old directory after MoveTo: %v", err)
+	}
+	if mountsAt(moved.Path()) != 1 || loopsOf(t, moved) != 1 {
+		t.Fatalf("after MoveTo: %d mounts, %d loop devices at the new path, want 1 and 1", mountsAt(moved.Path()), loopsOf(t, moved))
+	}
+	if got := read(t, moved, "x"); string(got) != "x" {
+		t.Fatalf("file after MoveTo: %q", got)
+	}
+	if u := usage(t, moved); u.MaxBytes != 8<<20 || u.MaxFiles != 100 {
+		t.Fatalf("quota after MoveTo: %+v", u)
+	}
+	// Open finds it at its new place (a restarted worker), reusing the mount.
+	again, err := volume.Open(moved.Dir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mountsAt(again.Path()) != 1 {
+		t.Fatalf("Open after MoveTo: %d mounts", mountsAt(again.Path()))
+	}
+}
