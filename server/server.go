@@ -303,6 +303,7 @@ func (s *Server) openSessions() {
 		IdleMemoryBudget: s.cfg.SessionIdleMemoryBytes,
 		MaxBytes:         s.cfg.SessionMaxBytes,
 		MaxFiles:         s.cfg.SessionMaxFiles,
+		SpareVolumes:     s.cfg.SessionSpareVolumes,
 		UID:              s.sandbox.HostUID(),
 		GID:              s.sandbox.HostGID(),
 	}, s.starter, s.log)

@@ -139,6 +139,10 @@ type Config struct {
 	SessionIdleMemoryBytes int64 `toml:"session_idle_memory_bytes" doc:"memory of all idle session kernels (longest idle stopped beyond)"`
 	SessionMaxBytes        int64 `toml:"session_max_bytes" doc:"bytes each session's workspace holds (kernel-enforced quota)"`
 	SessionMaxFiles        int64 `toml:"session_max_files" doc:"files and directories each session's workspace holds (kernel-enforced)"`
+	// SessionSpareVolumes empty workspace volumes are kept made and
+	// mounted ahead of time, so that creating a session does not wait for
+	// mkfs (server/session: spares).
+	SessionSpareVolumes int `toml:"session_spare_volumes" doc:"empty session volumes kept ready so that a session's creation does not wait for mkfs (0: none)"`
 }
 
 // DefaultPreload is what a warm sandbox imports before it is handed code.
@@ -199,6 +203,7 @@ func Default() Config {
 		SessionIdleMemoryBytes: 4 << 30,
 		SessionMaxBytes:        500 << 20,
 		SessionMaxFiles:        10_000,
+		SessionSpareVolumes:    2,
 	}
 }
 

@@ -275,6 +275,10 @@ const (
 	SessionMaxBytes = 1 << 40
 	SessionMinFiles = 16
 	SessionMaxFiles = 1 << 22
+	// MaxSpareVolumes bounds session_spare_volumes: each spare holds a
+	// loop device and a mount, and a few absorb any burst of creations
+	// the refill (~13 ms a volume) cannot follow anyway.
+	MaxSpareVolumes = 16
 )
 
 func sessionsCheck(c Config) (errs []error) {
@@ -283,6 +287,9 @@ func sessionsCheck(c Config) (errs []error) {
 	}
 	if c.SessionMaxFiles < SessionMinFiles || c.SessionMaxFiles > SessionMaxFiles {
 		errs = append(errs, fmt.Errorf("session_max_files must be in %d..%d, got: %d", SessionMinFiles, SessionMaxFiles, c.SessionMaxFiles))
+	}
+	if c.SessionSpareVolumes < 0 || c.SessionSpareVolumes > MaxSpareVolumes {
+		errs = append(errs, fmt.Errorf("session_spare_volumes must be in 0..%d, got: %d", MaxSpareVolumes, c.SessionSpareVolumes))
 	}
 	for _, p := range []struct {
 		key string

@@ -51,6 +51,8 @@ var validateCases = []struct {
 	{"idle memory", "minimums", func(c *Config) { c.SessionIdleMemoryBytes = -1 }, "session_idle_memory_bytes must be >= 1, got: -1"},
 	{"session bytes", "sessions", func(c *Config) { c.SessionMaxBytes = 1000 }, "session_max_bytes must be in 1048576..1099511627776, got: 1000"},
 	{"session files", "sessions", func(c *Config) { c.SessionMaxFiles = 1 << 23 }, "session_max_files must be in 16..4194304, got: 8388608"},
+	{"spare volumes negative", "sessions", func(c *Config) { c.SessionSpareVolumes = -1 }, "session_spare_volumes must be in 0..16, got: -1"},
+	{"spare volumes many", "sessions", func(c *Config) { c.SessionSpareVolumes = 17 }, "session_spare_volumes must be in 0..16, got: 17"},
 	{"session retention", "sessions", func(c *Config) { c.SessionRetention = Duration(time.Millisecond) }, "session_retention must be >= 1s, got: 1ms"},
 	{"session idle above max", "sessions", func(c *Config) { c.SessionIdleTimeout = Duration(3 * time.Hour) },
 		"session_idle_timeout must be <= session_max_idle_timeout (2h0m0s), got: 3h0m0s"},

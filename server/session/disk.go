@@ -12,6 +12,9 @@ type disk interface {
 	// Sweep removes interrupted Creates and Removes under dir.
 	Sweep(dir string) error
 	Remove(dir string) error
+	// Move renames ws's directory to dir (which must not exist), mounted
+	// as it is, and returns it there: a spare volume becomes a session's.
+	Move(ws workspace, dir string) (workspace, error)
 }
 
 // workspace is one session's mounted volume.
@@ -52,3 +55,11 @@ func (volumeDisk) Sweep(dir string) error {
 }
 
 func (volumeDisk) Remove(dir string) error { return volume.Remove(dir) }
+
+func (volumeDisk) Move(ws workspace, dir string) (workspace, error) {
+	v, err := ws.Volume().MoveTo(dir)
+	if err != nil {
+		return nil, err
+	}
+	return volumeWorkspace{v}, nil
+}

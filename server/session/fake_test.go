@@ -159,6 +159,10 @@ func (st *fakeStarter) all() []*fakeKernel {
 type fakeDisk struct {
 	mu       sync.Mutex
 	failOpen map[string]bool // base names of session dirs whose volume does not open
+	// creates and moves count the calls; failCreate and failMove make
+	// them fail.
+	creates, moves       int
+	failCreate, failMove bool
 }
 
 type fakeWorkspace struct{ dir string }
@@ -170,6 +174,13 @@ func (w fakeWorkspace) Usage() (volume.Usage, error) {
 func (w fakeWorkspace) Volume() *volume.Volume { return nil }
 
 func (d *fakeDisk) Create(dir string, o volume.Options) (workspace, error) {
+	d.mu.Lock()
+	d.creates++
+	fail := d.failCreate
+	d.mu.Unlock()
+	if fail {
+		return nil, errors.New("fake: no volume today")
+	}
 	if err := os.Mkdir(dir, 0o711); err != nil {
 		return nil, err
 	}
@@ -205,6 +216,35 @@ func (d *fakeDisk) Sweep(dir string) error {
 		}
 	}
 	return nil
+}
+
+func (d *fakeDisk) Move(ws workspace, dir string) (workspace, error) {
+	d.mu.Lock()
+	d.moves++
+	fail := d.failMove
+	d.mu.Unlock()
+	if fail {
+		return nil, errors.New("fake: the move failed")
+	}
+	if _, err := os.Lstat(dir); err == nil {
+		return nil, fs.ErrExist
+	}
+	if err := os.Rename(ws.(fakeWorkspace).dir, dir); err != nil {
+		return nil, err
+	}
+	return fakeWorkspace{dir}, nil
+}
+
+func (d *fakeDisk) counts() (creates, moves int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.creates, d.moves
+}
+
+func (d *fakeDisk) set(failCreate, failMove bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.failCreate, d.failMove = failCreate, failMove
 }
 
 func (d *fakeDisk) Remove(dir string) error {

@@ -32,9 +32,13 @@ type Manager struct {
 	closed   bool
 	starts   map[string]uint64 // kernel starts by "state/reason"
 	ops      sync.WaitGroup    // Deletes and kernel stops in flight: Close waits
+	spares   []spare           // ready spare volumes (spares.go)
 
 	stopJanitor chan struct{}
 	janitorDone chan struct{}
+	spareWake   chan struct{} // cap 1: the refill has something to do
+	spareStop   chan struct{} // closed by Close
+	spareDone   chan struct{} // closed when the refill returned
 }
 
 // session is one session. Its fields below mu are guarded by Manager.mu.
@@ -104,12 +108,14 @@ func open(cfg Config, starter Starter, log *slog.Logger, d disk) (*Manager, erro
 	}
 	m := &Manager{cfg: cfg, starter: starter, log: log.With("component", "sessions"), disk: d, lock: lock,
 		sessions: map[string]*session{}, starts: map[string]uint64{},
-		stopJanitor: make(chan struct{}), janitorDone: make(chan struct{})}
+		stopJanitor: make(chan struct{}), janitorDone: make(chan struct{}),
+		spareWake: make(chan struct{}, 1), spareStop: make(chan struct{}), spareDone: make(chan struct{})}
 	if err := m.load(); err != nil {
 		lock.Close()
 		return nil, fmt.Errorf("open sessions: %w", err)
 	}
 	go m.janitor()
+	go m.refillSpares()
 	return m, nil
 }
 
@@ -132,6 +138,12 @@ func (m *Manager) load() error {
 		dir := filepath.Join(m.cfg.Root, name)
 		if err := m.disk.Sweep(dir); err != nil {
 			m.log.Error("session skipped: its volume leftovers could not be swept", "session", name, "err", err)
+			continue
+		}
+		if kind == entryLeftover && isSpareName(name) {
+			if err := m.removeSpareDir(dir); err != nil {
+				m.log.Error("spare volume could not be removed", "dir", name, "err", err)
+			}
 			continue
 		}
 		if kind == entryLeftover {
@@ -305,10 +317,12 @@ func (m *Manager) build(s *session) (err error) {
 			}
 		}
 	}()
-	s.ws, err = m.disk.Create(filepath.Join(s.dir, volumeName), volume.Options{
-		MaxBytes: m.cfg.MaxBytes, MaxFiles: m.cfg.MaxFiles, UID: m.cfg.UID, GID: m.cfg.GID})
-	if err != nil {
-		return fmt.Errorf("create session %s: %w", s.id, err)
+	// A spare made ahead of time when one is ready (spares.go), else
+	// made here.
+	if s.ws = m.takeSpare(filepath.Join(s.dir, volumeName)); s.ws == nil {
+		if s.ws, err = m.disk.Create(filepath.Join(s.dir, volumeName), m.volumeOptions()); err != nil {
+			return fmt.Errorf("create session %s: %w", s.id, err)
+		}
 	}
 	if err := writeRecord(s.dir, s.rec); err != nil {
 		return fmt.Errorf("create session %s: %w", s.id, err)
@@ -580,6 +594,7 @@ func (m *Manager) Close() {
 	}
 	wg.Wait()
 	m.ops.Wait()
+	m.closeSpares()
 	for _, s := range all {
 		s.active.Wait()
 	}

@@ -125,6 +125,7 @@ func newRealEnv(t *testing.T, starter func() Starter) *realEnv {
 	e := &realEnv{t: t, root: filepath.Join(base, "sessions"), clock: newFakeClock()}
 	e.cfg = testConfig(e.root, e.clock)
 	e.cfg.UID, e.cfg.GID, e.cfg.MaxBytes, e.cfg.MaxFiles = testUID, testUID, 8<<20, 100
+	e.cfg.SpareVolumes = 2 // server/config's default: sessions take spares
 	var st Starter = &fakeStarter{}
 	if starter != nil {
 		st = starter()
@@ -238,7 +239,8 @@ func TestRealVolumeCreateRestartDelete(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(e.root, "s1")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("session directory after Delete: %v", err)
 	}
-	if left := leftovers(e.root); len(left) > 0 {
+	// (Below the session's directory: the spares are mounts under root.)
+	if left := leftovers(filepath.Join(e.root, "s1")); len(left) > 0 {
 		t.Fatalf("Delete left %s", strings.Join(left, "; "))
 	}
 }
@@ -293,4 +295,66 @@ func TestRealHalfCreatedSessionIsSwept(t *testing.T) {
 	if _, err := e.m.Create(Spec{ID: "half", Policy: "default"}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A session takes a spare volume, mounted, empty, with the quota, at its
+// own path; a worker killed with spares ready leaves them mounted, and the
+// next Open removes them, mounts and loop devices too.
+func TestRealSpareVolumes(t *testing.T) {
+	e := newRealEnv(t, nil)
+	waitSpares(t, e.m, e.root, 2)
+	info, err := e.m.Create(Spec{ID: "s1", Policy: "default", Kernel: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Workspace != (WorkspaceInfo{MaxBytes: 8 << 20, MaxFiles: 100}) {
+		t.Fatalf("a spare's workspace: %+v, want empty with the quota", info.Workspace)
+	}
+	l, err := e.m.Lend("s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := filepath.Join(e.root, "s1", volumeName)
+	if l.Volume.Dir() != want || !mountedAt(l.Volume.Path()) {
+		t.Fatalf("session volume %s (mounted: %v), want mounted in %s", l.Volume.Dir(), mountedAt(l.Volume.Path()), want)
+	}
+	l.Release()
+	e.put("s1", "f", "data")
+	waitSpares(t, e.m, e.root, 2)
+
+	// A killed worker's spares: mounted, complete or not.
+	e.m.Close()
+	for _, hex := range []string{"00000000000000a1", "00000000000000a2"} {
+		dir := filepath.Join(e.root, sparePrefix+hex)
+		if err := os.Mkdir(dir, 0o711); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := volume.Create(filepath.Join(dir, volumeName), volume.Options{UID: testUID, GID: testUID, MaxBytes: 8 << 20, MaxFiles: 100}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.cfg.SpareVolumes = 0
+	e.open(&fakeStarter{})
+	if d := spareDirs(t, e.root); len(d) != 0 {
+		t.Fatalf("spares after Open: %v", d)
+	}
+	for _, hex := range []string{"00000000000000a1", "00000000000000a2"} {
+		if left := leftovers(filepath.Join(e.root, sparePrefix+hex)); len(left) > 0 {
+			t.Fatalf("Open's sweep left %s", strings.Join(left, "; "))
+		}
+	}
+	if got, err := e.get("s1", "f"); err != nil || got != "data" {
+		t.Fatalf("the session's file after a restart: %q, %v", got, err)
+	}
+}
+
+// mountedAt says whether a mount's root is dir (in this mount namespace).
+func mountedAt(dir string) bool {
+	info, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(info), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && f[4] == dir {
+			return true
+		}
+	}
+	return false
 }

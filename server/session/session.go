@@ -80,6 +80,9 @@ type Config struct {
 	MaxBytes         int64         // session_max_bytes: each volume's quota
 	MaxFiles         int64         // session_max_files
 	UID, GID         int           // the sandbox user on the host: owner of the volume root
+	// SpareVolumes is session_spare_volumes: empty volumes kept ready so
+	// that Create need not make one (spares.go); 0: none.
+	SpareVolumes int
 
 	// JanitorInterval is how often the janitor looks (DefaultJanitorInterval
 	// when 0); Tidy runs it at once.
@@ -119,6 +122,9 @@ func (c Config) check() error {
 	}
 	if c.IdleTimeout > c.MaxIdleTimeout {
 		errs = append(errs, fmt.Errorf("idle timeout must be <= the max idle timeout (%s), got: %s", c.MaxIdleTimeout, c.IdleTimeout))
+	}
+	if c.SpareVolumes < 0 {
+		errs = append(errs, fmt.Errorf("spare volumes must be >= 0, got: %d", c.SpareVolumes))
 	}
 	if c.IdleMemoryBudget <= 0 {
 		errs = append(errs, fmt.Errorf("idle memory budget must be > 0, got: %d", c.IdleMemoryBudget))

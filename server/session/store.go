@@ -216,8 +216,12 @@ const (
 // were swept). Only a directory named by a valid id, owned by the worker,
 // holding nothing but what the manager puts there, is ours; a leftover is
 // such a directory without session.json (SECURITY.md case 42).
+//
+// A spare volume's directory (spares.go) is classified as a session's is,
+// except that it must not hold a session.json: ours, it is a leftover.
 func classify(root, name string) (entryKind, error) {
-	if !inside.ValidID(name) {
+	spare := isSpareName(name)
+	if !spare && !inside.ValidID(name) {
 		return entryForeign, fmt.Errorf("%q is not a session id", name)
 	}
 	p := filepath.Join(root, name)
@@ -247,7 +251,10 @@ func classify(root, name string) (entryKind, error) {
 			return entryForeign, fmt.Errorf("%s holds %q, which the session manager never makes", p, n)
 		}
 	}
-	if !hasRecord {
+	switch {
+	case spare && hasRecord:
+		return entryForeign, fmt.Errorf("%s holds a %s, which a spare volume's directory never does", p, recordName)
+	case !hasRecord:
 		return entryLeftover, nil
 	}
 	return entrySession, nil

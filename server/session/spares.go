@@ -1,0 +1,179 @@
+package session
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/sandboxd/sandboxd/server/volume"
+)
+
+// Spare volumes: mkfs.ext4, the loop device and the mount (~13 ms) were
+// most of a session's creation. The manager keeps Config.SpareVolumes empty
+// volumes made ahead of time, off the request path. Every session has the
+// same quota and owner (Config), so any spare fits any session: Create
+// moves one into the new session's directory (volume.MoveTo: a rename,
+// the mount goes with it) and wakes the refill; with none ready it makes
+// the volume itself, as without spares.
+//
+// On disk a spare is a complete volume in <root>/.spare-<16 hex>/volume.
+// That name is never a session id (no leading dot: inside.IDRule), and the
+// directory never holds a session.json, so a spare is never adopted as a
+// session. A worker killed at any point leaves a .spare-* directory
+// (complete or half-made) or a session directory without session.json;
+// Open removes both (classify: entryLeftover). Close removes the spares,
+// mounts and loop devices with them. A spare is never lent, bound into a
+// sandbox nor written: the session that takes it gets an empty volume.
+
+// sparePrefix starts a spare's directory name; spareHexLen hex digits
+// follow.
+const (
+	sparePrefix = ".spare-"
+	spareHexLen = 16
+)
+
+// spare is one ready spare volume.
+type spare struct {
+	dir string    // <root>/.spare-<hex>
+	ws  workspace // dir/volume, mounted
+}
+
+// isSpareName says whether name is a spare's directory name.
+func isSpareName(name string) bool {
+	hex, ok := strings.CutPrefix(name, sparePrefix)
+	if !ok || len(hex) != spareHexLen {
+		return false
+	}
+	return strings.Trim(hex, "0123456789abcdef") == ""
+}
+
+// wantSpareLocked says whether the refill should make another spare.
+func (m *Manager) wantSpareLocked() bool {
+	return !m.closed && len(m.spares) < m.cfg.SpareVolumes
+}
+
+// wakeSpares asks the refill to look (a spare was taken, or a make failed
+// and the janitor's round retries it). It never blocks.
+func (m *Manager) wakeSpares() {
+	select {
+	case m.spareWake <- struct{}{}:
+	default:
+	}
+}
+
+// refillSpares keeps Config.SpareVolumes spares ready until Close. A make
+// that fails is logged and retried at the next wake (a Create, or the
+// janitor's next round), not in a loop.
+func (m *Manager) refillSpares() {
+	defer close(m.spareDone)
+	for {
+		for {
+			m.mu.Lock()
+			want := m.wantSpareLocked()
+			m.mu.Unlock()
+			if !want {
+				break
+			}
+			sp, err := m.makeSpare()
+			if err != nil {
+				m.log.Warn("spare session volume not made (sessions are created without one meanwhile); retried later", "err", err)
+				break
+			}
+			// Appended even after Close began: Close removes the spares
+			// once this goroutine is done.
+			m.mu.Lock()
+			m.spares = append(m.spares, sp)
+			m.mu.Unlock()
+		}
+		select {
+		case <-m.spareStop:
+			return
+		case <-m.spareWake:
+		}
+	}
+}
+
+// makeSpare makes one spare volume, complete and mounted.
+func (m *Manager) makeSpare() (spare, error) {
+	dir := filepath.Join(m.cfg.Root, sparePrefix+volume.RandomHex(spareHexLen/2))
+	// 0711 as a session's directory: the spare's becomes one's path.
+	if err := os.Mkdir(dir, 0o711); err != nil {
+		return spare{}, err
+	}
+	ws, err := m.disk.Create(filepath.Join(dir, volumeName), m.volumeOptions())
+	if err != nil {
+		if rerr := m.removeSpareDir(dir); rerr != nil {
+			m.log.Error("half-made spare volume could not be removed; the next start sweeps it", "dir", dir, "err", rerr)
+		}
+		return spare{}, err
+	}
+	return spare{dir: dir, ws: ws}, nil
+}
+
+// volumeOptions are every session volume's options.
+func (m *Manager) volumeOptions() volume.Options {
+	return volume.Options{MaxBytes: m.cfg.MaxBytes, MaxFiles: m.cfg.MaxFiles, UID: m.cfg.UID, GID: m.cfg.GID}
+}
+
+// takeSpare moves a ready spare's volume to dst and returns it there, or
+// nil when there is none (or it could not be moved: then it is removed).
+// It wakes the refill either way.
+func (m *Manager) takeSpare(dst string) workspace {
+	defer m.wakeSpares()
+	m.mu.Lock()
+	n := len(m.spares)
+	if n == 0 {
+		m.mu.Unlock()
+		return nil
+	}
+	sp := m.spares[n-1]
+	m.spares = m.spares[:n-1]
+	m.mu.Unlock()
+	ws, err := m.disk.Move(sp.ws, dst)
+	if err != nil {
+		m.log.Warn("spare volume could not be moved into a session; removed, the session makes its own", "dir", sp.dir, "err", err)
+		if rerr := m.removeSpareDir(sp.dir); rerr != nil {
+			m.log.Error("spare volume could not be removed; the next start sweeps it", "dir", sp.dir, "err", rerr)
+		}
+		return nil
+	}
+	// Empty now; should this fail, the next start's sweep removes it.
+	if err := os.Remove(sp.dir); err != nil {
+		m.log.Warn("emptied spare directory not removed", "dir", sp.dir, "err", err)
+	}
+	return ws
+}
+
+// removeSpareDir removes a spare's directory: its volume (mounted or
+// half-made) and the directory.
+func (m *Manager) removeSpareDir(dir string) error {
+	if err := m.disk.Sweep(dir); err != nil {
+		return err
+	}
+	if err := m.disk.Remove(filepath.Join(dir, volumeName)); err != nil {
+		return err
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// closeSpares stops the refill and removes the ready spares (Close): a
+// spare is worth nothing to the next worker that a refill does not give
+// it, and this one leaves no mount behind.
+func (m *Manager) closeSpares() {
+	close(m.spareStop)
+	<-m.spareDone
+	m.mu.Lock()
+	spares := m.spares
+	m.spares = nil
+	m.mu.Unlock()
+	for _, sp := range spares {
+		if err := m.removeSpareDir(sp.dir); err != nil {
+			m.log.Error("spare volume could not be removed; the next start sweeps it", "dir", sp.dir, "err", err)
+		}
+	}
+}

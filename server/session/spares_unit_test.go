@@ -1,0 +1,237 @@
+package session
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Spare volumes on the fake disk: taken by Create, refilled in the
+// background, removed by Close and by the next Open's sweep, never adopted
+// as sessions. (real_test.go runs them on real volumes.)
+
+func TestIsSpareName(t *testing.T) {
+	for name, want := range map[string]bool{
+		".spare-0123456789abcdef":  true,
+		".spare-0123456789abcde":   false, // short
+		".spare-0123456789abcdeF":  false, // not lower-case hex
+		".spare-0123456789abcdeg":  false,
+		".spare-":                  false,
+		"spare-0123456789abcdef":   false,
+		".spare-0123456789abcdef0": false,
+	} {
+		if got := isSpareName(name); got != want {
+			t.Errorf("isSpareName(%q) = %v, want %v", name, got, want)
+		}
+	}
+}
+
+// spareDirs lists root's spare directories.
+func spareDirs(t *testing.T, root string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), sparePrefix) {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// waitSpares waits until the manager holds n ready spares (the refill runs
+// in the background) and root holds exactly their directories.
+func waitSpares(t *testing.T, m *Manager, root string, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		m.mu.Lock()
+		ready := len(m.spares)
+		m.mu.Unlock()
+		if ready == n && len(spareDirs(t, root)) == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d spares ready, %v on disk; want %d", ready, spareDirs(t, root), n)
+		}
+	}
+}
+
+func TestCreateTakesASpareAndTheRefillReplacesIt(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.SpareVolumes = 2 })
+	waitSpares(t, e.m, e.root, 2)
+	before := spareDirs(t, e.root)
+	e.create(Spec{ID: "s1", Kernel: true})
+	if creates, moves := e.disk.counts(); moves != 1 {
+		t.Fatalf("Create with spares ready: %d moves (%d creates), want the volume moved from a spare", moves, creates)
+	}
+	// The session's volume is a former spare, its directory gone.
+	if _, err := os.Stat(filepath.Join(e.root, "s1", volumeName, "volume.json")); err != nil {
+		t.Fatal(err)
+	}
+	waitSpares(t, e.m, e.root, 2)
+	after := spareDirs(t, e.root)
+	if n := len(slices.DeleteFunc(slices.Clone(before), func(d string) bool { return slices.Contains(after, d) })); n != 1 {
+		t.Fatalf("spares before %v, after %v: want exactly one taken", before, after)
+	}
+	if creates, _ := e.disk.counts(); creates != 3 {
+		t.Fatalf("%d volumes made, want 3 (two spares, one refill)", creates)
+	}
+	// A spare is never a session, and a session's works as any.
+	if ids := infoIDs(e.m.List()); ids != "s1" {
+		t.Fatalf("sessions: %q", ids)
+	}
+	e.wantExec("s1", "x", ExecInfo{State: StateNew, Reason: ReasonFirst, KernelGeneration: 1})
+	if err := e.m.Delete("s1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(filepath.Join(e.root, "s1")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("deleted session's directory: %v", err)
+	}
+}
+
+func TestNoSparesWhenDisabled(t *testing.T) {
+	e := newEnv(t, nil) // SpareVolumes 0
+	e.create(Spec{ID: "s1"})
+	e.m.wakeSpares()
+	e.m.Tidy()
+	if creates, moves := e.disk.counts(); creates != 1 || moves != 0 {
+		t.Fatalf("%d creates, %d moves; want the session's volume made by Create alone", creates, moves)
+	}
+	if d := spareDirs(t, e.root); len(d) != 0 {
+		t.Fatalf("spares with session_spare_volumes 0: %v", d)
+	}
+}
+
+// Concurrent Creates each get a volume of their own, from a spare or made.
+func TestConcurrentCreatesNeverShareASpare(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.SpareVolumes = 2 })
+	waitSpares(t, e.m, e.root, 2)
+	var wg sync.WaitGroup
+	for i := range 6 {
+		wg.Go(func() {
+			if _, err := e.m.Create(Spec{ID: fmt.Sprintf("s%d", i), Policy: "p"}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	for i := range 6 {
+		if _, err := os.Stat(filepath.Join(e.root, fmt.Sprintf("s%d", i), volumeName, "volume.json")); err != nil {
+			t.Errorf("session s%d's volume: %v", i, err)
+		}
+	}
+	if _, moves := e.disk.counts(); moves < 2 {
+		t.Fatalf("%d spares taken, want at least the 2 ready", moves)
+	}
+	waitSpares(t, e.m, e.root, 2)
+}
+
+// A spare that cannot be moved is removed, and Create makes the volume; a
+// refill that fails is retried at the next wake.
+func TestSpareFailuresFallBackToCreate(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.SpareVolumes = 1 })
+	waitSpares(t, e.m, e.root, 1)
+	e.disk.set(false, true)
+	e.create(Spec{ID: "s1"})
+	if creates, moves := e.disk.counts(); moves != 1 || creates < 2 {
+		t.Fatalf("%d creates, %d moves: want a failed move, then the volume made", creates, moves)
+	}
+	if _, err := os.Stat(filepath.Join(e.root, "s1", volumeName, "volume.json")); err != nil {
+		t.Fatal(err)
+	}
+	waitSpares(t, e.m, e.root, 1) // the failed spare removed, a new one made
+
+	// No volume can be made: Create says so, and the refill gives up
+	// until woken.
+	e.disk.set(true, false)
+	e.m.mu.Lock()
+	taken := e.m.spares
+	e.m.spares = nil
+	e.m.mu.Unlock()
+	for _, sp := range taken {
+		if err := e.m.removeSpareDir(sp.dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.m.Create(Spec{ID: "s2", Policy: "p"}); err == nil {
+		t.Fatal("Create without spares on a disk that makes no volume: no error")
+	}
+	e.disk.set(false, false)
+	e.m.wakeSpares() // the janitor's round
+	waitSpares(t, e.m, e.root, 1)
+	e.create(Spec{ID: "s2"})
+}
+
+func TestCloseRemovesTheSpares(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.SpareVolumes = 3 })
+	waitSpares(t, e.m, e.root, 3)
+	e.m.Close()
+	if d := spareDirs(t, e.root); len(d) != 0 {
+		t.Fatalf("spares after Close: %v", d)
+	}
+	e.reopen()
+	waitSpares(t, e.m, e.root, 3)
+}
+
+// What a killed worker leaves of spares is removed by the next Open:
+// complete, half-made, empty, and a session directory that got a spare's
+// volume but no record yet. A .spare-* entry the manager would not have
+// made is left alone.
+func TestOpenSweepsSpareLeftovers(t *testing.T) {
+	e := newEnv(t, nil)
+	e.m.Close()
+	mk := func(p string) {
+		if err := os.MkdirAll(filepath.Join(e.root, p), 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write := func(p, data string) {
+		if err := os.WriteFile(filepath.Join(e.root, p), []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	complete, half, empty := sparePrefix+"0000000000000001", sparePrefix+"0000000000000002", sparePrefix+"0000000000000003"
+	mk(complete + "/volume/mnt")
+	write(complete+"/volume/volume.json", "{}")
+	mk(half + "/.creating-volume-1234/mnt")
+	mk(empty)
+	mk("moved/volume/mnt")
+	write("moved/volume/volume.json", "{}")
+	// Not ours: a record in a spare's directory; a name no spare has.
+	withRecord := sparePrefix + "0000000000000004"
+	mk(withRecord + "/volume/mnt")
+	write(withRecord+"/"+recordName, `{"format":1,"id":"x"}`)
+	mk(sparePrefix + "elsewhere/volume")
+
+	e.reopen()
+	for _, gone := range []string{complete, half, empty, "moved"} {
+		if _, err := os.Lstat(filepath.Join(e.root, gone)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s after Open: %v, want removed", gone, err)
+		}
+	}
+	for _, kept := range []string{withRecord + "/" + recordName, sparePrefix + "elsewhere/volume"} {
+		if _, err := os.Lstat(filepath.Join(e.root, kept)); err != nil {
+			t.Errorf("%s after Open: %v, want left alone", kept, err)
+		}
+	}
+	if ids := infoIDs(e.m.List()); ids != "" {
+		t.Fatalf("sessions after Open: %q, want none (a spare is never a session)", ids)
+	}
+}
+
+func TestConfigRefusesNegativeSpares(t *testing.T) {
+	cfg := testConfig(t.TempDir(), newFakeClock())
+	cfg.SpareVolumes = -1
+	if err := cfg.check(); err == nil || !strings.Contains(err.Error(), "spare volumes must be >= 0, got: -1") {
+		t.Fatalf("check: %v", err)
+	}
+}
