@@ -139,7 +139,7 @@ func TestAgentLoopExample(t *testing.T) {
 		if !strings.Contains(tr.Steps[1].Fix, "from the error's hint") {
 			t.Errorf("KeyError fix %q: want the column the hint gave", tr.Steps[1].Fix)
 		}
-		if !strings.Contains(text, "step 5: succeeded") || !strings.Contains(text, "west:   +nan %") {
+		if !strings.Contains(text, "step 5: succeeded") || !strings.Contains(text, "West:   +nan %") {
 			t.Errorf("transcript without the successful step or its output:\n%s", text)
 		}
 
