@@ -172,6 +172,11 @@ func TestAgentLoopExample(t *testing.T) {
 		if tr.Outcome != "gave_up" || len(tr.Steps) != 2 || tr.Chart != nil {
 			t.Fatalf("outcome %q after %d steps, chart %+v: want gave_up after 2, no chart", tr.Outcome, len(tr.Steps), tr.Chart)
 		}
+		// The first failure was fixed; the second is not (no step is left).
+		if tr.Steps[0].Fix == "" || tr.Steps[1].Fix != "" || !strings.Contains(tr.Reason, "after 2 steps") {
+			t.Errorf("fixes %q, %q, reason %q: want a fix after step 1 only, and the step limit as the reason",
+				tr.Steps[0].Fix, tr.Steps[1].Fix, tr.Reason)
+		}
 		if _, err := os.Stat(chart); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("a chart was written after giving up: %v", err)
 		}

@@ -367,6 +367,8 @@ def run_loop(client, script, csv_path, out_path, max_steps, t):
                 # no Python error: nothing for the fixer to read.
                 t.end("gave_up", f"{ex.status} without a typed error (exit code {ex.exit_code})")
                 return 1
+            if n == max_steps:
+                break
             patched = fix(script, ex.error)
             if patched is None:
                 t.end("gave_up", f"no rule fixes this {ex.error.type}")
