@@ -8,6 +8,7 @@ require (
 	github.com/julienschmidt/httprouter v1.3.0 // HTTP routing
 	github.com/klauspost/compress v1.20.1 // zstd image layers
 	github.com/moby/sys/mountinfo v0.7.2 // finding cgroup mounts (also used by libcontainer)
+	github.com/modelcontextprotocol/go-sdk v1.8.0 // MCP server (server/mcp): the protocol's official Go SDK
 	github.com/opencontainers/cgroups v0.1.0 // libcontainer cgroup types and device rules
 	github.com/opencontainers/runc v1.5.3 // libcontainer: the sandbox itself
 	github.com/pelletier/go-toml/v2 v2.4.3 // strict TOML config
@@ -30,6 +31,7 @@ require (
 	github.com/docker/cli v29.7.2+incompatible // indirect
 	github.com/docker/docker-credential-helpers v0.9.3 // indirect
 	github.com/godbus/dbus/v5 v5.2.2 // indirect
+	github.com/google/jsonschema-go v0.4.3 // indirect
 	github.com/moby/sys/capability v0.5.0 // indirect
 	github.com/moby/sys/user v0.4.0 // indirect
 	github.com/moby/sys/userns v0.2.1 // indirect
@@ -42,11 +44,16 @@ require (
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
+	github.com/segmentio/asm v1.1.3 // indirect
+	github.com/segmentio/encoding v0.5.4 // indirect
 	github.com/sirupsen/logrus v1.9.4 // indirect
 	github.com/vishvananda/netlink v1.3.1 // indirect
 	github.com/vishvananda/netns v0.0.5 // indirect
+	github.com/yosida95/uritemplate/v3 v3.0.2 // indirect
 	golang.org/x/net v0.59.0 // indirect
+	golang.org/x/oauth2 v0.37.0 // indirect
 	golang.org/x/sync v0.22.0 // indirect
+	golang.org/x/time v0.15.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 	gotest.tools/v3 v3.5.2 // indirect
 )

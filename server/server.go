@@ -45,6 +45,12 @@ type Deps struct {
 	ResolveRootfs func(ctx context.Context) (string, error)
 	// Logger receives one line per event.
 	Logger *slog.Logger
+	// MCP, optional, builds the handler of /mcp (the Model Context
+	// Protocol) on api, the API's routes without the guard: the guard runs
+	// once, on /mcp itself, and the tools call the routes in-process.
+	// maxBody bounds an MCP request as it bounds an API request.
+	// cmd/sandboxd passes server/mcp's; without it /mcp answers 404.
+	MCP func(api http.Handler, maxBody int64) http.Handler
 }
 
 // Server is the execution API. Create it with New, call Prepare (the API
@@ -73,6 +79,7 @@ type Server struct {
 	waiters   chan struct{} // retries waiting for a live execution (existing)
 	metrics   *metrics
 	handler   http.Handler
+	mcp       http.Handler // /mcp, nil without Deps.MCP
 
 	mu       sync.Mutex
 	rootfs   string // set once Prepare succeeds
@@ -147,7 +154,11 @@ func New(d Deps) (*Server, error) {
 	})
 	s.metrics.reg.MustRegister(&poolCollector{size: d.Config.PoolSize, stats: s.PoolStats},
 		&sessionCollector{stats: s.SessionStats})
-	s.handler = s.deadlines(s.guard(s.router()))
+	api := s.router()
+	s.handler = s.deadlines(s.guard(api))
+	if d.MCP != nil {
+		s.mcp = d.MCP(api, s.maxBody())
+	}
 	return s, nil
 }
 
@@ -181,6 +192,8 @@ func (s *Server) routes() []route {
 		{http.MethodPut, "/v1/sessions/:id/files/*path", s.handlePutFile},
 		{http.MethodGet, "/v1/sessions/:id/files/*path", s.handleGetFile},
 		{http.MethodDelete, "/v1/sessions/:id/files/*path", s.handleDeleteFile},
+		// MCP over Streamable HTTP, stateless: POST only (mcp_route.go).
+		{http.MethodPost, "/mcp", s.handleMCP},
 	}
 }
 

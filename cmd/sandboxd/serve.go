@@ -22,6 +22,7 @@ import (
 	"github.com/sandboxd/sandboxd/rootfs"
 	"github.com/sandboxd/sandboxd/server"
 	"github.com/sandboxd/sandboxd/server/config"
+	"github.com/sandboxd/sandboxd/server/mcp"
 )
 
 func init() {
@@ -77,6 +78,10 @@ func cmdServe(args []string) error {
 		Sandbox:       runner,
 		ResolveRootfs: resolve,
 		Logger:        log,
+		// /mcp: the MCP tools call the API's routes in-process.
+		MCP: func(api http.Handler, maxBody int64) http.Handler {
+			return mcp.Handler(mcp.InProcess(api), maxBody, log)
+		},
 	})
 	if err != nil {
 		return err

@@ -9,7 +9,8 @@
 #           present, but not Essential)
 #   image   the python-runtime image: mmdebstrap (root mode), the Debian
 #           archive keyring and CA certificates for the mirror
-#   test    busybox-static: the small rootfs of the nsjail/seccomp tests
+#   test    busybox-static: the small rootfs of the nsjail/seccomp tests;
+#           python3: the Python client's tests (tools/clients/python)
 #   v2vm    the cgroup v2 VM harness: qemu-system-x86, cpio, busybox-static;
 #           and apt lists that know the kernel package it downloads
 #
@@ -21,7 +22,7 @@ set -euo pipefail
 declare -A groups=(
 	[build]="libseccomp-dev pkg-config gcc libc6-dev e2fsprogs"
 	[image]="mmdebstrap debian-archive-keyring ca-certificates"
-	[test]="busybox-static"
+	[test]="busybox-static python3"
 	[v2vm]="qemu-system-x86 cpio busybox-static"
 )
 
