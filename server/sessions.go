@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/server/results"
+	"github.com/sandboxd/sandboxd/server/runner"
 	"github.com/sandboxd/sandboxd/server/session"
 	"github.com/sandboxd/sandboxd/server/volume"
 	"github.com/sandboxd/sandboxd/server/warmpool"
@@ -58,6 +59,11 @@ type SessionExecutionRequest struct {
 	Files     []File            `json:"files,omitempty"`
 	TimeoutMS int64             `json:"timeout_ms,omitempty"`
 	Env       map[string]string `json:"env,omitempty"`
+	// DisplayLastExpression (default true in a session) answers the value
+	// of the code's final expression in `display`, as a notebook does.
+	DisplayLastExpression *bool `json:"display_last_expression,omitempty"`
+	// CaptureFigures is ExecutionRequest's.
+	CaptureFigures *bool `json:"capture_figures,omitempty"`
 }
 
 // sessions returns the session manager, or the 503 saying why there is
@@ -300,6 +306,8 @@ func (s *Server) validateSessionExecution(sid string, req *SessionExecutionReque
 	if e := s.checkRun(p, pol, req.Code, nil, req.Files, req.Env); e != nil {
 		return nil, e
 	}
+	p.display = req.DisplayLastExpression == nil || *req.DisplayLastExpression
+	p.figures = req.CaptureFigures == nil || *req.CaptureFigures
 	return p, nil
 }
 
@@ -356,10 +364,10 @@ func (s *Server) executeInSession(ctx context.Context, p *plan) (*ExecutionRespo
 		// ended before it took the code): our failure, not the code's.
 		x.log.Error("kernel execution failed", "err", err)
 		x.resp.Status = string(nsjail.StatusSandboxError)
-		x.resp.Error = err.Error()
+		x.resp.Error = errorMessage(err.Error())
 		return x.finish()
 	}
-	s.fill(x.resp, kr.Result, v.Path(), since, x.saveArtifact)
+	s.fill(x.resp, kr.Result, runner.Outcome{}, v.Path(), since, x.saveArtifact, x.log)
 	return x.finish()
 }
 
