@@ -89,6 +89,12 @@ type Handoff struct {
 	Cwd string `json:"cwd"`
 	// Kernel makes the process a session's kernel (step 3k).
 	Kernel bool `json:"kernel,omitempty"`
+	// Display and Figures are the runner's job's (runner.Job).
+	Display bool `json:"display,omitempty"`
+	Figures bool `json:"figures,omitempty"`
+	// Events says the message carries the execution's events fd
+	// (SCM_RIGHTS), which the code's process puts on runner.EventsFD.
+	Events bool `json:"events,omitempty"`
 }
 
 const (
