@@ -3,26 +3,57 @@ package nsjail
 import (
 	"errors"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
+// Output streams, as an OutputFunc names them.
+const (
+	StreamStdout = "stdout"
+	StreamStderr = "stderr"
+)
+
+// OutputFunc is given each chunk of a sandbox's output as it is read, for
+// streaming it live: every byte the command writes, including what the cap
+// cuts from the result. It runs on the stream's reading goroutine and must
+// neither block (the command's writes wait while it does: its pipe fills)
+// nor keep chunk (the buffer is reused).
+type OutputFunc func(stream string, chunk []byte)
+
+// ForStream is fn bound to one stream, nil when fn is.
+func (fn OutputFunc) ForStream(stream string) func([]byte) {
+	if fn == nil {
+		return nil
+	}
+	return func(b []byte) { fn(stream, b) }
+}
+
 // capture reads one output stream of the sandbox until EOF. It keeps at most
-// limit bytes and drains and counts the rest, so a flood (SECURITY.md case 8)
-// costs the worker a fixed buffer, never more memory.
+// limit bytes: the head of the stream (half the limit) and, once that is
+// full, its tail in a ring, so the last lines, where a traceback is, always
+// survive; what falls between is drained and counted. A flood (SECURITY.md
+// case 8) costs the worker one fixed buffer per stream, never more memory:
+// buf grows up to limit and is then only overwritten.
 type capture struct {
 	mu    sync.Mutex
 	r     *os.File
 	limit int64
+	// buf holds the head in buf[:head] and, once len(buf) == limit, the
+	// tail as a ring in buf[head:] whose oldest byte is at head+pos.
 	buf   []byte
+	head  int64
+	pos   int64
 	total int64
-	done  chan struct{}
+	// onChunk, when set, is given every chunk read (see OutputFunc).
+	onChunk func([]byte)
+	done    chan struct{}
 }
 
-func newCapture(r *os.File, limit int64) *capture {
-	c := &capture{r: r, limit: limit, done: make(chan struct{})}
+func newCapture(r *os.File, limit int64, onChunk func([]byte)) *capture {
+	c := &capture{r: r, limit: limit, head: limit / 2, onChunk: onChunk, done: make(chan struct{})}
 	go c.loop()
 	return c
 }
@@ -41,31 +72,81 @@ func (c *capture) loop() {
 	}
 }
 
-// add counts b and keeps what fits under the limit.
+// add counts b, keeps it (head, then the tail's ring) and passes it to the
+// chunk callback in effect when it was read: one set later (a warm
+// sandbox's hand-off) never sees output from before it. The callback runs
+// outside the lock, on the reading goroutine, so it sees the chunks in
+// order.
 func (c *capture) add(b []byte) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.total += int64(len(b))
-	if room := c.limit - int64(len(c.buf)); room > 0 {
-		c.buf = append(c.buf, b[:min(int64(len(b)), room)]...)
+	c.keep(b)
+	fn := c.onChunk
+	c.mu.Unlock()
+	if fn != nil {
+		fn(b)
 	}
 }
+
+// keep stores b: appended while buf is under the limit, then written into
+// the tail's ring, of which only the last limit-head bytes matter.
+func (c *capture) keep(b []byte) {
+	if room := c.limit - int64(len(c.buf)); room > 0 {
+		n := min(int64(len(b)), room)
+		c.buf = append(c.buf, b[:n]...)
+		b = b[n:]
+	}
+	if len(b) == 0 { // buf is full only when b is left
+		return
+	}
+	ring := c.buf[c.head:]
+	size := int64(len(ring))
+	if size == 0 {
+		return
+	}
+	if int64(len(b)) > size {
+		// Only the last size bytes survive; they start the ring anew.
+		b = b[int64(len(b))-size:]
+	}
+	n := int64(copy(ring[c.pos:], b))
+	copy(ring, b[n:])
+	c.pos = (c.pos + int64(len(b))) % size
+}
+
+// kept is what the capture kept, in stream order: the ring is rotated in
+// place (no second buffer) so that buf is head then tail. Call it once the
+// stream is read; it leaves buf unusable for further writes.
+func (c *capture) kept() []byte {
+	if c.pos != 0 {
+		ring := c.buf[c.head:]
+		slices.Reverse(ring[:c.pos])
+		slices.Reverse(ring[c.pos:])
+		slices.Reverse(ring)
+		c.pos = 0
+	}
+	return c.buf
+}
+
+// omitted counts the bytes cut between the head and the tail.
+func (c *capture) omitted() int64 { return c.total - int64(len(c.buf)) }
 
 // abort makes a blocked Read return; used only when a stream is still open
 // after every process of the sandbox is gone, which should never happen.
 func (c *capture) abort() { _ = c.r.SetReadDeadline(time.Unix(1, 0)) }
 
 // reset forgets what was captured so far and returns it (a warm sandbox's
-// preload chatter must not become part of the execution's output).
-func (c *capture) reset() []byte {
+// preload chatter must not become part of the execution's output), and
+// gives what is read from now on to onChunk: in one step, so no chunk is
+// both dropped and streamed, or kept and not streamed.
+func (c *capture) reset(onChunk func([]byte)) []byte {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	old := c.buf
-	c.buf, c.total = nil, 0
+	old := c.kept()
+	c.buf, c.total, c.pos, c.onChunk = nil, 0, 0, onChunk
 	return old
 }
 
-func (c *capture) truncated() bool { return c.total > int64(len(c.buf)) }
+func (c *capture) truncated() bool { return c.omitted() > 0 }
 
 // Capture reads one output stream up to a cap, as a sandbox's stdout and
 // stderr are read (the rest is drained and counted, never buffered), for
@@ -76,16 +157,21 @@ type Capture struct{ c *capture }
 
 // Captured is what a Capture kept of its stream.
 type Captured struct {
-	// Bytes is what was kept, at most the cap; Total counts everything
-	// read; Truncated says Total went past the cap.
+	// Bytes is what was kept, at most the cap: the stream's head and
+	// tail; Total counts everything read; Omitted the bytes cut between
+	// the two; Truncated says Total went past the cap (Omitted > 0).
 	Bytes     []byte
 	Total     int64
+	Omitted   int64
 	Truncated bool
 }
 
 // NewCapture starts reading r, the read end of a pipe, keeping at most
-// limit bytes. Stop must be called.
-func NewCapture(r *os.File, limit int64) *Capture { return &Capture{newCapture(r, limit)} }
+// limit bytes (head and tail). onChunk, when not nil, is given every chunk
+// read, in order (see OutputFunc). Stop must be called.
+func NewCapture(r *os.File, limit int64, onChunk func([]byte)) *Capture {
+	return &Capture{newCapture(r, limit, onChunk)}
+}
 
 // Stop ends the capture and closes r: it reads, without blocking, what the
 // pipe holds at this moment (all the writer wrote before Stop, when it is
@@ -104,7 +190,7 @@ func (c *Capture) Stop() Captured {
 	cc.r.Close()
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
-	return Captured{Bytes: cc.buf, Total: cc.total, Truncated: cc.truncated()}
+	return Captured{Bytes: cc.kept(), Total: cc.total, Omitted: cc.omitted(), Truncated: cc.truncated()}
 }
 
 // drainBuffered reads the bytes the pipe holds now (FIONREAD), without

@@ -188,6 +188,9 @@ type HandoffOptions struct {
 	// command ends or Wait's context is cancelled. A session's kernel
 	// outlives any one execution, whose timeout its owner enforces.
 	NoDeadline bool
+	// Output, when set, is given the execution's output from the hand-off
+	// on (see Spec.Output); what was written before is not.
+	Output OutputFunc
 }
 
 // Handoff marks the moment the sandbox is given its execution, which the
@@ -202,7 +205,8 @@ func (p *Pending) Handoff(o HandoffOptions) (sb *Sandbox, droppedStdout, dropped
 	if o.Logger != nil {
 		s.log = o.Logger.With("sandbox", s.id)
 	}
-	droppedStdout, droppedStderr = s.stdout.reset(), s.stderr.reset()
+	droppedStdout = s.stdout.reset(o.Output.ForStream(StreamStdout))
+	droppedStderr = s.stderr.reset(o.Output.ForStream(StreamStderr))
 	if cpu, err := cgroup.ReadCPUUsage(s.cgroupPaths); err == nil {
 		s.cpuBaselineNS = cpu
 	}

@@ -297,8 +297,8 @@ func (r *Runner) start(spec Spec, extraFiles []*os.File) (*Sandbox, error) {
 	return &Sandbox{
 		mntns: mntns,
 		r:     r, id: id, lim: lim, c: c, proc: proc,
-		stdout:    newCapture(outR, lim.StdoutBytes),
-		stderr:    newCapture(errR, lim.StderrBytes),
+		stdout:    newCapture(outR, lim.StdoutBytes, spec.Output.ForStream(StreamStdout)),
+		stderr:    newCapture(errR, lim.StderrBytes, spec.Output.ForStream(StreamStderr)),
 		startedAt: startedAt, log: log, cgroupPaths: cgroupPaths,
 	}, nil
 }

@@ -321,25 +321,26 @@ func TestNoProcessSurvivesAndNoHang(t *testing.T) {
 	}
 }
 
-// SECURITY.md case 8: a 1 GB flood, invalid UTF-8 and one giant line.
+// SECURITY.md case 8: a 1 GB flood, invalid UTF-8 and one giant line; its
+// head and its tail are kept.
 func TestOutputFloodIsCapped(t *testing.T) {
 	r := newRunner(t)
 	var before runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 	res := run(t, r, nsjail.Spec{
-		Args:   sh(`head -c 1000000000 /dev/zero | tr '\0' '\377'; printf 'tail' >&2`),
+		Args:   sh(`head -c 1000000000 /dev/zero | tr '\0' '\377'; printf 'end'; printf 'tail' >&2`),
 		Limits: nsjail.Limits{StdoutBytes: 64 << 10, Timeout: 60 * time.Second},
 	})
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
 	wantStatus(t, res, nsjail.StatusSucceeded)
 	wantLimit(t, res, nsjail.LimitStdout)
-	if !res.StdoutTruncated || len(res.Stdout) != 64<<10 || res.StdoutBytes != 1_000_000_000 {
+	if !res.StdoutTruncated || len(res.Stdout) != 64<<10 || res.StdoutBytes != 1_000_000_003 {
 		t.Fatalf("truncated=%v kept=%d total=%d", res.StdoutTruncated, len(res.Stdout), res.StdoutBytes)
 	}
-	if res.Stdout[0] != 0xff || string(res.Stderr) != "tail" || res.StderrTruncated {
-		t.Fatalf("content mangled: %x %q", res.Stdout[:4], res.Stderr)
+	if res.Stdout[0] != 0xff || !bytes.HasSuffix(res.Stdout, []byte("\xff\xffend")) || string(res.Stderr) != "tail" || res.StderrTruncated {
+		t.Fatalf("content mangled: %x…%x %q", res.Stdout[:4], res.Stdout[len(res.Stdout)-8:], res.Stderr)
 	}
 	if grew := int64(after.TotalAlloc) - int64(before.TotalAlloc); grew > 32<<20 {
 		t.Fatalf("the worker allocated %d MiB while draining 1 GB", grew>>20)

@@ -135,6 +135,10 @@ type Spec struct {
 	// Logger, when set, receives this sandbox's log lines instead of the
 	// Runner's (the server passes one carrying execution_id and policy).
 	Logger *slog.Logger
+	// Output, when set, is given the command's output as it is read
+	// (streaming; see OutputFunc). A pre-started sandbox takes it at its
+	// hand-off (HandoffOptions.Output).
+	Output OutputFunc
 }
 
 // Validate checks a Spec before anything is started.

@@ -31,7 +31,7 @@ func (s *Sandbox) wait(ctx context.Context) *Result {
 	res.FinishedAt = time.Now()
 	stats := s.collect(end)
 
-	res.Stdout, res.Stderr = s.stdout.buf, s.stderr.buf
+	res.Stdout, res.Stderr = s.stdout.kept(), s.stderr.kept()
 	res.StdoutBytes, res.StderrBytes = s.stdout.total, s.stderr.total
 	res.StdoutTruncated, res.StderrTruncated = s.stdout.truncated(), s.stderr.truncated()
 	res.Usage = Usage{

@@ -19,6 +19,7 @@ import (
 	"github.com/sandboxd/sandboxd/server/results"
 	"github.com/sandboxd/sandboxd/server/runner"
 	"github.com/sandboxd/sandboxd/server/session"
+	"github.com/sandboxd/sandboxd/server/stream"
 	"github.com/sandboxd/sandboxd/server/workspace"
 )
 
@@ -51,25 +52,29 @@ type ExecutionRequest struct {
 
 // ExecutionResponse is the result of one execution.
 type ExecutionResponse struct {
-	ID               string          `json:"id"`
-	Type             string          `json:"type"`
-	Status           string          `json:"status"`
-	ExitCode         int             `json:"exit_code"`
-	Signal           *string         `json:"signal"`
-	Stdout           string          `json:"stdout"`
-	Stderr           string          `json:"stderr"`
-	StdoutTruncated  bool            `json:"stdout_truncated"`
-	StderrTruncated  bool            `json:"stderr_truncated"`
-	Result           json.RawMessage `json:"result"`
-	ResultError      *string         `json:"result_error"`
-	Artifacts        []Artifact      `json:"artifacts"`
-	ArtifactsOmitted []Omitted       `json:"artifacts_omitted"`
-	LimitsHit        []string        `json:"limits_hit"`
-	Usage            nsjail.Usage    `json:"usage"`
-	StartedAt        time.Time       `json:"started_at"`
-	FinishedAt       time.Time       `json:"finished_at"`
-	DurationMS       int64           `json:"duration_ms"`
-	Policy           Policy          `json:"policy"`
+	ID              string  `json:"id"`
+	Type            string  `json:"type"`
+	Status          string  `json:"status"`
+	ExitCode        int     `json:"exit_code"`
+	Signal          *string `json:"signal"`
+	Stdout          string  `json:"stdout"`
+	Stderr          string  `json:"stderr"`
+	StdoutTruncated bool    `json:"stdout_truncated"`
+	StderrTruncated bool    `json:"stderr_truncated"`
+	// StdoutOmittedBytes and StderrOmittedBytes count what the cap cut
+	// between the head and the tail that Stdout and Stderr keep.
+	StdoutOmittedBytes int64           `json:"stdout_omitted_bytes"`
+	StderrOmittedBytes int64           `json:"stderr_omitted_bytes"`
+	Result             json.RawMessage `json:"result"`
+	ResultError        *string         `json:"result_error"`
+	Artifacts          []Artifact      `json:"artifacts"`
+	ArtifactsOmitted   []Omitted       `json:"artifacts_omitted"`
+	LimitsHit          []string        `json:"limits_hit"`
+	Usage              nsjail.Usage    `json:"usage"`
+	StartedAt          time.Time       `json:"started_at"`
+	FinishedAt         time.Time       `json:"finished_at"`
+	DurationMS         int64           `json:"duration_ms"`
+	Policy             Policy          `json:"policy"`
 	// Error is a message explaining sandbox_error, cancelled or
 	// interrupted (our side), or the typed error of code that raised
 	// (status failed only).
@@ -164,11 +169,16 @@ type plan struct {
 	env     []string          // the whole environment (a sandbox's)
 	extra   map[string]string // the request's env (a kernel's execution)
 	session string            // a session's execution: its session id
+	// hub gets the execution's live events (registered when its id is
+	// claimed); accepted is closed once the execution goes ahead
+	// (execution.accept), when an answer that does not wait for it can be
+	// given (events, 202).
+	hub      *stream.Hub
+	accepted chan struct{}
+	detached bool // answered at accept (events, 202): answerDetached
 	// display and figures are the runner's (display_last_expression,
-	// capture_figures); onEvent, when set, gets the execution's events as
-	// the runner writes them (a streaming answer's hook).
+	// capture_figures).
 	display, figures bool
-	onEvent          runner.EventFunc
 }
 
 // validate turns a request into a plan, or says why not. Nothing is started
@@ -194,7 +204,7 @@ func (s *Server) validate(req *ExecutionRequest) (*plan, *apiError) {
 
 // newPlan starts a plan: the client's id, checked, or a new one.
 func (s *Server) newPlan(id, hash string) (*plan, *apiError) {
-	p := &plan{id: id, run: newRunName(), hash: hash}
+	p := &plan{id: id, run: newRunName(), hash: hash, hub: s.streams.NewHub(), accepted: make(chan struct{})}
 	if p.id == "" {
 		p.id = newID()
 	} else if !inside.ValidID(p.id) {
@@ -282,6 +292,7 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 		return nil, nil, e
 	}
 	defer x.done()
+	x.accept()
 	if !x.wait(ctx) {
 		return x.finish()
 	}
@@ -323,10 +334,11 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 		log.Error("events pipe failed", "err", err)
 		return nil, nil, x.refuse(&apiError{status: http.StatusInternalServerError, reason: "sandbox", msg: err.Error()})
 	}
-	events := runner.NewReader(evR, runner.Want{Display: p.display, Figures: p.figures}, p.onEvent)
+	events := runner.NewReader(evR, runner.Want{Display: p.display, Figures: p.figures}, p.runnerEvent)
 	spec := s.spec(p, rootfs, python, ws.Dir)
 	spec.ExtraFiles = []*os.File{evW}
 	spec.Logger = log // execution_id and policy on the sandbox's lines too
+	spec.Output = p.hub.Output
 	log.Info("sandbox starting")
 	x.started = true
 	res, outputs, err := s.run(ctx, spec)
@@ -430,10 +442,24 @@ func (x *execution) wait(ctx context.Context) bool {
 	return true
 }
 
+// accept says the execution goes ahead: admitted, and in a session the
+// session reserved. What may still refuse it (a full work root, the
+// session's quota, its kernel's start) comes after the queue; a client
+// answered at accept (202, or its event stream started) learns it from
+// the execution's events (refuse).
+func (x *execution) accept() { close(x.p.accepted) }
+
 // refuse ends an execution refused before its code ran: its id is free
-// again, and the client gets e.
+// again, and the client gets e. Its events end with e; they are kept a
+// while (and GET answers e) when its client was answered already (a
+// detached answer), else forgotten at once, as the execution is.
 func (x *execution) refuse(e *apiError) *apiError {
+	body, _ := json.Marshal(errorBody{Error: e.msg, Code: e.code})
+	x.rec.hub.Refuse(e.status, body) // before forget's Finish
 	x.s.forget(x.rec)
+	if x.p.detached {
+		x.s.streams.Refuse(x.p.id, x.rec.hub, e.status, body)
+	}
 	return e
 }
 
@@ -486,12 +512,15 @@ func (x *execution) finish() (*ExecutionResponse, *results.Reader, *apiError) {
 		if x.started {
 			// Still pending in the store: the id stays taken, and
 			// the next worker answers it interrupted.
+			s.streams.Finish(p.id, x.rec.hub)
 			s.live.remove(x.rec)
 		} else {
 			s.forget(x.rec)
 		}
 		return nil, nil, e
 	}
+	// The result event's clients open the stored answer: stored first.
+	s.streams.Finish(p.id, x.rec.hub)
 	s.live.remove(x.rec)
 	log.Info("execution finished", "status", resp.Status, "exit_code", resp.ExitCode,
 		"duration_ms", resp.DurationMS, "limits_hit", resp.LimitsHit, "artifacts", len(resp.Artifacts),
@@ -545,6 +574,8 @@ func (s *Server) fill(resp *ExecutionResponse, res *nsjail.Result, ev runner.Out
 	resp.Stderr = string(res.Stderr)
 	resp.StdoutTruncated = res.StdoutTruncated
 	resp.StderrTruncated = res.StderrTruncated
+	resp.StdoutOmittedBytes = max(0, res.StdoutBytes-int64(len(res.Stdout)))
+	resp.StderrOmittedBytes = max(0, res.StderrBytes-int64(len(res.Stderr)))
 	if res.LimitsHit != nil {
 		resp.LimitsHit = res.LimitsHit
 	}
@@ -570,6 +601,30 @@ func (s *Server) fill(resp *ExecutionResponse, res *nsjail.Result, ev runner.Out
 	}
 	if resp.ArtifactsOmitted == nil {
 		resp.ArtifactsOmitted = []Omitted{}
+	}
+}
+
+// runnerEvent publishes a runner event as it is read, for the clients
+// following the execution: `display` ({mime}) and `figure` ({name, width,
+// height}; the size as the runner read its PNG, the answer's artifact has
+// the worker's). The typed error comes with the result.
+func (p *plan) runnerEvent(ev runner.Event) {
+	var data any
+	switch ev.Type {
+	case runner.EventDisplay:
+		data = runner.Display{Mime: ev.Mime}
+	case runner.EventFigure:
+		data = struct {
+			Name   string `json:"name"`
+			Width  int    `json:"width,omitempty"`
+			Height int    `json:"height,omitempty"`
+		}{ev.Name, ev.Width, ev.Height}
+	default:
+		return
+	}
+	b, err := json.Marshal(data)
+	if err == nil {
+		p.hub.Publish(ev.Type, b)
 	}
 }
 

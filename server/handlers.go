@@ -83,12 +83,18 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, _ httprout
 	// timed out retries and gets the result instead of "cancelled". An
 	// unnamed one cannot be found again and is cancelled with its client.
 	// DELETE and the drain still cancel both. Waiting for another request's
-	// run (a retry) ends with this connection.
+	// run (a retry) ends with this connection. An asynchronous one
+	// (respond-async) outlives it too.
+	mode := answerModeOf(r)
 	run := r.Context()
-	if req.ID != "" {
+	if req.ID != "" || mode == answerAsync {
 		run = context.WithoutCancel(run)
 	}
 	req = ExecutionRequest{} // the plan holds what runs: no second copy
+	if mode != answerSync {
+		s.answerDetached(w, r, p, run, mode)
+		return
+	}
 	rd, e := s.execute(run, r.Context(), p)
 	if e != nil {
 		s.logReject(e, "execution_id", p.id, "policy", p.policy.Name)
@@ -129,6 +135,9 @@ func (s *Server) handleGet(w http.ResponseWriter, _ *http.Request, ps httprouter
 		case errors.Is(err, results.ErrPending):
 			continue
 		case errors.Is(err, results.ErrNotFound):
+			if s.writeRefusal(w, id) {
+				return
+			}
 			writeError(w, http.StatusNotFound, fmt.Sprintf("no execution %q (unknown, or its result has expired)", clip(id)))
 			return
 		case err != nil:

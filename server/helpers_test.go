@@ -132,6 +132,13 @@ func (b *syncBuffer) String() string {
 // a fresh temp dir unless mod sets one.
 func newEnv(t *testing.T, rootfs string, mod func(*config.Config)) *testEnv {
 	t.Helper()
+	return newEnvWith(t, rootfs, mod, nil)
+}
+
+// newEnvWith is newEnv with setup, when not nil, run on the server before
+// it is prepared and served: a test replaces its hooks (starter, reserve).
+func newEnvWith(t *testing.T, rootfs string, mod func(*config.Config), setup func(*Server)) *testEnv {
+	t.Helper()
 	nsjailtest.RequireRoot(t)
 	cfg := config.Default()
 	cfg.WorkRoot = filepath.Join(t.TempDir(), "work")
@@ -154,6 +161,9 @@ func newEnv(t *testing.T, rootfs string, mod func(*config.Config)) *testEnv {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if setup != nil {
+		setup(srv)
 	}
 	if err := srv.Prepare(context.Background()); err != nil {
 		t.Fatal(err)

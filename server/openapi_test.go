@@ -73,7 +73,7 @@ func TestOpenAPIMatchesHandlers(t *testing.T) {
 	types := map[string]any{
 		"Error": errorBody{}, "File": File{}, "ExecutionRequest": ExecutionRequest{}, "Policy": Policy{},
 		"Usage": nsjail.Usage{}, "Artifact": Artifact{}, "Omitted": Omitted{}, "ExecutionResponse": ExecutionResponse{},
-		"ExecutionPending": runningView{}, "Policies": policiesResponse{}, "LegacyRequest": LegacyRequest{},
+		"ExecutionPending": runningView{}, "ExecutionAccepted": accepted{}, "Policies": policiesResponse{}, "LegacyRequest": LegacyRequest{},
 		"LegacyResponse": LegacyResponse{},
 		"SessionRequest": SessionRequest{}, "Session": SessionView{}, "SessionKernel": session.KernelInfo{},
 		"SessionWorkspace": session.WorkspaceInfo{}, "SessionList": sessionList{},
@@ -104,7 +104,7 @@ func TestOpenAPIMatchesHandlers(t *testing.T) {
 			}
 		}
 		// Fields always encoded (no omitempty) must be required in responses.
-		if strings.HasSuffix(name, "Response") || name == "ExecutionPending" || name == "Artifact" || name == "Omitted" ||
+		if strings.HasSuffix(name, "Response") || name == "ExecutionPending" || name == "ExecutionAccepted" || name == "Artifact" || name == "Omitted" ||
 			name == "TypedError" || name == "TracebackFrame" || name == "Display" ||
 			strings.HasPrefix(name, "Session") && !strings.HasSuffix(name, "Request") || strings.HasPrefix(name, "File") {
 			for _, f := range required {
@@ -112,6 +112,20 @@ func TestOpenAPIMatchesHandlers(t *testing.T) {
 					t.Errorf("schema %s: %s is always present but not required", name, f)
 				}
 			}
+		}
+	}
+	// Both ways to run code stream events and answer asynchronously.
+	for _, op := range []string{"/v1/executions", "/v1/sessions/{id}/executions"} {
+		got := doc.Paths[op]["post"]
+		var ok200 struct {
+			Content map[string]json.RawMessage `json:"content"`
+		}
+		json.Unmarshal(got.Responses["200"], &ok200)
+		if _, ok := ok200.Content["text/event-stream"]; !ok {
+			t.Errorf("POST %s does not document its event stream", op)
+		}
+		if _, ok := got.Responses["202"]; !ok {
+			t.Errorf("POST %s does not document 202 (respond-async)", op)
 		}
 	}
 	for _, op := range []string{"/v1/executions", "/execute"} {

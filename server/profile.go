@@ -10,6 +10,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	_ "embed"
 	"encoding/json"
 	"fmt"
@@ -67,24 +68,30 @@ func (s *Server) handleProfile(w http.ResponseWriter, r *http.Request, ps httpro
 		if !utf8.ValidString(p) {
 			return badRequest("profile needs a UTF-8 path, got: %q", clip(p))
 		}
-		info, err := m.Get(id)
+		// Lent for the whole profile: the sandbox binds the volume by its
+		// path, which names this session's volume, and no re-created
+		// one's, only while a Delete waits for the lend (SECURITY.md case
+		// 49). The Delete cancels the lend's context: the profile ends.
+		l, err := m.Lend(id)
 		if err != nil {
 			return sessionError(id, err)
 		}
-		v, release, err := m.Volume(id)
-		if err != nil {
-			return sessionError(id, err)
-		}
-		defer release()
+		defer l.Release()
 		// The worker checks what it is (a regular file the sandbox user
 		// owns) as for a GET; the sandbox reads it.
-		f, _, err := v.OpenFile(p)
+		f, _, err := l.Volume.OpenFile(p)
 		if err != nil {
 			return s.fileError(err)
 		}
 		f.Close()
-		doc, e := s.profile(r, s.policies[info.Type], v.Path(), p, kind)
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		defer context.AfterFunc(l.Ctx, cancel)()
+		doc, e := s.profile(ctx, s.policies[l.Policy], l.Volume.Path(), p, kind)
 		if e != nil {
+			if l.Ctx.Err() != nil {
+				return sessionError(id, session.ErrNotFound)
+			}
 			return e
 		}
 		w.Header().Set("Content-Type", "application/json")
@@ -98,7 +105,7 @@ func (s *Server) handleProfile(w http.ResponseWriter, r *http.Request, ps httpro
 // profile runs profile.py on the file p of the workspace ws in a
 // single-use read-only kernel of pol, admitted as an execution, and
 // returns its document.
-func (s *Server) profile(r *http.Request, pol Policy, ws, p, kind string) ([]byte, *apiError) {
+func (s *Server) profile(ctx context.Context, pol Policy, ws, p, kind string) ([]byte, *apiError) {
 	if _, _, e := s.readyOr503(); e != nil {
 		return nil, e
 	}
@@ -111,7 +118,6 @@ func (s *Server) profile(r *http.Request, pol Policy, ws, p, kind string) ([]byt
 		return nil, &apiError{status: http.StatusTooManyRequests, reason: "over_capacity", msg: err.Error(), retryAfter: "1"}
 	}
 	defer ticket.Release()
-	ctx := r.Context()
 	if err := ticket.Wait(ctx); err != nil {
 		return nil, &apiError{status: http.StatusServiceUnavailable, reason: "client_gone", msg: "request ended while waiting for a slot"}
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/sandboxd/sandboxd/server/config"
 	"github.com/sandboxd/sandboxd/server/results"
 	"github.com/sandboxd/sandboxd/server/session"
+	"github.com/sandboxd/sandboxd/server/stream"
 	"github.com/sandboxd/sandboxd/server/warmpool"
 	"github.com/sandboxd/sandboxd/server/workspace"
 )
@@ -69,6 +70,9 @@ type Server struct {
 	// starter starts session kernels (and profiles' kernels):
 	// kernelStarter, on the warm pool; the API tests give a fake.
 	starter session.Starter
+	// reserve is (*session.Manager).Begin; the API tests hold an
+	// execution right after it reserved its session.
+	reserve func(m *session.Manager, id string) (*session.Run, error)
 
 	live      *liveTable
 	results   *results.Store
@@ -77,6 +81,8 @@ type Server struct {
 	uploads   decodeSlots   // session file uploads streaming at once
 	etags     etagCache     // SHA-256 of session files served
 	waiters   chan struct{} // retries waiting for a live execution (existing)
+	streams   *stream.Registry
+	attached  decodeSlots // event streams attached by GET (events.go)
 	metrics   *metrics
 	handler   http.Handler
 	mcp       http.Handler // /mcp, nil without Deps.MCP
@@ -125,9 +131,13 @@ func New(d Deps) (*Server, error) {
 		uploads:  make(decodeSlots, d.Config.MaxDecoding),
 		// As many retries may wait as there can be live executions.
 		waiters: make(chan struct{}, d.Config.MaxConcurrent+d.Config.MaxQueued),
+		streams: stream.NewRegistry(stream.DefaultLimits, finishedStreams, streamLinger),
+		// SECURITY.md case 53: as many as stored answers may stream.
+		attached: make(decodeSlots, d.Config.MaxStreams),
 	}
 	s.createWorkspace = workspace.Create
 	s.starter = kernelStarter{s}
+	s.reserve = (*session.Manager).Begin
 	store, err := results.Open(d.Config.ResultsDir, results.Options{
 		MaxBytes: d.Config.ResultsMaxBytes,
 		MaxCount: d.Config.ResultsMax,
@@ -173,6 +183,7 @@ func (s *Server) routes() []route {
 	return []route{
 		{http.MethodPost, "/v1/executions", s.handleCreate},
 		{http.MethodGet, "/v1/executions/:id", s.handleGet},
+		{http.MethodGet, "/v1/executions/:id/events", s.handleEvents},
 		{http.MethodDelete, "/v1/executions/:id", s.handleCancel},
 		{http.MethodGet, "/v1/policies", s.handlePolicies},
 		{http.MethodGet, "/healthz", s.handleHealthz},
@@ -414,6 +425,13 @@ func findPython(root string) string {
 		}
 	}
 	return "python3"
+}
+
+// isDraining tells whether Drain began.
+func (s *Server) isDraining() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.draining
 }
 
 // enter registers a live execution unless the server is draining.

@@ -7,6 +7,7 @@ package server
 // client can make the worker hold while it streams (SECURITY.md case 44).
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -81,9 +82,11 @@ func filePath(ps httprouter.Params) (string, *apiError) {
 	return p, nil
 }
 
-// withVolume runs fn with the URL's session's volume and file path, or
-// answers why not. The session counts as used.
-func (s *Server) withVolume(w http.ResponseWriter, ps httprouter.Params, needPath bool, fn func(id, p string, v *volume.Volume) *apiError) {
+// withVolume runs fn with the URL's file path and the session's volume
+// lent (a Delete waits for fn, and cancels the lend's context: a transfer
+// must end with it; SECURITY.md case 49), or answers why not. The session
+// counts as used.
+func (s *Server) withVolume(w http.ResponseWriter, ps httprouter.Params, needPath bool, fn func(id, p string, l *session.Lend) *apiError) {
 	s.withSession(w, ps, func(id string, m *session.Manager) *apiError {
 		var p string
 		if needPath {
@@ -92,17 +95,29 @@ func (s *Server) withVolume(w http.ResponseWriter, ps httprouter.Params, needPat
 				return e
 			}
 		}
-		v, release, err := m.Volume(id)
+		l, err := m.Lend(id)
 		if err != nil {
 			return sessionError(id, err)
 		}
-		defer release()
-		return fn(id, p, v)
+		defer l.Release()
+		e := fn(id, p, l)
+		if e != nil && l.Ctx.Err() != nil {
+			// Cut short by the session's delete (or the drain): say so,
+			// not what the cut did to the transfer.
+			return sessionError(id, session.ErrNotFound)
+		}
+		return e
 	})
 }
 
+// cutOnDelete ends pc's transfer once the lend's context is cancelled;
+// call the returned stop when the transfer is over.
+func cutOnDelete(l *session.Lend, pc *pacer) (stop func() bool) {
+	return context.AfterFunc(l.Ctx, pc.cutOff)
+}
+
 func (s *Server) handlePutFile(w http.ResponseWriter, r *http.Request, ps httprouter.Params) {
-	s.withVolume(w, ps, true, func(id, p string, v *volume.Volume) *apiError {
+	s.withVolume(w, ps, true, func(id, p string, l *session.Lend) *apiError {
 		if r.ContentLength > s.cfg.SessionMaxBytes {
 			s.metrics.quotaRefusals.Inc()
 			return &apiError{status: http.StatusRequestEntityTooLarge, reason: "quota", msg: fmt.Sprintf(
@@ -113,9 +128,11 @@ func (s *Server) handlePutFile(w http.ResponseWriter, r *http.Request, ps httpro
 			return e
 		}
 		defer release()
-		body := &paced{r: http.MaxBytesReader(w, r.Body, s.cfg.SessionMaxBytes), rc: http.NewResponseController(w),
-			start: time.Now(), grace: time.Duration(s.cfg.ReadTimeout)}
-		size, sum, err := v.Put(p, body)
+		body := &paced{r: http.MaxBytesReader(w, r.Body, s.cfg.SessionMaxBytes),
+			pacer: newPacer(http.NewResponseController(w).SetReadDeadline, time.Duration(s.cfg.ReadTimeout))}
+		stop := cutOnDelete(l, &body.pacer)
+		size, sum, err := l.Volume.Put(p, body)
+		stop()
 		if err != nil {
 			return s.uploadError(err)
 		}
@@ -151,43 +168,77 @@ func (s *Server) uploadError(err error) *apiError {
 	return s.fileError(err)
 }
 
-// paced reads an upload, moving the connection's read deadline as bytes
-// arrive (minStreamRate), so a large upload is not cut at read_timeout and
-// a slow one is.
-type paced struct {
-	r     io.Reader
-	rc    *http.ResponseController
+// pacer moves one of a connection's deadlines (read or write) as a
+// transfer goes: start + grace + bytes so far / minStreamRate, so a large
+// transfer is not cut at the first timeout and a slow one is (SECURITY.md
+// case 44). cutOff ends the transfer for good (the session is being
+// deleted: SECURITY.md case 49): the deadline is now, and never moved
+// again, so a blocked read or write returns at once.
+type pacer struct {
+	set   func(time.Time) error // http.ResponseController's SetReadDeadline or SetWriteDeadline
 	start time.Time
 	grace time.Duration
-	n     int64
-	moved int64 // n at the last move
+
+	mu    sync.Mutex // orders the moves and the cut
+	cut   bool
+	moved int64 // bytes at the last move
+}
+
+// errCut is a transfer's error once cut off.
+var errCut = errors.New("transfer cut off: the session is being deleted")
+
+func newPacer(set func(time.Time) error, grace time.Duration) pacer {
+	return pacer{set: set, start: time.Now(), grace: grace}
+}
+
+// pace moves the deadline for a transfer of n bytes so far (every 256 KiB),
+// or says it was cut off.
+func (p *pacer) pace(n int64) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cut {
+		return errCut
+	}
+	if n-p.moved >= 256<<10 || p.moved == 0 {
+		p.moved = max(n, 1)
+		p.set(p.start.Add(p.grace + time.Duration(n)*time.Second/minStreamRate))
+	}
+	return nil
+}
+
+func (p *pacer) cutOff() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = true
+	p.set(time.Now())
+}
+
+// paced reads an upload, pacing the connection's read deadline.
+type paced struct {
+	r io.Reader
+	pacer
+	n int64
 }
 
 func (p *paced) Read(b []byte) (int, error) {
+	if err := p.pace(p.n + int64(len(b))); err != nil {
+		return 0, err
+	}
 	n, err := p.r.Read(b)
 	p.n += int64(n)
-	if p.n-p.moved >= 256<<10 || p.moved == 0 {
-		p.moved = max(p.n, 1)
-		p.rc.SetReadDeadline(p.start.Add(p.grace + time.Duration(p.n)*time.Second/minStreamRate))
-	}
 	return n, err
 }
 
-// pacedWriter moves the connection's write deadline as a download goes
-// out (minStreamRate), the counterpart of paced.
+// pacedWriter writes a download, pacing the connection's write deadline.
 type pacedWriter struct {
 	http.ResponseWriter
-	rc    *http.ResponseController
-	start time.Time
-	grace time.Duration
-	n     int64
-	moved int64
+	pacer
+	n int64
 }
 
 func (p *pacedWriter) Write(b []byte) (int, error) {
-	if p.n-p.moved >= 256<<10 || p.moved == 0 {
-		p.moved = max(p.n, 1)
-		p.rc.SetWriteDeadline(p.start.Add(p.grace + time.Duration(p.n+int64(len(b)))*time.Second/minStreamRate))
+	if err := p.pace(p.n + int64(len(b))); err != nil {
+		return 0, err
 	}
 	n, err := p.ResponseWriter.Write(b)
 	p.n += int64(n)
@@ -201,8 +252,8 @@ func (s *Server) handleGetFile(w http.ResponseWriter, r *http.Request, ps httpro
 		s.handleProfile(w, r, ps)
 		return
 	}
-	s.withVolume(w, ps, true, func(id, p string, v *volume.Volume) *apiError {
-		f, fi, err := v.OpenFile(p)
+	s.withVolume(w, ps, true, func(id, p string, l *session.Lend) *apiError {
+		f, fi, err := l.Volume.OpenFile(p)
 		if err != nil {
 			return s.fileError(err)
 		}
@@ -219,15 +270,17 @@ func (s *Server) handleGetFile(w http.ResponseWriter, r *http.Request, ps httpro
 		h.Set("Content-Disposition", "attachment")
 		h.Set("Content-Security-Policy", "sandbox")
 		h.Set("Cache-Control", "no-cache")
-		pw := &pacedWriter{ResponseWriter: w, rc: http.NewResponseController(w), start: time.Now(), grace: time.Duration(s.cfg.WriteTimeout)}
+		pw := &pacedWriter{ResponseWriter: w, pacer: newPacer(http.NewResponseController(w).SetWriteDeadline, time.Duration(s.cfg.WriteTimeout))}
+		stop := cutOnDelete(l, &pw.pacer)
+		defer stop()
 		http.ServeContent(pw, r, "", fi.ModTime(), f)
 		return nil
 	})
 }
 
 func (s *Server) handleDeleteFile(w http.ResponseWriter, _ *http.Request, ps httprouter.Params) {
-	s.withVolume(w, ps, true, func(id, p string, v *volume.Volume) *apiError {
-		if err := v.Delete(p); err != nil {
+	s.withVolume(w, ps, true, func(id, p string, l *session.Lend) *apiError {
+		if err := l.Volume.Delete(p); err != nil {
 			return s.fileError(err)
 		}
 		s.log.Info("session file deleted", "session_id", id, "path", clip(p))
@@ -237,7 +290,7 @@ func (s *Server) handleDeleteFile(w http.ResponseWriter, _ *http.Request, ps htt
 }
 
 func (s *Server) handleListFiles(w http.ResponseWriter, r *http.Request, ps httprouter.Params) {
-	s.withVolume(w, ps, false, func(_, _ string, v *volume.Volume) *apiError {
+	s.withVolume(w, ps, false, func(_, _ string, l *session.Lend) *apiError {
 		q := r.URL.Query()
 		limit := volume.DefaultListLimit
 		if l := q.Get("limit"); l != "" {
@@ -247,7 +300,7 @@ func (s *Server) handleListFiles(w http.ResponseWriter, r *http.Request, ps http
 			}
 			limit = n
 		}
-		files, truncated, err := v.List(q.Get("prefix"), limit)
+		files, truncated, err := l.Volume.List(q.Get("prefix"), limit)
 		if err != nil {
 			return s.fileError(err)
 		}

@@ -12,12 +12,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"math"
 	"net/http"
 	"path"
 	"time"
 
 	"github.com/julienschmidt/httprouter"
-	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/server/results"
 	"github.com/sandboxd/sandboxd/server/runner"
@@ -151,8 +152,8 @@ func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request, _ h
 	writeAPIError(w, e)
 }
 
-// validateSession checks a session request. The idle timeout above the
-// maximum is refused, not capped (as a timeout: SECURITY.md case 20).
+// validateSession checks a session request; the manager checks its idle
+// timeout (Manager.Create: ErrInvalid, 400).
 func (s *Server) validateSession(req *SessionRequest) (session.Spec, *apiError) {
 	spec := session.Spec{ID: req.ID, Policy: req.Type, Kernel: req.Kernel == nil || *req.Kernel}
 	if spec.ID != "" && !inside.ValidID(spec.ID) {
@@ -164,14 +165,11 @@ func (s *Server) validateSession(req *SessionRequest) (session.Spec, *apiError) 
 	if _, ok := s.policies[spec.Policy]; !ok {
 		return spec, badRequest("unknown type %q: want one of %v", clip(spec.Policy), s.policies.Names())
 	}
-	most := time.Duration(s.cfg.SessionMaxIdleTimeout)
-	switch idle := time.Duration(req.IdleTimeoutMS) * time.Millisecond; {
-	case req.IdleTimeoutMS < 0:
-		return spec, badRequest("idle_timeout_ms must be > 0, got: %d", req.IdleTimeoutMS)
-	case idle > most:
-		return spec, badRequest("idle_timeout_ms must be <= %d (session_max_idle_timeout), got: %d", most.Milliseconds(), req.IdleTimeoutMS)
-	default:
-		spec.IdleTimeout = idle
+	// The manager holds the rule (0..session_max_idle_timeout); a number
+	// of milliseconds no Duration holds is above any maximum.
+	spec.IdleTimeout = time.Duration(math.MaxInt64)
+	if req.IdleTimeoutMS <= math.MaxInt64/int64(time.Millisecond) {
+		spec.IdleTimeout = time.Duration(req.IdleTimeoutMS) * time.Millisecond
 	}
 	return spec, nil
 }
@@ -259,14 +257,19 @@ func (s *Server) handleSessionExecute(w http.ResponseWriter, r *http.Request, ps
 		writeAPIError(w, e)
 		return
 	}
-	// As for POST /v1/executions: a named execution outlives its
-	// connection (a retry gets its answer, never a second run in the
-	// kernel); an unnamed one is cancelled with its client.
+	// As for POST /v1/executions: a named or asynchronous execution
+	// outlives its connection (a retry gets its answer, never a second
+	// run in the kernel); an unnamed one is cancelled with its client.
+	mode := answerModeOf(r)
 	run := r.Context()
-	if req.ID != "" {
+	if req.ID != "" || mode == answerAsync {
 		run = context.WithoutCancel(run)
 	}
 	req = SessionExecutionRequest{}
+	if mode != answerSync {
+		s.answerDetached(w, r, p, run, mode)
+		return
+	}
 	rd, e := s.execute(run, r.Context(), p)
 	if e != nil {
 		s.logReject(e, "session_id", sid, "execution_id", p.id, "policy", p.policy.Name)
@@ -311,11 +314,12 @@ func (s *Server) validateSessionExecution(sid string, req *SessionExecutionReque
 	return p, nil
 }
 
-// executeInSession runs a validated session execution: the session is
-// reserved (409 session_busy while another runs), admitted as any
-// execution, the request's files written into its volume (413 over the
-// quota, nothing run), output/ snapshot, the code run in the session's
-// kernel, and only what it created or changed under output/ answered.
+// executeInSession runs a validated session execution: its id claimed and
+// admitted as any execution's, the session reserved (409 session_busy
+// while another runs), the request's files written into its volume (413
+// over the quota, nothing run), output/ snapshot, the code run in the
+// session's kernel, and only what it created or changed under output/
+// answered.
 func (s *Server) executeInSession(ctx context.Context, p *plan) (*ExecutionResponse, *results.Reader, *apiError) {
 	if _, _, e := s.readyOr503(); e != nil {
 		return nil, nil, e
@@ -324,18 +328,22 @@ func (s *Server) executeInSession(ctx context.Context, p *plan) (*ExecutionRespo
 	if e != nil {
 		return nil, nil, e
 	}
-	run, err := m.Begin(p.session)
-	if err != nil {
-		return nil, nil, sessionError(p.session, err)
-	}
-	// Ended before the answer is written (deferred calls run before the
-	// handler writes): the client's next execution never meets this one.
-	defer run.End()
+	// The id is claimed before the session is reserved: a retry of this
+	// request arriving meanwhile finds it live and gets its answer (or
+	// waits for it), never the 409 session_busy its original causes.
 	ctx, x, e := s.admit(ctx, p)
 	if e != nil {
 		return nil, nil, e
 	}
 	defer x.done()
+	run, err := s.reserve(m, p.session)
+	if err != nil {
+		return nil, nil, x.refuse(sessionError(p.session, err))
+	}
+	x.accept()
+	// Ended before the answer is written (deferred calls run before the
+	// handler writes): the client's next execution never meets this one.
+	defer run.End()
 	if !x.wait(ctx) {
 		return x.finish()
 	}
@@ -354,21 +362,35 @@ func (s *Server) executeInSession(ctx context.Context, p *plan) (*ExecutionRespo
 	}
 	since := workspace.TakeSnapshot(v.Path())
 	x.log.Info("kernel execution starting")
-	x.started = true
 	kr, info, err := run.Exec(ctx, warmpool.KernelExec{Code: p.code, Env: p.extra,
-		Timeout: time.Duration(p.policy.TimeoutMS) * time.Millisecond, Logger: x.log})
+		Timeout: time.Duration(p.policy.TimeoutMS) * time.Millisecond, Logger: x.log, Output: p.hub.Output})
 	p.code = ""
-	x.resp.Session = &info
 	if err != nil {
-		// Nothing of the code ran (no kernel could be started, or it
-		// ended before it took the code): our failure, not the code's.
-		x.log.Error("kernel execution failed", "err", err)
-		x.resp.Status = string(nsjail.StatusSandboxError)
-		x.resp.Error = errorMessage(err.Error())
-		return x.finish()
+		// Nothing of the code ran (Run.Exec): refused, the id free for
+		// a retry.
+		return nil, nil, x.refuse(s.execRefusal(x.log, p.session, err))
 	}
+	x.started = true
+	x.resp.Session = &info
 	s.fill(x.resp, kr.Result, runner.Outcome{}, v.Path(), since, x.saveArtifact, x.log)
 	return x.finish()
+}
+
+// execRefusal is the answer to a session execution of which nothing ran:
+// the session deleted (404) or the manager closed (503) meanwhile, the
+// worker draining (503), or its kernel did not start or ended before it
+// took the code (503: the worker's failure, perhaps passing; the client
+// may send the request again).
+func (s *Server) execRefusal(log *slog.Logger, sid string, err error) *apiError {
+	switch {
+	case errors.Is(err, session.ErrNotFound), errors.Is(err, session.ErrClosed):
+		return sessionError(sid, err)
+	case s.isDraining():
+		return &apiError{status: http.StatusServiceUnavailable, reason: "draining", msg: "shutting down: " + err.Error()}
+	}
+	log.Error("kernel execution failed: nothing ran", "err", err)
+	return &apiError{status: http.StatusServiceUnavailable, reason: "kernel", retryAfter: "1",
+		msg: fmt.Sprintf("nothing ran: %v (send the request again)", err)}
 }
 
 // putFiles writes a session execution's files into its volume under

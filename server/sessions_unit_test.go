@@ -6,6 +6,7 @@ package server
 
 import (
 	"encoding/json"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -41,8 +42,10 @@ func TestUnitSessionRequests(t *testing.T) {
 	}{
 		{"bad id", SessionRequest{ID: "../x"}, "id \"../x\" is invalid"},
 		{"unknown type", SessionRequest{Type: "gpu"}, `unknown type "gpu": want one of [dynamic skill]`},
-		{"idle above max", SessionRequest{IdleTimeoutMS: 3 * 3600 * 1000}, "idle_timeout_ms must be <= 7200000 (session_max_idle_timeout), got: 10800000"},
-		{"idle negative", SessionRequest{IdleTimeoutMS: -1}, "idle_timeout_ms must be > 0, got: -1"},
+		{"idle above max", SessionRequest{IdleTimeoutMS: 3 * 3600 * 1000}, "idle_timeout_ms must be in 0..7200000 (session_max_idle_timeout; 0: the default), got: 10800000"},
+		// No Duration holds it: above the maximum, never wrapped around.
+		{"idle huge", SessionRequest{IdleTimeoutMS: math.MaxInt64}, "idle_timeout_ms must be in 0..7200000"},
+		{"idle negative", SessionRequest{IdleTimeoutMS: -1}, "idle_timeout_ms must be in 0..7200000 (session_max_idle_timeout; 0: the default), got: -1"},
 		{"unknown field", `{"image": "x"}`, "unknown field"},
 		{"not json", `{`, "invalid JSON"},
 	} {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/server/results"
 	"github.com/sandboxd/sandboxd/server/runner"
+	"github.com/sandboxd/sandboxd/server/stream"
 )
 
 // Execution states before a final nsjail status is known, and the final
@@ -54,6 +55,7 @@ type record struct {
 	startedAt time.Time
 	cancel    context.CancelFunc
 	done      chan struct{} // closed once it left the table
+	hub       *stream.Hub   // its live events, in s.streams
 }
 
 // liveTable holds the live executions; there are at most max_concurrent +
@@ -124,7 +126,7 @@ type pendingInfo struct {
 // errIDTaken when the id is live or stored.
 func (s *Server) claim(p *plan, cancel context.CancelFunc) (*record, error) {
 	r := &record{id: p.id, hash: p.hash, typ: p.policy.Name, policy: p.policy, status: StatusQueued,
-		cancel: cancel, done: make(chan struct{})}
+		cancel: cancel, done: make(chan struct{}), hub: p.hub}
 	s.live.mu.Lock()
 	if _, ok := s.live.recs[p.id]; ok {
 		s.live.mu.Unlock()
@@ -140,12 +142,14 @@ func (s *Server) claim(p *plan, cancel context.CancelFunc) (*record, error) {
 		}
 		return nil, err
 	}
+	s.streams.Add(p.id, p.hub)
 	return r, nil
 }
 
 // forget drops an execution that never ran (refused after claim).
 func (s *Server) forget(r *record) {
 	s.results.Discard(r.id)
+	s.streams.Remove(r.id, r.hub)
 	s.live.remove(r)
 }
 

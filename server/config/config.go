@@ -106,7 +106,7 @@ type Config struct {
 	MaxInputFiles     int      `toml:"max_input_files" doc:"files and directories a request's files create under input/"`
 	WorkspaceInodes   int64    `toml:"workspace_inodes" doc:"inodes of each execution's /workspace tmpfs (nr_inodes)"`
 	MaxDecoding       int      `toml:"max_decoding" doc:"request bodies read and decoded at once (429 beyond)"`
-	MaxStreams        int      `toml:"max_streams" doc:"stored answers streamed at once to GET and retries (503 beyond)"`
+	MaxStreams        int      `toml:"max_streams" doc:"stored answers streamed at once to GET and retries (503 beyond); event streams attached at once (429 beyond)"`
 	ReadHeaderTimeout Duration `toml:"read_header_timeout" doc:"time a client has to send a request's headers"`
 	ReadTimeout       Duration `toml:"read_timeout" doc:"time a client has to send a whole request, body included"`
 	WriteTimeout      Duration `toml:"write_timeout" doc:"time a response may take to write, from when it is ready"`

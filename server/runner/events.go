@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"regexp"
 	"sync"
@@ -28,6 +29,11 @@ func DecodeEvent(line []byte) (Event, error) {
 		Error json.RawMessage `json:"error"`
 		Mime  json.RawMessage `json:"mime"`
 		Name  *string         `json:"name"`
+		// A figure's size, as the runner read it from the PNG it wrote
+		// (for the live event only: the answer's artifact has the
+		// worker's own reading).
+		Width  *int `json:"width"`
+		Height *int `json:"height"`
 	}
 	if err := strictDecode(line, &wire); err != nil {
 		return ev, fmt.Errorf("event %s: %w", describe(line), err)
@@ -75,8 +81,19 @@ func DecodeEvent(line []byte) (Event, error) {
 			return ev, fmt.Errorf("event %s: figure name %q is not %s", describe(line), *wire.Name, FigureNameFormat)
 		}
 		ev.Name = *wire.Name
+		for _, n := range []*int{wire.Width, wire.Height} {
+			if n != nil && (*n < 1 || *n > math.MaxInt32) {
+				return ev, fmt.Errorf("event %s: figure size %d out of range", describe(line), *n)
+			}
+		}
+		if wire.Width != nil && wire.Height != nil {
+			ev.Width, ev.Height = *wire.Width, *wire.Height
+		}
 	default:
 		return ev, fmt.Errorf("event %s: unknown type", describe(line))
+	}
+	if ev.Type != EventFigure && (wire.Width != nil || wire.Height != nil) {
+		return ev, fmt.Errorf("event %s: a size on a %s event", describe(line), ev.Type)
 	}
 	return ev, nil
 }

@@ -107,8 +107,12 @@ func TestDecodeEvent(t *testing.T) {
 		t.Fatalf("DecodeEvent(display) = %+v, %v", ev, err)
 	}
 	ev, err = DecodeEvent([]byte(`{"type":"figure","name":"figure-12.png"}`))
-	if err != nil || ev.Name != "figure-12.png" {
+	if err != nil || ev.Name != "figure-12.png" || ev.Width != 0 {
 		t.Fatalf("DecodeEvent(figure) = %+v, %v", ev, err)
+	}
+	ev, err = DecodeEvent([]byte(`{"type":"figure","name":"figure-1.png","width":640,"height":480}`))
+	if err != nil || ev.Width != 640 || ev.Height != 480 {
+		t.Fatalf("DecodeEvent(figure with its size) = %+v, %v", ev, err)
 	}
 	frames := make([]string, maxFrames+1)
 	for i := range frames {
@@ -139,6 +143,10 @@ func TestDecodeEvent(t *testing.T) {
 		"error huge line":  `{"type":"error","error":{"type":"E","message":"m","line":99999999999,"traceback":[],"text":"t"}}`,
 		"frame extra":      `{"type":"error","error":{"type":"E","message":"m","line":1,"traceback":[{"file":"f","line":1,"function":"g","source":"","x":1}],"text":"t"}}`,
 		"too many frames":  `{"type":"error","error":{"type":"E","message":"m","line":1,"traceback":[` + strings.Join(frames, ",") + `],"text":"t"}}`,
+		"figure size 0":    `{"type":"figure","name":"figure-1.png","width":0,"height":4}`,
+		"figure size huge": `{"type":"figure","name":"figure-1.png","width":4,"height":4294967296}`,
+		"figure size text": `{"type":"figure","name":"figure-1.png","width":"4","height":4}`,
+		"size on display":  `{"type":"display","mime":{"text/plain":"x"},"width":4}`,
 		"too long":         `{"type":"display","mime":{"text/plain":"` + strings.Repeat("x", MaxLineBytes) + `"}}`,
 	} {
 		if ev, err := DecodeEvent([]byte(line)); err == nil {

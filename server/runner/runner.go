@@ -147,12 +147,15 @@ type Display struct {
 }
 
 // Event is one event as the Reader passes it on: Error for EventError,
-// Mime for EventDisplay, Name for EventFigure.
+// Mime for EventDisplay, Name (and Width and Height, 0 when not said) for
+// EventFigure. The figure's size is the runner's reading of the PNG it
+// wrote, for live events only: an answer's artifacts carry the worker's.
 type Event struct {
-	Type  string
-	Error *Error
-	Mime  map[string]string
-	Name  string
+	Type          string
+	Error         *Error
+	Mime          map[string]string
+	Name          string
+	Width, Height int
 }
 
 // EventFunc receives an execution's events as they are read (the streaming

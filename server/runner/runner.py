@@ -78,18 +78,23 @@ class Events:
             return
         self.fd, self.ident = fd, (st.st_dev, st.st_ino)
 
+    def _ours(self):
+        """The fd is still the pipe it was at the start."""
+        try:
+            st = os.fstat(self.fd)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self.ident
+
     def emit(self, event):
         """Write one event line; False when it could not be written whole
         (too long, or the fd is gone)."""
         if self.fd is None:
             return False
         data = (json.dumps(event, ensure_ascii=True, separators=(",", ":")) + "\n").encode("ascii")
-        if len(data) > MAX_LINE_BYTES:
+        if len(data) > MAX_LINE_BYTES or not self._ours():
             return False
         try:
-            st = os.fstat(self.fd)
-            if (st.st_dev, st.st_ino) != self.ident:
-                return False
             view = memoryview(data)
             while view:
                 view = view[os.write(self.fd, view) :]
@@ -98,12 +103,14 @@ class Events:
         return True
 
     def close(self):
-        if self.fd is not None:
+        """Close the fd, unless the code closed it and its number is now a
+        file of the code's."""
+        if self.fd is not None and self._ours():
             try:
                 os.close(self.fd)
             except OSError:
                 pass
-            self.fd = None
+        self.fd = None
 
 
 # --- running code ---
@@ -551,7 +558,22 @@ class _FigureCapture:
                 pass
             return
         self.count += 1
-        self.events.emit({"type": EVENT_FIGURE, "name": name})
+        event = {"type": EVENT_FIGURE, "name": name}
+        event.update(_png_size(path))
+        self.events.emit(event)
+
+
+def _png_size(path):
+    """The width and height in the header of the PNG just written, for the
+    live figure event (the answer's artifact has the worker's own reading)."""
+    try:
+        with _real_open(path, "rb") as f:
+            head = f.read(24)
+        if head[:16] == b"\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR":
+            return {"width": int.from_bytes(head[16:20], "big"), "height": int.from_bytes(head[20:24], "big")}
+    except OSError:
+        pass
+    return {}
 
 
 def _warn(msg):

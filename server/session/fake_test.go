@@ -247,13 +247,20 @@ type env struct {
 	m       *Manager
 }
 
+// testConfig is a manager's Config on root with server/config's default
+// values, on clock; the janitor runs when the test says (Tidy), not on its
+// own.
+func testConfig(root string, clock *fakeClock) Config {
+	return Config{Root: root, UID: 1 << 30, GID: 1 << 30, MaxSessions: 64, Retention: 24 * time.Hour,
+		IdleTimeout: 20 * time.Minute, MaxIdleTimeout: 2 * time.Hour, IdleMemoryBudget: 4 << 30,
+		Now: clock.Now, JanitorInterval: time.Hour}
+}
+
 func newEnv(t *testing.T, edit func(*Config)) *env {
 	t.Helper()
 	root := filepath.Join(t.TempDir(), "sessions")
 	e := &env{t: t, root: root, clock: newFakeClock(), starter: &fakeStarter{}, disk: &fakeDisk{failOpen: map[string]bool{}}}
-	e.cfg = Config{Root: root, UID: 1 << 30, GID: 1 << 30, Now: e.clock.Now,
-		// The janitor runs when the test says (Tidy), not on its own.
-		JanitorInterval: time.Hour}
+	e.cfg = testConfig(root, e.clock)
 	if edit != nil {
 		edit(&e.cfg)
 	}

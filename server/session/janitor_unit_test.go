@@ -135,7 +135,7 @@ func TestRetentionDeletesTheSessionAndItsFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, release, err := e.m.Volume(lent)
+	l, err := e.m.Lend(lent)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +160,7 @@ func TestRetentionDeletesTheSessionAndItsFiles(t *testing.T) {
 	}
 	// Released, they count as used now: a full retention to go.
 	r.End()
-	release()
+	l.Release()
 	e.clock.Add(time.Hour - time.Nanosecond)
 	e.m.Tidy()
 	if len(e.m.List()) != 2 {

@@ -133,7 +133,7 @@ func TestRealKernelStateFilesAndRestart(t *testing.T) {
 
 	// Idle timeout: the janitor stops the kernel, keeps the files.
 	e.realExec("s", "y = 1", 0)
-	e.clock.Add(DefaultIdleTimeout)
+	e.clock.Add(e.cfg.IdleTimeout)
 	e.m.Tidy()
 	if st := e.m.Stats(); st.IdleKernels != 0 {
 		t.Fatalf("stats after the idle timeout: %+v", st)

@@ -1,6 +1,7 @@
 package session
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -53,8 +54,16 @@ type session struct {
 	gone bool
 	// busy: a Run holds the session (Begin..End).
 	busy bool
-	// lends: the volume is lent to the file API (Volume).
+	// lends: the volume is lent to the file API (Lend).
 	lends int
+	// ctx is cancelled once the session is being deleted (stop): the
+	// lent requests end with it (a slow download must not hold a Delete).
+	ctx  context.Context
+	stop context.CancelFunc
+	// lent counts the lends in flight: Delete waits for them before it
+	// removes the volume a request reads or writes (SECURITY.md case 49).
+	// Added to only under Manager.mu while !gone and !closed.
+	lent sync.WaitGroup
 	// starting / executing: the Run is starting a kernel / running code.
 	starting, executing bool
 	// cancel cancels the running execution's context (Delete).
@@ -83,8 +92,8 @@ func open(cfg Config, starter Starter, log *slog.Logger, d disk) (*Manager, erro
 		log = slog.Default()
 	}
 	cfg = cfg.withDefaults()
-	if cfg.UID <= 0 || cfg.GID <= 0 {
-		return nil, fmt.Errorf("open sessions: uid and gid must be the sandbox user's host ids (> 0), got: %d:%d", cfg.UID, cfg.GID)
+	if err := cfg.check(); err != nil {
+		return nil, fmt.Errorf("open sessions: %w", err)
 	}
 	if err := prepareRoot(cfg.Root); err != nil {
 		return nil, fmt.Errorf("open sessions: %w", err)
@@ -161,7 +170,8 @@ func (m *Manager) loadSession(dir, name string, now time.Time) (*session, error)
 	if err != nil {
 		return nil, err
 	}
-	s := &session{id: name, dir: dir, ws: ws, rec: rec, written: now}
+	s := newSession(name, dir, rec, now)
+	s.ws = ws
 	switch {
 	case !rec.Kernel:
 		s.next = ExecInfo{State: StateNew, Reason: ReasonNoKernel}
@@ -174,6 +184,13 @@ func (m *Manager) loadSession(dir, name string, now time.Time) (*session, error)
 	return s, nil
 }
 
+// newSession is a session of record rec in dir, last written at now.
+func newSession(id, dir string, rec record, now time.Time) *session {
+	s := &session{id: id, dir: dir, rec: rec, written: now}
+	s.ctx, s.stop = context.WithCancel(context.Background())
+	return s
+}
+
 // removeDir removes a session directory: session.json first (so that a
 // removal cut short leaves a leftover for the next Open's sweep, never a
 // session with half its files), then its volume, then the directory.
@@ -181,7 +198,7 @@ func (m *Manager) removeDir(dir string) error {
 	if err := os.Remove(filepath.Join(dir, recordName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	if err := syncDir(dir); err != nil {
+	if err := volume.SyncDir(dir); err != nil {
 		return err
 	}
 	if err := m.disk.Remove(filepath.Join(dir, volumeName)); err != nil {
@@ -193,7 +210,7 @@ func (m *Manager) removeDir(dir string) error {
 	if err := os.Remove(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	return syncDir(filepath.Dir(dir))
+	return volume.SyncDir(filepath.Dir(dir))
 }
 
 // Create creates a session and its volume.
@@ -203,9 +220,9 @@ func (m *Manager) Create(spec Spec) (Info, error) {
 		return Info{}, err
 	}
 	now := m.cfg.Now()
-	s := &session{id: spec.ID, dir: filepath.Join(m.cfg.Root, spec.ID), gone: true, written: now,
-		rec: record{Format: recordFormat, ID: spec.ID, Policy: spec.Policy, Kernel: spec.Kernel,
-			IdleTimeoutMS: idle.Milliseconds(), CreatedAt: now, LastUsedAt: now}}
+	s := newSession(spec.ID, filepath.Join(m.cfg.Root, spec.ID), record{Format: recordFormat, ID: spec.ID,
+		Policy: spec.Policy, Kernel: spec.Kernel, IdleTimeoutMS: idle.Milliseconds(), CreatedAt: now, LastUsedAt: now}, now)
+	s.gone = true
 	s.next = ExecInfo{State: StateNew, Reason: ReasonFirst}
 	if !spec.Kernel {
 		s.next.Reason = ReasonNoKernel
@@ -226,10 +243,12 @@ func (m *Manager) Create(spec Spec) (Info, error) {
 	}
 	m.mu.Unlock()
 	if err != nil {
+		s.stop()
 		return Info{}, err
 	}
 	defer m.ops.Done()
 	if err := m.build(s); err != nil {
+		s.stop()
 		m.mu.Lock()
 		delete(m.sessions, spec.ID)
 		m.mu.Unlock()
@@ -255,17 +274,19 @@ func (m *Manager) checkSpec(spec *Spec) (time.Duration, error) {
 	if err := checkPolicyName(spec.Policy); err != nil {
 		errs = append(errs, err)
 	}
-	if spec.IdleTimeout < 0 {
-		errs = append(errs, fmt.Errorf("idle timeout must be >= 0, got: %s", spec.IdleTimeout))
+	// The one rule of a session's idle timeout: above the maximum it is
+	// refused, not capped (as an execution's timeout: SECURITY.md case 20).
+	if spec.IdleTimeout < 0 || spec.IdleTimeout > m.cfg.MaxIdleTimeout {
+		errs = append(errs, fmt.Errorf("idle_timeout_ms must be in 0..%d (session_max_idle_timeout; 0: the default), got: %d",
+			m.cfg.MaxIdleTimeout.Milliseconds(), spec.IdleTimeout.Milliseconds()))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return 0, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	idle := spec.IdleTimeout
-	if idle == 0 {
-		idle = m.cfg.IdleTimeout
+	if spec.IdleTimeout == 0 {
+		return m.cfg.IdleTimeout, nil
 	}
-	return min(idle, m.cfg.MaxIdleTimeout), nil
+	return spec.IdleTimeout, nil
 }
 
 // build makes the session's directory, its volume, and last its record.
@@ -292,7 +313,7 @@ func (m *Manager) build(s *session) (err error) {
 	if err := writeRecord(s.dir, s.rec); err != nil {
 		return fmt.Errorf("create session %s: %w", s.id, err)
 	}
-	return syncDir(m.cfg.Root)
+	return volume.SyncDir(m.cfg.Root)
 }
 
 // lookup is the visible session id; called with m.mu held.
@@ -418,19 +439,22 @@ func (m *Manager) remove(s *session, why string, check func() bool) error {
 		m.mu.Unlock()
 		return ErrNotFound
 	}
-	s.gone = true
+	s.gone = true // no new Exec, lend or kernel stop from here on
 	k := s.kernel
 	s.kernel = nil
 	if s.cancel != nil {
 		s.cancel()
 	}
+	s.stop()
 	m.mu.Unlock()
 	if k != nil {
 		k.Close()
 	}
 	// The Run's Exec, if any, returns once its kernel is closed; a kernel
-	// it was starting is closed by it, seeing the session gone.
+	// it was starting is closed by it, seeing the session gone. The lent
+	// requests see their context cancelled and end (SECURITY.md case 49).
 	s.active.Wait()
+	s.lent.Wait()
 	s.writeMu.Lock()
 	err := m.removeDir(s.dir)
 	s.writeMu.Unlock()
@@ -481,26 +505,49 @@ func (m *Manager) Begin(id string) (*Run, error) {
 	return &Run{m: m, s: s}, nil
 }
 
-// Volume lends the session's volume to the file API; release when done.
-// The session counts as used.
-func (m *Manager) Volume(id string) (v *volume.Volume, release func(), err error) {
+// Lend is a session's volume lent to the file API (Manager.Lend): the
+// session cannot be deleted, nor expire, nor its volume go, before Release.
+type Lend struct {
+	// Volume is the session's volume; its path names this session's
+	// volume until Release, and no other's (SECURITY.md case 49).
+	Volume *volume.Volume
+	// Policy is the session's policy (type): the profile's sandbox's.
+	Policy string
+	// Ctx is cancelled when the session is being deleted: the request
+	// must end then (the Delete waits for it). Close leaves lends alone:
+	// the volumes stay mounted, and the HTTP server's shutdown bounds the
+	// requests.
+	Ctx context.Context
+
+	release func()
+}
+
+// Release gives the volume back; the session counts as used. It is
+// idempotent.
+func (l *Lend) Release() { l.release() }
+
+// Lend lends the session's volume to the file API until Release. The
+// session counts as used. Once a Delete began, ErrNotFound.
+func (m *Manager) Lend(id string) (*Lend, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s, err := m.lookupLocked(id)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	s.lends++
+	s.lent.Add(1)
 	m.touchLocked(s)
 	var once sync.Once
-	return s.ws.Volume(), func() {
+	return &Lend{Volume: s.ws.Volume(), Policy: s.rec.Policy, Ctx: s.ctx, release: func() {
 		once.Do(func() {
 			m.mu.Lock()
 			s.lends--
 			m.touchLocked(s)
 			m.mu.Unlock()
+			s.lent.Done()
 		})
-	}, nil
+	}}, nil
 }
 
 // Close stops every kernel (files kept), the janitor, and closes the
@@ -662,7 +709,7 @@ func (r *Run) Exec(ctx context.Context, e warmpool.KernelExec) (*warmpool.Kernel
 		}
 		res, err := k.Exec(ctx, e)
 		if errors.Is(err, warmpool.ErrKernelEnded) && attempt == 0 {
-			r.after(k, nil, cmpOr(k.EndReason(), warmpool.EndExited))
+			r.after(k, nil, cmp.Or(k.EndReason(), warmpool.EndExited))
 			continue
 		}
 		info.KernelEnded = r.after(k, res, "")
@@ -700,25 +747,44 @@ func (r *Run) kernel(ctx context.Context) (Kernel, ExecInfo, error) {
 
 	k, err := m.starter.StartKernel(ctx, policy, path, warmpool.KernelOptions{})
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	s.starting = false
-	if err != nil {
-		return nil, info, fmt.Errorf("session %s: start kernel: %w", s.id, err)
-	}
 	if s.gone || m.closed {
-		// Deleted or closed while the kernel started: its volume is about
-		// to go, or its kernels to stop; this one with it.
-		k.Close()
-		if m.closed {
-			return nil, info, ErrClosed
+		// Deleted or closed while the kernel started (which may have
+		// failed for it: its context is cancelled): its volume is about to
+		// go, or its kernels to stop; this one with it. The session's
+		// error, not the start's.
+		gone := s.gone
+		m.mu.Unlock()
+		if k != nil {
+			k.Close()
 		}
-		return nil, info, ErrNotFound
+		if gone {
+			return nil, info, ErrNotFound
+		}
+		return nil, info, ErrClosed
+	}
+	if err != nil {
+		m.mu.Unlock()
+		return nil, info, fmt.Errorf("session %s: start kernel: %w", s.id, err)
 	}
 	s.rec.Generation++
 	s.dirty = true
 	m.starts[info.State+"/"+info.Reason]++
 	info.KernelGeneration = s.rec.Generation
 	s.kernel, s.executing = k, true
+	persist := s.rec.Kernel
+	m.mu.Unlock()
+	// Written before the code runs, not coalesced: a worker killed from
+	// here on must find the kernel started, so that its successor says
+	// the Python state was lost (StateRestarted), never "new" as if none
+	// had run. (Without a kernel, every execution is new anyway.) A
+	// failed write leaves it dirty for the next flush.
+	if !persist {
+		return k, info, nil
+	}
+	if err := m.flush(s, true); err != nil {
+		m.log.Error("session's kernel start not saved", "session", s.id, "err", err)
+	}
 	return k, info, nil
 }
 
@@ -744,7 +810,7 @@ func (r *Run) after(k Kernel, res *warmpool.KernelResult, why string) string {
 			s.setEndedLocked(why)
 		} else {
 			s.next = ExecInfo{State: StateNew, Reason: ReasonNoKernel}
-			s.endReason = cmpOr(why, warmpool.EndClosed)
+			s.endReason = cmp.Or(why, warmpool.EndClosed)
 		}
 	}
 	m.mu.Unlock()
@@ -752,13 +818,6 @@ func (r *Run) after(k Kernel, res *warmpool.KernelResult, why string) string {
 		k.Close()
 	}
 	return why
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // setEndedLocked records that the session's kernel ended (why): the next

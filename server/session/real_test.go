@@ -123,8 +123,8 @@ func newRealEnv(t *testing.T, starter func() Starter) *realEnv {
 		}
 	})
 	e := &realEnv{t: t, root: filepath.Join(base, "sessions"), clock: newFakeClock()}
-	e.cfg = Config{Root: e.root, UID: testUID, GID: testUID, MaxBytes: 8 << 20, MaxFiles: 100,
-		Now: e.clock.Now, JanitorInterval: time.Hour}
+	e.cfg = testConfig(e.root, e.clock)
+	e.cfg.UID, e.cfg.GID, e.cfg.MaxBytes, e.cfg.MaxFiles = testUID, testUID, 8<<20, 100
 	var st Starter = &fakeStarter{}
 	if starter != nil {
 		st = starter()
@@ -155,23 +155,23 @@ func (e *realEnv) open(starter Starter) {
 
 func (e *realEnv) put(id, name, data string) {
 	e.t.Helper()
-	v, release, err := e.m.Volume(id)
+	l, err := e.m.Lend(id)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	defer release()
-	if _, _, err := v.Put(name, strings.NewReader(data)); err != nil {
+	defer l.Release()
+	if _, _, err := l.Volume.Put(name, strings.NewReader(data)); err != nil {
 		e.t.Fatal(err)
 	}
 }
 
 func (e *realEnv) get(id, name string) (string, error) {
-	v, release, err := e.m.Volume(id)
+	l, err := e.m.Lend(id)
 	if err != nil {
 		return "", err
 	}
-	defer release()
-	f, _, err := v.OpenFile(name)
+	defer l.Release()
+	f, _, err := l.Volume.OpenFile(name)
 	if err != nil {
 		return "", err
 	}
@@ -253,7 +253,7 @@ func TestRealRetentionRemovesTheVolume(t *testing.T) {
 		e.exec(id, "")
 		e.clock.Add(time.Hour)
 	}
-	e.clock.Add(DefaultRetention - 2*time.Hour) // old: exactly the retention; new: an hour less
+	e.clock.Add(e.cfg.Retention - 2*time.Hour) // old: exactly the retention; new: an hour less
 	e.m.Tidy()
 	if _, err := e.m.Get("old"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("expired session: %v", err)

@@ -26,6 +26,7 @@ package session
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/sandboxd/sandboxd/server/warmpool"
@@ -36,7 +37,7 @@ var (
 	ErrNotFound   = errors.New("no such session")                 // 404
 	ErrExists     = errors.New("session id already exists")       // 409
 	ErrBusy       = errors.New("session is running an execution") // 409 session_busy
-	ErrTooMany    = errors.New("max_sessions reached")            // 429 (or 507) with Retry-After
+	ErrTooMany    = errors.New("max_sessions reached")            // 429 with Retry-After
 	ErrClosed     = errors.New("session manager is closed")       // 503
 	ErrNotRunning = errors.New("no execution is running")         // 409 on interrupt
 	ErrInvalid    = errors.New("invalid session")                 // 400: a bad Spec
@@ -67,7 +68,8 @@ const (
 	ReasonNoKernel      = "kernel_disabled" // kernel: false: every execution is a fresh sandbox
 )
 
-// Config configures the manager; server/config sets defaults and checks.
+// Config configures the manager; server/config sets its values and checks
+// their ranges (Open refuses what the manager cannot work with).
 type Config struct {
 	Root             string        // sessions_dir: one volume directory per session
 	MaxSessions      int           // max_sessions
@@ -86,39 +88,47 @@ type Config struct {
 	Now func() time.Time
 }
 
-// Defaults for a Config's zero fields (server/config sets its own).
-const (
-	DefaultMaxSessions      = 64
-	DefaultRetention        = 24 * time.Hour
-	DefaultIdleTimeout      = 20 * time.Minute
-	DefaultMaxIdleTimeout   = 2 * time.Hour
-	DefaultIdleMemoryBudget = 4 << 30
-	DefaultJanitorInterval  = 5 * time.Second
-	// flushInterval coalesces the rewrites of session.json for
-	// last_used_at: at most one per session per interval (Close writes
-	// what is left). A crash loses at most that much of a session's
-	// lifetime.
-	flushInterval = 5 * time.Second
-)
+// DefaultJanitorInterval is Config.JanitorInterval when 0.
+const DefaultJanitorInterval = 5 * time.Second
 
-func (c Config) withDefaults() Config {
-	set := func(p *time.Duration, d time.Duration) {
-		if *p <= 0 {
-			*p = d
-		}
+// flushInterval coalesces the rewrites of session.json for last_used_at:
+// at most one per session per interval (Close writes what is left). A
+// crash loses at most that much of a session's lifetime; a kernel start
+// is written at once (Run.Exec), so that a restarted worker never says
+// "new" of a session whose Python state it lost.
+const flushInterval = 5 * time.Second
+
+// check refuses a Config the manager cannot work with. Its values are
+// server/config's (config.Default, config.Validate: one place for them);
+// only the clock and the janitor's pace have defaults here.
+func (c Config) check() error {
+	var errs []error
+	if c.UID <= 0 || c.GID <= 0 {
+		errs = append(errs, fmt.Errorf("uid and gid must be the sandbox user's host ids (> 0), got: %d:%d", c.UID, c.GID))
 	}
 	if c.MaxSessions <= 0 {
-		c.MaxSessions = DefaultMaxSessions
+		errs = append(errs, fmt.Errorf("max sessions must be > 0, got: %d", c.MaxSessions))
 	}
-	set(&c.Retention, DefaultRetention)
-	set(&c.IdleTimeout, DefaultIdleTimeout)
-	set(&c.MaxIdleTimeout, DefaultMaxIdleTimeout)
-	set(&c.JanitorInterval, DefaultJanitorInterval)
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"retention", c.Retention}, {"idle timeout", c.IdleTimeout}, {"max idle timeout", c.MaxIdleTimeout}} {
+		if d.v <= 0 {
+			errs = append(errs, fmt.Errorf("%s must be > 0, got: %s", d.name, d.v))
+		}
+	}
 	if c.IdleTimeout > c.MaxIdleTimeout {
-		c.IdleTimeout = c.MaxIdleTimeout
+		errs = append(errs, fmt.Errorf("idle timeout must be <= the max idle timeout (%s), got: %s", c.MaxIdleTimeout, c.IdleTimeout))
 	}
 	if c.IdleMemoryBudget <= 0 {
-		c.IdleMemoryBudget = DefaultIdleMemoryBudget
+		errs = append(errs, fmt.Errorf("idle memory budget must be > 0, got: %d", c.IdleMemoryBudget))
+	}
+	return errors.Join(errs...)
+}
+
+func (c Config) withDefaults() Config {
+	if c.JanitorInterval <= 0 {
+		c.JanitorInterval = DefaultJanitorInterval
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -148,7 +158,7 @@ type Spec struct {
 	ID          string        // "" : generated
 	Policy      string        // the policy (type) name, already validated
 	Kernel      bool          // a long-lived kernel (default true at the API)
-	IdleTimeout time.Duration // 0: Config.IdleTimeout; capped by MaxIdleTimeout
+	IdleTimeout time.Duration // 0: Config.IdleTimeout; above MaxIdleTimeout: ErrInvalid
 }
 
 // Info is a session as the API shows it.

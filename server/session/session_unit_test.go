@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -212,7 +213,7 @@ func TestDeleteWhileBusyCancelsAndRemoves(t *testing.T) {
 		func() error { _, err := e.m.Begin(id); return err },
 		func() error { return e.m.Delete(id) },
 		func() error { return e.m.Interrupt(id) },
-		func() error { _, _, err := e.m.Volume(id); return err },
+		func() error { _, err := e.m.Lend(id); return err },
 	} {
 		if err := f(); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("after Delete: %v, want ErrNotFound", err)
@@ -231,8 +232,8 @@ func TestCreateChecksTheSpec(t *testing.T) {
 	if gen.IdleTimeoutMS != time.Minute.Milliseconds() {
 		t.Fatalf("default idle timeout %d ms", gen.IdleTimeoutMS)
 	}
-	if i := e.create(Spec{IdleTimeout: 10 * time.Hour}); i.IdleTimeoutMS != time.Hour.Milliseconds() {
-		t.Fatalf("idle timeout not capped: %d ms", i.IdleTimeoutMS)
+	if i := e.create(Spec{IdleTimeout: time.Hour}); i.IdleTimeoutMS != time.Hour.Milliseconds() {
+		t.Fatalf("idle timeout of the maximum: %d ms", i.IdleTimeoutMS)
 	}
 	for _, spec := range []Spec{
 		{ID: "..", Policy: "p"},
@@ -242,6 +243,8 @@ func TestCreateChecksTheSpec(t *testing.T) {
 		{ID: "ok", Policy: ""},
 		{ID: "ok", Policy: "a/b"},
 		{ID: "ok", Policy: "p", IdleTimeout: -1},
+		// Above the maximum: refused, not capped (the one rule).
+		{ID: "ok", Policy: "p", IdleTimeout: time.Hour + time.Millisecond},
 	} {
 		if _, err := e.m.Create(spec); !errors.Is(err, ErrInvalid) {
 			t.Errorf("Create(%+v): %v, want ErrInvalid", spec, err)
@@ -363,8 +366,16 @@ func TestOneManagerPerRoot(t *testing.T) {
 
 // Delete while the execution's kernel is still starting: the kernel that
 // arrives after the session is gone is closed, never left running on a
-// removed volume, and Delete waits for that.
+// removed volume, and Delete waits for that. A start that failed because
+// of the Delete (its context cancelled) says the session is gone too: the
+// API answers 404, not the start's failure.
 func TestDeleteWhileTheKernelStarts(t *testing.T) {
+	for _, fails := range []bool{false, true} {
+		t.Run(fmt.Sprintf("start fails %v", fails), func(t *testing.T) { testDeleteWhileTheKernelStarts(t, fails) })
+	}
+}
+
+func testDeleteWhileTheKernelStarts(t *testing.T, fails bool) {
 	e := newEnv(t, nil)
 	id := e.create(Spec{Kernel: true}).ID
 	deleted := make(chan error)
@@ -376,9 +387,12 @@ func TestDeleteWhileTheKernelStarts(t *testing.T) {
 		<-ctx.Done() // Delete cancels the execution's context
 		for {
 			if _, err := e.m.Get(id); errors.Is(err, ErrNotFound) {
-				return
+				break
 			}
 			time.Sleep(time.Millisecond)
+		}
+		if fails {
+			e.starter.fail = ctx.Err() // read by StartKernel after the hook, on this goroutine
 		}
 	}
 	r, err := e.m.Begin(id)
@@ -393,11 +407,145 @@ func TestDeleteWhileTheKernelStarts(t *testing.T) {
 	if err := <-deleted; err != nil {
 		t.Fatal(err)
 	}
-	k := e.starter.last()
-	if _, closes, _ := k.counts(); closes != 1 {
-		t.Fatalf("the late kernel was closed %d times, want 1", closes)
+	if k := e.starter.last(); fails != (k == nil) {
+		t.Fatalf("kernel started: %v, start failed: %v", k != nil, fails)
+	} else if k != nil {
+		if _, closes, _ := k.counts(); closes != 1 {
+			t.Fatalf("the late kernel was closed %d times, want 1", closes)
+		}
 	}
 	if st := e.m.Stats(); st.Sessions != 0 || len(st.KernelStarts) != 0 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// A kernel start is on disk before the code runs, not coalesced with the
+// last uses: a worker killed during the execution leaves a record that
+// makes its successor say the Python state was lost (worker_restart),
+// never "new, first execution" (cmd/sandboxd TestServeSessionSurvivesKill9).
+func TestKernelStartIsWrittenAtOnce(t *testing.T) {
+	e := newEnv(t, nil)
+	id := e.create(Spec{Kernel: true}).ID
+	read := func() int64 {
+		rec, err := readRecord(filepath.Join(e.root, id), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec.Generation
+	}
+	e.starter.hook = func(context.Context) {
+		if g := read(); g != 0 {
+			t.Errorf("generation %d on disk before the start", g)
+		}
+	}
+	r, err := e.m.Begin(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.End()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() {
+		_, _, err := r.Exec(ctx, warmpool.KernelExec{Code: "block"})
+		done <- err
+	}()
+	for e.starter.last() == nil {
+		time.Sleep(time.Millisecond)
+	}
+	<-e.starter.last().running
+	// While the code runs, within the flush interval, without Tidy or
+	// Close: as a kill -9 would leave it.
+	if g := read(); g != 1 {
+		t.Fatalf("generation on disk while the code runs: %d, want 1", g)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Delete waits for the volume's lends (the file API, a profile) and
+// cancels them: a write in flight never lands in a removed volume, a slow
+// download does not hold the Delete, and nothing is lent once it began
+// (SECURITY.md case 49).
+func TestDeleteWaitsForLendsAndCancelsThem(t *testing.T) {
+	e := newEnv(t, nil)
+	id := e.create(Spec{Kernel: true}).ID
+	l, err := e.m.Lend(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Policy != "default" || l.Ctx.Err() != nil {
+		t.Fatalf("lend: policy %q, ctx %v", l.Policy, l.Ctx.Err())
+	}
+	deleted := make(chan error, 1)
+	go func() { deleted <- e.m.Delete(id) }()
+	<-l.Ctx.Done() // the lent request is told to end
+	if _, err := e.m.Lend(id); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Lend once a Delete began: %v, want ErrNotFound", err)
+	}
+	select {
+	case err := <-deleted:
+		t.Fatalf("Delete returned (%v) while its volume was lent", err)
+	default:
+	}
+	if _, err := os.Lstat(filepath.Join(e.root, id, volumeName)); err != nil {
+		t.Fatalf("the lent volume was removed: %v", err)
+	}
+	l.Release()
+	if err := <-deleted; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(filepath.Join(e.root, id)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("session directory after Delete: %v", err)
+	}
+	l.Release() // idempotent
+}
+
+// Close leaves lends alone (the volumes stay mounted for the next worker;
+// the HTTP server's shutdown bounds the requests): it neither cancels nor
+// waits for them, and lends no more.
+func TestCloseLeavesLendsAlone(t *testing.T) {
+	e := newEnv(t, nil)
+	id := e.create(Spec{}).ID
+	l, err := e.m.Lend(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.m.Close() // returns with the lend out
+	if l.Ctx.Err() != nil {
+		t.Fatal("Close cancelled a lend")
+	}
+	if _, err := e.m.Lend(id); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Lend after Close: %v", err)
+	}
+	l.Release()
+}
+
+// Open refuses a Config the manager cannot work with (server/config sets
+// the values; nothing is silently defaulted here but the clock and the
+// janitor's pace).
+func TestOpenChecksTheConfig(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		edit func(*Config)
+		msg  string
+	}{
+		{"no uid", func(c *Config) { c.UID = 0 }, "uid and gid must be"},
+		{"no max sessions", func(c *Config) { c.MaxSessions = 0 }, "max sessions must be > 0"},
+		{"no retention", func(c *Config) { c.Retention = 0 }, "retention must be > 0"},
+		{"no idle timeout", func(c *Config) { c.IdleTimeout = 0 }, "idle timeout must be > 0"},
+		{"idle above max", func(c *Config) { c.IdleTimeout = 3 * time.Hour }, "idle timeout must be <= the max idle timeout (2h0m0s)"},
+		{"no budget", func(c *Config) { c.IdleMemoryBudget = 0 }, "idle memory budget must be > 0"},
+	} {
+		cfg := testConfig(filepath.Join(t.TempDir(), "sessions"), newFakeClock())
+		c.edit(&cfg)
+		m, err := open(cfg, &fakeStarter{}, nil, &fakeDisk{})
+		if err == nil {
+			m.Close()
+		}
+		if err == nil || !strings.Contains(err.Error(), c.msg) {
+			t.Errorf("%s: %v, want %q", c.name, err, c.msg)
+		}
 	}
 }

@@ -2,8 +2,6 @@ package session
 
 import (
 	"bytes"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"github.com/sandboxd/sandboxd/server/volume"
 )
 
 // On disk, sessions_dir holds one directory per session, named by its id:
@@ -98,7 +97,7 @@ func writeRecord(dir string, r record) error {
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(dir, recordTmp+randomHex(6))
+	tmp := filepath.Join(dir, recordTmp+volume.RandomHex(6))
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("write %s: %w", recordName, err)
@@ -114,7 +113,7 @@ func writeRecord(dir string, r record) error {
 		os.Remove(tmp)
 		return fmt.Errorf("write %s in %s: %w", recordName, dir, err)
 	}
-	if err := syncDir(dir); err != nil {
+	if err := volume.SyncDir(dir); err != nil {
 		return fmt.Errorf("write %s in %s: %w", recordName, dir, err)
 	}
 	return nil
@@ -289,19 +288,5 @@ func lockRoot(root string) (*os.File, error) {
 	return f, nil
 }
 
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	return errors.Join(f.Sync(), f.Close())
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 // newID is a generated session id (inside.IDRule).
-func newID() string { return "se-" + randomHex(10) }
+func newID() string { return "se-" + volume.RandomHex(10) }

@@ -270,7 +270,7 @@ func (v *Volume) Put(p string, r io.Reader) (size int64, sum string, err error) 
 	if err := f.Sync(); err != nil {
 		return 0, "", fileError(p, err)
 	}
-	tmp := putTempPrefix + randomHex()
+	tmp := putTempPrefix + RandomHex(6)
 	if err := linkTmpfile(fd, dir, tmp); err != nil {
 		return 0, "", fileError(p, err)
 	}

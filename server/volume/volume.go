@@ -202,7 +202,7 @@ func Create(dir string, opts Options) (v *Volume, err error) {
 		}
 		return nil, fmt.Errorf("create volume %s: %w", dir, err)
 	}
-	if err := syncDir(parent); err != nil {
+	if err := SyncDir(parent); err != nil {
 		// It is in place and mounted: a caller that retries would find it
 		// exists, so hand it over rather than half-remove it.
 		slog.Warn("volume created but its directory entry may not survive a host crash", "dir", dir, "err", err)
@@ -343,7 +343,7 @@ func Remove(dir string) error {
 	}
 	defer lock.Close()
 	parent, base := filepath.Split(dir)
-	trash := filepath.Join(parent, removingPrefix+base+"-"+randomHex())
+	trash := filepath.Join(parent, removingPrefix+base+"-"+RandomHex(6))
 	if err := os.Rename(dir, trash); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil
@@ -422,7 +422,7 @@ func writeMeta(dir string, m meta) error {
 	if err == nil {
 		err = f.Sync()
 	}
-	return errors.Join(err, f.Close(), syncDir(dir))
+	return errors.Join(err, f.Close(), SyncDir(dir))
 }
 
 func readMeta(dir string) (meta, error) {
@@ -466,7 +466,10 @@ func lockDir(dir string, wait bool) (*os.File, error) {
 	return f, nil
 }
 
-func syncDir(dir string) error {
+// SyncDir makes dir's entries durable (fsync of the directory): a file
+// created, renamed or removed in it survives a host crash. The session
+// manager's record writes use it too.
+func SyncDir(dir string) error {
 	f, err := os.Open(dir)
 	if err != nil {
 		return err
@@ -486,8 +489,10 @@ func syncFS(dir string) error {
 // crashPoint lets tests kill the process where a crash would hurt most.
 var crashPoint = func(stage, dir string) {}
 
-func randomHex() string {
-	b := make([]byte, 6)
+// RandomHex is n random bytes in hex: the unique part of a temporary
+// name (and of a generated session id).
+func RandomHex(n int) string {
+	b := make([]byte, n)
 	rand.Read(b)
 	return hex.EncodeToString(b)
 }

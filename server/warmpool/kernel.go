@@ -66,6 +66,9 @@ type KernelExec struct {
 	Timeout time.Duration
 	// Logger, when set, receives the execution's log lines.
 	Logger *slog.Logger
+	// Output, when set, is given the execution's output as it is read
+	// (streaming; see nsjail.OutputFunc).
+	Output nsjail.OutputFunc
 }
 
 // KernelResult is what one execution in a kernel did.
@@ -595,8 +598,8 @@ func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) 
 		log.Warn("unable to read the kernel's cgroup counters", "error", err)
 	}
 	res := &nsjail.Result{ID: k.sb.ID(), StartedAt: time.Now()}
-	stdout := nsjail.NewCapture(outR, cmp.Or(k.lim.StdoutBytes, nsjail.DefaultLimits.StdoutBytes))
-	stderr := nsjail.NewCapture(errR, cmp.Or(k.lim.StderrBytes, nsjail.DefaultLimits.StderrBytes))
+	stdout := nsjail.NewCapture(outR, cmp.Or(k.lim.StdoutBytes, nsjail.DefaultLimits.StdoutBytes), e.Output.ForStream(nsjail.StreamStdout))
+	stderr := nsjail.NewCapture(errR, cmp.Or(k.lim.StderrBytes, nsjail.DefaultLimits.StderrBytes), e.Output.ForStream(nsjail.StreamStderr))
 	wait := k.expect()
 	sent := make(chan error, 1)
 	go func() {

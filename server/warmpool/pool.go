@@ -288,7 +288,7 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (r
 	if err := w.pending.SetNice(0); err != nil {
 		p.log.Warn("warm pool: unable to restore the sandbox's priority", "sandbox", w.pending.ID(), "error", err)
 	}
-	sb, out, errOut := w.pending.Handoff(nsjail.HandoffOptions{Timeout: spec.Limits.Timeout, Logger: spec.Logger, ExitReport: w.exit})
+	sb, out, errOut := w.pending.Handoff(nsjail.HandoffOptions{Timeout: spec.Limits.Timeout, Logger: spec.Logger, ExitReport: w.exit, Output: spec.Output})
 	if len(out)+len(errOut) > 0 {
 		p.log.Warn("warm sandbox wrote output before hand-off (dropped)", "sandbox", sb.ID(),
 			"stdout", truncateForLog(out), "stderr", truncateForLog(errOut))
