@@ -62,7 +62,20 @@ func KillAll(paths Paths) error {
 		if err := killPids(dirs, pids); err != nil {
 			return fmt.Errorf("cgroup kill: %w", err)
 		}
+		thawV1(paths)
 		time.Sleep(wait)
+	}
+}
+
+// thawV1 thaws a v1 freezer cgroup after a kill: a frozen task (a session
+// kernel idles frozen, SECURITY.md case 47) takes a SIGKILL only once
+// thawed there. v2's freezer lets a fatal signal through (and cgroup.kill
+// reaches frozen tasks). A cgroup without a freezer file is left alone.
+func thawV1(paths Paths) {
+	if d, ok := paths["freezer"]; ok && d != "" {
+		if f := filepath.Join(d, "freezer.state"); fileExists(f) {
+			_ = writeFile(f, "THAWED")
+		}
 	}
 }
 

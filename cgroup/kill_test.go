@@ -125,3 +125,66 @@ func BenchmarkKillAll(b *testing.B) {
 		}
 	}
 }
+
+// SECURITY.md case 47: a session kernel idles frozen; KillAll still empties
+// its cgroup (on v1 a SIGKILL reaches a frozen task only once thawed).
+func TestKillAllFrozen(t *testing.T) {
+	h := realHost(t)
+	paths := sandboxCgroup(t, h, "frozen")
+	startIn(t, cgroupDirs(paths), `sleep 1000 & exec sleep 1000`)
+	waitProcs(t, paths, 2)
+	if d, ok := paths.V2(); ok {
+		writeT(t, filepath.Join(d, "cgroup.freeze"), "1")
+	} else {
+		d, ok := paths["freezer"]
+		if !ok {
+			t.Skip("no freezer hierarchy")
+		}
+		writeT(t, filepath.Join(d, "freezer.state"), "FROZEN")
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+			if state := readT(t, filepath.Join(d, "freezer.state")); state == "FROZEN\n" {
+				break
+			} else if time.Now().After(deadline) {
+				t.Fatalf("freezer.state %q", state)
+			}
+		}
+	}
+	if err := KillAll(paths); err != nil {
+		t.Fatal(err)
+	}
+	if pids, err := procs(uniqueDirs(paths)); err != nil || len(pids) != 0 {
+		t.Fatalf("after KillAll: %v, %v", pids, err)
+	}
+}
+
+// Freeze freezes a cgroup's tasks (they stop running) and Thaw lets them
+// run again (SECURITY.md case 47).
+func TestFreezeThaw(t *testing.T) {
+	h := realHost(t)
+	paths := sandboxCgroup(t, h, "freeze")
+	dir := t.TempDir()
+	startIn(t, cgroupDirs(paths), `i=0; while :; do i=$((i+1)); echo $i > `+dir+`/n; done`)
+	waitProcs(t, paths, 1)
+	count := func() string { b, _ := os.ReadFile(filepath.Join(dir, "n")); return string(b) }
+	for deadline := time.Now().Add(10 * time.Second); count() == ""; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the loop does not run")
+		}
+	}
+	if err := Freeze(paths, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	at := count()
+	time.Sleep(100 * time.Millisecond)
+	if now := count(); now != at {
+		t.Fatalf("the frozen loop counted from %q to %q", at, now)
+	}
+	if err := Thaw(paths); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); count() == at; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the thawed loop does not run")
+		}
+	}
+}

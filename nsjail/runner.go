@@ -183,6 +183,16 @@ type Sandbox struct {
 	// twice); result is what it returned.
 	waitOnce sync.Once
 	result   *Result
+	// fz guards frozen (Freeze froze the sandbox) and ending (Wait began
+	// to end it: never frozen again). See freeze.go.
+	fz     sync.Mutex
+	frozen bool
+	ending bool
+	// peak follows the memory high-water mark from ResetMemoryPeak on
+	// (peakReset: a reset succeeded); under peakMu.
+	peakMu    sync.Mutex
+	peak      *cgroup.PeakMeter
+	peakReset bool
 }
 
 // ID is the sandbox's id (its container, cgroup and state directory name).

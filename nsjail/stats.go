@@ -20,11 +20,59 @@ func (s *Sandbox) readStats() cgroup.Stats {
 }
 
 // Stats reads the sandbox's cgroup counters now: a session's kernel takes
-// the difference over each of its executions. It fails once the sandbox
+// the difference over each of its executions. MemoryPeakBytes is the peak
+// since the last ResetMemoryPeak that succeeded. It fails once the sandbox
 // was removed.
 func (s *Sandbox) Stats() (cgroup.Stats, error) {
 	if s.cgroupPaths == nil {
 		return cgroup.Stats{}, errors.New("the sandbox's cgroup paths are unknown")
 	}
-	return cgroup.ReadStats(s.cgroupPaths)
+	st, err := cgroup.ReadStats(s.cgroupPaths)
+	if err != nil {
+		return st, err
+	}
+	s.peakMu.Lock()
+	defer s.peakMu.Unlock()
+	if s.peakReset {
+		if st.MemoryPeakBytes, err = s.peak.Read(); err != nil {
+			return st, err
+		}
+	}
+	return st, nil
+}
+
+// ResetMemoryPeak starts the sandbox's memory high-water mark over from
+// its current use (cgroup.PeakMeter), so that Stats reports the peak of
+// what runs from now on: a session kernel's execution's own, not the
+// kernel's lifetime peak. Where the host cannot reset it (cgroup v2 before
+// Linux 6.12) it fails, and Stats keeps reporting the lifetime peak.
+// (pids.peak cannot be reset at all: PidsPeak stays the lifetime peak.)
+func (s *Sandbox) ResetMemoryPeak() error {
+	s.peakMu.Lock()
+	defer s.peakMu.Unlock()
+	if s.peak == nil {
+		if s.cgroupPaths == nil {
+			return errors.New("the sandbox's cgroup paths are unknown")
+		}
+		m, err := cgroup.NewPeakMeter(s.cgroupPaths)
+		if err != nil {
+			return err
+		}
+		s.peak = m
+	}
+	if err := s.peak.Reset(); err != nil {
+		return err
+	}
+	s.peakReset = true
+	return nil
+}
+
+// closePeak releases the peak meter, before the cgroup is removed.
+func (s *Sandbox) closePeak() {
+	s.peakMu.Lock()
+	defer s.peakMu.Unlock()
+	if s.peak != nil {
+		s.peak.Close()
+		s.peak, s.peakReset = nil, false
+	}
 }

@@ -29,6 +29,12 @@ func crashyWorker() {
 	if err != nil {
 		panic(err)
 	}
+	if os.Getenv("CRASHY_FREEZE") == "1" {
+		// A session kernel idling between executions.
+		if err := sb.Freeze(); err != nil {
+			panic(err)
+		}
+	}
 	os.Stdout.WriteString("started " + sb.ID() + "\n")
 	sb.Wait(context.Background())
 }
@@ -37,11 +43,22 @@ func crashyWorker() {
 // with it (parent-death signal) and Sweep on restart removes every state
 // directory and cgroup it left.
 func TestSweepAfterWorkerCrash(t *testing.T) {
+	testSweepAfterWorkerCrash(t, false)
+}
+
+// SECURITY.md case 47: the same with the sandbox frozen (a session kernel
+// between executions), whose killed processes die only once thawed.
+func TestSweepAfterWorkerCrashFrozen(t *testing.T) {
+	testSweepAfterWorkerCrash(t, true)
+}
+
+func testSweepAfterWorkerCrash(t *testing.T, frozen bool) {
 	nsjailtest.RequireRoot(t)
 	self, _ := os.Executable()
 	cmd := exec.Command(self, "-test.run=^$")
 	cmd.Env = append(os.Environ(), "CRASHY_WORKER=1", "CRASHY_STATE="+testStateRoot,
-		"CRASHY_CGROUP="+testCgroupParent, "CRASHY_ROOTFS="+nsjailtest.BusyboxRootfs(t))
+		"CRASHY_CGROUP="+testCgroupParent, "CRASHY_ROOTFS="+nsjailtest.BusyboxRootfs(t),
+		"CRASHY_FREEZE="+map[bool]string{true: "1", false: "0"}[frozen])
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -113,6 +113,9 @@ wait:
 			report = nil // closed without a report: wait for the exit
 		}
 	}
+	// Never frozen from now on; one frozen before is thawed after the
+	// kill, which a frozen task only takes once thawed (freeze.go).
+	s.endFreezing()
 	if a.killedFor != "" || a.haveReport {
 		// SIGKILL to the sandbox's init: the kernel then kills every other
 		// process of its pid namespace (pid_namespaces(7)), double-forked,
@@ -122,6 +125,7 @@ wait:
 			s.log.Error("unable to kill sandbox", "error", err)
 		}
 	}
+	s.thawForEnd()
 	if !a.haveReport && a.killedFor != "" {
 		// And the cgroup, should anything of the sandbox live outside its
 		// pid namespace's reach: cgroup.kill on v2 (Linux 5.14+), else a
@@ -162,6 +166,7 @@ func (s *Sandbox) collect(a awaited) cgroup.Stats {
 			r := <-a.exited
 			s.crossCheckReport(a.reported, r.state)
 		}
+		s.closePeak()
 		s.r.destroy(s.c, s.log)
 		if s.mntns != nil {
 			s.mntns.Close()

@@ -442,7 +442,7 @@ func (m *Manager) remove(s *session, why string, check func() bool) error {
 	s.gone = true // no new Exec, lend or kernel stop from here on
 	k := s.kernel
 	s.kernel = nil
-	if s.cancel != nil {
+	if s.cancel != nil && k == nil { // else Close kills the running execution at once (an interrupt could be answered first)
 		s.cancel()
 	}
 	s.stop()

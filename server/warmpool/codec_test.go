@@ -26,11 +26,11 @@ import (
 const codecProbe = `import json, os, signal, sys
 zygote = {"__name__": "zygote"}
 exec(compile(sys.argv[1], "zygote.py", "exec"), zygote)
-path, argv, cwd, kernel = zygote["decode_handoff"](sys.stdin.buffer.read())
-sys.stdout.write(json.dumps({"path": path, "argv": argv, "cwd": cwd, "kernel": kernel}) + "\n")
+path, argv, cwd, kernel, cwd_on_path = zygote["decode_handoff"](sys.stdin.buffer.read())
+sys.stdout.write(json.dumps({"path": path, "argv": argv, "cwd": cwd, "kernel": kernel, "cwd_on_path": cwd_on_path}) + "\n")
 seq, code, env = zygote["decode_request"](sys.argv[2].encode())
 sys.stdout.write(json.dumps({"seq": seq, "code": code, "env": env}) + "\n")
-sys.stdout.buffer.write(zygote["encode_reply"](seq, 3, True) + zygote["encode_reply"](seq + 1, 0, False))
+sys.stdout.buffer.write(zygote["encode_reply"](seq, 3) + zygote["encode_reply"](seq + 1, 0))
 for act in ("exit 7", "kill", "exit 0"):
     pid = os.fork()
     if pid == 0:
@@ -49,7 +49,7 @@ sys.stdout.flush()
 func TestZygoteCodecsAgree(t *testing.T) {
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	r := newPoolRunner(t)
-	h := warmpool.Handoff{Path: inside.Path("code/m\u00e4in \"1\"\n.py"), Argv: []string{"a\tb", "\u2603", ""}, Cwd: inside.Workspace, Kernel: true}
+	h := warmpool.Handoff{Path: inside.Path("code/m\u00e4in \"1\"\n.py"), Argv: []string{"a\tb", "\u2603", ""}, Cwd: inside.Workspace, Kernel: true, CwdOnPath: true}
 	msg, err := warmpool.EncodeHandoff(h)
 	if err != nil {
 		t.Fatal(err)
@@ -79,7 +79,8 @@ func TestZygoteCodecsAgree(t *testing.T) {
 	if err := json.Unmarshal([]byte(decodedLine), &got); err != nil {
 		t.Fatalf("zygote.py decoded %q: %v", decodedLine, err)
 	}
-	if got.Path != h.Path || !slices.Equal(got.Argv, h.Argv) || got.Cwd != h.Cwd || got.Kernel != h.Kernel {
+	if got.Path != h.Path || !slices.Equal(got.Argv, h.Argv) || got.Cwd != h.Cwd || got.Kernel != h.Kernel ||
+		got.CwdOnPath != h.CwdOnPath {
 		t.Errorf("zygote.py decoded %+v, want %+v", got, h)
 	}
 	reqDecoded, rest, _ := strings.Cut(rest, "\n")
@@ -90,7 +91,7 @@ func TestZygoteCodecsAgree(t *testing.T) {
 	if gotReq.Seq != req.Seq || gotReq.Code != req.Code || !maps.Equal(gotReq.Env, req.Env) {
 		t.Errorf("zygote.py decoded %+v, want %+v", gotReq, req)
 	}
-	for _, want := range []warmpool.KernelReply{{Seq: 41, ExitCode: 3, Interrupted: true}, {Seq: 42}} {
+	for _, want := range []warmpool.KernelReply{{Seq: 41, ExitCode: 3}, {Seq: 42}} {
 		line, more, _ := strings.Cut(rest, "\n")
 		rest = more
 		reply, err := warmpool.DecodeKernelReply([]byte(line + "\n"))

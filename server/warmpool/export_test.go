@@ -53,3 +53,9 @@ func KernelPid(k *Kernel) (int, error) {
 	}
 	return 0, errors.New("no Pid in the pidfd's fdinfo")
 }
+
+// KernelCPUNS is the CPU time k's sandbox has used so far (its cgroup's).
+func KernelCPUNS(k *Kernel) (uint64, error) {
+	st, err := k.sb.Stats()
+	return st.CPUUsageNS, err
+}

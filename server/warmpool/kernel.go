@@ -38,7 +38,7 @@ const (
 	EndExited    = "exited"    // it exited by itself (os._exit, a crash)
 	EndProtocol  = "protocol"  // it broke the kernel protocol
 	EndClosed    = "closed"    // Close ended it (idle timeout, budget, session deleted, drain)
-	EndCancelled = "cancelled" // the execution's context was cancelled (client gone, drain)
+	EndCancelled = "cancelled" // the execution was cancelled (client gone, drain) and did not stop at the interrupt
 )
 
 // Kernel errors: nothing of the execution ran.
@@ -50,7 +50,9 @@ var (
 // KernelOptions shape a kernel's sandbox.
 type KernelOptions struct {
 	// ReadOnly binds the workspace read-only (a profile of a file reads,
-	// never writes).
+	// never writes) and keeps it off the kernel's sys.path: such a kernel
+	// runs the worker's code on the session's files, which must not
+	// import a module the session planted (SECURITY.md case 45).
 	ReadOnly bool
 }
 
@@ -162,7 +164,8 @@ var errDiedBeforeHandoff = errors.New("the warm sandbox died before its kernel t
 // volume, spec.Args ignored): from a ready warm sandbox of a matching
 // template when there is one (no import on the request path), whose
 // workspace then gets spec.Workspace bound over it, else cold. It works on
-// a pool of Size 0 (always cold).
+// a pool of Size 0 (always cold). spec.Workspace must be the root of a
+// mount (openVolumeRoot).
 func (p *Pool) StartKernel(ctx context.Context, spec nsjail.Spec, o KernelOptions) (*Kernel, error) {
 	spec.Args = zygoteArgs(p.cfg.Preload)
 	spec.Cwd = inside.Workspace
@@ -176,12 +179,17 @@ func (p *Pool) StartKernel(ctx context.Context, spec nsjail.Spec, o KernelOption
 	if spec.Stdin != nil {
 		return nil, errors.New("a kernel has no stdin")
 	}
+	root, err := openVolumeRoot(spec.Workspace)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(root)
 	log := cmp.Or(spec.Logger, p.log)
 	// Only a tmpfs warm workspace is a (shared) mount a volume can be
 	// bound on.
 	if p.cfg.WorkspaceBytes > 0 {
 		if w, tp := p.take(func(t Template) (bool, bool) { ok := t.MatchesKernel(&spec); return ok, ok }); w != nil {
-			k, err := p.startWarmKernel(ctx, w, tp, spec, o)
+			k, err := p.startWarmKernel(ctx, w, tp, root, spec, o)
 			if !errors.Is(err, errDiedBeforeHandoff) {
 				return k, err
 			}
@@ -192,10 +200,12 @@ func (p *Pool) StartKernel(ctx context.Context, spec nsjail.Spec, o KernelOption
 			log.Warn("warm sandbox found dead at a kernel's hand-off; starting the kernel cold", "error", err)
 		}
 	}
-	return p.startColdKernel(ctx, spec)
+	return p.startColdKernel(ctx, spec, o)
 }
 
-func (p *Pool) startWarmKernel(ctx context.Context, w *warmSandbox, tp *templatePool, spec nsjail.Spec, o KernelOptions) (*Kernel, error) {
+// startWarmKernel binds the volume root (openVolumeRoot's fd for
+// spec.Workspace) over w's workspace and hands w off as a kernel.
+func (p *Pool) startWarmKernel(ctx context.Context, w *warmSandbox, tp *templatePool, root int, spec nsjail.Spec, o KernelOptions) (*Kernel, error) {
 	if w.dead() {
 		p.retiring.Add(1)
 		go func() {
@@ -204,7 +214,7 @@ func (p *Pool) startWarmKernel(ctx context.Context, w *warmSandbox, tp *template
 		}()
 		return nil, errDiedBeforeHandoff
 	}
-	mntID, err := bindVolume(spec.Workspace, w.workspace, o.ReadOnly)
+	mntID, err := bindVolume(root, w.workspace, o.ReadOnly)
 	if err != nil {
 		p.retiring.Add(1)
 		go func() {
@@ -217,7 +227,7 @@ func (p *Pool) startWarmKernel(ctx context.Context, w *warmSandbox, tp *template
 		p.log.Warn("warm pool: unable to restore the sandbox's priority", "sandbox", w.pending.ID(), "error", err)
 	}
 	// On an error the kernel has ended, its workspace unbound and removed.
-	k, err := p.handOffKernel(ctx, w, spec, &warmBind{dir: w.workspace, mntID: mntID, refill: tp.wakeRefill})
+	k, err := p.handOffKernel(ctx, w, spec, o, &warmBind{dir: w.workspace, mntID: mntID, refill: tp.wakeRefill})
 	if err != nil {
 		return nil, err
 	}
@@ -236,13 +246,14 @@ type warmBind struct {
 
 // startColdKernel starts a zygote with the session's volume as its
 // workspace and waits for its preload (on the request path: the pool had
-// no warm sandbox for it).
-func (p *Pool) startColdKernel(ctx context.Context, spec nsjail.Spec) (*Kernel, error) {
+// no warm sandbox for it). libcontainer binds spec.Workspace by its path,
+// which StartKernel found a mount root just before.
+func (p *Pool) startColdKernel(ctx context.Context, spec nsjail.Spec, o KernelOptions) (*Kernel, error) {
 	w, err := p.launch(ctx, nil, spec, 0)
 	if err != nil {
 		return nil, err
 	}
-	k, err := p.handOffKernel(ctx, w, spec, nil)
+	k, err := p.handOffKernel(ctx, w, spec, o, nil)
 	if errors.Is(err, errDiedBeforeHandoff) {
 		return nil, fmt.Errorf("the kernel's sandbox died at its start: %w", err)
 	}
@@ -255,10 +266,10 @@ func (p *Pool) startColdKernel(ctx context.Context, spec nsjail.Spec) (*Kernel, 
 // volume bind (nil for a cold kernel). On an error the kernel has ended
 // (its sandbox waited for, the bind undone); errDiedBeforeHandoff says
 // none of the session ran.
-func (p *Pool) handOffKernel(ctx context.Context, w *warmSandbox, spec nsjail.Spec, bind *warmBind) (*Kernel, error) {
+func (p *Pool) handOffKernel(ctx context.Context, w *warmSandbox, spec nsjail.Spec, o KernelOptions, bind *warmBind) (*Kernel, error) {
 	log := cmp.Or(spec.Logger, p.log)
 	pidfd, perr := kernelPidfd(w.pending)
-	msg, err := EncodeHandoff(Handoff{Cwd: inside.Workspace, Kernel: true})
+	msg, err := EncodeHandoff(Handoff{Cwd: inside.Workspace, Kernel: true, CwdOnPath: !o.ReadOnly})
 	if err == nil {
 		err = perr
 	}
@@ -559,10 +570,7 @@ func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) 
 		return nil, ErrKernelBusy
 	}
 	defer k.busy.Unlock()
-	k.mu.Lock()
-	dying := k.haveReport || k.killedFor != ""
-	k.mu.Unlock()
-	if dying {
+	if k.dying() {
 		// Ending already (its exit was reported, or it is being killed):
 		// nothing of this execution runs; EndReason answers once it returns.
 		<-k.ended
@@ -576,6 +584,13 @@ func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) 
 	log := k.log
 	if e.Logger != nil {
 		log = e.Logger.With("sandbox", k.sb.ID())
+	}
+	// It idled frozen (SECURITY.md case 47): thawed now, after the
+	// caller's snapshot of the workspace and before the request exists,
+	// so an Interrupt (which signals only while a reply is awaited)
+	// never targets a frozen kernel.
+	if err := k.thaw(log); err != nil {
+		return nil, err
 	}
 	k.seq++
 	seq := k.seq
@@ -592,6 +607,11 @@ func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) 
 		outR.Close()
 		outW.Close()
 		return nil, fmt.Errorf("unable to create the execution's stderr pipe: %w", err)
+	}
+	// The execution's own memory peak, not the kernel's lifetime one
+	// (pids.peak cannot be reset: PidsPeak is the kernel's).
+	if err := k.sb.ResetMemoryPeak(); err != nil {
+		log.Debug("unable to reset the kernel's memory peak; reporting its lifetime peak", "error", err)
 	}
 	before, err := k.sb.Stats()
 	if err != nil {
@@ -611,6 +631,10 @@ func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) 
 	o := k.await(ctx, seq, wait, sent, e.Timeout, log)
 	k.unexpect()
 	res.FinishedAt = time.Now()
+	// Frozen while the output and counters are read, done before Exec
+	// returns: whatever the code left running stops before the caller
+	// collects the workspace's artifacts (SECURITY.md case 47).
+	frozen := k.freeze()
 	out, errOut := stdout.Stop(), stderr.Stop()
 
 	after, ended := k.countersAfter()
@@ -633,6 +657,12 @@ func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) 
 		CPUMS:           int64((after.CPUUsageNS - min(after.CPUUsageNS, before.CPUUsageNS)) / 1e6),
 		PeakMemoryBytes: after.MemoryPeakBytes,
 		PidsPeak:        after.PidsPeak,
+	}
+	if err := <-frozen; err != nil {
+		// Left running, the code would run idle: end the kernel instead.
+		log.Error("unable to freeze the kernel after its execution; killing it", "error", err)
+		k.kill(EndProtocol)
+		<-k.ended
 	}
 	if !ended && o.PidsLimitHits > 0 {
 		// Threads or processes may be left half-made: end the kernel.
@@ -666,8 +696,8 @@ func (k *Kernel) send(msg []byte, stdout, stderr *os.File) error {
 }
 
 // await waits for execution seq's reply, interrupting it at its timeout
-// and killing the kernel when the interrupt is not answered within
-// kernelInterruptGrace, when ctx is done or when the kernel breaks the
+// or when ctx is done, and killing the kernel when the interrupt is not
+// answered within kernelInterruptGrace or when the kernel breaks the
 // protocol; it returns when the reply came or the kernel has ended, with
 // what is known of the execution's end.
 func (k *Kernel) await(ctx context.Context, seq uint64, wait *awaitedReply, sent <-chan error, timeout time.Duration,
@@ -682,6 +712,16 @@ func (k *Kernel) await(ctx context.Context, seq uint64, wait *awaitedReply, sent
 		log.Warn("kernel broke its protocol; killing it: "+why, args...)
 		k.kill(EndProtocol)
 		replies = nil // whatever it says now is ignored
+	}
+	// interrupt sends SIGINT and gives the code kernelInterruptGrace to
+	// answer, counted from the first interrupt.
+	interrupt := func(at string) {
+		if err := k.signal(unix.SIGINT); err != nil {
+			log.Warn("unable to interrupt the kernel at "+at, "error", err)
+		}
+		if grace == nil {
+			grace = time.After(kernelInterruptGrace)
+		}
 	}
 	for {
 		select {
@@ -708,21 +748,26 @@ func (k *Kernel) await(ctx context.Context, seq uint64, wait *awaitedReply, sent
 			return o
 		case <-timer.C:
 			o.KilledFor = nsjail.StatusTimeout
-			if err := k.signal(unix.SIGINT); err != nil {
-				log.Warn("unable to interrupt the kernel at its timeout", "error", err)
-			}
-			grace = time.After(kernelInterruptGrace)
+			interrupt("its timeout")
 		case <-grace:
 			grace = nil
-			if o.KilledFor == nsjail.StatusTimeout {
+			switch o.KilledFor {
+			case nsjail.StatusTimeout:
 				k.kill(EndTimeout)
-			} else {
+			case nsjail.StatusCancelled:
+				k.kill(EndCancelled)
+			default:
 				protocol("its control socket closed")
 			}
 		case <-done:
+			// The client went away or cancelled the execution: as at a
+			// timeout, the code is interrupted and the kernel (the
+			// session's state) killed only if it does not stop. Deleting
+			// the session or draining the worker closes the kernel
+			// outright (Close).
 			done = nil
 			o.KilledFor = nsjail.StatusCancelled
-			k.kill(EndCancelled)
+			interrupt("its cancellation")
 		case <-k.ended:
 			return k.endedOutcome(o)
 		}
@@ -766,6 +811,69 @@ func (k *Kernel) countersAfter() (cgroup.Stats, bool) {
 		st.OOMKills = k.oomSeen + 1
 	}
 	return st, true
+}
+
+// freeze freezes the kernel's sandbox, between its executions, in the
+// background; the channel says how that went (nil too when the kernel is
+// ending, or has: nothing idles then). A kernel stays frozen until the
+// next Exec thaws it; Close and every kill thaw it after their SIGKILL
+// (nsjail's Wait), Interrupt signals only during an execution, and its
+// memory is still read from its cgroup (MemoryBytes).
+func (k *Kernel) freeze() <-chan error {
+	done := make(chan error, 1)
+	select {
+	case <-k.ended:
+		done <- nil
+		return done
+	default:
+	}
+	go func() {
+		err := k.sb.Freeze()
+		if k.dying() {
+			err = nil // ending anyway: nothing idles
+		}
+		done <- err
+	}()
+	return done
+}
+
+// thaw lets the kernel run again before an execution. It fails (and the
+// kernel ends) when the kernel cannot be thawed, or when it died while
+// frozen (its exit is only reported once its zygote runs again): nothing
+// of the execution has run then.
+func (k *Kernel) thaw(log *slog.Logger) error {
+	if err := k.sb.Thaw(); err != nil {
+		log.Error("unable to thaw the kernel; killing it", "error", err)
+		k.kill(EndProtocol)
+		<-k.ended
+		return ErrKernelEnded
+	}
+	if k.processExited() {
+		<-k.ended
+		return ErrKernelEnded
+	}
+	return nil
+}
+
+// dying says the kernel is ending: its exit was reported, or it is being
+// killed.
+func (k *Kernel) dying() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.haveReport || k.killedFor != ""
+}
+
+// processExited says the kernel process has exited (its pidfd is
+// readable), whether or not its zygote reported it yet.
+func (k *Kernel) processExited() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.pidfd < 0 {
+		return true
+	}
+	fds := []unix.PollFd{{Fd: int32(k.pidfd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	return err == nil && n > 0
 }
 
 // Interrupt raises KeyboardInterrupt in the running execution (SIGINT to
@@ -824,15 +932,44 @@ func (k *Kernel) MemoryBytes() int64 {
 	return st.MemoryCurrentBytes
 }
 
-// bindVolume binds src (a session's volume) on dst (a warm sandbox's
-// shared workspace mount), nosuid, nodev, noexec (and read-only when
-// readOnly), and returns the bind's mount id. The new mount propagates into
-// the sandbox's /workspace, where it is locked: the code can neither
-// unmount it nor change its flags (SECURITY.md case 40).
-func bindVolume(src, dst string, readOnly bool) (uint64, error) {
-	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_SYMLINK_NOFOLLOW)
+// openVolumeRoot opens src, a session's volume, as an O_PATH fd (no link
+// followed) and checks that it is the root of a mount. A volume not
+// mounted there (an operator's unmount, a lazy detach, the path reused)
+// leaves a plain directory of the host, which bound as /workspace would
+// hold neither the session's files nor its quota (SECURITY.md case 48).
+// bindVolume clones the tree of this very fd, never the path again.
+func openVolumeRoot(src string) (int, error) {
+	fd, err := unix.Open(src, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return 0, fmt.Errorf("open_tree %s: %w", src, err)
+		return -1, fmt.Errorf("the session's workspace %s: %w", src, err)
+	}
+	var st unix.Statx_t
+	err = unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_TYPE, &st)
+	switch {
+	case err != nil:
+		err = fmt.Errorf("statx %s: %w", src, err)
+	case st.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT == 0:
+		err = fmt.Errorf("statx %s: the kernel does not report mount roots (needs Linux 5.8)", src)
+	case st.Attributes&unix.STATX_ATTR_MOUNT_ROOT == 0:
+		err = fmt.Errorf("the session's workspace %s is not mounted (not the root of a mount)", src)
+	}
+	if err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+// bindVolume binds the tree of root (openVolumeRoot's fd of a session's
+// volume) on dst (a warm sandbox's shared workspace mount), nosuid,
+// nodev, noexec (and read-only when readOnly), and returns the bind's
+// mount id. The new mount propagates into the sandbox's /workspace, where
+// it is locked: the code can neither unmount it nor change its flags
+// (SECURITY.md case 40).
+func bindVolume(root int, dst string, readOnly bool) (uint64, error) {
+	fd, err := unix.OpenTree(root, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
+	if err != nil {
+		return 0, fmt.Errorf("open_tree of the session's workspace: %w", err)
 	}
 	defer unix.Close(fd)
 	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC}

@@ -15,6 +15,7 @@ import (
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 	"github.com/sandboxd/sandboxd/server/volume"
 	"github.com/sandboxd/sandboxd/server/warmpool"
+	"golang.org/x/sys/unix"
 )
 
 // kernelEnv is a pool for kernels and what a session's spec needs.
@@ -43,9 +44,25 @@ func newKernelEnv(t testing.TB, size int) *kernelEnv {
 	return &kernelEnv{r: r, pool: pool, rootfs: rootfs, tpl: tpl, workRoot: workRoot}
 }
 
-// sessionDir is a plain directory standing in for a session's volume,
-// owned by the sandbox user.
+// sessionDir is a directory standing in for a session's volume, owned by
+// the sandbox user and, as a volume is, the root of a mount (bound on
+// itself; unmounted at the end).
 func (e *kernelEnv) sessionDir(t testing.TB) string {
+	t.Helper()
+	dir := e.plainDir(t)
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			t.Error(err)
+		}
+	})
+	return dir
+}
+
+// plainDir is a directory owned by the sandbox user, not a mount root.
+func (e *kernelEnv) plainDir(t testing.TB) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "session")
 	if err := os.Mkdir(dir, 0o700); err != nil {
@@ -297,20 +314,37 @@ except RuntimeError as e:
 			}
 		})
 	}
+	// A cancelled execution (the client went away) is interrupted, as at
+	// a timeout: the session's state survives unless the code ignores
+	// the interrupt.
 	t.Run("cancelled", func(t *testing.T) {
 		ws := e.sessionDir(t)
 		k := e.start(t, ws, false, warmpool.KernelOptions{})
-		ctx, cancel := context.WithCancel(context.Background())
-		go func() {
-			waitFile(t, ws, "running")
-			cancel()
-		}()
-		kr, err := k.Exec(ctx, warmpool.KernelExec{Code: "import time\nopen('running', 'w').close()\ntime.sleep(3600)"})
-		if err != nil {
-			t.Fatal(err)
+		cancelled := func(name, code string) *warmpool.KernelResult {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go func() {
+				waitFile(t, ws, name)
+				cancel()
+			}()
+			kr, err := k.Exec(ctx, warmpool.KernelExec{Code: code + "\nopen(" + fmt.Sprintf("%q", name) + ", 'w').close()\nwhile True: pass"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if kr.Result.Status != nsjail.StatusCancelled {
+				t.Fatalf("status %s, ended %q", kr.Result.Status, kr.Ended)
+			}
+			return kr
 		}
-		if kr.Result.Status != nsjail.StatusCancelled || kr.Ended != warmpool.EndCancelled {
-			t.Fatalf("status %s, ended %q", kr.Result.Status, kr.Ended)
+		kr := cancelled("running", "kept = 1")
+		wantAlive(t, kr)
+		if kr.Result.ExitCode != 130 || !strings.Contains(string(kr.Result.Stderr), "KeyboardInterrupt") {
+			t.Fatalf("exit code %d, stderr %q", kr.Result.ExitCode, kr.Result.Stderr)
+		}
+		want(t, run(t, k, "print(kept)"), nsjail.StatusSucceeded, 0, "1\n")
+		kr = cancelled("stubborn", "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)")
+		if kr.Ended != warmpool.EndCancelled {
+			t.Fatalf("a cancelled execution ignoring SIGINT: ended %q", kr.Ended)
 		}
 	})
 	t.Run("closed", func(t *testing.T) {
@@ -476,4 +510,89 @@ func reportLatency(b *testing.B, lat []time.Duration) {
 	slices.Sort(lat)
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+}
+
+// An execution reports its own memory peak, not the kernel's lifetime
+// one; the kernel keeps the sources of its newest cells only (tracebacks
+// show their lines), within a budget.
+func TestKernelPerExecutionPeakAndBoundedSources(t *testing.T) {
+	e := newKernelEnv(t, 0)
+	k := e.start(t, e.sessionDir(t), false, warmpool.KernelOptions{})
+	big := run(t, k, "b = bytearray(192 << 20)\nb[::4096] = b'x' * len(b[::4096])\ndel b")
+	want(t, big, nsjail.StatusSucceeded, 0, "")
+	small := run(t, k, "print(1)")
+	want(t, small, nsjail.StatusSucceeded, 0, "1\n")
+	if p := big.Result.Usage.PeakMemoryBytes; p < 192<<20 {
+		t.Fatalf("the 192 MiB execution's peak: %d", p)
+	}
+	if p := small.Result.Usage.PeakMemoryBytes; p >= big.Result.Usage.PeakMemoryBytes-(128<<20) {
+		t.Fatalf("print(1) after a 192 MiB execution peaked at %d (the kernel's lifetime peak?)", p)
+	}
+
+	// Three cells of 1.5 M characters each, then one that reads the
+	// budget from the zygote's globals and what linecache holds.
+	for range 3 {
+		want(t, run(t, k, "#"+strings.Repeat("x", 3<<19)+"\ny = 1"), nsjail.StatusSucceeded, 0, "")
+	}
+	kr := run(t, k, `import linecache, sys
+f = sys._getframe()
+while "_CELL_SOURCE_BUDGET" not in f.f_globals:
+    f = f.f_back
+budget = f.f_globals["_CELL_SOURCE_BUDGET"]
+cells = {k: v[0] for k, v in linecache.cache.items() if k.startswith("<cell ")}
+print(sum(cells.values()) <= budget, "<cell 3>" in cells, "<cell 5>" in cells, "<cell 6>" in cells)
+1/0`)
+	if kr.Result.ExitCode != 1 || string(kr.Result.Stdout) != "True False True True\n" ||
+		!strings.Contains(string(kr.Result.Stderr), "    1/0\n") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", kr.Result.ExitCode, kr.Result.Stdout, kr.Result.Stderr)
+	}
+}
+
+// SECURITY.md case 45: a read-only kernel (a profile's) does not import
+// a module the session planted in its workspace; a session's own kernel
+// does, as an interactive interpreter would.
+func TestReadOnlyKernelIgnoresPlantedModules(t *testing.T) {
+	e := newKernelEnv(t, 1)
+	ws := e.sessionDir(t)
+	// colorsys is in the standard library and not preloaded.
+	if err := os.WriteFile(filepath.Join(ws, "colorsys.py"), []byte("print('planted')\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const probe = "import colorsys\nprint(colorsys.__file__.startswith('/workspace'))"
+	for _, warm := range []bool{true, false} {
+		ro := e.start(t, ws, warm, warmpool.KernelOptions{ReadOnly: true})
+		want(t, run(t, ro, probe), nsjail.StatusSucceeded, 0, "False\n")
+		ro.Close()
+	}
+	rw, err := e.pool.StartKernel(context.Background(), e.spec(ws), warmpool.KernelOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rw.Close()
+	want(t, run(t, rw, probe), nsjail.StatusSucceeded, 0, "planted\nTrue\n")
+}
+
+// SECURITY.md case 48: a workspace that is not the root of a mount (a
+// volume unmounted by an operator or lazily detached leaves the plain
+// directory below) is refused, warm or cold, before anything starts; the
+// pool keeps its ready sandbox.
+func TestKernelRefusesAnUnmountedWorkspace(t *testing.T) {
+	for _, size := range []int{1, 0} {
+		e := newKernelEnv(t, size)
+		if size > 0 {
+			waitReadyTB(t, e.pool, 1)
+		}
+		plain := e.plainDir(t)
+		k, err := e.pool.StartKernel(context.Background(), e.spec(plain), warmpool.KernelOptions{})
+		if err == nil {
+			k.Close()
+			t.Fatalf("pool of size %d: a kernel started on a plain directory", size)
+		}
+		if !strings.Contains(err.Error(), "not mounted") {
+			t.Errorf("pool of size %d: %v", size, err)
+		}
+		if st := e.pool.Stats(); st.Ready != uint64(size) {
+			t.Errorf("pool of size %d after the refusal: %+v", size, st)
+		}
+	}
 }

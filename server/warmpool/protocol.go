@@ -27,7 +27,7 @@ package warmpool
 //  3k. Kernel hand-off. A Handoff with Kernel set makes the code's process
 //     a session's kernel instead: it keeps ControlFD, points fds 1 and 2 at
 //     /dev/null, changes to Cwd (after the pool bound the session's volume
-//     there) and answers with a KernelReply of Seq KernelReadySeq. Then,
+//     there), puts it first on sys.path only with CwdOnPath, and answers with a KernelReply of Seq KernelReadySeq. Then,
 //     per execution, the pool sends one KernelRequest (EncodeKernelRequest:
 //     one line, Seq counting from 1) carrying, as SCM_RIGHTS, KernelFDs
 //     fds: the write ends of the execution's stdout and stderr pipes. The
@@ -89,6 +89,13 @@ type Handoff struct {
 	Cwd string `json:"cwd"`
 	// Kernel makes the process a session's kernel (step 3k).
 	Kernel bool `json:"kernel,omitempty"`
+	// CwdOnPath puts a kernel's Cwd first on its sys.path, as an
+	// interactive interpreter has it (a session's own modules beside its
+	// data import). Off for a kernel that runs the worker's code on the
+	// session's files (a profile): a module the session planted there
+	// (pyarrow/__init__.py, which pandas imports lazily) would run inside
+	// it (SECURITY.md case 45).
+	CwdOnPath bool `json:"cwd_on_path,omitempty"`
 	// Display and Figures are the runner's job's (runner.Job).
 	Display bool `json:"display,omitempty"`
 	Figures bool `json:"figures,omitempty"`
@@ -126,8 +133,6 @@ type KernelReply struct {
 	// ExitCode is 0, 1 for an uncaught exception, N for SystemExit(N),
 	// 130 for KeyboardInterrupt.
 	ExitCode int `json:"exit_code"`
-	// Interrupted says the cell ended with KeyboardInterrupt.
-	Interrupted bool `json:"interrupted,omitempty"`
 }
 
 // EncodeKernelRequest is r as its line (the fds go beside it).
@@ -154,9 +159,8 @@ func DecodeKernelReply(line []byte) (KernelReply, error) {
 	// Pointers: a field left out (or null, or a reply that is null) is an
 	// error, never a zero.
 	var wire struct {
-		Seq         *uint64 `json:"seq"`
-		ExitCode    *int    `json:"exit_code"`
-		Interrupted *bool   `json:"interrupted"`
+		Seq      *uint64 `json:"seq"`
+		ExitCode *int    `json:"exit_code"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(line[:len(line)-1]))
 	dec.DisallowUnknownFields()
@@ -173,9 +177,6 @@ func DecodeKernelReply(line []byte) (KernelReply, error) {
 		return r, fmt.Errorf("kernel reply %q: exit code out of range", line)
 	}
 	r.Seq, r.ExitCode = *wire.Seq, *wire.ExitCode
-	if wire.Interrupted != nil {
-		r.Interrupted = *wire.Interrupted
-	}
 	return r, nil
 }
 

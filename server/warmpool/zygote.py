@@ -44,12 +44,13 @@ _STRAY_FD_EXIT = 70  # EX_SOFTWARE: the preload left an fd open
 
 def decode_handoff(message):
     """The hand-off message (protocol.go's Handoff) as (path, argv, cwd,
-    kernel)."""
+    kernel, cwd_on_path)."""
     import json
 
     job = json.loads(message)
     path = job["path"]
-    return path, job.get("argv") or [path], job.get("cwd") or "/", bool(job.get("kernel"))
+    return (path, job.get("argv") or [path], job.get("cwd") or "/", bool(job.get("kernel")),
+            bool(job.get("cwd_on_path")))
 
 
 def decode_request(message):
@@ -60,14 +61,11 @@ def decode_request(message):
     return req["seq"], req["code"], req.get("env") or {}
 
 
-def encode_reply(seq, exit_code, interrupted):
+def encode_reply(seq, exit_code):
     """A kernel's answer (protocol.go's KernelReply, DecodeKernelReply)."""
     import json
 
-    reply = {"seq": seq, "exit_code": exit_code}
-    if interrupted:
-        reply["interrupted"] = True
-    return json.dumps(reply).encode() + MESSAGE_END
+    return json.dumps({"seq": seq, "exit_code": exit_code}).encode() + MESSAGE_END
 
 
 def encode_exit_report(status):
@@ -146,9 +144,9 @@ def _fork_code_process():
     msg = _receive()
     if msg is None:
         os._exit(0)
-    path, argv, cwd, kernel = decode_handoff(msg)
+    path, argv, cwd, kernel, cwd_on_path = decode_handoff(msg)
     if kernel:
-        _kernel(cwd)
+        _kernel(cwd, cwd_on_path)
     else:
         os.close(CONTROL_FD)
         _run(path, argv, cwd)
@@ -321,6 +319,11 @@ def _finish(code, main, opened):
 
 _interrupt_pending = False
 _KERNEL_PROTOCOL_EXIT = 76  # EX_PROTOCOL: a request without its fds
+# The cells kept in linecache (name, characters), oldest first, and their
+# total: the newest within the budget, and the last one whatever its size.
+_CELL_SOURCE_BUDGET = 4 << 20
+_cell_sources = []
+_cell_source_chars = 0
 
 
 def _note_interrupt(signum, frame):
@@ -329,9 +332,12 @@ def _note_interrupt(signum, frame):
     _interrupt_pending = True
 
 
-def _kernel(cwd):
+def _kernel(cwd, cwd_on_path):
     """Loop over a session's executions, each a cell run in one persistent
-    __main__, as a notebook does. Every execution brings its own stdout and
+    __main__, as a notebook does. cwd goes first on sys.path only with
+    cwd_on_path: a kernel running the worker's code on the session's files
+    (a profile) must not import a module planted there (SECURITY.md case
+    45). Every execution brings its own stdout and
     stderr (the pool's pipes, on fds 1 and 2 while it runs; /dev/null
     between executions, where a thread left running writes). A cell's
     SystemExit, exception or KeyboardInterrupt ends the cell, never the
@@ -352,15 +358,16 @@ def _kernel(cwd):
         stream.reconfigure(line_buffering=True, write_through=True)
     os.chdir(cwd)
     sys.argv[:] = [""]
-    # As an interactive interpreter's: modules beside the data import.
-    sys.path.insert(0, cwd)
+    if cwd_on_path:
+        # As an interactive interpreter's: modules beside the data import.
+        sys.path.insert(0, cwd)
     main = types.ModuleType("__main__")
     main.__builtins__ = __builtins__
     sys.modules["__main__"] = main
     libc = ctypes.CDLL(None)
     kernel_pid = os.getpid()
     signal.signal(signal.SIGINT, _note_interrupt)
-    sock.sendall(encode_reply(KERNEL_READY_SEQ, 0, False))
+    sock.sendall(encode_reply(KERNEL_READY_SEQ, 0))
     while True:
         got = _receive_request(sock)
         if got is None:
@@ -370,13 +377,13 @@ def _kernel(cwd):
             os._exit(_KERNEL_PROTOCOL_EXIT)
         _interrupt_pending = False
         seq, code, env = decode_request(msg)
-        exit_code, interrupted = _execute(main, seq, code, env, fds, libc)
+        exit_code = _execute(main, seq, code, env, fds, libc)
         if os.getpid() != kernel_pid:
             # A fork made by the cell that returned into the loop: it ends
             # here, as a forked child of a script ends with the script.
             os._exit(exit_code)
         try:
-            sock.sendall(encode_reply(seq, exit_code, interrupted))
+            sock.sendall(encode_reply(seq, exit_code))
         except OSError:
             os._exit(0)
 
@@ -429,8 +436,17 @@ def _execute(main, seq, code, env, fds, libc):
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     name = CELL_NAME_FORMAT % seq
-    # Tracebacks and inspect show the cell's lines.
+    # Tracebacks and inspect show the cell's lines: the newest cells' only,
+    # within _CELL_SOURCE_BUDGET (a long session's sources would grow the
+    # kernel's memory without bound).
     linecache.cache[name] = (len(code), None, code.splitlines(True), name)
+    _cell_sources.append((name, len(code)))
+    global _cell_source_chars
+    _cell_source_chars += len(code)
+    while len(_cell_sources) > 1 and _cell_source_chars > _CELL_SOURCE_BUDGET:
+        old, size = _cell_sources.pop(0)
+        linecache.cache.pop(old, None)
+        _cell_source_chars -= size
     try:
         return _run_cell(main, code, name)
     finally:
@@ -444,9 +460,9 @@ def _execute(main, seq, code, env, fds, libc):
 
 
 def _run_cell(main, source, name):
-    """(exit code, interrupted) of one cell. SIGINT raises KeyboardInterrupt
-    only while the cell runs; one that came first (between the request and
-    here) is raised at its start."""
+    """The exit code of one cell (130 for KeyboardInterrupt). SIGINT raises
+    KeyboardInterrupt only while the cell runs; one that came first (between
+    the request and here) is raised at its start."""
     try:
         try:
             signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -456,7 +472,7 @@ def _run_cell(main, source, name):
         finally:
             signal.signal(signal.SIGINT, _note_interrupt)
     except SystemExit as exc:
-        return _exit_code(exc), False
+        return _exit_code(exc)
     except BaseException as exc:
         # As the interpreter prints it, minus this frame (see _run).
         tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
@@ -465,10 +481,8 @@ def _run_cell(main, source, name):
             sys.excepthook(type(exc), exc, tb)
         except BaseException:
             pass
-        if isinstance(exc, KeyboardInterrupt):
-            return 130, True
-        return 1, False
-    return 0, False
+        return 130 if isinstance(exc, KeyboardInterrupt) else 1
+    return 0
 
 
 def _check_no_stray_fds():

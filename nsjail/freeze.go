@@ -1,0 +1,94 @@
+package nsjail
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sandboxd/sandboxd/cgroup"
+)
+
+// A sandbox can be frozen between the executions it serves (a session's
+// kernel idles frozen): every process of its cgroup stops where it is,
+// using no CPU and touching no file, until Thaw. Background code left
+// running by an execution (a thread, a forked process) is what this stops:
+// idle, it would run with no admission slot of its own and race the
+// worker's reads of the workspace (SECURITY.md case 47).
+//
+// The freezer is the cgroup's (cgroup.Freeze: v1 freezer.state, v2
+// cgroup.freeze), written directly rather than through libcontainer's
+// Pause, whose retry policy costs 10 ms at times; libcontainer reads the
+// same files for its own view (a frozen container is "paused" to it).
+//
+// A frozen task cannot die: on cgroup v1 a SIGKILL stays pending until the
+// task is thawed (v2's freezer lets a fatal signal through). libcontainer's
+// Signal(SIGKILL) thaws a paused container after signalling its init (and
+// so Sweep's kill of a frozen orphan, and Destroy thaws one whose init is
+// gone), but not when the init has exited already, and a Freeze racing the
+// kill could freeze it again after. So the sandbox is never frozen once its
+// end began: Wait marks it ending under fz before it kills, and thaws it
+// after the kill, whatever froze it before.
+
+// freezeTimeout bounds Freeze: a task in an uninterruptible sleep (a disk
+// write) freezes only when it wakes.
+const freezeTimeout = time.Second
+
+// errEnding: Freeze after the sandbox began to end.
+var errEnding = errors.New("the sandbox is ending: not frozen")
+
+// Freeze freezes every process of the sandbox and returns once they all
+// are. A sandbox whose end has begun (Wait is killing it, or it was waited
+// for) is not frozen: an error. On an error nothing is frozen (a freeze
+// that failed half-way is thawed).
+func (s *Sandbox) Freeze() error {
+	s.fz.Lock()
+	defer s.fz.Unlock()
+	if s.ending {
+		return errEnding
+	}
+	if s.frozen {
+		return nil
+	}
+	if err := cgroup.Freeze(s.cgroupPaths, freezeTimeout); err != nil {
+		return fmt.Errorf("unable to freeze the sandbox: %w", err)
+	}
+	s.frozen = true
+	return nil
+}
+
+// Thaw lets a sandbox Freeze stopped run again; it does nothing to one
+// that is not frozen.
+func (s *Sandbox) Thaw() error {
+	s.fz.Lock()
+	defer s.fz.Unlock()
+	return s.thawLocked()
+}
+
+func (s *Sandbox) thawLocked() error {
+	if !s.frozen {
+		return nil
+	}
+	if err := cgroup.Thaw(s.cgroupPaths); err != nil {
+		return fmt.Errorf("unable to thaw the sandbox: %w", err)
+	}
+	s.frozen = false
+	return nil
+}
+
+// endFreezing marks the sandbox ending: no Freeze from now on. Wait calls
+// it before it kills the sandbox, and thawForEnd after the kill.
+func (s *Sandbox) endFreezing() {
+	s.fz.Lock()
+	s.ending = true
+	s.fz.Unlock()
+}
+
+// thawForEnd thaws a sandbox frozen before its end began, so that the kill
+// it was sent (pending while frozen) takes it, and its processes can exit.
+func (s *Sandbox) thawForEnd() {
+	s.fz.Lock()
+	defer s.fz.Unlock()
+	if err := s.thawLocked(); err != nil {
+		s.log.Error("unable to thaw the sandbox to end it", "error", err)
+	}
+}
