@@ -21,7 +21,6 @@ import (
 	"github.com/julienschmidt/httprouter"
 	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/server/results"
-	"github.com/sandboxd/sandboxd/server/runner"
 	"github.com/sandboxd/sandboxd/server/session"
 	"github.com/sandboxd/sandboxd/server/volume"
 	"github.com/sandboxd/sandboxd/server/warmpool"
@@ -363,7 +362,8 @@ func (s *Server) executeInSession(ctx context.Context, p *plan) (*ExecutionRespo
 	since := workspace.TakeSnapshot(v.Path())
 	x.log.Info("kernel execution starting")
 	kr, info, err := run.Exec(ctx, warmpool.KernelExec{Code: p.code, Env: p.extra,
-		Timeout: time.Duration(p.policy.TimeoutMS) * time.Millisecond, Logger: x.log, Output: p.hub.Output})
+		Timeout: time.Duration(p.policy.TimeoutMS) * time.Millisecond, Logger: x.log, Output: p.hub.Output,
+		Display: p.display, Figures: p.figures, OnEvent: p.runnerEvent})
 	p.code = ""
 	if err != nil {
 		// Nothing of the code ran (Run.Exec): refused, the id free for
@@ -372,7 +372,7 @@ func (s *Server) executeInSession(ctx context.Context, p *plan) (*ExecutionRespo
 	}
 	x.started = true
 	x.resp.Session = &info
-	s.fill(x.resp, kr.Result, runner.Outcome{}, v.Path(), since, x.saveArtifact, x.log)
+	s.fill(x.resp, kr.Result, kr.Events, v.Path(), since, x.saveArtifact, x.log)
 	return x.finish()
 }
 

@@ -57,11 +57,15 @@ import (
 	"syscall"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/server/runner"
 	"golang.org/x/sys/unix"
 )
 
 //go:embed zygote.py
 var zygoteSource string
+
+// The runner (server/runner) is the zygote's first argument: it runs every
+// execution's code, single-shot or a kernel's cell.
 
 // The fds of the zygote and the code's process (see zygoteFiles).
 const (
@@ -108,9 +112,9 @@ const (
 	// KernelReadySeq is the Seq of a kernel's answer to its hand-off;
 	// executions count from KernelReadySeq+1.
 	KernelReadySeq = 0
-	// KernelFDs is the number of fds a KernelRequest carries: stdout's and
-	// stderr's write ends, in that order.
-	KernelFDs = 2
+	// KernelFDs is the number of fds a KernelRequest carries: stdout's,
+	// stderr's and the runner's events pipe's write ends, in that order.
+	KernelFDs = 3
 	// maxKernelReplyBytes bounds a KernelReply line, MessageEnd included.
 	maxKernelReplyBytes = 128
 	// maxKernelExitCode is the highest exit code a reply may carry.
@@ -124,6 +128,9 @@ type KernelRequest struct {
 	Code string `json:"code"`
 	// Env is set in os.environ for the execution, then restored.
 	Env map[string]string `json:"env"`
+	// Display and Figures are the runner's (runner.Job's).
+	Display bool `json:"display,omitempty"`
+	Figures bool `json:"figures,omitempty"`
 }
 
 // KernelReply is a kernel's answer to a KernelRequest (or to its
@@ -220,7 +227,7 @@ func DecodeExitReport(line []byte) (syscall.WaitStatus, error) {
 // can write is there when the zygote imports (SECURITY.md case 35). -I would
 // also drop the template's PYTHON* variables, which a cold run honours.
 func zygoteArgs(preload []string) []string {
-	return []string{"python3", "-P", "-c", zygoteSource, strings.Join(preload, PreloadSep)}
+	return []string{"python3", "-P", "-c", zygoteSource, runner.Source, strings.Join(preload, PreloadSep)}
 }
 
 // controlPair makes a warm sandbox's ControlFD channel, a unix stream
