@@ -287,7 +287,7 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 	if e != nil {
 		return nil, nil, e
 	}
-	ctx, x, e := s.admit(ctx, p)
+	ctx, x, e := s.admit(ctx, p, nil)
 	if e != nil {
 		return nil, nil, e
 	}
@@ -385,10 +385,13 @@ type execution struct {
 }
 
 // admit registers the execution (refused while draining), claims its id
-// in the live table and the result store, and reserves its admission
-// ticket. The returned context is cancelled by DELETE and the drain. On
-// success the caller must call done once the run is over.
-func (s *Server) admit(ctx context.Context, p *plan) (context.Context, *execution, *apiError) {
+// in the live table and the result store, runs reserve when it is not nil
+// (a session's reservation: refused before a slot is taken, so that a busy
+// session is 409 session_busy, not 429, when its own running execution
+// holds the last slot), and reserves its admission ticket. The returned
+// context is cancelled by DELETE and the drain. On success the caller must
+// call done once the run is over.
+func (s *Server) admit(ctx context.Context, p *plan, reserve func() *apiError) (context.Context, *execution, *apiError) {
 	x := &execution{s: s, p: p, log: s.log.With("execution_id", p.id, "run", p.run, "policy", p.policy.Name)}
 	if p.session != "" {
 		x.log = x.log.With("session_id", p.session)
@@ -408,6 +411,13 @@ func (s *Server) admit(ctx context.Context, p *plan) (context.Context, *executio
 		return nil, nil, storeError(err)
 	}
 	x.rec = rec
+	if reserve != nil {
+		if e := reserve(); e != nil {
+			x.cancel()
+			s.inFlight.Done()
+			return nil, nil, x.refuse(e)
+		}
+	}
 	ticket, err := s.admission.Reserve()
 	if err != nil {
 		s.forget(rec)

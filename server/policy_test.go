@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/server/config"
+	"github.com/sandboxd/sandboxd/server/stream"
 )
 
 // config.ReservedEnv, which allowed_env may not name, must cover every
@@ -27,7 +28,7 @@ func TestBaseEnvIsReserved(t *testing.T) {
 // other policy's template.
 func TestRequestSpecsMatchTheirPolicyTemplate(t *testing.T) {
 	cfg := config.Default()
-	s := &Server{cfg: cfg, policies: PoliciesFromConfig(cfg)}
+	s := &Server{cfg: cfg, policies: PoliciesFromConfig(cfg), streams: stream.NewRegistry(stream.DefaultLimits, finishedStreams, streamLinger)}
 	const rootfs = "/rootfs"
 	for _, name := range s.policies.Names() {
 		for _, tc := range []struct {

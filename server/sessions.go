@@ -330,15 +330,22 @@ func (s *Server) executeInSession(ctx context.Context, p *plan) (*ExecutionRespo
 	// The id is claimed before the session is reserved: a retry of this
 	// request arriving meanwhile finds it live and gets its answer (or
 	// waits for it), never the 409 session_busy its original causes.
-	ctx, x, e := s.admit(ctx, p)
+	var run *session.Run
+	ctx, x, e := s.admit(ctx, p, func() *apiError {
+		r, err := s.reserve(m, p.session)
+		if err != nil {
+			return sessionError(p.session, err)
+		}
+		run = r
+		return nil
+	})
 	if e != nil {
+		if run != nil {
+			run.End() // reserved, then refused a slot (429)
+		}
 		return nil, nil, e
 	}
 	defer x.done()
-	run, err := s.reserve(m, p.session)
-	if err != nil {
-		return nil, nil, x.refuse(sessionError(p.session, err))
-	}
 	x.accept()
 	// Ended before the answer is written (deferred calls run before the
 	// handler writes): the client's next execution never meets this one.
