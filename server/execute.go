@@ -335,8 +335,7 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 		return nil, nil, x.refuse(&apiError{status: http.StatusInternalServerError, reason: "sandbox", msg: err.Error()})
 	}
 	events := runner.NewReader(evR, runner.Want{Display: p.display, Figures: p.figures}, p.runnerEvent)
-	spec := s.spec(p, rootfs, python, ws.Dir)
-	spec.ExtraFiles = []*os.File{evW}
+	spec := s.spec(p, rootfs, python, ws.Dir, evW)
 	spec.Logger = log // execution_id and policy on the sandbox's lines too
 	spec.Output = p.hub.Output
 	log.Info("sandbox starting")
@@ -550,19 +549,24 @@ func unstoredResponse(resp *ExecutionResponse, err error) *ExecutionResponse {
 }
 
 // spec is the sandbox spec of a plan: the runner running the code file
-// (runner.Args; its events fd is the caller's to add as ExtraFiles), the
-// policy's Limits and Env (BaseEnv plus the request's extras), so the warm
-// pool can match it to the policy's Template.
-func (s *Server) spec(p *plan, rootfs, python, workspace string) nsjail.Spec {
+// (runner.Args) with events, the write end of its events pipe, as its
+// runner.EventsFD (none when nil: a kernel's, whose Args are the zygote's), the policy's Limits and Env (BaseEnv plus the request's
+// extras), so the warm pool can match it to the policy's Template.
+func (s *Server) spec(p *plan, rootfs, python, workspace string, events *os.File) nsjail.Spec {
+	job := runner.Job{Path: CodePath, Cwd: inside.Workspace, Display: p.display, Figures: p.figures}
+	var extra []*os.File
+	if events != nil {
+		job.EventsFD, extra = runner.EventsFD, []*os.File{events}
+	}
 	return nsjail.Spec{
-		ID:     p.run,
-		Rootfs: rootfs,
-		Args: runner.Args(python, runner.Job{Path: CodePath, Cwd: inside.Workspace,
-			Display: p.display, Figures: p.figures, EventsFD: runner.EventsFD}),
-		Env:       p.env,
-		Cwd:       inside.Workspace,
-		Workspace: workspace,
-		Limits:    p.policy.Limits(s.cfg),
+		ID:         p.run,
+		Rootfs:     rootfs,
+		Args:       runner.Args(python, job),
+		Env:        p.env,
+		Cwd:        inside.Workspace,
+		Workspace:  workspace,
+		ExtraFiles: extra,
+		Limits:     p.policy.Limits(s.cfg),
 	}
 }
 
