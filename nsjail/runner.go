@@ -202,7 +202,7 @@ func (s *Sandbox) ID() string { return s.id }
 // returned Sandbox must be waited for. A validation error means nothing was
 // started; any other error is a *StartError, and everything that was created
 // is already removed.
-func (r *Runner) Start(spec Spec) (*Sandbox, error) { return r.start(spec, nil) }
+func (r *Runner) Start(spec Spec) (*Sandbox, error) { return r.start(spec, spec.ExtraFiles) }
 
 // start is Start, passing extraFiles to the command as fds 3, 4, ...
 func (r *Runner) start(spec Spec, extraFiles []*os.File) (*Sandbox, error) {
