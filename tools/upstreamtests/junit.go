@@ -128,9 +128,10 @@ func Compare(suite string, outside, inside map[string]Outcome) Comparison {
 	return c
 }
 
-// Report is the comparison as markdown: one row per suite, then every
+// Report is the comparison as markdown: one row per suite, then what the
+// image does not have (absent: "pyarrow: not in this image"), then every
 // regression and every test that passed inside only.
-func Report(comps []Comparison) string {
+func Report(comps []Comparison, absent []string) string {
 	var b strings.Builder
 	b.WriteString("| suite | tests | passed outside | passed inside | failed+errors outside | failed+errors inside | skipped outside | skipped inside | regressions |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
@@ -155,6 +156,9 @@ func Report(comps []Comparison) string {
 		fmt.Fprintf(&b, " %d |", total[fmt.Sprint(i)])
 	}
 	b.WriteString("\n")
+	for _, a := range absent {
+		fmt.Fprintf(&b, "\n%s", a)
+	}
 	for _, c := range comps {
 		for _, r := range c.Regressions {
 			fmt.Fprintf(&b, "\nREGRESSION %s: %s", c.Suite, r)

@@ -57,8 +57,9 @@ func TestCompare(t *testing.T) {
 	if c.Outside[Passed] != 5 || c.Inside[Passed] != 3 || c.Outside[Missing] != 1 || c.Inside[Missing] != 1 {
 		t.Errorf("counts outside %v inside %v", c.Outside, c.Inside)
 	}
-	r := Report([]Comparison{c})
-	if !strings.Contains(r, "| s | 8 | 5 | 3 | 1 | 2 | 1 | 2 | 4 |") || !strings.Contains(r, "REGRESSION s: f (inside: missing)") {
+	r := Report([]Comparison{c}, []string{"pyarrow: not in this image"})
+	if !strings.Contains(r, "| s | 8 | 5 | 3 | 1 | 2 | 1 | 2 | 4 |") || !strings.Contains(r, "REGRESSION s: f (inside: missing)") ||
+		!strings.Contains(r, "\npyarrow: not in this image\n") {
 		t.Errorf("report:\n%s", r)
 	}
 }
@@ -84,5 +85,42 @@ func TestNodeID(t *testing.T) {
 		if got != want || ok != (want != "") {
 			t.Errorf("nodeID(%q) = %q, %v; want %q", id, got, ok, want)
 		}
+	}
+}
+
+// A library the image lacks is reported, not failed; missing test files of
+// a library it has are dropped and listed; a library without any of its
+// test files means the wrong image and is an error.
+func TestAvailable(t *testing.T) {
+	root := t.TempDir()
+	dist := filepath.Join(root, distPackages)
+	for _, f := range []string{"numpy/_core/tests/test_a.py", "numpy/lib/tests/test_io.py", "pandas/__init__.py"} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dist, f)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dist, f), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(dist, "pandas/tests/tslibs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	s, gone, err := available(root, suite{name: "pyarrow", paths: []string{"pyarrow/tests/test_io.py"}})
+	if err != nil || len(s.paths) != 0 || len(gone) != 0 {
+		t.Errorf("pyarrow absent: %v %q %v, want no paths and no error", s.paths, gone, err)
+	}
+	np := suite{name: "numpy", paths: []string{"numpy/_core/tests/test_a.py", "numpy/_core/tests/test_gone.py", "numpy/lib/tests/test_io.py"}, args: []string{"-m", "not slow"}}
+	s, gone, err = available(root, np)
+	if err != nil || !slices.Equal(s.paths, []string{"numpy/_core/tests/test_a.py", "numpy/lib/tests/test_io.py"}) ||
+		!slices.Equal(gone, []string{"numpy/_core/tests/test_gone.py"}) || !slices.Equal(s.args, np.args) {
+		t.Errorf("numpy: %v %q %v", s, gone, err)
+	}
+	s, _, err = available(root, suite{name: "pandas", paths: []string{"pandas/tests/tslibs", "pandas/tests/io/test_parquet.py"}})
+	if err != nil || !slices.Equal(s.paths, []string{"pandas/tests/tslibs"}) {
+		t.Errorf("pandas (a directory path): %v %v", s.paths, err)
+	}
+	if _, _, err := available(root, suite{name: "pandas", paths: []string{"pandas/tests/io/test_parquet.py"}}); err == nil {
+		t.Error("pandas without any of its test files: no error")
 	}
 }

@@ -4,6 +4,9 @@
 // (Debian's packaged tests, in the python-runtime-tests image) once outside
 // any sandbox and once inside one, and fails when a test that passes
 // outside does not pass inside. `make upstream-tests` runs it (root only).
+// A library the image does not have (pyarrow on trixie, the default suite)
+// is reported as "not in this image", as is a selected test file that its
+// packaged version lacks.
 //
 // Outside means: the same unpacked rootfs, the same uid (10001), the same
 // environment and working directory, but no user namespace, no seccomp, no
@@ -22,6 +25,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -159,9 +163,22 @@ func run(ctx context.Context, o options) (bool, error) {
 	// uses the default id base); the workspace must be owned by it.
 	hostUID := nsjail.DefaultHostIDBase + inside.UID
 	var comps []Comparison
+	var absent []string
 	for _, s := range selection {
 		if o.only != "" && !contains(strings.Split(o.only, ","), s.name) {
 			continue
+		}
+		s, gone, err := available(o.rootfs, s)
+		if err != nil {
+			return false, err
+		}
+		if len(s.paths) == 0 {
+			absent = append(absent, s.name+": not in this image")
+			fmt.Fprintf(os.Stderr, "upstreamtests: %s: not in this image\n", s.name)
+			continue
+		}
+		for _, p := range gone {
+			absent = append(absent, fmt.Sprintf("%s: %s not in this image", s.name, p))
 		}
 		res := map[string]map[string]Outcome{}
 		for _, side := range []string{"outside", "inside"} {
@@ -179,7 +196,7 @@ func run(ctx context.Context, o options) (bool, error) {
 		}
 		comps = append(comps, c)
 	}
-	report := Report(comps)
+	report := Report(comps, absent)
 	fmt.Print(report)
 	if err := os.WriteFile(filepath.Join(o.out, "report.md"), []byte(report), 0o644); err != nil {
 		return false, err
@@ -190,6 +207,44 @@ func run(ctx context.Context, o options) (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+// available narrows s to the test paths the rootfs has, listing the others
+// in gone. A library the image lacks altogether (pyarrow on trixie) leaves
+// no paths: the caller reports it as not in the image rather than failing.
+// Where the library is there but none of its test files are, the rootfs is
+// not the tests variant, which is an error.
+func available(rootfs string, s suite) (_ suite, gone []string, err error) {
+	dist := filepath.Join(rootfs, distPackages)
+	if _, err := os.Stat(filepath.Join(dist, s.module())); errors.Is(err, fs.ErrNotExist) {
+		return suite{name: s.name}, nil, nil
+	} else if err != nil {
+		return s, nil, err
+	}
+	kept := s
+	kept.paths = nil
+	for _, p := range s.paths {
+		if _, err := os.Stat(filepath.Join(dist, p)); err == nil {
+			kept.paths = append(kept.paths, p)
+		} else if errors.Is(err, fs.ErrNotExist) {
+			gone = append(gone, p)
+		} else {
+			return s, nil, err
+		}
+	}
+	if len(kept.paths) == 0 {
+		return s, nil, fmt.Errorf("%s: none of its test files is in %s (not the python-runtime-tests image?)", s.name, dist)
+	}
+	return kept, gone, nil
+}
+
+// module is the package directory of s under dist-packages.
+func (s suite) module() string {
+	if len(s.paths) == 0 {
+		return s.name
+	}
+	m, _, _ := strings.Cut(s.paths[0], "/")
+	return m
 }
 
 // rerunAttempts is how often a regression is run again inside, alone.
