@@ -111,11 +111,13 @@ runtime-rootfs: runtime-image build
 	@echo "SANDBOXD_RUNTIME_ROOTFS=$$(cat $(RUNTIME_ROOTFS_OUT))"
 
 # runtime-image-repro: builds the image twice from one package snapshot into
-# build/repro/{1,2} and compares the digests (~5 min; tools/runtime-image/repro.sh).
+# build/repro/{1,2} and compares the digests (~5 min; tools/runtime-image/repro.sh),
+# reusing the .debs `make runtime-image` downloaded.
 .PHONY: runtime-image-repro
 runtime-image-repro:
 	@$(DEPS) image
-	tools/runtime-image/repro.sh $(BUILD)/repro
+	RUNTIME_IMAGE_DEB_CACHE="$${RUNTIME_IMAGE_DEB_CACHE:-$(abspath $(BUILD))/apt-archives}" \
+		tools/runtime-image/repro.sh $(BUILD)/repro
 
 # upstream-tests: a selection of numpy, pandas, scipy, scikit-learn and
 # pyarrow's own tests (pyarrow only where the image has it: the forky

@@ -4,7 +4,9 @@
 # against the mirror's current package lists and records them with the
 # versions it installed (its snapshot); build 2 installs from that snapshot,
 # every package pinned to build 1's version. Both use the same
-# SOURCE_DATE_EPOCH and share the downloaded .debs. Usage (root, repo root):
+# SOURCE_DATE_EPOCH (source-date-epoch, or the environment's) and share the
+# downloaded .debs; RUNTIME_IMAGE_SUITE and the mirrors pass through. Usage
+# (root, repo root):
 #
 #   tools/runtime-image/repro.sh [DIR]     # default build/repro; `make runtime-image-repro`
 #
@@ -14,12 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 dir=${1:-build/repro}
 case $dir in /*) ;; *) dir=$PWD/$dir ;; esac
-if [ -z "${SOURCE_DATE_EPOCH:-}" ]; then
-	SOURCE_DATE_EPOCH=$(git log -1 --format=%ct -- tools/runtime-image ':!tools/runtime-image/*.md' 2>/dev/null || true)
-	SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-1767225600}
-fi
-export SOURCE_DATE_EPOCH
-export RUNTIME_IMAGE_DEB_CACHE=$dir/apt-archives
+export RUNTIME_IMAGE_DEB_CACHE=${RUNTIME_IMAGE_DEB_CACHE:-$dir/apt-archives}
 unset RUNTIME_IMAGE_SNAPSHOT
 mkdir -p "$dir"
 
