@@ -102,6 +102,15 @@ mkdir -p "$work/lists" "$debcache"
 start=$(date +%s)
 stage() { echo "runtime-image: $* ($(($(date +%s) - start))s)" >&2; }
 
+# mmdebstrap writes every --aptopt into the image's
+# /etc/apt/apt.conf.d/99mmdebstrap: the Valid-Until override is passed only
+# when asked for and taken out again, so the image is the same either way.
+valid_until_opts=()
+if [ "$check_valid_until" = false ]; then
+	valid_until_opts=(--aptopt='Acquire::Check-Valid-Until "false"'
+		--customize-hook='sed -i "/^Acquire::Check-Valid-Until /d" "$1/etc/apt/apt.conf.d/99mmdebstrap"')
+fi
+
 snapshot_opts=()
 if [ -n "$snapshot_in" ]; then
 	# Same lists, no apt update, every package pinned to the version the
@@ -129,7 +138,6 @@ mmdebstrap \
 	--mode=root --format=directory --variant=essential \
 	--keyring=/usr/share/keyrings \
 	--aptopt='APT::Install-Recommends "false"' \
-	--aptopt="Acquire::Check-Valid-Until \"$check_valid_until\"" \
 	--dpkgopt='path-exclude=/usr/share/man/*' \
 	--dpkgopt='path-exclude=/usr/share/info/*' \
 	--dpkgopt='path-exclude=/usr/share/locale/*' \
@@ -142,6 +150,7 @@ mmdebstrap \
 	--setup-hook="mkdir -p \"\$1/var/cache/apt/archives\"" \
 	--setup-hook="sync-in $debcache /var/cache/apt/archives" \
 	"${snapshot_opts[@]}" \
+	"${valid_until_opts[@]}" \
 	--customize-hook="sync-out /var/cache/apt/archives $debcache" \
 	--customize-hook="sync-out /var/lib/apt/lists $work/lists" \
 	--customize-hook="$PWD/tools/runtime-image/customize.sh \"\$1\" \"$work\" $variant" \
