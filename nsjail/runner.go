@@ -44,6 +44,9 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// DefaultHostIDBase is Options.HostIDBase when left zero.
+const DefaultHostIDBase = 1 << 30
+
 // Runner starts sandboxes. It is safe for concurrent use.
 type Runner struct {
 	opts           Options
@@ -64,7 +67,7 @@ func NewRunner(opts Options) (*Runner, error) {
 		opts.CgroupParent = "sandboxd"
 	}
 	if opts.HostIDBase == 0 {
-		opts.HostIDBase = 1 << 30
+		opts.HostIDBase = DefaultHostIDBase
 	}
 	if opts.HostIDBase < 65536 || opts.HostIDBase > 1<<31 {
 		return nil, fmt.Errorf("host id base must be in [65536, 2^31], got: %d", opts.HostIDBase)
