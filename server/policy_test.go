@@ -1,10 +1,12 @@
 package server
 
 import (
+	"os"
 	"strings"
 	"testing"
 
 	"github.com/sandboxd/sandboxd/server/config"
+	"github.com/sandboxd/sandboxd/server/stream"
 )
 
 // config.ReservedEnv, which allowed_env may not name, must cover every
@@ -27,7 +29,7 @@ func TestBaseEnvIsReserved(t *testing.T) {
 // other policy's template.
 func TestRequestSpecsMatchTheirPolicyTemplate(t *testing.T) {
 	cfg := config.Default()
-	s := &Server{cfg: cfg, policies: PoliciesFromConfig(cfg)}
+	s := &Server{cfg: cfg, policies: PoliciesFromConfig(cfg), streams: stream.NewRegistry(stream.DefaultLimits, finishedStreams, streamLinger)}
 	const rootfs = "/rootfs"
 	for _, name := range s.policies.Names() {
 		for _, tc := range []struct {
@@ -39,7 +41,7 @@ func TestRequestSpecsMatchTheirPolicyTemplate(t *testing.T) {
 			if e != nil {
 				t.Fatal(e)
 			}
-			spec := s.spec(p, rootfs, findPython(rootfs), "/work/exec-x")
+			spec := s.spec(p, rootfs, findPython(rootfs), "/work/exec-x", os.Stdin)
 			for _, other := range s.policies.Names() {
 				shape, env := s.policies[other].Template(cfg, rootfs).Matches(&spec)
 				if want := other == name; shape != want || env != (want && tc.wantEnv) {

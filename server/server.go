@@ -349,7 +349,7 @@ func (s *Server) startKernel(ctx context.Context, policy, ws string, o warmpool.
 	pool := s.pool
 	s.mu.Unlock()
 	p := &plan{run: newRunName(), policy: pol, env: pol.BaseEnv()}
-	spec := s.spec(p, rootfs, python, ws)
+	spec := s.spec(p, rootfs, python, ws, nil)
 	spec.Logger = s.log.With("run", p.run, "policy", pol.Name)
 	return pool.StartKernel(ctx, spec, o)
 }

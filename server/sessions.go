@@ -59,6 +59,11 @@ type SessionExecutionRequest struct {
 	Files     []File            `json:"files,omitempty"`
 	TimeoutMS int64             `json:"timeout_ms,omitempty"`
 	Env       map[string]string `json:"env,omitempty"`
+	// DisplayLastExpression (default true in a session) answers the value
+	// of the code's final expression in `display`, as a notebook does.
+	DisplayLastExpression *bool `json:"display_last_expression,omitempty"`
+	// CaptureFigures is ExecutionRequest's.
+	CaptureFigures *bool `json:"capture_figures,omitempty"`
 }
 
 // sessions returns the session manager, or the 503 saying why there is
@@ -303,6 +308,8 @@ func (s *Server) validateSessionExecution(sid string, req *SessionExecutionReque
 	if e := s.checkRun(p, pol, req.Code, nil, req.Files, req.Env); e != nil {
 		return nil, e
 	}
+	p.display = req.DisplayLastExpression == nil || *req.DisplayLastExpression
+	p.figures = req.CaptureFigures == nil || *req.CaptureFigures
 	return p, nil
 }
 
@@ -323,15 +330,22 @@ func (s *Server) executeInSession(ctx context.Context, p *plan) (*ExecutionRespo
 	// The id is claimed before the session is reserved: a retry of this
 	// request arriving meanwhile finds it live and gets its answer (or
 	// waits for it), never the 409 session_busy its original causes.
-	ctx, x, e := s.admit(ctx, p)
+	var run *session.Run
+	ctx, x, e := s.admit(ctx, p, func() *apiError {
+		r, err := s.reserve(m, p.session)
+		if err != nil {
+			return sessionError(p.session, err)
+		}
+		run = r
+		return nil
+	})
 	if e != nil {
+		if run != nil {
+			run.End() // reserved, then refused a slot (429)
+		}
 		return nil, nil, e
 	}
 	defer x.done()
-	run, err := s.reserve(m, p.session)
-	if err != nil {
-		return nil, nil, x.refuse(sessionError(p.session, err))
-	}
 	x.accept()
 	// Ended before the answer is written (deferred calls run before the
 	// handler writes): the client's next execution never meets this one.
@@ -355,7 +369,8 @@ func (s *Server) executeInSession(ctx context.Context, p *plan) (*ExecutionRespo
 	since := workspace.TakeSnapshot(v.Path())
 	x.log.Info("kernel execution starting")
 	kr, info, err := run.Exec(ctx, warmpool.KernelExec{Code: p.code, Env: p.extra,
-		Timeout: time.Duration(p.policy.TimeoutMS) * time.Millisecond, Logger: x.log, Output: p.hub.Output})
+		Timeout: time.Duration(p.policy.TimeoutMS) * time.Millisecond, Logger: x.log, Output: p.hub.Output,
+		Display: p.display, Figures: p.figures, OnEvent: p.runnerEvent})
 	p.code = ""
 	if err != nil {
 		// Nothing of the code ran (Run.Exec): refused, the id free for
@@ -364,7 +379,7 @@ func (s *Server) executeInSession(ctx context.Context, p *plan) (*ExecutionRespo
 	}
 	x.started = true
 	x.resp.Session = &info
-	s.fill(x.resp, kr.Result, v.Path(), since, x.saveArtifact)
+	s.fill(x.resp, kr.Result, kr.Events, v.Path(), since, x.saveArtifact, x.log)
 	return x.finish()
 }
 

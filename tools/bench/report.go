@@ -588,8 +588,9 @@ func (r *Report) sessionsMarkdown(b *strings.Builder) {
 	}
 	if m := s.Memory; m != nil {
 		fmt.Fprintf(b, "\nIdle sessions with pandas imported and the %.0f MB CSV loaded as a DataFrame (%d measured): median PSS %.1f MiB, "+
-			"cgroup charge %.1f MiB: **%d such sessions fit in this host's %.1f GiB** (at the cgroup charge, nothing else running).\n",
-			float64(m.CSVBytes)/1e6, m.Sessions, m.MedianPSSMiB, m.MedianCgroupMiB, m.Fit, m.HostMemGiB)
+			"cgroup charge %.1f MiB, the worker's own view %.1f MiB per idle kernel: **%d such sessions fit in this host's %.1f GiB** "+
+			"(at the larger charge, nothing else running).\n",
+			float64(m.CSVBytes)/1e6, m.Sessions, m.MedianPSSMiB, m.MedianCgroupMiB, m.ServerMeanMiB, m.Fit, m.HostMemGiB)
 	}
 	for _, e := range s.Errors {
 		fmt.Fprintf(b, "\n- failure: `%s`", strings.ReplaceAll(e, "`", "'"))

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -54,7 +55,11 @@ type SessionMem struct {
 	CSVBytes        int64   `json:"csv_bytes"`
 	MedianPSSMiB    float64 `json:"median_pss_mib"`
 	MedianCgroupMiB float64 `json:"median_cgroup_mib"`
-	HostMemGiB      float64 `json:"host_mem_gib"`
+	// ServerMeanMiB is the worker's own view: its idle kernels' memory
+	// (sandboxd_session_idle_kernel_memory_bytes, their cgroups' charge)
+	// over their number (sandboxd_session_idle_kernels).
+	ServerMeanMiB float64 `json:"server_mean_mib"`
+	HostMemGiB    float64 `json:"host_mem_gib"`
 	// Fit is how many such sessions the host's memory holds at the median
 	// cgroup charge (what the kernel's memory limit counts).
 	Fit int `json:"fit"`
@@ -318,13 +323,11 @@ func tenStep(ctx context.Context, c sessionClient, csv []byte, wait func(), fail
 }
 
 // sessionMemory loads the CSV in n sessions, leaves them idle, and
-// measures each kernel sandbox (the server's python sandboxes that are not
-// warm pool sandboxes: those are counted before the sessions start).
+// measures the n largest python sandboxes below the server: the session
+// kernels (which came from the warm pool, so they cannot be told apart by
+// when their sandbox started), each holding pandas and the DataFrame,
+// outweigh the pool's idle sandboxes.
 func sessionMemory(ctx context.Context, srv *serverProc, c sessionClient, csv []byte, n int, fail func(string, ...any), logf func(string, ...any)) *SessionMem {
-	before := map[string]bool{}
-	for _, s := range sandboxesBelow(srv.pid()) {
-		before[s.Cgroup] = true
-	}
 	var ids []string
 	defer func() {
 		for _, id := range ids {
@@ -348,29 +351,36 @@ func sessionMemory(ctx context.Context, srv *serverProc, c sessionClient, csv []
 		}
 	}
 	time.Sleep(2 * time.Second) // let the kernels settle (freed arenas, the pool's refills)
-	var pss, cg []float64
+	var kernels []sandboxMemory
 	for _, s := range sandboxesBelow(srv.pid()) {
-		if before[s.Cgroup] || !s.Python {
-			continue
+		if s.Python {
+			kernels = append(kernels, s)
 		}
+	}
+	slices.SortFunc(kernels, func(a, b sandboxMemory) int { return cmp.Compare(b.CgroupBytes, a.CgroupBytes) })
+	kernels = kernels[:min(n, len(kernels))]
+	var pss, cg []float64
+	for _, s := range kernels {
 		pss = append(pss, float64(s.PSSBytes))
 		cg = append(cg, float64(s.CgroupBytes))
 	}
-	// The pool refilled meanwhile: its new sandboxes are below the server
-	// too. They hold no DataFrame: keep the n largest.
-	slices.Sort(cg)
-	slices.Sort(pss)
-	if len(cg) > n {
-		cg, pss = cg[len(cg)-n:], pss[len(pss)-n:]
-	}
 	m := &SessionMem{Sessions: len(cg), CSVBytes: int64(len(csv)), MedianPSSMiB: medianMiB(pss), MedianCgroupMiB: medianMiB(cg)}
-	if total := hostMemBytes(); total > 0 {
-		m.HostMemGiB = round3(float64(total) / (1 << 30))
-		if m.MedianCgroupMiB > 0 {
-			m.Fit = int(float64(total) / (m.MedianCgroupMiB * (1 << 20)))
+	if _, text, err := srv.client.getText(ctx, "/metrics"); err == nil {
+		bytes, kernels := metricValue(text, "sandboxd_session_idle_kernel_memory_bytes"), metricValue(text, "sandboxd_session_idle_kernels")
+		if kernels > 0 {
+			m.ServerMeanMiB = round3(bytes / kernels / (1 << 20))
 		}
 	}
-	logf("sessions: idle session with a %.0f MB frame: PSS %.1f MiB, cgroup %.1f MiB; %d fit in %.1f GiB", float64(len(csv))/1e6, m.MedianPSSMiB, m.MedianCgroupMiB, m.Fit, m.HostMemGiB)
+	// The fit counts the larger of the two views of a session's charge.
+	per := max(m.MedianCgroupMiB, m.ServerMeanMiB)
+	if total := hostMemBytes(); total > 0 {
+		m.HostMemGiB = round3(float64(total) / (1 << 30))
+		if per > 0 {
+			m.Fit = int(float64(total) / (per * (1 << 20)))
+		}
+	}
+	logf("sessions: idle session with a %.0f MB frame: PSS %.1f MiB, cgroup %.1f MiB, the worker's view %.1f MiB; %d fit in %.1f GiB",
+		float64(len(csv))/1e6, m.MedianPSSMiB, m.MedianCgroupMiB, m.ServerMeanMiB, m.Fit, m.HostMemGiB)
 	return m
 }
 
@@ -418,6 +428,19 @@ func hostMemBytes() int64 {
 			var kb int64
 			fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), &kb)
 			return kb << 10
+		}
+	}
+	return 0
+}
+
+// metricValue is the value of an unlabelled metric in a Prometheus text
+// exposition (0 when absent).
+func metricValue(text, name string) float64 {
+	for _, line := range strings.Split(text, "\n") {
+		if rest, ok := strings.CutPrefix(line, name+" "); ok {
+			var v float64
+			fmt.Sscan(rest, &v)
+			return v
 		}
 	}
 	return 0
