@@ -34,7 +34,8 @@ type agentTranscript struct {
 			Line    *int    `json:"line"`
 			Hint    *string `json:"hint"`
 		} `json:"error"`
-		Fix string `json:"fix"`
+		Fix     string   `json:"fix"`
+		Display []string `json:"display"`
 	} `json:"steps"`
 	Outcome string `json:"outcome"`
 	Reason  string `json:"reason"`
@@ -85,8 +86,8 @@ func TestAgentLoopFixer(t *testing.T) {
 // SyntaxError (its line and offset), a KeyError on a column (the hint's
 // column names), a ZeroDivisionError deep in a user function (the failing
 // line is the function's), a NameError (Python's suggestion); then the
-// fifth run succeeds and the captured figure, figure-1.png, which the code
-// never saved, is written as a PNG. With a step limit of two it gives up
+// fifth run succeeds, its final expression is displayed, and the captured
+// figure, figure-1.png, which the code never saved, is written as a PNG. With a step limit of two it gives up
 // (exit status 1, no chart). Either way its session is deleted.
 func TestAgentLoopExample(t *testing.T) {
 	nsjailtest.RequireRoot(t)
@@ -138,6 +139,11 @@ func TestAgentLoopExample(t *testing.T) {
 		}
 		if !strings.Contains(tr.Steps[1].Fix, "from the error's hint") {
 			t.Errorf("KeyError fix %q: want the column the hint gave", tr.Steps[1].Fix)
+		}
+		// The analysis ends with an expression: its value comes back as a
+		// markdown table.
+		if d := tr.Steps[len(tr.Steps)-1].Display; len(d) != 1 || !strings.Contains(d[0], "| West | 5750.0 |") {
+			t.Errorf("display %q: want the revenue by region as a markdown table", d)
 		}
 		if !strings.Contains(text, "step 5: succeeded") || !strings.Contains(text, "West:   +nan %") {
 			t.Errorf("transcript without the successful step or its output:\n%s", text)

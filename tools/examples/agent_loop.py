@@ -317,7 +317,8 @@ class Transcript:
         self.out.flush()
 
     def step(self, n, ex):
-        rec = {"step": n, "execution_id": ex.id, "status": ex.status, "exit_code": ex.exit_code}
+        rec = {"step": n, "execution_id": ex.id, "status": ex.status, "exit_code": ex.exit_code,
+               "display": [d.markdown or d.text for d in ex.display]}
         err = ex.error
         if err is not None:
             rec["error"] = {"type": err.type, "message": err.message, "line": err.line,
