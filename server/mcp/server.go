@@ -10,7 +10,7 @@
 //
 // Resources (read with resources/read; run_python links to them):
 //
-//	sandboxd://executions/{id}/artifacts/{name}   an execution's artifact (GET /v1/executions/{id})
+//	sandboxd://executions/{id}/artifacts/{name}   an execution's artifact (GET /v1/executions/{id}/artifacts/{name})
 //	sandboxd://sessions/{id}/files/{path}         a session's file (GET /v1/sessions/{id}/files/{path})
 //
 // {name} and {path} are relative paths, each segment percent-encoded.
