@@ -86,6 +86,8 @@ type Server struct {
 	metrics   *metrics
 	handler   http.Handler
 	mcp       http.Handler // /mcp, nil without Deps.MCP
+	// mcpCalls bounds the /mcp calls served at once (mcp_route.go).
+	mcpCalls chan struct{}
 
 	mu       sync.Mutex
 	rootfs   string // set once Prepare succeeds
@@ -130,8 +132,9 @@ func New(d Deps) (*Server, error) {
 		decoding: make(decodeSlots, d.Config.MaxDecoding),
 		uploads:  make(decodeSlots, d.Config.MaxDecoding),
 		// As many retries may wait as there can be live executions.
-		waiters: make(chan struct{}, d.Config.MaxConcurrent+d.Config.MaxQueued),
-		streams: stream.NewRegistry(stream.DefaultLimits, finishedStreams, streamLinger),
+		waiters:  make(chan struct{}, d.Config.MaxConcurrent+d.Config.MaxQueued),
+		mcpCalls: make(chan struct{}, mcpCallLimit(d.Config.MaxConcurrent, d.Config.MaxQueued)),
+		streams:  stream.NewRegistry(stream.DefaultLimits, finishedStreams, streamLinger),
 		// SECURITY.md case 53: as many as stored answers may stream.
 		attached: make(decodeSlots, d.Config.MaxStreams),
 	}
@@ -184,6 +187,7 @@ func (s *Server) routes() []route {
 		{http.MethodPost, "/v1/executions", s.handleCreate},
 		{http.MethodGet, "/v1/executions/:id", s.handleGet},
 		{http.MethodGet, "/v1/executions/:id/events", s.handleEvents},
+		{http.MethodGet, "/v1/executions/:id/artifacts/*name", s.handleGetArtifact},
 		{http.MethodDelete, "/v1/executions/:id", s.handleCancel},
 		{http.MethodGet, "/v1/policies", s.handlePolicies},
 		{http.MethodGet, "/healthz", s.handleHealthz},
