@@ -33,6 +33,9 @@ const FirstFileFD = 3
 // execution's unless HandoffOptions.Timeout is set. Errors are Start's.
 // Exactly one of Handoff and Retire must be called on the result.
 func (r *Runner) Prestart(spec Spec, files ...*os.File) (*Pending, error) {
+	if len(spec.ExtraFiles) > 0 {
+		return nil, errors.New("a pre-started sandbox takes its files as Prestart's arguments, not Spec.ExtraFiles")
+	}
 	s, err := r.start(spec, files)
 	if err != nil {
 		return nil, err

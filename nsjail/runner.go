@@ -44,6 +44,9 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// DefaultHostIDBase is Options.HostIDBase when left zero.
+const DefaultHostIDBase = 1 << 30
+
 // Runner starts sandboxes. It is safe for concurrent use.
 type Runner struct {
 	opts           Options
@@ -64,7 +67,7 @@ func NewRunner(opts Options) (*Runner, error) {
 		opts.CgroupParent = "sandboxd"
 	}
 	if opts.HostIDBase == 0 {
-		opts.HostIDBase = 1 << 30
+		opts.HostIDBase = DefaultHostIDBase
 	}
 	if opts.HostIDBase < 65536 || opts.HostIDBase > 1<<31 {
 		return nil, fmt.Errorf("host id base must be in [65536, 2^31], got: %d", opts.HostIDBase)
@@ -202,7 +205,7 @@ func (s *Sandbox) ID() string { return s.id }
 // returned Sandbox must be waited for. A validation error means nothing was
 // started; any other error is a *StartError, and everything that was created
 // is already removed.
-func (r *Runner) Start(spec Spec) (*Sandbox, error) { return r.start(spec, nil) }
+func (r *Runner) Start(spec Spec) (*Sandbox, error) { return r.start(spec, spec.ExtraFiles) }
 
 // start is Start, passing extraFiles to the command as fds 3, 4, ...
 func (r *Runner) start(spec Spec, extraFiles []*os.File) (*Sandbox, error) {

@@ -643,3 +643,29 @@ func TestExitReportCarriesASignal(t *testing.T) {
 		t.Fatalf("processes survived the report: %v", pids)
 	}
 }
+
+// Spec.ExtraFiles become fds 3, 4, ... of the command (the runner's events
+// pipe), and nothing else of the host's is open beside them.
+func TestExtraFilesAreFds(t *testing.T) {
+	r := newRunner(t)
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	res := run(t, r, nsjail.Spec{Rootfs: nsjailtest.BusyboxRootfs(t), Args: sh(`echo events >&3; ls /proc/self/fd`), ExtraFiles: []*os.File{pw}})
+	pw.Close()
+	wantStatus(t, res, nsjail.StatusSucceeded)
+	got := make([]byte, 64)
+	n, _ := pr.Read(got)
+	if string(got[:n]) != "events\n" {
+		t.Fatalf("fd 3 carried %q", got[:n])
+	}
+	// 0-2, the extra file and ls's own directory fd.
+	if fds := strings.Fields(string(res.Stdout)); !slices.Equal(fds, []string{"0", "1", "2", "3", "4"}) {
+		t.Errorf("open fds %v, want 0-3 and ls's own", fds)
+	}
+	if _, err := r.Prestart(nsjail.Spec{Rootfs: nsjailtest.BusyboxRootfs(t), Args: sh("true"), ExtraFiles: []*os.File{pr}}); err == nil {
+		t.Errorf("Prestart took Spec.ExtraFiles")
+	}
+}

@@ -123,6 +123,11 @@ type Spec struct {
 	WorkspaceReadOnly bool
 	// Stdin is read to feed the command's standard input; nil means /dev/null.
 	Stdin io.Reader
+	// ExtraFiles are passed to the command as fds FirstFileFD,
+	// FirstFileFD+1, ... (the runner's events pipe). Every other host fd
+	// is closed. The caller keeps and closes its own copies. Prestart
+	// takes its files as arguments instead.
+	ExtraFiles []*os.File
 	// Hostname inside the sandbox ("sandbox" when empty).
 	Hostname string
 	// Limits; zero fields take DefaultLimits.
@@ -164,6 +169,11 @@ func (s *Spec) Validate() error {
 			errs = append(errs, fmt.Errorf("workspace: %w", err))
 		} else if !fi.IsDir() {
 			errs = append(errs, fmt.Errorf("workspace %q is not a directory", s.Workspace))
+		}
+	}
+	for i, f := range s.ExtraFiles {
+		if f == nil {
+			errs = append(errs, fmt.Errorf("extra file %d is nil", i))
 		}
 	}
 	for _, kv := range s.Env {

@@ -38,6 +38,10 @@ type Cache struct {
 	dir string
 	// Limits bound every unpack; Open sets DefaultLimits.
 	Limits Limits
+	// Progress, when set, is told how an unpack proceeds (see Progress);
+	// concurrent unpacks call it concurrently. It runs on the unpacking
+	// goroutine, so it must be quick. Set it before the first Unpack.
+	Progress func(Progress)
 }
 
 // Image is one unpacked image.
@@ -253,7 +257,7 @@ func (c *Cache) UnpackImage(ctx context.Context, ref string, img v1.Image) (Imag
 			os.RemoveAll(tmp)
 		}
 	}()
-	meta, err := c.build(ctx, img, filepath.Join(tmp, "rootfs"))
+	e, meta, err := c.build(ctx, d, img, filepath.Join(tmp, "rootfs"))
 	if err != nil {
 		return Image{}, fmt.Errorf("unpack %s: %w", ref, err)
 	}
@@ -267,6 +271,7 @@ func (c *Cache) UnpackImage(ctx context.Context, ref string, img v1.Image) (Imag
 	if err := os.WriteFile(filepath.Join(tmp, "image.json"), append(data, '\n'), 0o644); err != nil {
 		return Image{}, fmt.Errorf("unpack %s: %w", ref, err)
 	}
+	e.report(ProgressSync)
 	if err := syncDir(tmp); err != nil {
 		return Image{}, fmt.Errorf("unpack %s: sync: %w", ref, err)
 	}
@@ -280,62 +285,71 @@ func (c *Cache) UnpackImage(ctx context.Context, ref string, img v1.Image) (Imag
 	published = true
 	syncDir(filepath.Join(c.dir, "images"))
 	meta.RootfsPath = filepath.Join(dst, "rootfs")
+	e.report(ProgressPublished)
 	return meta, nil
 }
 
-// build verifies and applies every layer of img into dir.
-func (c *Cache) build(ctx context.Context, img v1.Image, dir string) (Image, error) {
+// build verifies and applies every layer of img (manifest digest d) into
+// dir. The extractor it returns is closed; it only reports progress.
+func (c *Cache) build(ctx context.Context, d string, img v1.Image, dir string) (*extractor, Image, error) {
+	start := time.Now()
 	m, err := img.Manifest()
 	if err != nil {
-		return Image{}, fmt.Errorf("manifest: %w", err)
+		return nil, Image{}, fmt.Errorf("manifest: %w", err)
 	}
 	rawCfg, err := img.RawConfigFile()
 	if err != nil {
-		return Image{}, fmt.Errorf("config: %w", err)
+		return nil, Image{}, fmt.Errorf("config: %w", err)
 	}
 	if got := sha256Hex(rawCfg); got != m.Config.Digest.Hex {
-		return Image{}, fmt.Errorf("config digest mismatch: manifest says %s, blob hashes to sha256:%s (tampered or corrupt)", m.Config.Digest, got)
+		return nil, Image{}, fmt.Errorf("config digest mismatch: manifest says %s, blob hashes to sha256:%s (tampered or corrupt)", m.Config.Digest, got)
 	}
 	cfg, err := v1.ParseConfigFile(strings.NewReader(string(rawCfg)))
 	if err != nil {
-		return Image{}, fmt.Errorf("config: %w", err)
+		return nil, Image{}, fmt.Errorf("config: %w", err)
 	}
 	if cfg.OS != "linux" || (cfg.Architecture != "" && cfg.Architecture != runtime.GOARCH) {
-		return Image{}, fmt.Errorf("image is for %s/%s, this host runs linux/%s", cfg.OS, cfg.Architecture, runtime.GOARCH)
+		return nil, Image{}, fmt.Errorf("image is for %s/%s, this host runs linux/%s", cfg.OS, cfg.Architecture, runtime.GOARCH)
 	}
 	if len(m.Layers) != len(cfg.RootFS.DiffIDs) {
-		return Image{}, fmt.Errorf("manifest has %d layers, config lists %d diff_ids", len(m.Layers), len(cfg.RootFS.DiffIDs))
+		return nil, Image{}, fmt.Errorf("manifest has %d layers, config lists %d diff_ids", len(m.Layers), len(cfg.RootFS.DiffIDs))
 	}
 	layers, err := img.Layers()
 	if err != nil {
-		return Image{}, fmt.Errorf("layers: %w", err)
+		return nil, Image{}, fmt.Errorf("layers: %w", err)
 	}
 	if len(layers) != len(m.Layers) {
-		return Image{}, fmt.Errorf("image yields %d layers, manifest lists %d", len(layers), len(m.Layers))
+		return nil, Image{}, fmt.Errorf("image yields %d layers, manifest lists %d", len(layers), len(m.Layers))
 	}
 
 	if err := os.Mkdir(dir, 0o700); err != nil {
-		return Image{}, err
+		return nil, Image{}, err
 	}
 	e, err := newExtractor(dir, c.Limits)
 	if err != nil {
-		return Image{}, err
+		return nil, Image{}, err
 	}
 	defer e.close()
+	e.progress, e.digest, e.start, e.layers = c.Progress, d, start, len(layers)
+	for _, l := range m.Layers {
+		e.blobTotal += l.Size
+	}
+	e.report(ProgressStart)
 	meta := Image{Config: m.Config.Digest.String(), Env: cfg.Config.Env, User: cfg.Config.User}
 	for i, l := range layers {
 		desc := m.Layers[i]
 		if err := e.apply(ctx, i, layerInput{layer: l, mediaType: desc.MediaType, digest: desc.Digest, size: desc.Size, diffID: cfg.RootFS.DiffIDs[i]}); err != nil {
-			return Image{}, err
+			return nil, Image{}, err
 		}
+		e.report(ProgressLayerDone)
 		meta.Layers = append(meta.Layers, desc.Digest.String())
 	}
 	if err := e.finish(); err != nil {
-		return Image{}, err
+		return nil, Image{}, err
 	}
 	meta.Entries, meta.Bytes = e.entries, e.fileBytes
 	meta.Dropped, meta.DroppedCount = e.dropped, e.droppedCount
-	return meta, nil
+	return e, meta, nil
 }
 
 // syncDir flushes the file system holding dir, so a published tree survives a

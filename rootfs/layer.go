@@ -64,6 +64,15 @@ type extractor struct {
 
 	dropped      []string
 	droppedCount int
+
+	// Progress reporting (Cache.Progress; nil: none).
+	progress      func(Progress)
+	digest        string
+	start         time.Time
+	layer, layers int
+	blobTotal     int64
+	blobDone      int64           // compressed bytes of the layers done
+	blob          *countingReader // the layer being applied
 }
 
 func newExtractor(dir string, limits Limits) (*extractor, error) {
@@ -119,6 +128,9 @@ func (e *extractor) apply(ctx context.Context, i int, in layerInput) error {
 
 	blobHash := sha256.New()
 	blob := &countingReader{r: rc, h: blobHash, max: in.size}
+	e.layer, e.blob = i+1, blob
+	defer func() { e.blobDone += blob.n; e.blob = nil }()
+	e.report(ProgressLayer)
 	br := bufio.NewReaderSize(blob, 1<<20)
 	magic, _ := br.Peek(4)
 	var tarStream io.Reader = br
@@ -215,6 +227,7 @@ func (e *extractor) applyTar(ctx context.Context, r io.Reader) error {
 		if err := e.entry(hdr, tr); err != nil {
 			return fmt.Errorf("entry %q: %w", hdr.Name, err)
 		}
+		e.report(ProgressUpdate)
 	}
 }
 

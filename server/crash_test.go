@@ -150,7 +150,7 @@ func TestRestartAfterSIGKILLSweepsOrphans(t *testing.T) {
 	var cut ExecutionResponse
 	rec := newRecorder(srv, "GET", "/v1/executions/running-at-crash", "")
 	if rec.Code != 200 || json.Unmarshal(rec.Body.Bytes(), &cut) != nil || cut.Status != StatusInterrupted ||
-		cut.Error != interruptedError || cut.Type != "dynamic" || cut.Policy.TimeoutMS != cfg.DynamicTimeoutMS ||
+		cut.Error.String() != interruptedError || cut.Type != "dynamic" || cut.Policy.TimeoutMS != cfg.DynamicTimeoutMS ||
 		cut.FinishedAt.Before(cut.StartedAt) || len(cut.Artifacts) != 0 {
 		t.Fatalf("execution running at the crash: %d %s", rec.Code, rec.Body)
 	}

@@ -10,12 +10,14 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/server/results"
+	"github.com/sandboxd/sandboxd/server/runner"
 	"github.com/sandboxd/sandboxd/server/session"
 	"github.com/sandboxd/sandboxd/server/stream"
 	"github.com/sandboxd/sandboxd/server/workspace"
@@ -40,6 +42,12 @@ type ExecutionRequest struct {
 	Files     []File            `json:"files,omitempty"`
 	TimeoutMS int64             `json:"timeout_ms,omitempty"`
 	Env       map[string]string `json:"env,omitempty"`
+	// DisplayLastExpression answers the value of the code's final
+	// expression in `display` (as a notebook shows it).
+	DisplayLastExpression bool `json:"display_last_expression,omitempty"`
+	// CaptureFigures (default true) returns the pyplot figures the code
+	// leaves open or shows as artifacts figure-N.png.
+	CaptureFigures *bool `json:"capture_figures,omitempty"`
 }
 
 // ExecutionResponse is the result of one execution.
@@ -67,11 +75,54 @@ type ExecutionResponse struct {
 	FinishedAt         time.Time       `json:"finished_at"`
 	DurationMS         int64           `json:"duration_ms"`
 	Policy             Policy          `json:"policy"`
-	// Error explains sandbox_error (our failure, not the code's).
-	Error string `json:"error,omitempty"`
+	// Error is a message explaining sandbox_error, cancelled or
+	// interrupted (our side), or the typed error of code that raised
+	// (status failed only).
+	Error *ExecError `json:"error,omitempty"`
+	// Display is the value of the code's final expression, when asked
+	// (always in a session): at most one entry.
+	Display []runner.Display `json:"display"`
 	// Session is a session's execution's: what happened to the Python
 	// state (POST /v1/sessions/{id}/executions).
 	Session *session.ExecInfo `json:"session,omitempty"`
+}
+
+// ExecError is the answer's `error`: a JSON string, the message of our
+// side's failure (sandbox_error, cancelled, interrupted), or a JSON object,
+// the typed error of code that raised (runner.Error). One field, as the
+// clients read it (server/mcp, tools/clients/python).
+type ExecError struct {
+	Message string
+	Code    *runner.Error
+}
+
+// errorMessage is an ExecError of our side's failure.
+func errorMessage(msg string) *ExecError { return &ExecError{Message: msg} }
+
+// String is the message, or the typed error's last line ("" for nil).
+func (e *ExecError) String() string {
+	switch {
+	case e == nil:
+		return ""
+	case e.Code != nil:
+		return e.Code.Type + ": " + e.Code.Message
+	}
+	return e.Message
+}
+
+func (e ExecError) MarshalJSON() ([]byte, error) {
+	if e.Code != nil {
+		return json.Marshal(e.Code)
+	}
+	return json.Marshal(e.Message)
+}
+
+func (e *ExecError) UnmarshalJSON(b []byte) error {
+	if len(b) > 0 && b[0] == '{' {
+		e.Code = new(runner.Error)
+		return json.Unmarshal(b, e.Code)
+	}
+	return json.Unmarshal(b, &e.Message)
 }
 
 // apiError is a refusal with its HTTP status; reason labels the metric;
@@ -125,6 +176,9 @@ type plan struct {
 	hub      *stream.Hub
 	accepted chan struct{}
 	detached bool // answered at accept (events, 202): answerDetached
+	// display and figures are the runner's (display_last_expression,
+	// capture_figures).
+	display, figures bool
 }
 
 // validate turns a request into a plan, or says why not. Nothing is started
@@ -144,6 +198,7 @@ func (s *Server) validate(req *ExecutionRequest) (*plan, *apiError) {
 	if e := s.checkRun(p, pol, req.Code, p.input, req.Files, req.Env); e != nil {
 		return nil, e
 	}
+	p.display, p.figures = req.DisplayLastExpression, req.CaptureFigures == nil || *req.CaptureFigures
 	return p, nil
 }
 
@@ -274,24 +329,32 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 		}()
 	}()
 
-	spec := s.spec(p, rootfs, python, ws.Dir)
+	evR, evW, err := runner.Pipe()
+	if err != nil {
+		log.Error("events pipe failed", "err", err)
+		return nil, nil, x.refuse(&apiError{status: http.StatusInternalServerError, reason: "sandbox", msg: err.Error()})
+	}
+	events := runner.NewReader(evR, runner.Want{Display: p.display, Figures: p.figures}, p.runnerEvent)
+	spec := s.spec(p, rootfs, python, ws.Dir, evW)
 	spec.Logger = log // execution_id and policy on the sandbox's lines too
 	spec.Output = p.hub.Output
 	log.Info("sandbox starting")
 	x.started = true
 	res, outputs, err := s.run(ctx, spec)
+	evW.Close()
+	ev := events.Stop()
 	if err != nil {
 		// The spec was refused before anything started: our bug, not the
 		// caller's.
 		log.Error("sandbox refused the spec", "err", err)
 		x.resp.Status = string(nsjail.StatusSandboxError)
-		x.resp.Error = err.Error()
+		x.resp.Error = errorMessage(err.Error())
 		return x.finish()
 	}
 	if outputs != ws.Dir {
 		warm = outputs
 	}
-	s.fill(x.resp, res, outputs, nil, x.saveArtifact)
+	s.fill(x.resp, res, ev, outputs, nil, x.saveArtifact, log)
 	return x.finish()
 }
 
@@ -365,7 +428,7 @@ func (s *Server) admit(ctx context.Context, p *plan, reserve func() *apiError) (
 	x.admitted = time.Now()
 	x.log.Info("execution admitted", "timeout_ms", p.policy.TimeoutMS)
 	x.resp = &ExecutionResponse{ID: p.id, Type: p.policy.Name, Policy: p.policy,
-		Artifacts: []Artifact{}, ArtifactsOmitted: []Omitted{}, LimitsHit: []string{}}
+		Artifacts: []Artifact{}, ArtifactsOmitted: []Omitted{}, LimitsHit: []string{}, Display: []runner.Display{}}
 	return ctx, x, nil
 }
 
@@ -381,7 +444,7 @@ func (x *execution) done() {
 func (x *execution) wait(ctx context.Context) bool {
 	if err := x.ticket.Wait(ctx); err != nil {
 		x.resp.Status = string(nsjail.StatusCancelled)
-		x.resp.Error = "cancelled while queued"
+		x.resp.Error = errorMessage("cancelled while queued")
 		return false
 	}
 	x.s.live.setRunning(x.rec)
@@ -481,29 +544,38 @@ func unstoredResponse(resp *ExecutionResponse, err error) *ExecutionResponse {
 		ExitCode: resp.ExitCode, Signal: resp.Signal, Usage: resp.Usage, LimitsHit: resp.LimitsHit,
 		Artifacts: []Artifact{}, ArtifactsOmitted: []Omitted{},
 		StartedAt: resp.StartedAt, FinishedAt: resp.FinishedAt, DurationMS: resp.DurationMS,
-		Error: fmt.Sprintf("the execution ran (status %s) but its result could not be stored: %v; its output is lost", resp.Status, err)}
+		Display: []runner.Display{},
+		Error:   errorMessage(fmt.Sprintf("the execution ran (status %s) but its result could not be stored: %v; its output is lost", resp.Status, err))}
 }
 
-// spec is the sandbox spec of a plan: the policy's Limits and Env (BaseEnv
-// plus the request's extras), so the warm pool can match it to the policy's
-// Template.
-func (s *Server) spec(p *plan, rootfs, python, workspace string) nsjail.Spec {
+// spec is the sandbox spec of a plan: the runner running the code file
+// (runner.Args) with events, the write end of its events pipe, as its
+// runner.EventsFD (none when nil: a kernel's, whose Args are the zygote's), the policy's Limits and Env (BaseEnv plus the request's
+// extras), so the warm pool can match it to the policy's Template.
+func (s *Server) spec(p *plan, rootfs, python, workspace string, events *os.File) nsjail.Spec {
+	job := runner.Job{Path: CodePath, Cwd: inside.Workspace, Display: p.display, Figures: p.figures}
+	var extra []*os.File
+	if events != nil {
+		job.EventsFD, extra = runner.EventsFD, []*os.File{events}
+	}
 	return nsjail.Spec{
-		ID:        p.run,
-		Rootfs:    rootfs,
-		Args:      []string{python, CodePath},
-		Env:       p.env,
-		Cwd:       inside.Workspace,
-		Workspace: workspace,
-		Limits:    p.policy.Limits(s.cfg),
+		ID:         p.run,
+		Rootfs:     rootfs,
+		Args:       runner.Args(python, job),
+		Env:        p.env,
+		Cwd:        inside.Workspace,
+		Workspace:  workspace,
+		ExtraFiles: extra,
+		Limits:     p.policy.Limits(s.cfg),
 	}
 }
 
-// fill copies the sandbox result and the workspace output into resp, and
-// the artifacts' contents through save. since, for a session's volume, is
-// output/ before the execution: only what it created or changed is its
-// result and artifacts.
-func (s *Server) fill(resp *ExecutionResponse, res *nsjail.Result, dir string, since *workspace.Snapshot, save workspace.SaveArtifact) {
+// fill copies the sandbox result, the runner's events and the workspace
+// output into resp, and the artifacts' contents through save. since, for a
+// session's volume, is output/ before the execution: only what it created
+// or changed is its result and artifacts.
+func (s *Server) fill(resp *ExecutionResponse, res *nsjail.Result, ev runner.Outcome, dir string, since *workspace.Snapshot,
+	save workspace.SaveArtifact, log *slog.Logger) {
 	resp.Status = string(res.Status)
 	resp.ExitCode = res.ExitCode
 	if res.Signal != "" {
@@ -524,7 +596,10 @@ func (s *Server) fill(resp *ExecutionResponse, res *nsjail.Result, dir string, s
 	resp.Usage = res.Usage
 	resp.StartedAt = res.StartedAt
 	resp.FinishedAt = res.FinishedAt
-	resp.Error = res.Error
+	if res.Error != "" {
+		resp.Error = errorMessage(res.Error)
+	}
+	fillEvents(resp, res, ev, log)
 	result, msg := workspace.ReadResultSince(dir, s.cfg.MaxResultBytes, since)
 	resp.Result = result
 	if msg != "" {
@@ -540,6 +615,48 @@ func (s *Server) fill(resp *ExecutionResponse, res *nsjail.Result, dir string, s
 	}
 	if resp.ArtifactsOmitted == nil {
 		resp.ArtifactsOmitted = []Omitted{}
+	}
+}
+
+// runnerEvent publishes a runner event as it is read, for the clients
+// following the execution: `display` ({mime}) and `figure` ({name, width,
+// height}; the size as the runner read its PNG, the answer's artifact has
+// the worker's). The typed error comes with the result.
+func (p *plan) runnerEvent(ev runner.Event) {
+	var data any
+	switch ev.Type {
+	case runner.EventDisplay:
+		data = runner.Display{Mime: ev.Mime}
+	case runner.EventFigure:
+		data = struct {
+			Name   string `json:"name"`
+			Width  int    `json:"width,omitempty"`
+			Height int    `json:"height,omitempty"`
+		}{ev.Name, ev.Width, ev.Height}
+	default:
+		return
+	}
+	b, err := json.Marshal(data)
+	if err == nil {
+		p.hub.Publish(ev.Type, b)
+	}
+}
+
+// fillEvents puts what the runner said into resp: the typed error only
+// when the code failed by itself (an exit code, no signal, no timeout, OOM
+// or cancel: a limit is never dressed as a Python error), and the
+// displayed values. All of it is the code's own word (it can write the
+// events fd): it only ever shapes this answer.
+func fillEvents(resp *ExecutionResponse, res *nsjail.Result, ev runner.Outcome, log *slog.Logger) {
+	if ev.Error != nil && res.Status == nsjail.StatusFailed && res.Signal == "" && res.ExitCode != 0 && resp.Error == nil {
+		resp.Error = &ExecError{Code: ev.Error}
+	}
+	resp.Display = ev.Display
+	if resp.Display == nil {
+		resp.Display = []runner.Display{}
+	}
+	if ev.Dropped > 0 || ev.Overflow {
+		log.Warn("the runner's events had invalid lines (dropped)", "dropped", ev.Dropped, "overflow", ev.Overflow)
 	}
 }
 

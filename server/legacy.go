@@ -51,7 +51,10 @@ func (s *Server) handleLegacyExecute(w http.ResponseWriter, r *http.Request, _ h
 	if max := s.policies[TypeDynamic].TimeoutMS; timeoutMS > max {
 		timeoutMS = max
 	}
-	p, e := s.validate(&ExecutionRequest{Type: TypeDynamic, Code: req.Code, TimeoutMS: timeoutMS})
+	// Flask clients read stdout and stderr only: no figures are saved, no
+	// value displayed.
+	noFigures := false
+	p, e := s.validate(&ExecutionRequest{Type: TypeDynamic, Code: req.Code, TimeoutMS: timeoutMS, CaptureFigures: &noFigures})
 	decoded()
 	if e != nil {
 		s.logReject(e, "policy", TypeDynamic)
@@ -84,7 +87,7 @@ func legacyFrom(r *ExecutionResponse) LegacyResponse {
 	case nsjail.StatusCancelled:
 		why = "execution was cancelled"
 	case nsjail.StatusSandboxError:
-		why = "sandbox error: " + r.Error
+		why = "sandbox error: " + r.Error.String()
 	default:
 		if r.Signal != nil {
 			why = "execution crashed with " + *r.Signal

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -61,4 +62,69 @@ func TestUnitMCPRoute(t *testing.T) {
 		t.Fatalf("the MCP handler ran %d times, want 1 (only the accepted request)", n)
 	}
 	u.wantNothingStarted(t)
+}
+
+// SECURITY.md case 55: a JSON-RPC batch is refused before the MCP handler
+// sees it, and beyond max_concurrent + max_queued calls served at once a
+// call gets 429 with Retry-After; a call that ends frees its place.
+func TestUnitMCPBatchesAndConcurrency(t *testing.T) {
+	u := newUnitEnv(t, true, func(c *config.Config) {
+		c.MaxConcurrent, c.MaxQueued = 1, 1
+	})
+	var calls atomic.Int64
+	entered := make(chan struct{}, 4)
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
+	u.srv.mcp = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		entered <- struct{}{}
+		<-release
+		w.Write([]byte("done"))
+	})
+	for _, batch := range []string{`[{"jsonrpc":"2.0","id":1,"method":"tools/list"}]`, " \n\t[]"} {
+		code, _, body := u.do("POST", "/mcp", batch)
+		wantError(t, code, body, http.StatusBadRequest, "batches are not served")
+	}
+	if n := calls.Load(); n != 0 {
+		t.Fatalf("the MCP handler ran %d times for batches", n)
+	}
+	if got := cap(u.srv.mcpCalls); got != 2 {
+		t.Fatalf("MCP call limit %d, want max_concurrent + max_queued = 2", got)
+	}
+	results := make(chan int, 2)
+	for range 2 {
+		go func() {
+			code, _, _ := u.do("POST", "/mcp", `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`)
+			results <- code
+		}()
+		<-entered
+	}
+	code, h, body := u.do("POST", "/mcp", `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`)
+	wantError(t, code, body, http.StatusTooManyRequests, "MCP calls are being served already")
+	if h.Get("Retry-After") == "" {
+		t.Errorf("429 without Retry-After")
+	}
+	releaseOnce.Do(func() { close(release) })
+	for range 2 {
+		if code := <-results; code != http.StatusOK {
+			t.Errorf("a call within the bound got %d", code)
+		}
+	}
+	code, _, body = u.do("POST", "/mcp", `{"jsonrpc":"2.0","id":3,"method":"tools/list"}`)
+	if code != http.StatusOK || string(body) != "done" {
+		t.Fatalf("after the calls ended: %d %s", code, body)
+	}
+	<-entered
+	if n := calls.Load(); n != 3 {
+		t.Fatalf("the MCP handler ran %d times, want 3", n)
+	}
+}
+
+func TestUnitMCPCallLimit(t *testing.T) {
+	for _, c := range []struct{ conc, queued, want int }{{4, 64, 68}, {1, 0, 1}, {0, 0, 1}} {
+		if got := mcpCallLimit(c.conc, c.queued); got != c.want {
+			t.Errorf("mcpCallLimit(%d, %d) = %d, want %d", c.conc, c.queued, got, c.want)
+		}
+	}
 }

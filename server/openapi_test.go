@@ -11,6 +11,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"github.com/sandboxd/sandboxd/server/runner"
 	"github.com/sandboxd/sandboxd/server/session"
 	"github.com/sandboxd/sandboxd/server/volume"
 )
@@ -78,6 +79,7 @@ func TestOpenAPIMatchesHandlers(t *testing.T) {
 		"SessionWorkspace": session.WorkspaceInfo{}, "SessionList": sessionList{},
 		"SessionExecutionRequest": SessionExecutionRequest{}, "SessionExecInfo": session.ExecInfo{},
 		"FileInfo": FileInfo{}, "FileEntry": volume.Entry{}, "FileList": FileList{},
+		"TypedError": runner.Error{}, "TracebackFrame": runner.Frame{}, "Display": runner.Display{},
 	}
 	for name, v := range types {
 		sc, ok := doc.Components.Schemas[name]
@@ -103,6 +105,7 @@ func TestOpenAPIMatchesHandlers(t *testing.T) {
 		}
 		// Fields always encoded (no omitempty) must be required in responses.
 		if strings.HasSuffix(name, "Response") || name == "ExecutionPending" || name == "ExecutionAccepted" || name == "Artifact" || name == "Omitted" ||
+			name == "TypedError" || name == "TracebackFrame" || name == "Display" ||
 			strings.HasPrefix(name, "Session") && !strings.HasSuffix(name, "Request") || strings.HasPrefix(name, "File") {
 			for _, f := range required {
 				if !slices.Contains(req, f) {

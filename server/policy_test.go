@@ -1,6 +1,7 @@
 package server
 
 import (
+	"os"
 	"strings"
 	"testing"
 
@@ -40,7 +41,7 @@ func TestRequestSpecsMatchTheirPolicyTemplate(t *testing.T) {
 			if e != nil {
 				t.Fatal(e)
 			}
-			spec := s.spec(p, rootfs, findPython(rootfs), "/work/exec-x")
+			spec := s.spec(p, rootfs, findPython(rootfs), "/work/exec-x", os.Stdin)
 			for _, other := range s.policies.Names() {
 				shape, env := s.policies[other].Template(cfg, rootfs).Matches(&spec)
 				if want := other == name; shape != want || env != (want && tc.wantEnv) {

@@ -86,6 +86,8 @@ type Server struct {
 	metrics   *metrics
 	handler   http.Handler
 	mcp       http.Handler // /mcp, nil without Deps.MCP
+	// mcpCalls bounds the /mcp calls served at once (mcp_route.go).
+	mcpCalls chan struct{}
 
 	mu       sync.Mutex
 	rootfs   string // set once Prepare succeeds
@@ -130,8 +132,9 @@ func New(d Deps) (*Server, error) {
 		decoding: make(decodeSlots, d.Config.MaxDecoding),
 		uploads:  make(decodeSlots, d.Config.MaxDecoding),
 		// As many retries may wait as there can be live executions.
-		waiters: make(chan struct{}, d.Config.MaxConcurrent+d.Config.MaxQueued),
-		streams: stream.NewRegistry(stream.DefaultLimits, finishedStreams, streamLinger),
+		waiters:  make(chan struct{}, d.Config.MaxConcurrent+d.Config.MaxQueued),
+		mcpCalls: make(chan struct{}, mcpCallLimit(d.Config.MaxConcurrent, d.Config.MaxQueued)),
+		streams:  stream.NewRegistry(stream.DefaultLimits, finishedStreams, streamLinger),
 		// SECURITY.md case 53: as many as stored answers may stream.
 		attached: make(decodeSlots, d.Config.MaxStreams),
 	}
@@ -184,6 +187,7 @@ func (s *Server) routes() []route {
 		{http.MethodPost, "/v1/executions", s.handleCreate},
 		{http.MethodGet, "/v1/executions/:id", s.handleGet},
 		{http.MethodGet, "/v1/executions/:id/events", s.handleEvents},
+		{http.MethodGet, "/v1/executions/:id/artifacts/*name", s.handleGetArtifact},
 		{http.MethodDelete, "/v1/executions/:id", s.handleCancel},
 		{http.MethodGet, "/v1/policies", s.handlePolicies},
 		{http.MethodGet, "/healthz", s.handleHealthz},
@@ -350,7 +354,7 @@ func (s *Server) startKernel(ctx context.Context, policy, ws string, o warmpool.
 	pool := s.pool
 	s.mu.Unlock()
 	p := &plan{run: newRunName(), policy: pol, env: pol.BaseEnv()}
-	spec := s.spec(p, rootfs, python, ws)
+	spec := s.spec(p, rootfs, python, ws, nil)
 	spec.Logger = s.log.With("run", p.run, "policy", pol.Name)
 	return pool.StartKernel(ctx, spec, o)
 }

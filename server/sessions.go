@@ -59,6 +59,11 @@ type SessionExecutionRequest struct {
 	Files     []File            `json:"files,omitempty"`
 	TimeoutMS int64             `json:"timeout_ms,omitempty"`
 	Env       map[string]string `json:"env,omitempty"`
+	// DisplayLastExpression (default true in a session) answers the value
+	// of the code's final expression in `display`, as a notebook does.
+	DisplayLastExpression *bool `json:"display_last_expression,omitempty"`
+	// CaptureFigures is ExecutionRequest's.
+	CaptureFigures *bool `json:"capture_figures,omitempty"`
 }
 
 // sessions returns the session manager, or the 503 saying why there is
@@ -303,6 +308,8 @@ func (s *Server) validateSessionExecution(sid string, req *SessionExecutionReque
 	if e := s.checkRun(p, pol, req.Code, nil, req.Files, req.Env); e != nil {
 		return nil, e
 	}
+	p.display = req.DisplayLastExpression == nil || *req.DisplayLastExpression
+	p.figures = req.CaptureFigures == nil || *req.CaptureFigures
 	return p, nil
 }
 
@@ -362,7 +369,8 @@ func (s *Server) executeInSession(ctx context.Context, p *plan) (*ExecutionRespo
 	since := workspace.TakeSnapshot(v.Path())
 	x.log.Info("kernel execution starting")
 	kr, info, err := run.Exec(ctx, warmpool.KernelExec{Code: p.code, Env: p.extra,
-		Timeout: time.Duration(p.policy.TimeoutMS) * time.Millisecond, Logger: x.log, Output: p.hub.Output})
+		Timeout: time.Duration(p.policy.TimeoutMS) * time.Millisecond, Logger: x.log, Output: p.hub.Output,
+		Display: p.display, Figures: p.figures, OnEvent: p.runnerEvent})
 	p.code = ""
 	if err != nil {
 		// Nothing of the code ran (Run.Exec): refused, the id free for
@@ -371,7 +379,7 @@ func (s *Server) executeInSession(ctx context.Context, p *plan) (*ExecutionRespo
 	}
 	x.started = true
 	x.resp.Session = &info
-	s.fill(x.resp, kr.Result, v.Path(), since, x.saveArtifact)
+	s.fill(x.resp, kr.Result, kr.Events, v.Path(), since, x.saveArtifact, x.log)
 	return x.finish()
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/server/results"
+	"github.com/sandboxd/sandboxd/server/runner"
 	"github.com/sandboxd/sandboxd/server/stream"
 )
 
@@ -271,7 +272,9 @@ func storedDocument(resp *ExecutionResponse) (text []byte, holes []int64) {
 			Size      int64  `json:"size"`
 			MediaType string `json:"media_type"`
 			SHA256    string `json:"sha256"`
-		}{a.Name, a.Size, a.MediaType, a.SHA256})
+			Width     int    `json:"width,omitempty"`
+			Height    int    `json:"height,omitempty"`
+		}{a.Name, a.Size, a.MediaType, a.SHA256, a.Width, a.Height})
 		text = append(text, bytes.TrimSuffix(bytes.TrimRight(buf.Bytes(), "\n"), []byte("}"))...)
 		text = append(text, `,"content_base64":"`...)
 		holes = append(holes, int64(len(text)))
@@ -287,7 +290,8 @@ func interruptedDocument(e results.Entry, now time.Time) (text []byte, typ strin
 	json.Unmarshal(e.Info, &info)
 	resp := &ExecutionResponse{ID: e.ID, Type: info.Type, Policy: info.Policy, Status: StatusInterrupted, ExitCode: -1,
 		Artifacts: []Artifact{}, ArtifactsOmitted: []Omitted{}, LimitsHit: []string{},
-		StartedAt: e.CreatedAt, FinishedAt: now, DurationMS: now.Sub(e.CreatedAt).Milliseconds(), Error: interruptedError}
+		StartedAt: e.CreatedAt, FinishedAt: now, DurationMS: now.Sub(e.CreatedAt).Milliseconds(), Error: errorMessage(interruptedError),
+		Display: []runner.Display{}}
 	text, _ = storedDocument(resp)
 	return text, info.Type
 }

@@ -136,7 +136,7 @@ func TestUnitUnstoredAnswerKeepsTheID(t *testing.T) {
 	req := ExecutionRequest{ID: "once", Code: "x"}
 	first := u.execute(req)
 	wantExecStatus(t, first, "sandbox_error")
-	if !strings.Contains(first.Error, "could not be stored") || first.Stdout != "" || len(first.Artifacts) != 0 {
+	if !strings.Contains(first.Error.String(), "could not be stored") || first.Stdout != "" || len(first.Artifacts) != 0 {
 		t.Fatalf("the unstored answer: %+v", first)
 	}
 	again := u.execute(req)

@@ -24,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/server/config"
+	"github.com/sandboxd/sandboxd/server/runner"
 	"github.com/sandboxd/sandboxd/server/workspace"
 )
 
@@ -361,7 +362,9 @@ func TestUnitLegacyRequest(t *testing.T) {
 		spec := u.fake.lastSpec()
 		want := dynamic
 		want.TimeoutMS = c.want.Milliseconds()
-		if spec.Limits != want.Limits(u.cfg) || !slices.Equal(spec.Env, dynamic.BaseEnv()) || spec.Args[1] != CodePath {
+		job, isJob := runner.JobOf(spec.Args)
+		if spec.Limits != want.Limits(u.cfg) || !slices.Equal(spec.Env, dynamic.BaseEnv()) || !isJob || job.Path != CodePath ||
+			job.Display || job.Figures {
 			t.Errorf("%s: spec %+v, want limits %+v", c.body, spec, want.Limits(u.cfg))
 		}
 	}
@@ -388,6 +391,9 @@ func TestLegacyFrom(t *testing.T) {
 		{"stderr only whitespace", ExecutionResponse{Status: "succeeded", Stderr: " \n"}, LegacyResponse{Error: " \n", Status: LegacySuccess}},
 		{"warning on stderr", ExecutionResponse{Status: "succeeded", Stderr: "warn\n"}, LegacyResponse{Error: "warn\n", Status: LegacyError}},
 		{"exit 2", ExecutionResponse{Status: "failed", ExitCode: 2}, LegacyResponse{Status: LegacyError}},
+		{"typed error", ExecutionResponse{Status: "failed", ExitCode: 1, Stderr: "Traceback ...\nNameError: x\n",
+			Error: &ExecError{Code: &runner.Error{Type: "NameError", Message: "x", Text: "Traceback ...\nNameError: x\n"}}},
+			LegacyResponse{Error: "Traceback ...\nNameError: x\n", Status: LegacyError}},
 		{"crash", ExecutionResponse{Status: "failed", ExitCode: 139, Signal: &sig, Stderr: "x"},
 			LegacyResponse{Error: "x\nexecution crashed with SIGSEGV", Status: LegacyCriticalError}},
 		{"timeout", ExecutionResponse{Status: "timeout", ExitCode: 137, Policy: pol, Stdout: "partial"},
@@ -395,7 +401,7 @@ func TestLegacyFrom(t *testing.T) {
 		{"oom", ExecutionResponse{Status: "oom", Policy: pol, Stderr: "Killed\n"},
 			LegacyResponse{Error: "Killed\nexecution ran out of memory (limit 64 MiB)", Status: LegacyCriticalError}},
 		{"cancelled", ExecutionResponse{Status: "cancelled"}, LegacyResponse{Error: "execution was cancelled", Status: LegacyCriticalError}},
-		{"sandbox error", ExecutionResponse{Status: "sandbox_error", Error: "unable to start sandbox: x"},
+		{"sandbox error", ExecutionResponse{Status: "sandbox_error", Error: errorMessage("unable to start sandbox: x")},
 			LegacyResponse{Error: "sandbox error: unable to start sandbox: x", Status: LegacyCriticalError}},
 	} {
 		if got := legacyFrom(&c.in); got != c.want {

@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/progress"
 	"github.com/sandboxd/sandboxd/rootfs"
 )
 
@@ -43,7 +44,7 @@ func runImage(args []string) error {
 	defer stop()
 	switch args[0] {
 	case "unpack":
-		return imageUnpack(ctx, args[1:], os.Stdout)
+		return imageUnpack(ctx, args[1:], os.Stdout, progress.NewMeter(os.Stderr, progress.IsTerminal(os.Stderr)))
 	case "ls":
 		return imageLs(args[1:], os.Stdout)
 	case "gc":
@@ -79,7 +80,9 @@ func parseImageFlags(fs *flag.FlagSet, args []string, cache *string) error {
 	return nil
 }
 
-func imageUnpack(ctx context.Context, args []string, out io.Writer) error {
+// imageUnpack prints the digest and rootfs path on out; progress (one line
+// per stage, and on a terminal a status line) and the summary go to m.
+func imageUnpack(ctx context.Context, args []string, out io.Writer, m *progress.Meter) error {
 	fs, cache := imageFlags("unpack")
 	ref := fs.String("image", "", "image reference (required)")
 	if err := parseImageFlags(fs, args, cache); err != nil {
@@ -93,10 +96,12 @@ func imageUnpack(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	if err := c.CheckReachable(); err != nil {
-		fmt.Fprintf(os.Stderr, "warning: %v\n", err)
+		m.Line("warning: %v", err)
 	}
+	c.Progress = unpackProgress(m, func(p rootfs.Progress) { m.Line("%s", describeUnpack(p)) })
 	start := time.Now()
 	img, err := c.Unpack(ctx, *ref)
+	m.Clear()
 	if err != nil {
 		return err
 	}
@@ -105,7 +110,7 @@ func imageUnpack(ctx context.Context, args []string, out io.Writer) error {
 		how = "cached"
 	}
 	fmt.Fprintf(out, "digest %s\nrootfs %s\n", img.Digest, img.RootfsPath)
-	fmt.Fprintf(os.Stderr, "%s in %s: %d entries, %d bytes, %d dropped\n",
+	m.Line("%s in %s: %d entries, %d bytes, %d dropped",
 		how, time.Since(start).Round(time.Millisecond), img.Entries, img.Bytes, img.DroppedCount)
 	return nil
 }

@@ -15,7 +15,7 @@ import (
 
 func init() {
 	commands["mcp"] = command{
-		summary: "mcp [--url URL] [--token TOKEN]: MCP over stdio, forwarded to a running worker (for desktop MCP clients)",
+		summary: "mcp [--url URL]: MCP over stdio, forwarded to a running worker (for desktop MCP clients); the token from $EXECUTION_WORKER_TOKEN",
 		run:     cmdMCP,
 	}
 }
@@ -28,7 +28,9 @@ func cmdMCP(args []string) error {
 	fs := flag.NewFlagSet("mcp", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	url := fs.String("url", "http://127.0.0.1:3100", "the worker: http://HOST:PORT or unix:SOCKET_PATH")
-	token := fs.String("token", "", "the worker's bearer token (default: $EXECUTION_WORKER_TOKEN)")
+	// The token belongs in $EXECUTION_WORKER_TOKEN: a command line is
+	// readable by every user of the host (ps, /proc/PID/cmdline).
+	token := fs.String("token", "", "the worker's bearer token; prefer $EXECUTION_WORKER_TOKEN (the default): a command-line argument is visible to every user in ps")
 	printSchema := fs.Bool("print-tool-schema", false, "print run_python's definition (name, description, inputSchema) as JSON and exit")
 	printTools := fs.Bool("print-tools", false, "print every tool's definition (server/mcp/tools.json) and exit")
 	if err := fs.Parse(args); err != nil {

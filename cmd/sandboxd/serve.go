@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/progress"
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/rootfs"
 	"github.com/sandboxd/sandboxd/server"
@@ -49,7 +50,10 @@ func cmdServe(args []string) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("invalid config: %w", err)
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	// On a terminal the first unpack draws a status line; log records go
+	// through the meter so that they never land in the middle of it.
+	meter := progress.NewMeter(os.Stderr, progress.IsTerminal(os.Stderr))
+	log := slog.New(slog.NewJSONHandler(meter, nil))
 	if unknown := config.UnknownEnv(os.Environ()); len(unknown) > 0 {
 		log.Warn("ignoring unknown EXECUTION_* variables", "names", unknown)
 	}
@@ -71,7 +75,7 @@ func cmdServe(args []string) error {
 		return err
 	}
 
-	resolve, releaseImage := resolveRootfs(cfg, log)
+	resolve, releaseImage := resolveRootfs(cfg, log, meter)
 	defer releaseImage()
 	srv, err := server.New(server.Deps{
 		Config:        cfg,
@@ -176,7 +180,9 @@ func cmdServe(args []string) error {
 // digest is not there yet, or dir:PATH, an already-unpacked rootfs used as is
 // (development and tests; nothing verifies it). The image is held in use
 // from before the unpack until release, which the worker calls at exit.
-func resolveRootfs(cfg config.Config, log *slog.Logger) (resolve func(ctx context.Context) (string, error), release func()) {
+// A first unpack logs one record per stage and, on a terminal, draws its
+// progress on meter.
+func resolveRootfs(cfg config.Config, log *slog.Logger, meter *progress.Meter) (resolve func(ctx context.Context) (string, error), release func()) {
 	var mu sync.Mutex
 	var holds []func()
 	release = func() {
@@ -203,12 +209,14 @@ func resolveRootfs(cfg config.Config, log *slog.Logger) (resolve func(ctx contex
 		if err := cache.CheckReachable(); err != nil {
 			return "", err
 		}
+		cache.Progress = unpackProgress(meter, logUnpack(log))
 		start := time.Now()
 		// Held from before the unpack for the worker's lifetime, so the
 		// cache's GC never removes the rootfs sandboxes run on (SECURITY.md
 		// case 36). The hold is one open fd: it stays referenced in holds,
 		// or a finalizer would close it and drop the hold.
 		img, hold, err := cache.UnpackAndUse(ctx, cfg.PythonImage)
+		meter.Clear()
 		if err != nil {
 			return "", fmt.Errorf("python_image %q: %w", cfg.PythonImage, err)
 		}

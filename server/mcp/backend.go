@@ -44,7 +44,7 @@ type Backend struct {
 // as a tool error it can act on, instead of holding the /mcp request.
 func InProcess(api http.Handler) *Backend {
 	return &Backend{
-		client: &http.Client{Transport: handlerTransport{api}},
+		client: &http.Client{Transport: handlerTransport{api}, CheckRedirect: noRedirects},
 		base:   "http://sandboxd.internal",
 		sleep:  sleepCtx,
 	}
@@ -66,7 +66,7 @@ func Remote(rawURL, token string) (*Backend, error) {
 			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 				return d.DialContext(ctx, "unix", path)
 			},
-		}}
+		}, CheckRedirect: noRedirects}
 		b.base = "http://localhost"
 		return b, nil
 	}
@@ -77,10 +77,16 @@ func Remote(rawURL, token string) (*Backend, error) {
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
 		return nil, fmt.Errorf("worker URL %q: want http://HOST:PORT, https://HOST:PORT or unix:PATH", rawURL)
 	}
-	b.client = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	b.client = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone(), CheckRedirect: noRedirects}
 	b.base = u.Scheme + "://" + u.Host
 	return b, nil
 }
+
+// noRedirects makes a redirect an answer like any other (a non-2xx
+// apiError): the API never redirects a call the tools make, and following
+// one would reach a route the tool never named (httprouter's cleaned-path
+// redirect took ..%2F..%2Fmetrics to /metrics).
+func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 // apiError is a non-2xx answer of the API: its status and message (the
 // body's "error", else the body's start).
@@ -94,8 +100,12 @@ func (e *apiError) Error() string {
 	return fmt.Sprintf("sandboxd answered %d %s: %s", e.Status, http.StatusText(e.Status), e.Message)
 }
 
-// maxErrorBody bounds what is read of an error answer.
-const maxErrorBody = 64 << 10
+// maxErrorBody bounds what is read of an error answer; maxForeignError
+// what is kept of one that is not the API's JSON error.
+const (
+	maxErrorBody    = 64 << 10
+	maxForeignError = 512
+)
 
 // do sends one API call and returns the response for a 2xx answer (the
 // caller closes its body) or an *apiError. body is sent as is (nil: none),
@@ -161,7 +171,9 @@ func readAPIError(resp *http.Response) *apiError {
 	if json.Unmarshal(data, &body) == nil && body.Error != "" {
 		e.Message, e.Code = body.Error, body.Code
 	} else {
-		e.Message = strings.TrimSpace(string(data))
+		// Not the API's error body (a proxy's page, a redirect): its start
+		// only, never a page of it to the model.
+		e.Message = strings.ToValidUTF8(strings.TrimSpace(string(data[:min(len(data), maxForeignError)])), "\uFFFD")
 		if e.Message == "" {
 			e.Message = http.StatusText(resp.StatusCode)
 		}

@@ -14,6 +14,8 @@ import (
 	"unicode/utf8"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 )
 
 // Resource URIs: one place that builds them and one that parses them.
@@ -70,38 +72,36 @@ func textLike(mediaType string, data []byte) bool {
 	return utf8.Valid(data) && !bytes.ContainsRune(data, 0)
 }
 
-// readArtifact reads sandboxd://executions/{id}/artifacts/{name}: the
-// artifact from the execution's stored answer.
+// readArtifact reads sandboxd://executions/{id}/artifacts/{name}: the one
+// artifact, from GET /v1/executions/{id}/artifacts/{name}, never the
+// execution's whole answer (SECURITY.md case 55). The id and the name are
+// checked before they become a path: an escaped "/" or ".." in them would
+// reach another route (x%2Fevents, ..%2F..%2Fmetrics).
 func (t tools) readArtifact(ctx context.Context, req *sdk.ReadResourceRequest) (*sdk.ReadResourceResult, error) {
 	uri := req.Params.URI
 	id, name, ok := parseURI(uri, artifactsPrefix, "artifacts")
-	if !ok {
+	if !ok || !inside.ValidID(id) || checkRelPath("name", name) != nil {
 		return nil, sdk.ResourceNotFoundError(uri)
 	}
-	var a struct {
-		Status    string     `json:"status"`
-		Artifacts []artifact `json:"artifacts"`
-	}
-	if err := t.b.doJSON(ctx, http.MethodGet, "/v1/executions/"+url.PathEscape(id), nil, &a, maxAnswerBytes); err != nil {
+	resp, err := t.b.do(ctx, http.MethodGet, "/v1/executions/"+url.PathEscape(id)+"/artifacts/"+escapePath(name), nil, nil)
+	if err != nil {
+		if ae, ok := err.(*apiError); ok && ae.Status == http.StatusConflict {
+			return nil, fmt.Errorf("%s: execution %s has not finished yet", uri, id)
+		}
 		return nil, resourceError(uri, err)
 	}
-	for _, art := range a.Artifacts {
-		if art.Name != name {
-			continue
-		}
-		if art.Size > maxResourceBytes {
-			return nil, fmt.Errorf("%s is %d bytes, more than an MCP resource carries here (%d): read it with GET /v1/executions/%s", uri, art.Size, maxResourceBytes, id)
-		}
-		data, err := decodeBase64(art.ContentBase64)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", uri, err)
-		}
-		return resourceResult(uri, art.MediaType, data), nil
+	defer resp.Body.Close()
+	if resp.ContentLength > maxResourceBytes {
+		return nil, fmt.Errorf("%s is %d bytes, more than an MCP resource carries here (%d): read it with GET /v1/executions/%s/artifacts/%s", uri, resp.ContentLength, maxResourceBytes, id, escapePath(name))
 	}
-	if a.Status == "queued" || a.Status == "running" {
-		return nil, fmt.Errorf("%s: execution %s is still %s", uri, id, a.Status)
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResourceBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", uri, err)
 	}
-	return nil, sdk.ResourceNotFoundError(uri)
+	if len(data) > maxResourceBytes {
+		return nil, fmt.Errorf("%s is more than an MCP resource carries here (%d bytes): read it with GET /v1/executions/%s/artifacts/%s", uri, maxResourceBytes, id, escapePath(name))
+	}
+	return resourceResult(uri, resp.Header.Get("Content-Type"), data), nil
 }
 
 // readSessionFile reads sandboxd://sessions/{id}/files/{path}.

@@ -187,8 +187,18 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		json.NewEncoder(w).Encode(failedAnswer(body["id"].(string)))
-	case r.Method == "GET" && strings.HasPrefix(r.URL.Path, "/v1/executions/"):
-		json.NewEncoder(w).Encode(failedAnswer(strings.TrimPrefix(r.URL.Path, "/v1/executions/")))
+	case r.Method == "GET" && strings.HasPrefix(r.URL.Path, "/v1/executions/") && strings.Contains(r.URL.Path, "/artifacts/"):
+		id, name, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/v1/executions/"), "/artifacts/")
+		for _, a := range failedAnswer(id)["artifacts"].([]map[string]any) {
+			if a["name"] == name {
+				data, _ := base64.StdEncoding.DecodeString(a["content_base64"].(string))
+				w.Header().Set("Content-Type", a["media_type"].(string))
+				w.Write(data)
+				return
+			}
+		}
+		w.WriteHeader(http.StatusNotFound)
+		io.WriteString(w, `{"error": "no artifact"}`)
 	default:
 		w.WriteHeader(http.StatusNotFound)
 		io.WriteString(w, `{"error": "no such endpoint"}`)

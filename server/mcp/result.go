@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 	"unicode/utf8"
 
@@ -28,7 +29,6 @@ type execAnswer struct {
 	StderrOmittedBytes int64           `json:"stderr_omitted_bytes"`
 	Result             json.RawMessage `json:"result"`
 	ResultError        *string         `json:"result_error"`
-	Artifacts          []artifact      `json:"artifacts"`
 	ArtifactsOmitted   []struct {
 		Name   string `json:"name"`
 		Reason string `json:"reason"`
@@ -52,11 +52,14 @@ type execAnswer struct {
 	} `json:"session"`
 }
 
+// artifact is an artifact of the answer: its entry, and its bytes when
+// they are inlined as an image block (nil: a resource link).
 type artifact struct {
-	Name          string `json:"name"`
-	Size          int64  `json:"size"`
-	MediaType     string `json:"media_type"`
-	ContentBase64 string `json:"content_base64"`
+	Name      string
+	Size      int64
+	MediaType string
+	data      []byte
+	inlined   *int64 // the answer's images inlined so far, in bytes
 }
 
 // typedError is the typed error of issue 13 (the fields used here).
@@ -80,36 +83,37 @@ const (
 // is a resource link).
 var inlineImageTypes = map[string]bool{"image/png": true, "image/jpeg": true, "image/gif": true, "image/webp": true}
 
-// executionResult turns an execution's answer (the API's JSON) into
-// run_python's result: the text (stdout, the value shown, the traceback or
-// stderr's tail, what went wrong), each image artifact an image block, the
-// other artifacts resource links, the whole answer (without base64) as
-// structuredContent, and IsError when the run did not succeed.
-func executionResult(raw []byte) (*sdk.CallToolResult, error) {
-	var a execAnswer
-	if err := json.Unmarshal(raw, &a); err != nil {
+// executionResult turns an execution's answer (the API's JSON, read from
+// r) into run_python's result: the text (stdout, the value shown, the
+// traceback or stderr's tail, what went wrong), each image artifact an image
+// block, the other artifacts resource links, the whole answer (without
+// base64) as structuredContent, and IsError when the run did not succeed.
+//
+// SECURITY.md case 55: the answer is parsed once, as it arrives, never held
+// whole: each field but the artifacts is kept as its JSON text (bounded by
+// the worker's stdout, stderr and result caps), each artifact is decoded on
+// its own and its base64 dropped unless it becomes an image block (at most
+// maxInlineImages bytes in all), so a call holds one artifact's base64 at a
+// time, not the answer.
+func executionResult(r io.Reader) (*sdk.CallToolResult, error) {
+	whole, arts, err := decodeAnswer(r)
+	if err != nil {
 		return nil, fmt.Errorf("decoding the execution's answer: %w", err)
 	}
-	var whole map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &whole); err != nil {
-		return nil, fmt.Errorf("decoding the execution's answer: %w", err)
+	var a execAnswer
+	// The fields without the artifacts: the small part of the answer.
+	if rest, err := json.Marshal(whole); err != nil || json.Unmarshal(rest, &a) != nil {
+		return nil, fmt.Errorf("decoding the execution's answer: %v", err)
 	}
 	res := &sdk.CallToolResult{IsError: a.Status != "succeeded"}
 	res.Content = append(res.Content, &sdk.TextContent{Text: answerText(&a)})
-
-	var listed []map[string]any
-	inlined := 0
-	for _, art := range a.Artifacts {
+	listed := []map[string]any{}
+	for _, art := range arts {
 		uri := ArtifactURI(a.ID, art.Name)
-		entry := map[string]any{"name": art.Name, "size": art.Size, "media_type": art.MediaType, "uri": uri}
-		listed = append(listed, entry)
-		if inlineImageTypes[art.MediaType] && art.Size <= maxInlineImage && inlined+int(art.Size) <= maxInlineImages {
-			data, err := base64.StdEncoding.DecodeString(art.ContentBase64)
-			if err == nil {
-				inlined += len(data)
-				res.Content = append(res.Content, &sdk.ImageContent{Data: data, MIMEType: art.MediaType})
-				continue
-			}
+		listed = append(listed, map[string]any{"name": art.Name, "size": art.Size, "media_type": art.MediaType, "uri": uri})
+		if art.data != nil {
+			res.Content = append(res.Content, &sdk.ImageContent{Data: art.data, MIMEType: art.MediaType})
+			continue
 		}
 		size := art.Size
 		res.Content = append(res.Content, &sdk.ResourceLink{
@@ -119,16 +123,116 @@ func executionResult(raw []byte) (*sdk.CallToolResult, error) {
 	}
 	// The whole answer, artifacts listed by URI: base64 belongs in image
 	// blocks and resources, never in the structured copy a model may read.
-	if listed == nil {
-		listed = []map[string]any{}
-	}
-	arts, err := json.Marshal(listed)
+	raw, err := json.Marshal(listed)
 	if err != nil {
 		return nil, err
 	}
-	whole["artifacts"] = arts
+	whole["artifacts"] = raw
 	res.StructuredContent = whole
 	return res, nil
+}
+
+// decodeAnswer reads an execution's answer as it streams: its fields but
+// "artifacts" as JSON text, and its artifacts, each with its bytes only if
+// it is inlined as an image (inlineArtifact).
+func decodeAnswer(r io.Reader) (map[string]json.RawMessage, []*artifact, error) {
+	dec := json.NewDecoder(r)
+	if err := wantDelim(dec, '{'); err != nil {
+		return nil, nil, err
+	}
+	whole := map[string]json.RawMessage{}
+	var arts []*artifact
+	inlined := int64(0)
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, nil, err
+		}
+		key, _ := tok.(string)
+		if key != "artifacts" {
+			var v json.RawMessage
+			if err := dec.Decode(&v); err != nil {
+				return nil, nil, err
+			}
+			whole[key] = v
+			continue
+		}
+		if err := wantDelim(dec, '['); err != nil {
+			return nil, nil, fmt.Errorf("artifacts: %w", err)
+		}
+		for dec.More() {
+			art := &artifact{inlined: &inlined}
+			if err := dec.Decode(art); err != nil {
+				return nil, nil, fmt.Errorf("artifact %d: %w", len(arts), err)
+			}
+			arts = append(arts, art)
+		}
+		if err := wantDelim(dec, ']'); err != nil {
+			return nil, nil, fmt.Errorf("artifacts: %w", err)
+		}
+	}
+	if err := wantDelim(dec, '}'); err != nil {
+		return nil, nil, err
+	}
+	return whole, arts, nil
+}
+
+func wantDelim(dec *json.Decoder, d json.Delim) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if tok != d {
+		return fmt.Errorf("want %q, got %v", d, tok)
+	}
+	return nil
+}
+
+// UnmarshalJSON decodes an artifact's entry and, when it is inlined as an
+// image block (inlineArtifact, within the answer's budget *a.inlined), its
+// bytes; any other artifact's base64 is looked at in place (the decoder's
+// buffer) and dropped, never copied.
+func (a *artifact) UnmarshalJSON(b []byte) error {
+	var e struct {
+		Name          string  `json:"name"`
+		Size          int64   `json:"size"`
+		MediaType     string  `json:"media_type"`
+		ContentBase64 jsonRef `json:"content_base64"`
+	}
+	if err := json.Unmarshal(b, &e); err != nil {
+		return err
+	}
+	a.Name, a.Size, a.MediaType = e.Name, e.Size, e.MediaType
+	if !inlineArtifact(a.MediaType, a.Size, *a.inlined) {
+		return nil
+	}
+	var s string
+	if json.Unmarshal(e.ContentBase64, &s) != nil {
+		return nil // not a string: shown as a link
+	}
+	data, err := base64.StdEncoding.DecodeString(s)
+	if err != nil || int64(len(data)) != a.Size {
+		return nil // a link to it then; reading it says what is wrong
+	}
+	a.data = data
+	*a.inlined += a.Size
+	return nil
+}
+
+// inlineArtifact says whether an artifact becomes an image block: a type
+// clients show, at most maxInlineImage bytes, within maxInlineImages for
+// the whole answer (inlined so far: the bytes already inlined).
+func inlineArtifact(mediaType string, size, inlined int64) bool {
+	return inlineImageTypes[mediaType] && size <= maxInlineImage && inlined+size <= maxInlineImages
+}
+
+// jsonRef keeps a JSON value as a reference into the text being decoded,
+// valid only while that text is (UnmarshalJSON of the enclosing value).
+type jsonRef []byte
+
+func (r *jsonRef) UnmarshalJSON(b []byte) error {
+	*r = b
+	return nil
 }
 
 // answerText is the answer as a model reads it.

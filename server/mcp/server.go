@@ -10,7 +10,7 @@
 //
 // Resources (read with resources/read; run_python links to them):
 //
-//	sandboxd://executions/{id}/artifacts/{name}   an execution's artifact (GET /v1/executions/{id})
+//	sandboxd://executions/{id}/artifacts/{name}   an execution's artifact (GET /v1/executions/{id}/artifacts/{name})
 //	sandboxd://sessions/{id}/files/{path}         a session's file (GET /v1/sessions/{id}/files/{path})
 //
 // {name} and {path} are relative paths, each segment percent-encoded.
@@ -187,23 +187,20 @@ func (t tools) runPython(ctx context.Context, _ *sdk.CallToolRequest, in runPyth
 	if err != nil {
 		return nil, nil, err
 	}
-	raw, err := t.execute(ctx, path, data, body["id"].(string))
+	res, err := t.execute(ctx, path, data, body["id"].(string))
 	if err != nil {
 		return toolError(err)
-	}
-	res, err := executionResult(raw)
-	if err != nil {
-		return nil, nil, err
 	}
 	return res, nil, nil
 }
 
-// execute POSTs an execution and returns its answer; when ctx ends first
-// (the client cancelled the call or went away) the execution is cancelled.
-func (t tools) execute(ctx context.Context, path string, body []byte, id string) ([]byte, error) {
-	raw, err := t.post(ctx, path, body)
+// execute POSTs an execution and returns its answer as run_python's
+// result; when ctx ends first (the client cancelled the call or went
+// away) the execution is cancelled.
+func (t tools) execute(ctx context.Context, path string, body []byte, id string) (*sdk.CallToolResult, error) {
+	res, err := t.post(ctx, path, body)
 	if err == nil && ctx.Err() == nil {
-		return raw, nil
+		return res, nil
 	}
 	if ctx.Err() != nil {
 		// Cancelled mid-call: the run, named, would go on without its
@@ -218,18 +215,20 @@ func (t tools) execute(ctx context.Context, path string, body []byte, id string)
 	return nil, err
 }
 
-// post sends an execution and reads its whole answer.
-func (t tools) post(ctx context.Context, path string, body []byte) ([]byte, error) {
+// post sends an execution and reads its answer as it streams in
+// (executionResult), at most maxAnswerBytes of it.
+func (t tools) post(ctx context.Context, path string, body []byte) (*sdk.CallToolResult, error) {
 	resp, err := t.b.do(ctx, http.MethodPost, path, body, nil)
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes+1))
-	if err == nil && len(raw) > maxAnswerBytes {
+	lr := &io.LimitedReader{R: resp.Body, N: maxAnswerBytes + 1}
+	res, err := executionResult(lr)
+	if err != nil && lr.N <= 0 {
 		err = fmt.Errorf("the execution's answer is larger than %d bytes", maxAnswerBytes)
 	}
-	return raw, err
+	return res, err
 }
 
 func (t tools) createSession(ctx context.Context, _ *sdk.CallToolRequest, in createSessionArgs) (*sdk.CallToolResult, any, error) {

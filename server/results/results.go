@@ -934,3 +934,24 @@ func (r *Reader) Close() error {
 	}
 	return err
 }
+
+// Text is the answer's text as stored, each hole left empty: a JSON text
+// with "" where each part's base64 goes when WriteTo fills it.
+func (r *Reader) Text() *io.SectionReader { return io.NewSectionReader(r.text, 0, r.textBytes) }
+
+// Holes are the offsets in Text where the parts go, one per part, ascending.
+func (r *Reader) Holes() []int64 { return r.holes }
+
+// OpenPart opens part i (the bytes whose base64 fills hole i) for reading
+// on its own, without the rest of the answer; the caller closes it. It
+// stays readable while r is open, even if its answer is evicted meanwhile.
+func (r *Reader) OpenPart(i int) (*os.File, int64, error) {
+	if i < 0 || i >= len(r.partBytes) || r.dir == "" {
+		return nil, 0, fmt.Errorf("results: no part %d", i)
+	}
+	f, err := os.Open(filepath.Join(r.dir, partName(i)))
+	if err != nil {
+		return nil, 0, fmt.Errorf("results: part %d: %w", i, err)
+	}
+	return f, r.partBytes[i], nil
+}

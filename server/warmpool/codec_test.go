@@ -26,10 +26,11 @@ import (
 const codecProbe = `import json, os, signal, sys
 zygote = {"__name__": "zygote"}
 exec(compile(sys.argv[1], "zygote.py", "exec"), zygote)
-path, argv, cwd, kernel, cwd_on_path = zygote["decode_handoff"](sys.stdin.buffer.read())
-sys.stdout.write(json.dumps({"path": path, "argv": argv, "cwd": cwd, "kernel": kernel, "cwd_on_path": cwd_on_path}) + "\n")
-seq, code, env = zygote["decode_request"](sys.argv[2].encode())
-sys.stdout.write(json.dumps({"seq": seq, "code": code, "env": env}) + "\n")
+job, kernel, cwd_on_path, events = zygote["decode_handoff"](sys.stdin.buffer.read())
+sys.stdout.write(json.dumps({"path": job["path"], "argv": job["argv"], "cwd": job["cwd"], "kernel": kernel,
+    "cwd_on_path": cwd_on_path, "display": job["display"], "figures": job["figures"], "events": events}) + "\n")
+seq, code, env, display, figures = zygote["decode_request"](sys.argv[2].encode())
+sys.stdout.write(json.dumps({"seq": seq, "code": code, "env": env, "display": display, "figures": figures}) + "\n")
 sys.stdout.buffer.write(zygote["encode_reply"](seq, 3) + zygote["encode_reply"](seq + 1, 0))
 for act in ("exit 7", "kill", "exit 0"):
     pid = os.fork()
@@ -49,7 +50,8 @@ sys.stdout.flush()
 func TestZygoteCodecsAgree(t *testing.T) {
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	r := newPoolRunner(t)
-	h := warmpool.Handoff{Path: inside.Path("code/m\u00e4in \"1\"\n.py"), Argv: []string{"a\tb", "\u2603", ""}, Cwd: inside.Workspace, Kernel: true, CwdOnPath: true}
+	h := warmpool.Handoff{Path: inside.Path("code/m\u00e4in \"1\"\n.py"), Argv: []string{"a\tb", "\u2603", ""}, Cwd: inside.Workspace, Kernel: true, CwdOnPath: true,
+		Display: true, Figures: true, Events: true}
 	msg, err := warmpool.EncodeHandoff(h)
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +60,7 @@ func TestZygoteCodecsAgree(t *testing.T) {
 		t.Fatalf("the message %q has MessageEnd inside it", msg)
 	}
 	tpl := poolTemplate(rootfs)
-	req := warmpool.KernelRequest{Seq: 41, Code: "print('\u00e4')\n\x00\r\n", Env: map[string]string{"K": "v\nw"}}
+	req := warmpool.KernelRequest{Seq: 41, Code: "print('\u00e4')\n\x00\r\n", Env: map[string]string{"K": "v\nw"}, Figures: true}
 	reqLine, err := warmpool.EncodeKernelRequest(req)
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +82,7 @@ func TestZygoteCodecsAgree(t *testing.T) {
 		t.Fatalf("zygote.py decoded %q: %v", decodedLine, err)
 	}
 	if got.Path != h.Path || !slices.Equal(got.Argv, h.Argv) || got.Cwd != h.Cwd || got.Kernel != h.Kernel ||
-		got.CwdOnPath != h.CwdOnPath {
+		got.CwdOnPath != h.CwdOnPath || got.Display != h.Display || got.Figures != h.Figures || got.Events != h.Events {
 		t.Errorf("zygote.py decoded %+v, want %+v", got, h)
 	}
 	reqDecoded, rest, _ := strings.Cut(rest, "\n")
@@ -88,7 +90,8 @@ func TestZygoteCodecsAgree(t *testing.T) {
 	if err := json.Unmarshal([]byte(reqDecoded), &gotReq); err != nil {
 		t.Fatalf("zygote.py decoded the request as %q: %v", reqDecoded, err)
 	}
-	if gotReq.Seq != req.Seq || gotReq.Code != req.Code || !maps.Equal(gotReq.Env, req.Env) {
+	if gotReq.Seq != req.Seq || gotReq.Code != req.Code || !maps.Equal(gotReq.Env, req.Env) || gotReq.Display != req.Display ||
+		gotReq.Figures != req.Figures {
 		t.Errorf("zygote.py decoded %+v, want %+v", gotReq, req)
 	}
 	for _, want := range []warmpool.KernelReply{{Seq: 41, ExitCode: 3}, {Seq: 42}} {

@@ -17,6 +17,7 @@ import (
 	"github.com/sandboxd/sandboxd/cgroup"
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"github.com/sandboxd/sandboxd/server/runner"
 	"github.com/sandboxd/sandboxd/server/workspace"
 	"golang.org/x/sys/unix"
 )
@@ -71,6 +72,12 @@ type KernelExec struct {
 	// Output, when set, is given the execution's output as it is read
 	// (streaming; see nsjail.OutputFunc).
 	Output nsjail.OutputFunc
+	// Display and Figures are the runner's: the value of a final
+	// expression, the pyplot figures saved as artifacts.
+	Display, Figures bool
+	// OnEvent, when set, gets the execution's runner events as they are
+	// read (runner.Reader).
+	OnEvent runner.EventFunc
 }
 
 // KernelResult is what one execution in a kernel did.
@@ -82,6 +89,9 @@ type KernelResult struct {
 	// Ended is "" when the kernel lives on with its state, else why it
 	// ended during the execution (End*).
 	Ended string
+	// Events is what the runner reported on the execution's events fd:
+	// the code's word, untrusted (SECURITY.md case 50).
+	Events runner.Outcome
 }
 
 // Kernel is a running session kernel.
@@ -594,7 +604,7 @@ func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) 
 	}
 	k.seq++
 	seq := k.seq
-	msg, err := EncodeKernelRequest(KernelRequest{Seq: seq, Code: e.Code, Env: e.Env})
+	msg, err := EncodeKernelRequest(KernelRequest{Seq: seq, Code: e.Code, Env: e.Env, Display: e.Display, Figures: e.Figures})
 	if err != nil {
 		return nil, err
 	}
@@ -608,6 +618,14 @@ func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) 
 		outW.Close()
 		return nil, fmt.Errorf("unable to create the execution's stderr pipe: %w", err)
 	}
+	evR, evW, err := runner.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		errR.Close()
+		errW.Close()
+		return nil, err
+	}
 	// The execution's own memory peak, not the kernel's lifetime one
 	// (pids.peak cannot be reset: PidsPeak is the kernel's).
 	if err := k.sb.ResetMemoryPeak(); err != nil {
@@ -620,13 +638,15 @@ func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) 
 	res := &nsjail.Result{ID: k.sb.ID(), StartedAt: time.Now()}
 	stdout := nsjail.NewCapture(outR, cmp.Or(k.lim.StdoutBytes, nsjail.DefaultLimits.StdoutBytes), e.Output.ForStream(nsjail.StreamStdout))
 	stderr := nsjail.NewCapture(errR, cmp.Or(k.lim.StderrBytes, nsjail.DefaultLimits.StderrBytes), e.Output.ForStream(nsjail.StreamStderr))
+	events := runner.NewReader(evR, runner.Want{Display: e.Display, Figures: e.Figures}, e.OnEvent)
 	wait := k.expect()
 	sent := make(chan error, 1)
 	go func() {
-		sent <- k.send(msg, outW, errW)
+		sent <- k.send(msg, outW, errW, evW)
 		// Only the kernel holds the write ends now: the streams end with it.
 		outW.Close()
 		errW.Close()
+		evW.Close()
 	}()
 	o := k.await(ctx, seq, wait, sent, e.Timeout, log)
 	k.unexpect()
@@ -636,6 +656,7 @@ func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) 
 	// collects the workspace's artifacts (SECURITY.md case 47).
 	frozen := k.freeze()
 	out, errOut := stdout.Stop(), stderr.Stop()
+	ev := events.Stop()
 
 	after, ended := k.countersAfter()
 	if !ended {
@@ -672,7 +693,7 @@ func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) 
 	k.mu.Lock()
 	k.oomSeen = max(k.oomSeen, after.OOMKills)
 	k.mu.Unlock()
-	kr := &KernelResult{Result: res}
+	kr := &KernelResult{Result: res, Events: ev}
 	select {
 	case <-k.ended:
 		kr.Ended = k.EndReason()
@@ -683,16 +704,12 @@ func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) 
 	return kr, nil
 }
 
-// send writes the request line with the execution's stdout and stderr
-// write ends beside it (SCM_RIGHTS).
-func (k *Kernel) send(msg []byte, stdout, stderr *os.File) error {
+// send writes the request line with the execution's stdout, stderr and
+// events write ends beside it (SCM_RIGHTS).
+func (k *Kernel) send(msg []byte, stdout, stderr, events *os.File) error {
 	// The kernel reads its requests at once; a kernel that does not is
 	// ended by the execution's timeout, which the caller runs meanwhile.
-	n, _, err := k.w.control.WriteMsgUnix(msg, unix.UnixRights(int(stdout.Fd()), int(stderr.Fd())), nil)
-	if err == nil && n < len(msg) {
-		_, err = k.w.control.Write(msg[n:])
-	}
-	return err
+	return writeMessage(k.w.control, msg, unix.UnixRights(int(stdout.Fd()), int(stderr.Fd()), int(events.Fd())))
 }
 
 // await waits for execution seq's reply, interrupting it at its timeout

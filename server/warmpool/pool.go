@@ -273,10 +273,17 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (r
 		p.retire(w)
 		return nil, false, fmt.Errorf("unable to move the workspace into the warm sandbox: %w", err)
 	}
-	msg, err := EncodeHandoff(Handoff{Path: spec.Args[1], Argv: []string{spec.Args[1]}, Cwd: cmp.Or(spec.Cwd, "/")})
+	h, _ := handoffOf(&spec) // Matches took it
+	msg, err := EncodeHandoff(h)
 	if err != nil {
 		p.retire(w)
 		return nil, false, err
+	}
+	var rights []byte
+	if h.Events {
+		// The execution's events pipe goes with the message (SCM_RIGHTS);
+		// a message never read takes it along when the socket closes.
+		rights = unix.UnixRights(int(spec.ExtraFiles[0].Fd()))
 	}
 	if err := w.pending.SetNice(0); err != nil {
 		p.log.Warn("warm pool: unable to restore the sandbox's priority", "sandbox", w.pending.ID(), "error", err)
@@ -291,7 +298,7 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (r
 	}
 	// The peer stays open until the sandbox is gone, so that what is left
 	// unread in it tells whether the code's process ever took the hand-off.
-	if _, err := w.control.Write(msg); err != nil {
+	if err := writeMessage(w.control, msg, rights); err != nil {
 		return nil, false, p.dropDead(w, sb, spec, false, fmt.Sprintf("the hand-off failed: %v", err))
 	}
 	res = sb.Wait(ctx)
@@ -308,6 +315,16 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (r
 	// w.workspace is hostile now: the caller's collector opens everything
 	// in it with O_NOFOLLOW and never follows a link.
 	return res, true, nil
+}
+
+// writeMessage writes msg on the control socket with rights (SCM_RIGHTS,
+// or nil) attached to its first byte.
+func writeMessage(c *net.UnixConn, msg, rights []byte) error {
+	n, _, err := c.WriteMsgUnix(msg, rights, nil)
+	if err == nil && n < len(msg) {
+		_, err = c.Write(msg[n:])
+	}
+	return err
 }
 
 // dropDead gives the request's files back to spec.Workspace from a warm

@@ -8,11 +8,13 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/server/runner"
 )
 
 // Fast tests of the pool's pure logic; no root, no sandbox.
 
 func TestMatchesTemplate(t *testing.T) {
+	job := runner.Job{Path: "/workspace/code/main.py", Cwd: "/workspace", Display: true}
 	tpl := Template{Rootfs: "/r", Env: []string{"PATH=/bin", "LANG=C.UTF-8"},
 		Limits: nsjail.Limits{MemoryBytes: 1 << 30, Pids: 64, Timeout: 30 * time.Second}}
 	spec := func(mod func(*nsjail.Spec)) *nsjail.Spec {
@@ -41,6 +43,24 @@ func TestMatchesTemplate(t *testing.T) {
 		{"an argument more", spec(func(s *nsjail.Spec) { s.Args = append(s.Args, "-v") }), false, false},
 		{"no workspace", spec(func(s *nsjail.Spec) { s.Workspace = "" }), false, false},
 		{"stdin", spec(func(s *nsjail.Spec) { s.Stdin = strings.NewReader("") }), false, false},
+		{"a file beside", spec(func(s *nsjail.Spec) { s.ExtraFiles = []*os.File{os.Stdin} }), false, false},
+		{"the runner", spec(func(s *nsjail.Spec) { s.Args = runner.Args("python3", job) }), true, true},
+		{"the runner and its events", spec(func(s *nsjail.Spec) {
+			j := job
+			j.EventsFD = runner.EventsFD
+			s.Args, s.ExtraFiles = runner.Args("python3", j), []*os.File{os.Stdin}
+		}), true, true},
+		{"the runner without its events fd", spec(func(s *nsjail.Spec) {
+			j := job
+			j.EventsFD = runner.EventsFD
+			s.Args = runner.Args("python3", j)
+		}), false, false},
+		{"the runner with another fd", spec(func(s *nsjail.Spec) {
+			j := job
+			j.EventsFD = 4
+			s.Args, s.ExtraFiles = runner.Args("python3", j), []*os.File{os.Stdin}
+		}), false, false},
+		{"other code", spec(func(s *nsjail.Spec) { s.Args = runner.Args("python3", job); s.Args[3] = "print(1)" }), false, false},
 	} {
 		if shape, env := tpl.Matches(tc.spec); shape != tc.shape || env != tc.env {
 			t.Errorf("%s: matches = %v %v, want %v %v", tc.name, shape, env, tc.shape, tc.env)
@@ -105,4 +125,19 @@ func TestNewRejectsUnusableConfig(t *testing.T) {
 		t.Fatalf("disabled pool: %v", err)
 	}
 	p.Close()
+}
+
+// The hand-off of a runner's job carries its fields; a plain file's is
+// the file's.
+func TestHandoffOf(t *testing.T) {
+	j := runner.Job{Path: "/workspace/code/main.py", Cwd: "/workspace", Display: true, Figures: true, EventsFD: runner.EventsFD}
+	h, ok := handoffOf(&nsjail.Spec{Args: runner.Args("python3", j), ExtraFiles: []*os.File{os.Stdin}})
+	want := Handoff{Path: j.Path, Argv: []string{j.Path}, Cwd: "/workspace", Display: true, Figures: true, Events: true}
+	if !ok || h.Path != want.Path || h.Cwd != want.Cwd || len(h.Argv) != 1 || h.Argv[0] != j.Path || !h.Display || !h.Figures || !h.Events || h.Kernel {
+		t.Fatalf("handoffOf(runner job) = %+v, %v; want %+v", h, ok, want)
+	}
+	h, ok = handoffOf(&nsjail.Spec{Args: []string{"python3", "/x.py"}, Cwd: "/w"})
+	if !ok || h.Path != "/x.py" || h.Cwd != "/w" || h.Display || h.Events {
+		t.Fatalf("handoffOf(python3 FILE) = %+v, %v", h, ok)
+	}
 }

@@ -7,22 +7,24 @@ package warmpool
 // message and real exit reports through both sides' codecs.
 //
 //  1. Start. The pool pre-starts a sandbox running zygoteArgs: zygote.py
-//     with the preload's module names joined by PreloadSep as its one
-//     argument, and three channels (zygoteFiles): ControlFD, one end of a
+//     with the runner's source (server/runner) and the preload's module
+//     names joined by PreloadSep as its arguments, and three channels (zygoteFiles): ControlFD, one end of a
 //     unix stream socketpair (pool ↔ the code's process: the hand-off, and
 //     a kernel's executions), ReadyFD and ExitReportFD, pipes (zygote →
 //     pool).
-//  2. Ready. The zygote imports the preload, forks the process the code
+//  2. Ready. The zygote loads the runner, imports the preload, forks the process the code
 //     will run in, and writes ReadyByte on ReadyFD, which it then closes.
 //     The code's process closes ReadyFD and ExitReportFD: it never holds a
 //     channel the pool trusts (SECURITY.md case 25).
 //  3. Hand-off. The pool writes one Handoff message, JSON ending with
-//     MessageEnd (EncodeHandoff), on ControlFD. The code's process waits
+//     MessageEnd (EncodeHandoff), on ControlFD, with the execution's runner
+//     events fd attached (SCM_RIGHTS) when Events is set. The code's process waits
 //     with poll and reads up to MessageEnd only, so that a message it never
 //     took stays in the socket, where the pool finds it (the pool keeps
 //     the sandbox's end open too, so the bytes outlive the sandbox: the
-//     sandbox died first, SECURITY.md case 34); it then closes ControlFD
-//     and runs the file as `python3 PATH` would. EOF on ControlFD without a
+//     sandbox died first, SECURITY.md case 34); it then closes ControlFD,
+//     puts the events fd on runner.EventsFD and runs the file through the
+//     runner, as a cold execution does (as `python3 PATH` would). EOF on ControlFD without a
 //     message retires the sandbox: both processes exit 0.
 //  3k. Kernel hand-off. A Handoff with Kernel set makes the code's process
 //     a session's kernel instead: it keeps ControlFD, points fds 1 and 2 at
@@ -30,9 +32,10 @@ package warmpool
 //     there), puts it first on sys.path only with CwdOnPath, and answers with a KernelReply of Seq KernelReadySeq. Then,
 //     per execution, the pool sends one KernelRequest (EncodeKernelRequest:
 //     one line, Seq counting from 1) carrying, as SCM_RIGHTS, KernelFDs
-//     fds: the write ends of the execution's stdout and stderr pipes. The
-//     kernel puts them on fds 1 and 2, runs the code as a cell of its
-//     persistent __main__, puts /dev/null back, and answers one
+//     fds: the write ends of the execution's stdout, stderr and runner
+//     events pipes. The kernel puts the first two on fds 1 and 2, runs the
+//     code through the runner as a cell of its persistent __main__
+//     (events on the third, which it then closes), puts /dev/null back, and answers one
 //     KernelReply line with the same Seq. Everything the kernel writes is
 //     untrusted (the code runs in that process): DecodeKernelReply is
 //     strict, and the pool decides timeouts, OOM and the pids limit itself.
@@ -57,11 +60,15 @@ import (
 	"syscall"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/server/runner"
 	"golang.org/x/sys/unix"
 )
 
 //go:embed zygote.py
 var zygoteSource string
+
+// The runner (server/runner) is the zygote's first argument: it runs every
+// execution's code, single-shot or a kernel's cell.
 
 // The fds of the zygote and the code's process (see zygoteFiles).
 const (
@@ -96,15 +103,21 @@ type Handoff struct {
 	// (pyarrow/__init__.py, which pandas imports lazily) would run inside
 	// it (SECURITY.md case 45).
 	CwdOnPath bool `json:"cwd_on_path,omitempty"`
+	// Display and Figures are the runner's job's (runner.Job).
+	Display bool `json:"display,omitempty"`
+	Figures bool `json:"figures,omitempty"`
+	// Events says the message carries the execution's events fd
+	// (SCM_RIGHTS), which the code's process puts on runner.EventsFD.
+	Events bool `json:"events,omitempty"`
 }
 
 const (
 	// KernelReadySeq is the Seq of a kernel's answer to its hand-off;
 	// executions count from KernelReadySeq+1.
 	KernelReadySeq = 0
-	// KernelFDs is the number of fds a KernelRequest carries: stdout's and
-	// stderr's write ends, in that order.
-	KernelFDs = 2
+	// KernelFDs is the number of fds a KernelRequest carries: stdout's,
+	// stderr's and the runner's events pipe's write ends, in that order.
+	KernelFDs = 3
 	// maxKernelReplyBytes bounds a KernelReply line, MessageEnd included.
 	maxKernelReplyBytes = 128
 	// maxKernelExitCode is the highest exit code a reply may carry.
@@ -118,6 +131,9 @@ type KernelRequest struct {
 	Code string `json:"code"`
 	// Env is set in os.environ for the execution, then restored.
 	Env map[string]string `json:"env"`
+	// Display and Figures are the runner's (runner.Job's).
+	Display bool `json:"display,omitempty"`
+	Figures bool `json:"figures,omitempty"`
 }
 
 // KernelReply is a kernel's answer to a KernelRequest (or to its
@@ -214,7 +230,7 @@ func DecodeExitReport(line []byte) (syscall.WaitStatus, error) {
 // can write is there when the zygote imports (SECURITY.md case 35). -I would
 // also drop the template's PYTHON* variables, which a cold run honours.
 func zygoteArgs(preload []string) []string {
-	return []string{"python3", "-P", "-c", zygoteSource, strings.Join(preload, PreloadSep)}
+	return []string{"python3", "-P", "-c", zygoteSource, runner.Source, strings.Join(preload, PreloadSep)}
 }
 
 // controlPair makes a warm sandbox's ControlFD channel, a unix stream

@@ -1,10 +1,12 @@
 package warmpool
 
 import (
+	"cmp"
 	"maps"
 	"strings"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/server/runner"
 )
 
 // Template describes the sandboxes of one policy: a request whose Spec has
@@ -19,15 +21,15 @@ type Template struct {
 }
 
 // Matches reports whether a warm sandbox of t can run spec: shape when spec
-// runs `python[3] FILE` in a workspace, without stdin or a hostname, in t's
-// rootfs with t's limits (the timeout aside); env when, besides, its
+// runs the runner's job (runner.Args, with at most its events fd as
+// ExtraFiles) or `python[3] FILE` in a workspace, without stdin or a
+// hostname, in t's rootfs with t's limits (the timeout aside); env when, besides, its
 // environment is exactly t's. Python reads most variables a request may set
 // (PYTHONHASHSEED, PYTHONIOENCODING, PYTHONWARNINGS, the locale, TZ) only at
 // start-up, and a preload may read any at import, long before a hand-off: a
 // request that sets one has the shape but runs cold, counted.
 func (t Template) Matches(spec *nsjail.Spec) (shape, env bool) {
-	if spec.Workspace == "" || len(spec.Args) != 2 || (spec.Args[0] != "python3" && spec.Args[0] != "python") ||
-		spec.Stdin != nil {
+	if _, ok := handoffOf(spec); !ok || spec.Workspace == "" || spec.Stdin != nil {
 		return false, false
 	}
 	if !t.sandboxMatches(spec) {
@@ -51,6 +53,27 @@ func (t Template) sandboxMatches(spec *nsjail.Spec) bool {
 	a, b := t.Limits, spec.Limits
 	a.Timeout, b.Timeout = 0, 0
 	return t.Rootfs == spec.Rootfs && a == b && spec.Hostname == ""
+}
+
+// handoffOf is the hand-off that runs spec's command in a warm sandbox:
+// the runner's job (runner.Args), its events fd the only extra file, or a
+// plain `python[3] FILE`.
+func handoffOf(spec *nsjail.Spec) (Handoff, bool) {
+	if j, ok := runner.JobOf(spec.Args); ok {
+		events := len(spec.ExtraFiles) == 1 && j.EventsFD == runner.EventsFD
+		if !events && (len(spec.ExtraFiles) > 0 || j.EventsFD != 0) {
+			return Handoff{}, false
+		}
+		argv := j.Argv
+		if len(argv) == 0 {
+			argv = []string{j.Path}
+		}
+		return Handoff{Path: j.Path, Argv: argv, Cwd: cmp.Or(j.Cwd, "/"), Display: j.Display, Figures: j.Figures, Events: events}, true
+	}
+	if len(spec.Args) != 2 || (spec.Args[0] != "python3" && spec.Args[0] != "python") || len(spec.ExtraFiles) > 0 {
+		return Handoff{}, false
+	}
+	return Handoff{Path: spec.Args[1], Argv: []string{spec.Args[1]}, Cwd: cmp.Or(spec.Cwd, "/")}, true
 }
 
 func envMap(env []string) map[string]string {

@@ -4,10 +4,13 @@
 # preload modules, then forks the process the code will run in and tells
 # the pool it is ready with READY_BYTE on READY_FD. That process waits on
 # CONTROL_FD for one execution, the hand-off message (decode_handoff: the
-# file's path, its argv and the cwd), closes the protocol's fds, leaving
-# only 0-2 (the zygote refuses to start if the preload left any other fd
-# open: _check_no_stray_fds), and runs the file exactly as `python3 path` would: __name__ == "__main__", __file__,
-# sys.argv, sys.path[0], cwd, exit codes and tracebacks. EOF on CONTROL_FD
+# runner's job: the file's path, its argv, the cwd, display and figures)
+# and with it, maybe, the execution's events fd, closes the protocol's fds,
+# leaving only 0-2 and the events fd on the runner's EVENTS_FD (the zygote
+# refuses to start if the preload left any other fd open:
+# _check_no_stray_fds), and runs the file through the runner
+# (server/runner/runner.py, the zygote's second argument, loaded before the
+# preload), exactly as a cold execution runs it: as `python3 path` would. EOF on CONTROL_FD
 # without a message means the pool is retiring this sandbox: it exits 0
 # quietly. A hand-off with "kernel" set makes it a session's kernel instead
 # (_kernel): it keeps CONTROL_FD and runs execution after execution, each a
@@ -25,6 +28,7 @@ import os
 import select
 import signal
 import sys
+import types
 
 # --- PROTOCOL (server/warmpool/protocol.go) ---
 CONTROL_FD = 3
@@ -34,7 +38,7 @@ READY_BYTE = b"R"
 PRELOAD_SEP = ","
 MESSAGE_END = b"\n"
 KERNEL_READY_SEQ = 0
-KERNEL_FDS = 2
+KERNEL_FDS = 3
 CELL_NAME_FORMAT = "<cell %d>"
 # --- end PROTOCOL ---
 
@@ -43,22 +47,30 @@ _STRAY_FD_EXIT = 70  # EX_SOFTWARE: the preload left an fd open
 
 
 def decode_handoff(message):
-    """The hand-off message (protocol.go's Handoff) as (path, argv, cwd,
-    kernel, cwd_on_path)."""
+    """The hand-off message (protocol.go's Handoff) as (job, kernel,
+    cwd_on_path, events): job is the runner's (runner.go's Job), events
+    says an events fd came with it."""
     import json
 
-    job = json.loads(message)
-    path = job["path"]
-    return (path, job.get("argv") or [path], job.get("cwd") or "/", bool(job.get("kernel")),
-            bool(job.get("cwd_on_path")))
+    h = json.loads(message)
+    path = h["path"]
+    job = {
+        "path": path,
+        "argv": h.get("argv") or [path],
+        "cwd": h.get("cwd") or "/",
+        "display": bool(h.get("display")),
+        "figures": bool(h.get("figures")),
+    }
+    return job, bool(h.get("kernel")), bool(h.get("cwd_on_path")), bool(h.get("events"))
 
 
 def decode_request(message):
-    """A kernel's execution (protocol.go's KernelRequest) as (seq, code, env)."""
+    """A kernel's execution (protocol.go's KernelRequest) as (seq, code,
+    env, display, figures)."""
     import json
 
     req = json.loads(message)
-    return req["seq"], req["code"], req.get("env") or {}
+    return req["seq"], req["code"], req.get("env") or {}, bool(req.get("display")), bool(req.get("figures"))
 
 
 def encode_reply(seq, exit_code):
@@ -71,6 +83,18 @@ def encode_reply(seq, exit_code):
 def encode_exit_report(status):
     """The exit report of a wait status (protocol.go's DecodeExitReport)."""
     return b"%d" % status + MESSAGE_END
+
+
+_runner = None  # server/runner/runner.py, loaded by _load_runner
+
+
+def _load_runner(source):
+    """The runner as a module of its own (not importable by name): the same
+    source a cold execution runs with -c."""
+    global _runner
+    mod = types.ModuleType("sandboxd_runner")
+    exec(compile(source, "<sandboxd runner>", "exec", dont_inherit=True), mod.__dict__)
+    _runner = mod
 
 
 def _preload(names):
@@ -141,37 +165,59 @@ def _fork_code_process():
         signal.signal(sig, handler)
     os.close(READY_FD)
     os.close(EXIT_REPORT_FD)
-    msg = _receive()
+    msg, fds = _receive()
     if msg is None:
         os._exit(0)
-    path, argv, cwd, kernel, cwd_on_path = decode_handoff(msg)
+    job, kernel, cwd_on_path, events = decode_handoff(msg)
+    if kernel or not events:
+        for fd in fds:
+            os.close(fd)
+        fds = []
     if kernel:
-        _kernel(cwd, cwd_on_path)
+        _kernel(job["cwd"], cwd_on_path)
     else:
         os.close(CONTROL_FD)
-        _run(path, argv, cwd)
+        events_fd = None
+        if fds:
+            # The events fd, where a cold run has it.
+            events_fd = _runner.EVENTS_FD
+            os.dup2(fds[0], events_fd)
+            for fd in fds:
+                if fd != events_fd:
+                    os.close(fd)
+        _runner.run_file(job, events_fd)
     os._exit(1)  # not reached: both exit
 
 
 def _receive():
-    """The hand-off message from CONTROL_FD, or None at EOF.
+    """The hand-off message from CONTROL_FD and the fds that came with it
+    (SCM_RIGHTS), or (None, []) at EOF.
 
     The pool tells a hand-off that never reached the code (the process was
-    killed first: by the host, the OOM killer) from bytes left in the pipe.
-    So wait with poll, which consumes nothing, and read only back in user
-    space: a killed process dies on its way back from poll, leaving the
+    killed first: by the host, the OOM killer) from bytes left in the
+    socket. So wait with poll, which consumes nothing, and read only back in
+    user space: a killed process dies on its way back from poll, leaving the
     bytes, where a blocking read would take them as it dies. And read up to
     MESSAGE_END only; the code runs after it."""
-    poller = select.poll()
-    poller.register(CONTROL_FD, select.POLLIN)
-    data = b""
-    while not data.endswith(MESSAGE_END):
-        poller.poll()
-        chunk = os.read(CONTROL_FD, 65536)
-        if not chunk:
-            return None
-        data += chunk
-    return data
+    import socket
+
+    sock = socket.socket(fileno=CONTROL_FD)
+    try:
+        poller = select.poll()
+        poller.register(CONTROL_FD, select.POLLIN)
+        data, fds = b"", []
+        while not data.endswith(MESSAGE_END):
+            poller.poll()
+            chunk, got, _, _ = socket.recv_fds(sock, 65536, 4)
+            fds += got
+            if not chunk:
+                for fd in fds:
+                    os.close(fd)
+                return None, []
+            data += chunk
+        return data, fds
+    finally:
+        sock.detach()  # CONTROL_FD stays open: the kernel keeps it
 
 
 def _relay_exit_status(pid):
@@ -195,124 +241,6 @@ def _relay_exit_status(pid):
     if os.WIFSIGNALED(status):
         os._exit(128 + os.WTERMSIG(status))
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
-
-
-def _run(path, argv, cwd):
-    import types
-    from importlib.machinery import SourceFileLoader
-
-    os.chdir(cwd)
-    sys.argv[:] = argv
-    try:
-        sys.orig_argv[:] = ["python3"] + sys.argv
-    except AttributeError:
-        pass
-    # -P left the script's directory out; `python3 path` puts it first.
-    sys.path.insert(0, os.path.dirname(path))
-
-    main = types.ModuleType("__main__")
-    main.__file__ = path
-    main.__loader__ = SourceFileLoader("__main__", path)
-    main.__spec__ = None
-    main.__package__ = None
-    main.__builtins__ = __builtins__
-    sys.modules["__main__"] = main
-    opened = _track_open()
-
-    code = 0
-    try:
-        with open(path, "rb") as f:
-            source = f.read()
-        exec(compile(source, path, "exec", dont_inherit=True), main.__dict__)
-    except SystemExit as exc:
-        code = _exit_code(exc)
-    except BaseException as exc:
-        # What the interpreter prints for an uncaught exception, minus this
-        # frame (a SyntaxError has no frame of the user's file to keep).
-        # Since 3.12 the hook prints exc.__traceback__, so trim it there.
-        tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
-        exc.__traceback__ = tb
-        sys.excepthook(type(exc), exc, tb)
-        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
-    _finish(code, main, opened)
-
-
-def _exit_code(exc):
-    """The exit status the interpreter derives from an uncaught SystemExit."""
-    c = exc.code
-    if c is None:
-        return 0
-    if isinstance(c, int):
-        return c & 0xFF
-    try:
-        sys.stderr.write(str(c) + "\n")
-    except Exception:
-        pass
-    return 1
-
-
-def _track_open():
-    """Remember every file the user's code opens, so that _finish can flush
-    one left open (the interpreter's teardown would have)."""
-    import builtins
-    import functools
-    import io
-    import weakref
-
-    opened = weakref.WeakSet()
-    real_open = io.open
-
-    @functools.wraps(real_open)
-    def open(*args, **kwargs):
-        f = real_open(*args, **kwargs)
-        try:
-            opened.add(f)
-        except TypeError:
-            pass
-        return f
-
-    builtins.open = io.open = open
-    return opened
-
-
-def _finish(code, main, opened):
-    """Exit as Py_FinalizeEx would, without its teardown of every module.
-
-    Tearing down numpy, pandas and matplotlib costs ~100-200 ms of pure
-    overhead after the user's code is done. The observable steps are kept,
-    in the interpreter's order: join non-daemon threads, run atexit
-    callbacks, drop the user's globals (closing their files, running their
-    __del__), flush every file the code left open and the standard streams;
-    then _exit. The sandbox is destroyed right after, so nothing else is
-    leaked."""
-    import atexit
-    import threading
-
-    try:
-        threading._shutdown()
-    except BaseException:
-        pass
-    try:
-        atexit._run_exitfuncs()
-    except BaseException:
-        pass
-    try:
-        main.__dict__.clear()
-    except BaseException:
-        pass
-    for f in list(opened):
-        try:
-            if not f.closed:
-                f.flush()
-        except BaseException:
-            pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:
-            if code == 0:
-                code = 120  # what the interpreter returns when the flush fails
-    os._exit(code)
 
 
 # --- the kernel (protocol.go, step 3k) ---
@@ -353,9 +281,8 @@ def _kernel(cwd, cwd_on_path):
     # Not inherited by programs the code runs (a fork still has it).
     os.set_inheritable(CONTROL_FD, False)
     _to_devnull()
-    for stream in (sys.stdout, sys.stderr):
-        # Output is live: a line reaches the pipe when printed.
-        stream.reconfigure(line_buffering=True, write_through=True)
+    # Output is live: every write reaches the execution's pipe at once.
+    _runner.unbuffered_streams()
     os.chdir(cwd)
     sys.argv[:] = [""]
     if cwd_on_path:
@@ -376,8 +303,8 @@ def _kernel(cwd, cwd_on_path):
         if len(fds) != KERNEL_FDS:
             os._exit(_KERNEL_PROTOCOL_EXIT)
         _interrupt_pending = False
-        seq, code, env = decode_request(msg)
-        exit_code = _execute(main, seq, code, env, fds, libc)
+        seq, code, env, display, figures = decode_request(msg)
+        exit_code = _execute(main, seq, code, env, fds, libc, display, figures)
         if os.getpid() != kernel_pid:
             # A fork made by the cell that returned into the loop: it ends
             # here, as a forked child of a script ends with the script.
@@ -423,16 +350,18 @@ def _flush(libc):
         pass
 
 
-def _execute(main, seq, code, env, fds, libc):
-    """Run one cell with its own stdout, stderr and environment."""
+def _execute(main, seq, code, env, fds, libc, display, figures):
+    """Run one cell with its own stdout, stderr, events fd and environment,
+    through the runner; its exit code (130 for KeyboardInterrupt)."""
     import linecache
 
     sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
     _flush(libc)
     os.dup2(fds[0], 1)
     os.dup2(fds[1], 2)
-    for fd in fds:
-        os.close(fd)
+    os.close(fds[0])
+    os.close(fds[1])
+    events = _runner.Events(fds[2])
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     name = CELL_NAME_FORMAT % seq
@@ -448,8 +377,10 @@ def _execute(main, seq, code, env, fds, libc):
         linecache.cache.pop(old, None)
         _cell_source_chars -= size
     try:
-        return _run_cell(main, code, name)
+        exit_code, _ = _runner.run_code(code, name, main.__dict__, events, display, figures, _CellGuard)
+        return exit_code
     finally:
+        events.close()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -459,30 +390,24 @@ def _execute(main, seq, code, env, fds, libc):
         _to_devnull()
 
 
-def _run_cell(main, source, name):
-    """The exit code of one cell (130 for KeyboardInterrupt). SIGINT raises
-    KeyboardInterrupt only while the cell runs; one that came first (between
-    the request and here) is raised at its start."""
-    try:
+class _CellGuard:
+    """Around the cell's code alone: SIGINT raises KeyboardInterrupt while
+    it runs; one that came first (between the request and here) is raised
+    at its start. Outside it, SIGINT is only noted (_note_interrupt)."""
+
+    def __enter__(self):
         try:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             if _interrupt_pending:
                 raise KeyboardInterrupt
-            exec(compile(source, name, "exec", dont_inherit=True), main.__dict__)
-        finally:
-            signal.signal(signal.SIGINT, _note_interrupt)
-    except SystemExit as exc:
-        return _exit_code(exc)
-    except BaseException as exc:
-        # As the interpreter prints it, minus this frame (see _run).
-        tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
-        exc.__traceback__ = tb
-        try:
-            sys.excepthook(type(exc), exc, tb)
         except BaseException:
-            pass
-        return 130 if isinstance(exc, KeyboardInterrupt) else 1
-    return 0
+            signal.signal(signal.SIGINT, _note_interrupt)
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        signal.signal(signal.SIGINT, _note_interrupt)
+        return False
 
 
 def _check_no_stray_fds():
@@ -518,7 +443,9 @@ def _check_no_stray_fds():
 
 
 def _zygote():
-    _preload(sys.argv[1].split(PRELOAD_SEP) if len(sys.argv) > 1 else [])
+    # argv: the runner's source, then the preload (protocol.go's zygoteArgs).
+    _load_runner(sys.argv[1])
+    _preload(sys.argv[2].split(PRELOAD_SEP) if len(sys.argv) > 2 else [])
     _check_no_stray_fds()
     _relay_exit_status(_fork_code_process())
 

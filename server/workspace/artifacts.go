@@ -11,11 +11,13 @@ package workspace
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path"
 	"sort"
@@ -30,10 +32,14 @@ import (
 
 // Artifact is one file returned from output/artifacts/.
 type Artifact struct {
-	Name          string `json:"name"`
-	Size          int64  `json:"size"`
-	MediaType     string `json:"media_type"`
-	SHA256        string `json:"sha256"`
+	Name      string `json:"name"`
+	Size      int64  `json:"size"`
+	MediaType string `json:"media_type"`
+	SHA256    string `json:"sha256"`
+	// Width and Height are a PNG's size in pixels, read from its header
+	// as it was copied (0, left out, for anything else).
+	Width         int    `json:"width,omitempty"`
+	Height        int    `json:"height,omitempty"`
 	ContentBase64 string `json:"content_base64"`
 }
 
@@ -388,8 +394,9 @@ func (c *collector) walk(dirfd int, prefix string, depth int) {
 			continue
 		}
 		sum := sha256.New()
+		head := &pngHead{}
 		src := &readErrs{r: io.LimitReader(f, limit+1)}
-		n, err := c.save(len(c.artifacts), io.TeeReader(src, sum))
+		n, err := c.save(len(c.artifacts), io.TeeReader(src, io.MultiWriter(sum, head)))
 		f.Close()
 		switch {
 		case err != nil && src.err != nil:
@@ -403,13 +410,49 @@ func (c *collector) walk(dirfd int, prefix string, depth int) {
 			continue
 		}
 		c.total += n
+		w, h := head.size()
 		c.artifacts = append(c.artifacts, Artifact{
 			Name:      rel,
 			Size:      n,
 			MediaType: MediaType(rel),
 			SHA256:    hex.EncodeToString(sum.Sum(nil)),
+			Width:     w,
+			Height:    h,
 		})
 	}
+}
+
+// pngHead keeps the first bytes copied of an artifact: a PNG's signature
+// and its IHDR chunk, which holds the image's size. Nothing else is read
+// or kept: the file is the code's, and only the header's bytes as copied
+// are looked at (a file changed meanwhile has the size of what was sent).
+type pngHead struct {
+	b [pngHeadBytes]byte
+	n int
+}
+
+// pngHeadBytes: the 8-byte signature, the IHDR chunk's length and type,
+// then its width and height (big-endian uint32 each).
+const pngHeadBytes = 24
+
+var pngSignature = []byte("\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR")
+
+func (p *pngHead) Write(b []byte) (int, error) {
+	p.n += copy(p.b[p.n:], b)
+	return len(b), nil
+}
+
+// size is the PNG's width and height, or 0, 0 when the bytes are not a
+// PNG header or give a size the PNG format forbids (0, or over 2^31-1).
+func (p *pngHead) size() (int, int) {
+	if p.n < pngHeadBytes || !bytes.Equal(p.b[:16], pngSignature) {
+		return 0, 0
+	}
+	w, h := binary.BigEndian.Uint32(p.b[16:20]), binary.BigEndian.Uint32(p.b[20:24])
+	if w == 0 || h == 0 || w > math.MaxInt32 || h > math.MaxInt32 {
+		return 0, 0
+	}
+	return int(w), int(h)
 }
 
 // quotedName is name as a Go string literal without its outer quotes:

@@ -1,6 +1,7 @@
 package workspace
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"io"
 	"os"
@@ -162,5 +163,50 @@ func TestCollectSinceTakesOnlyWhatChanged(t *testing.T) {
 	os.WriteFile(filepath.Join(empty, "output", "artifacts", "a"), []byte("a"), 0o644)
 	if arts, _ := CollectArtifactsSince(empty, lim, snap, keep); len(arts) != 1 {
 		t.Errorf("after an empty snapshot: %d artifacts, want 1", len(arts))
+	}
+}
+
+// SECURITY.md case 51: a PNG artifact's width and height come from the
+// first 24 bytes the worker copied, never from the code's word and never by
+// decoding the image: a lying header gives the size it claims (the client
+// decodes, within its own bounds), a bomb is never inflated, a header that
+// is not a PNG's or a size the format forbids gives none.
+func TestArtifactPNGSize(t *testing.T) {
+	ws := t.TempDir()
+	dir := filepath.Join(ws, "output", "artifacts")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ihdr := func(w, h uint32) []byte {
+		b := []byte("\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR")
+		b = binary.BigEndian.AppendUint32(b, w)
+		b = binary.BigEndian.AppendUint32(b, h)
+		return append(b, 8, 6, 0, 0, 0, 1, 2, 3, 4) // depth, colour, ..., a CRC nobody checks
+	}
+	files := map[string][]byte{
+		"chart.png":       ihdr(640, 480),
+		"bomb.png":        append(ihdr(1<<30, 1<<30), make([]byte, 4096)...),
+		"zero.png":        ihdr(0, 480),
+		"huge.png":        ihdr(1<<31, 5),
+		"short.png":       ihdr(640, 480)[:20],
+		"not-a-png.png":   []byte("GIF89a........................"),
+		"png-named.csv":   ihdr(3, 4),
+		"other-chunk.png": append([]byte("\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDX"), make([]byte, 8)...),
+	}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	discard := func(_ int, r io.Reader) (int64, error) { return io.Copy(io.Discard, r) }
+	arts, _ := CollectArtifacts(ws, ArtifactLimits{MaxFileBytes: 1 << 20, MaxTotalBytes: 1 << 20, MaxCount: 20}, discard)
+	want := map[string][2]int{"chart.png": {640, 480}, "bomb.png": {1 << 30, 1 << 30}, "png-named.csv": {3, 4}}
+	if len(arts) != len(files) {
+		t.Fatalf("%d artifacts, want %d", len(arts), len(files))
+	}
+	for _, a := range arts {
+		if got := [2]int{a.Width, a.Height}; got != want[a.Name] {
+			t.Errorf("%s: %dx%d, want %v", a.Name, a.Width, a.Height, want[a.Name])
+		}
 	}
 }

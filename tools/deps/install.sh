@@ -10,7 +10,8 @@
 #   image   the python-runtime image: mmdebstrap (root mode), the Debian
 #           archive keyring and CA certificates for the mirror
 #   test    busybox-static: the small rootfs of the nsjail/seccomp tests;
-#           python3: the Python client's tests (tools/clients/python)
+#           python3: the Python client's tests (tools/clients/python) and
+#           the agent loop example's (tools/examples)
 #   v2vm    the cgroup v2 VM harness: qemu-system-x86, cpio, busybox-static;
 #           and apt lists that know the kernel package it downloads
 #

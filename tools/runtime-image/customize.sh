@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # mmdebstrap customize hook: $1 is the finished chroot, $2 the work dir outside
-# it. Everything here runs once at image build time so that nothing has to be
-# written at sandbox run time (the root is mounted read-only).
+# it, $3 the variant (default, tests). Everything here runs once at image
+# build time so that nothing has to be written at sandbox run time (the root
+# is mounted read-only).
 set -euo pipefail
 root=$1
 work=$2
+variant=${3:-default}
 
 # The sandbox user. Appended by hand: trixie's essential set has no useradd.
 echo 'sandbox:x:10001:10001:sandbox:/tmp:/usr/sbin/nologin' >>"$root/etc/passwd"
@@ -16,17 +18,20 @@ install -d -m 0755 "$root/workspace"
 
 # Test suites shipped inside the libraries: never imported by user code, and a
 # large part of the image. The testing helpers (numpy.testing,
-# matplotlib.testing, pandas._testing) are separate packages and stay.
+# matplotlib.testing, pandas._testing) are separate packages and stay. The
+# tests variant keeps them: it exists to run them (make upstream-tests).
 dist=$root/usr/lib/python3/dist-packages
-# numpy.testing imports numpy._core.tests._natype, so that one file stays.
-# The smoke test below catches any other library that imports its tests.
-keep=$(mktemp -d)
-cp -a "$dist/numpy/_core/tests/_natype.py" "$keep/"
-find "$dist" -depth -type d -name tests -exec rm -rf {} +
-install -d "$dist/numpy/_core/tests"
-cp -a "$keep/_natype.py" "$dist/numpy/_core/tests/"
-: >"$dist/numpy/_core/tests/__init__.py"
-rm -rf "$keep"
+if [ "$variant" != tests ]; then
+	# numpy.testing imports numpy._core.tests._natype, so that one file stays.
+	# The smoke test below catches any other library that imports its tests.
+	keep=$(mktemp -d)
+	cp -a "$dist/numpy/_core/tests/_natype.py" "$keep/"
+	find "$dist" -depth -type d -name tests -exec rm -rf {} +
+	install -d "$dist/numpy/_core/tests"
+	cp -a "$keep/_natype.py" "$dist/numpy/_core/tests/"
+	: >"$dist/numpy/_core/tests/__init__.py"
+	rm -rf "$keep"
+fi
 find "$root/usr/lib" -depth -type d -name __pycache__ -exec rm -rf {} +
 
 # Byte-code for everything, as unchecked-hash pycs: the root is read-only so
@@ -73,6 +78,37 @@ chroot "$root" env -i PATH=/usr/bin:/bin HOME=/nonexistent PYTHONDONTWRITEBYTECO
 import pandas, numpy, scipy.stats, scipy.optimize, sklearn.ensemble, sklearn.linear_model
 import matplotlib.pyplot, openpyxl, seaborn, statsmodels.api, statsmodels.formula.api'
 rm -rf "$root/tmp/mpl-smoke"
+
+# What the forky option (build.sh) adds, checked when it is installed.
+installed() {
+	[ "$(chroot "$root" dpkg-query -W -f '${db:Status-Status}' "$1" 2>/dev/null)" = installed ]
+}
+# The time-zone database with the legacy names analysts type (US/Pacific and
+# the like live in tzdata-legacy since tzdata 2023c-8), for libc, zoneinfo
+# and pandas alike.
+if installed tzdata-legacy; then
+	[ "$(chroot "$root" env -i TZ=US/Pacific date -d @0 +%Z)" = PST ]
+	chroot "$root" env -i PATH=/usr/bin:/bin HOME=/nonexistent PYTHONDONTWRITEBYTECODE=1 \
+		LANG=C.UTF-8 python3 -c '
+import zoneinfo, pandas as pd
+assert zoneinfo.ZoneInfo("US/Eastern").key == "US/Eastern"
+assert zoneinfo.ZoneInfo("Europe/Kiev").key == "Europe/Kiev"
+assert len(zoneinfo.available_timezones()) > 590
+ts = pd.Timestamp("2024-07-01 12:00").tz_localize("US/Pacific")
+assert ts.utcoffset() == pd.Timedelta(hours=-7), ts'
+fi
+# Arrow-backed pandas with parquet round trips (time zones included).
+if installed python3-pyarrow; then
+	chroot "$root" env -i PATH=/usr/bin:/bin HOME=/nonexistent PYTHONDONTWRITEBYTECODE=1 \
+		LANG=C.UTF-8 python3 -c '
+import io, pandas as pd, pyarrow as pa, pyarrow.parquet
+df = pd.DataFrame({"t": pd.date_range("2024-01-01", periods=3, tz="Europe/Berlin"), "s": ["a", "ü", None]})
+df["s"] = df["s"].astype("string[pyarrow]")
+buf = io.BytesIO(); df.to_parquet(buf); back = pd.read_parquet(buf)
+assert back["s"].tolist()[:2] == ["a", "ü"] and back["s"].isna().tolist() == [False, False, True], back
+assert list(back["t"]) == list(df["t"]) and str(back["t"].dt.tz) == "Europe/Berlin", back["t"]
+assert str(pd.Series([1, 2], dtype="int64[pyarrow]").dtype) == "int64[pyarrow]"'
+fi
 
 # No setuid/setgid files: nothing in the sandbox may gain privileges (the
 # image writer strips these bits again, and the unpacker a third time).

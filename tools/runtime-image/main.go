@@ -30,6 +30,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/sandboxd/sandboxd/internal/progress"
 	"github.com/sandboxd/sandboxd/nsjail/inside"
 )
 
@@ -42,6 +43,8 @@ func main() {
 	flag.StringVar(&o.oci, "oci", "build/python-runtime.oci", "OCI image layout directory to write")
 	flag.StringVar(&o.archive, "archive", "build/python-runtime.tar", "docker-archive tarball to write")
 	flag.StringVar(&o.tag, "tag", "python-runtime:latest", "image name and tag")
+	flag.StringVar(&o.title, "title", "python-runtime", "image title label (the variant's name)")
+	flag.StringVar(&o.suite, "suite", "trixie", "the Debian suite the rootfs was built from (base name label)")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintf(os.Stderr, "runtime-image: %v\n", err)
@@ -50,8 +53,8 @@ func main() {
 }
 
 type options struct {
-	rootfs, packages, labelPackages, oci, archive, tag string
-	epoch                                              int64
+	rootfs, packages, labelPackages, oci, archive, tag, title, suite string
+	epoch                                                            int64
 }
 
 func run(o options) error {
@@ -71,11 +74,21 @@ func run(o options) error {
 	start := time.Now()
 	layerPath := o.oci + ".layer.tar.gz"
 	defer os.Remove(layerPath)
-	st, err := writeLayer(o.rootfs, layerPath, created)
+	m := progress.NewMeter(os.Stderr, progress.IsTerminal(os.Stderr))
+	total, err := measure(o.rootfs)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "layer: %d entries, %d bytes uncompressed, %d gzip, dropped %d, in %s\n",
+	m.Line("runtime-image: writing the layer: %d entries, ~%s of tar", total.entries, progress.Bytes(total.uncompressed))
+	st, err := writeLayer(o.rootfs, layerPath, created, func(done layerStats) {
+		m.Status(progress.Status{Label: "layer", Done: done.uncompressed, Total: total.uncompressed,
+			Bytes: done.uncompressed, Entries: done.entries, TotalEntries: total.entries, Elapsed: time.Since(start)})
+	})
+	m.Clear()
+	if err != nil {
+		return err
+	}
+	m.Line("layer: %d entries, %d bytes uncompressed, %d gzip, dropped %d, in %s",
 		st.entries, st.uncompressed, st.compressed, len(st.dropped), time.Since(start).Round(time.Millisecond))
 	for _, d := range st.dropped {
 		fmt.Fprintf(os.Stderr, "  dropped %s\n", d)
@@ -130,10 +143,10 @@ func readPackages(path string) (map[string]string, error) {
 
 func buildImage(layer v1.Layer, versions map[string]string, o options, created time.Time) (v1.Image, error) {
 	labels := map[string]string{
-		"org.opencontainers.image.title":       "python-runtime",
+		"org.opencontainers.image.title":       o.title,
 		"org.opencontainers.image.description": "sandboxd python runtime: Debian python3 data stack",
 		"org.opencontainers.image.created":     created.Format(time.RFC3339),
-		"org.opencontainers.image.base.name":   "debian:trixie (mmdebstrap --variant=essential)",
+		"org.opencontainers.image.base.name":   "debian:" + o.suite + " (mmdebstrap --variant=essential)",
 	}
 	for _, p := range strings.Split(o.labelPackages, ",") {
 		if p == "" {
@@ -179,7 +192,7 @@ func buildImage(layer v1.Layer, versions map[string]string, o options, created t
 		Layer: layer,
 		History: v1.History{
 			Created:   v1.Time{Time: created},
-			CreatedBy: "tools/runtime-image/build.sh (mmdebstrap trixie)",
+			CreatedBy: "tools/runtime-image/build.sh (mmdebstrap " + o.suite + ")",
 		},
 		MediaType: types.OCILayer,
 	})
@@ -195,7 +208,10 @@ type layerStats struct {
 // owners are kept numerically (no names); setuid/setgid bits, device nodes,
 // FIFOs, sockets and all xattrs (so file capabilities) are left out: the image
 // must not carry anything that grants privileges.
-func writeLayer(rootfs, out string, created time.Time) (st layerStats, err error) {
+//
+// progress, when not nil, is called after each entry with the counts so far
+// (uncompressed: the tar stream).
+func writeLayer(rootfs, out string, created time.Time, progress func(layerStats)) (st layerStats, err error) {
 	f, err := os.Create(out)
 	if err != nil {
 		return st, err
@@ -284,6 +300,9 @@ func writeLayer(rootfs, out string, created time.Time) (st layerStats, err error
 				return fmt.Errorf("%s: changed while being read", rel)
 			}
 		}
+		if progress != nil {
+			progress(layerStats{entries: st.entries, uncompressed: uw.n})
+		}
 		return nil
 	})
 	if err != nil {
@@ -301,6 +320,33 @@ func writeLayer(rootfs, out string, created time.Time) (st layerStats, err error
 	st.uncompressed, st.compressed = uw.n, cw.n
 	st.digest = hex.EncodeToString(zsum.Sum(nil))
 	return st, nil
+}
+
+// measure estimates the entries and tar bytes writeLayer will write (one
+// header block per entry, file data in 512-byte blocks, hardlinks once; PAX
+// records aside), for its percentage and ETA: a stat of each entry, well
+// under a second against 10-30 s of gzip.
+func measure(rootfs string) (st layerStats, err error) {
+	seen := map[uint64]bool{}
+	err = filepath.WalkDir(rootfs, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || path == rootfs {
+			return err
+		}
+		st.entries++
+		st.uncompressed += 512
+		if d.Type().IsRegular() {
+			fi, err := d.Info()
+			if err != nil {
+				return err
+			}
+			if ino := fi.Sys().(*syscall.Stat_t).Ino; !seen[ino] {
+				seen[ino] = true
+				st.uncompressed += (fi.Size() + 511) &^ 511
+			}
+		}
+		return nil
+	})
+	return st, err
 }
 
 type countWriter struct {

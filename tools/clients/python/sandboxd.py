@@ -37,6 +37,7 @@ import hashlib
 import http.client
 import io
 import json
+import math
 import os
 import random
 import re
@@ -291,6 +292,14 @@ class Usage:
         return cls(d.get("wall_ms", 0), d.get("cpu_ms", 0), d.get("peak_memory_bytes", 0), d.get("pids_peak", 0))
 
 
+# The images a tool result carries as images, as server/mcp/result.go
+# inlines them: these types (Anthropic refuses image/svg+xml), at most
+# MAX_INLINE_IMAGE bytes each and MAX_INLINE_IMAGES per result.
+INLINE_IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+MAX_INLINE_IMAGE = 5 << 20
+MAX_INLINE_IMAGES = 16 << 20
+
+
 @dataclass
 class Artifact:
     """A file the code wrote under output/artifacts/ (figures included).
@@ -331,7 +340,9 @@ class Artifact:
 
     @property
     def is_image(self) -> bool:
-        return self.media_type.startswith("image/")
+        """An image a model's API takes as an image (PNG, JPEG, GIF, WebP:
+        server/mcp's inlineImageTypes); SVG is text, never an image here."""
+        return self.media_type in INLINE_IMAGE_TYPES
 
 
 @dataclass
@@ -1401,21 +1412,25 @@ class Client:
     # -- function calling --
 
     def call_tool(self, name: str, arguments: Union[str, Mapping[str, Any], None]) -> "ToolResult":
-        """Carry out a function call of one of TOOL_SCHEMAS (arguments as the
-        model gave them: a JSON string or a dict). Refusals and bad
-        arguments become an error result for the model, not an exception;
-        a transport failure is raised."""
+        """Carry out a run_python function call (arguments as the model gave
+        them: a JSON string or a dict), its result as the MCP server's
+        run_python gives it (ToolResult.from_execution). The other tools of
+        TOOL_SCHEMAS are the MCP server's (sandboxd mcp, or /mcp): this client
+        does not re-implement them; offer the model run_python alone
+        (tool_definitions(names=["run_python"])) or use the MCP server.
+        Refusals and bad arguments become an error result for the model, not
+        an exception; a transport failure is raised."""
         try:
             args = json.loads(arguments) if isinstance(arguments, str) else dict(arguments or {})
             if not isinstance(args, dict):
                 raise ValueError("the arguments are not a JSON object")
         except ValueError as e:
             return ToolResult(f"invalid arguments: {e}", is_error=True)
-        handler = getattr(self, "_tool_" + name, None) if name in TOOL_SCHEMAS else None
-        if handler is None:
-            return ToolResult(f"unknown tool {name!r}; tools: {', '.join(TOOL_SCHEMAS)}", is_error=True)
+        if name != "run_python":
+            return ToolResult(f"tool {name!r} is not carried out by this client: only run_python "
+                              f"(the others are the MCP server's: sandboxd mcp)", is_error=True)
         try:
-            return handler(**args)
+            return self._tool_run_python(**args)
         except TypeError as e:
             return ToolResult(f"invalid arguments for {name}: {e}", is_error=True)
         except (APIError, ValueError) as e:
@@ -1424,77 +1439,8 @@ class Client:
     def _tool_run_python(self, code: str, session_id: Optional[str] = None, timeout_s: Optional[float] = None,
                          files: Optional[List[Mapping[str, str]]] = None) -> "ToolResult":
         ex = self.run(code, session=session_id, files=[_tool_file(f) for f in files] if files else None,
-                      timeout_ms=int(timeout_s * 1000) if timeout_s else None)
+                      timeout_ms=math.ceil(min(timeout_s, 1e9) * 1000) if timeout_s and timeout_s > 0 else None)
         return ToolResult.from_execution(ex)
-
-    def _tool_create_session(self, session_id: Optional[str] = None, kernel: Optional[bool] = None,
-                             idle_timeout_s: Optional[float] = None) -> "ToolResult":
-        s = self.create_session(session_id, kernel=kernel,
-                                idle_timeout_ms=int(idle_timeout_s * 1000) if idle_timeout_s else None)
-        return ToolResult(f"session_id: {s.id}\nFiles persist in /workspace and Python variables persist "
-                          f"between run_python calls with this session_id.", structured={"session_id": s.id})
-
-    def _tool_close_session(self, session_id: str) -> "ToolResult":
-        self.delete_session(session_id)
-        return ToolResult(f"session {session_id} closed", structured={"session_id": session_id})
-
-    def _tool_upload_file(self, session_id: str, path: str, content_base64: Optional[str] = None,
-                          text: Optional[str] = None) -> "ToolResult":
-        if (content_base64 is None) == (text is None):
-            raise ValueError("give exactly one of content_base64 and text")
-        data = text.encode("utf-8") if text is not None else base64.b64decode(content_base64 or "", validate=True)
-        info = self.upload(session_id, path, data)
-        return ToolResult(f"stored {info.path} ({info.size} bytes)",
-                          structured={"path": info.path, "size": info.size, "sha256": info.sha256})
-
-    def _tool_read_file(self, session_id: str, path: str, offset: int = 0,
-                        max_bytes: int = 65536) -> "ToolResult":
-        if offset < 0 or not 1 <= max_bytes <= 1 << 20:
-            raise ValueError("offset must be >= 0 and max_bytes between 1 and 1048576")
-        try:
-            data, media_type, size = self.read_range(session_id, path, offset, max_bytes)
-        except RangeNotSatisfiable:
-            if offset == 0:  # an empty file
-                return ToolResult("", structured={"path": path, "size": 0, "offset": 0, "bytes": 0})
-            raise ValueError(f"offset {offset} is at or past the end of {path}") from None
-        info = {"path": path, "size": size, "media_type": media_type, "offset": offset, "bytes": len(data)}
-        if media_type.startswith("image/") and media_type != "image/svg+xml":
-            whole = self.read_file(session_id, path) if len(data) < size else data
-            img = Artifact(name=path, size=len(whole), media_type=media_type,
-                           content_base64=base64.b64encode(whole).decode("ascii"))
-            return ToolResult(f"{path}: {media_type}, {size} bytes", images=[img], structured=info)
-        cut = _trim_partial_utf8(data) if offset + len(data) < size else data
-        try:
-            text = cut.decode("utf-8")
-            if "\0" in text:
-                raise UnicodeDecodeError("utf-8", cut, 0, 1, "NUL byte")
-        except UnicodeDecodeError:
-            return ToolResult(f"{path}: {media_type or 'binary data'}, {size} bytes (not text)", structured=info)
-        end = offset + len(cut)
-        info["bytes"] = len(cut)
-        if end < size:
-            text += f"\n[bytes {offset}-{end} of {size} shown; call read_file with offset={end} for more]"
-        return ToolResult(text, structured=info)
-
-    def _tool_list_files(self, session_id: str, prefix: Optional[str] = None) -> "ToolResult":
-        fl = self.list_files(session_id, prefix or "")
-        lines = [f"{f.name}\t{f.size}" for f in fl] or ["(no files)"]
-        if fl.truncated:
-            lines.append("(truncated)")
-        return ToolResult("\n".join(lines), structured={
-            "files": [{"name": f.name, "size": f.size} for f in fl], "truncated": fl.truncated})
-
-
-def _trim_partial_utf8(b: bytes) -> bytes:
-    """b without an incomplete UTF-8 character at its end (a read cut in
-    the middle of one)."""
-    for back in range(1, min(4, len(b)) + 1):
-        c = b[-back]
-        if c & 0xC0 == 0x80:  # a continuation byte: look further back
-            continue
-        need = 1 if c < 0x80 else 2 if c < 0xE0 else 3 if c < 0xF0 else 4
-        return b[:-back] if need > back else b
-    return b
 
 
 def _tool_file(f: Mapping[str, str]) -> Tuple[str, bytes]:
@@ -1717,72 +1663,137 @@ def tool_definitions(style: str = "openai", names: Optional[Sequence[str]] = Non
 
 @dataclass
 class ToolResult:
-    """What to give the model back for a tool call: text (stdout, then the
-    error as Python prints it), images (image artifacts and figures),
-    is_error (the code failed, or the call was refused), structured (the
-    whole answer as JSON, without artifact bytes)."""
+    """What to give the model back for a run_python call, as the MCP
+    server's run_python gives it (server/mcp/result.go): text (the same
+    text: stdout, displayed values, the error as Python prints it or the end
+    of stderr, how the run ended), images (the image artifacts inlined, with
+    the same types and caps), links (the other artifacts, which MCP sends as
+    resource links), is_error, structured (the whole answer without artifact
+    bytes). tools/clients/python/test_unit.py and server/mcp's
+    TestToolResultFixture check both against server/mcp/testdata/
+    tool_results.json."""
     text: str
     is_error: bool = False
     images: List[Artifact] = field(default_factory=list)
     structured: Optional[Dict[str, Any]] = None
     execution: Optional[Execution] = field(default=None, repr=False)
+    links: List[Artifact] = field(default_factory=list)
 
     @classmethod
     def from_execution(cls, ex: Execution) -> "ToolResult":
-        """The text a model reads, as the MCP server's run_python gives it:
-        stdout, the final expression's value, the error as Python prints it
-        (or the end of stderr), how the run ended when it failed,
-        output/result.json and what was left out."""
-        parts = []
-        if ex.session is not None and ex.session.state in ("new", "restarted") and \
-                ex.session.reason not in (None, "first_execution", "kernel_disabled"):
-            parts.append(f"[a new Python process: the previous one ended ({ex.session.reason}); "
-                         f"variables were lost, files kept]")
-        if ex.stdout:
-            out = ex.stdout.rstrip("\n")
-            if ex.stdout_omitted_bytes:
-                out += f"\n[stdout: {ex.stdout_omitted_bytes} bytes omitted from the middle]"
-            elif ex.stdout_truncated:
-                out += "\n[stdout truncated]"
-            parts.append(out)
-        for d in ex.display:
-            if d.markdown or d.text:
-                parts.append(d.markdown or d.text)
-        if ex.error is not None:
-            parts.append(str(ex.error).rstrip("\n"))
-            if ex.error.hint:
-                parts.append(f"Hint: {ex.error.hint}")
-        elif ex.stderr:
-            tail = ex.stderr[-4000:].rstrip("\n")
-            cut = len(ex.stderr) > 4000 or ex.stderr_truncated or ex.stderr_omitted_bytes
-            parts.append(("[stderr, last part]\n" if cut else "[stderr]\n") + tail)
-        if not ex.ok:
-            line = f"[{ex.status}" + (f", exit code {ex.exit_code}" if ex.exit_code not in (None, 0) else "")
-            line += (f", signal {ex.signal}" if ex.signal else "") + "]"
-            if ex.limits_hit:
-                line += " limits hit: " + ", ".join(ex.limits_hit)
-            if ex.error_message:
-                line += "\n" + ex.error_message
-            parts.append(line)
-        if ex.result is not None:
-            shown = json.dumps(ex.result, ensure_ascii=False)
-            parts.append("output/result.json: " + (shown if len(shown) <= 4000 else
-                                                   f"{len(shown)} bytes (in structured['result'])"))
-        for o in ex.artifacts_omitted:
-            parts.append(f"artifact {o.name} not returned: {o.reason}")
-        others = [a.name for a in ex.artifacts if not a.is_image]
-        if others:
-            parts.append("Artifacts: " + ", ".join(others))
+        images, links, inlined = [], [], 0
+        for a in ex.artifacts:
+            if a.is_image and a.size <= MAX_INLINE_IMAGE and inlined + a.size <= MAX_INLINE_IMAGES:
+                images.append(a)
+                inlined += a.size
+            else:
+                links.append(a)
         structured = {k: v for k, v in ex.raw.items() if k != "artifacts"}
         structured["artifacts"] = [{k: v for k, v in a.items() if k != "content_base64"}
                                    for a in _list(ex.raw.get("artifacts")) if isinstance(a, dict)]
-        return cls("\n\n".join(parts) or "(no output)", is_error=not ex.ok,
-                   images=ex.figures, structured=structured, execution=ex)
+        return cls(_answer_text(ex.raw), is_error=ex.status != "succeeded", images=images,
+                   structured=structured, execution=ex, links=links)
 
     def anthropic_content(self) -> List[Dict[str, Any]]:
-        """The content of an Anthropic tool_result block (text and images)."""
+        """The content of an Anthropic tool_result block: the text, the
+        images, and the names of the other artifacts."""
         out: List[Dict[str, Any]] = [{"type": "text", "text": self.text}]
         for a in self.images:
             out.append({"type": "image", "source": {"type": "base64", "media_type": a.media_type,
                                                     "data": a.content_base64}})
+        if self.links:
+            out.append({"type": "text", "text": "Artifacts: " + ", ".join(a.name for a in self.links)})
         return out
+
+
+# _answer_text is server/mcp/result.go's answerText, line for line: the
+# fixture server/mcp/testdata/tool_results.json pins both.
+def _answer_text(d: Mapping[str, Any]) -> str:
+    parts = []
+    note = _session_note(_dict(d.get("session")))
+    if note:
+        parts.append(note)
+    stdout = d.get("stdout") or ""
+    if stdout:
+        out = stdout.rstrip("\n")
+        if (d.get("stdout_omitted_bytes") or 0) > 0:
+            out += f"\n[stdout: {d['stdout_omitted_bytes']} bytes omitted from the middle]"
+        elif d.get("stdout_truncated"):
+            out += "\n[stdout truncated]"
+        parts.append(out)
+    for disp in _list(d.get("display")):
+        mime = _dict(_dict(disp).get("mime"))
+        shown = mime.get("text/markdown") or mime.get("text/plain")
+        if shown:
+            parts.append(shown)
+    err = d.get("error")
+    typed = err if isinstance(err, dict) and (err.get("text") or err.get("type")) else None
+    if typed is not None:
+        parts.append((typed.get("text") or f"{typed.get('type', '')}: {typed.get('message', '')}").rstrip("\n"))
+        if typed.get("hint"):
+            parts.append("Hint: " + typed["hint"])
+    elif d.get("stderr"):
+        parts.append(_stderr_tail(d))
+    status = _status_line(d)
+    if status:
+        parts.append(status)
+    result = d.get("result")
+    if result is not None:
+        shown = json.dumps(result, ensure_ascii=False, separators=(",", ":"))
+        parts.append("output/result.json: " + shown if len(shown.encode()) <= 4000 else
+                     f"output/result.json: {len(shown.encode())} bytes (in structuredContent.result)")
+    elif isinstance(d.get("result_error"), str) and not d["result_error"].endswith(" is missing"):
+        parts.append("output/result.json: " + d["result_error"])
+    for o in _list(d.get("artifacts_omitted")):
+        o = _dict(o)
+        parts.append(f"artifact {o.get('name', '')} not returned: {o.get('reason', '')}")
+    return "\n\n".join(parts) or "(no output)"
+
+
+def _session_note(s: Mapping[str, Any]) -> str:
+    notes = []
+    reason = s.get("reason") or ""
+    if s.get("state") in ("new", "restarted") and reason not in ("", "first_execution", "kernel_disabled"):
+        notes.append(f"Note: this session's Python was restarted before this run ({reason}): "
+                     f"variables from earlier calls are gone, files are kept.")
+    if s.get("kernel_ended"):
+        notes.append(f"Note: this session's Python ended during this run ({s['kernel_ended']}): "
+                     f"the next call starts a fresh one, files are kept.")
+    return "\n".join(notes)
+
+
+def _stderr_tail(d: Mapping[str, Any]) -> str:
+    b = (d.get("stderr") or "").encode()
+    cut = len(b) > 4000
+    if cut:
+        i = len(b) - 4000
+        while i < len(b) and b[i] & 0xC0 == 0x80:
+            i += 1
+        b = b[i:]
+    s = b.decode("utf-8", "replace").rstrip("\n")
+    if cut or d.get("stderr_truncated") or (d.get("stderr_omitted_bytes") or 0) > 0:
+        return "[stderr, last part]\n" + s
+    return "[stderr]\n" + s
+
+
+def _status_line(d: Mapping[str, Any]) -> str:
+    status = d.get("status", "")
+    msg = d.get("error") if isinstance(d.get("error"), str) else ""
+    if status == "succeeded":
+        return ""
+    if status == "failed":
+        if d.get("signal") is not None:
+            return f"Failed: killed by {d['signal']}."
+        return f"Failed with exit code {d.get('exit_code') or 0}."
+    if status == "timeout":
+        t = (_dict(d.get("policy")).get("timeout_ms") or 0) / 1000
+        return (f"Timed out: stopped after {t:.3g} s (the time limit). Make the code faster, work on a sample, "
+                f"or pass a larger timeout_s if the policy allows it.")
+    if status == "oom":
+        return (f"Out of memory: killed at the {_dict(d.get('policy')).get('memory_mb') or 0} MiB limit. "
+                f"Use less memory (smaller dtypes, chunks, fewer copies).")
+    if status == "cancelled":
+        return "Cancelled before it finished."
+    if status == "interrupted":
+        return "Interrupted: the worker restarted while this ran; the code may have run in part. " + msg
+    return f"Status {status}. {msg}".strip()

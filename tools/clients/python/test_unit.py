@@ -13,6 +13,7 @@ import hashlib
 import http.server
 import io
 import json
+import os
 import threading
 import unittest
 
@@ -291,7 +292,7 @@ class TypesTest(unittest.TestCase):
         tr = sandboxd.ToolResult.from_execution(ex)
         self.assertTrue(tr.is_error)
         self.assertIn("Hint: columns: region, sales", tr.text)
-        self.assertIn("Artifacts: bad.txt", tr.text)
+        self.assertEqual([a.name for a in tr.links], ["bad.txt"])
         self.assertEqual(len(tr.images), 1)
         self.assertNotIn("content_base64", json.dumps(tr.structured))
         self.assertEqual(tr.anthropic_content()[1]["source"]["media_type"], "image/png")
@@ -318,20 +319,41 @@ class TypesTest(unittest.TestCase):
             sandboxd.tool_definitions("other")
         self.assertEqual(sandboxd.tool_definitions("mcp"), list(sandboxd.TOOL_SCHEMAS.values()))
 
-    def test_trim_partial_utf8(self):
-        s = "é€😀"  # 2, 3 and 4 bytes
-        e = s.encode()
-        for n in range(len(e) + 1):
-            with self.subTest(n=n):
-                got = sandboxd._trim_partial_utf8(e[:n]).decode()  # decodes: nothing partial left
-                self.assertTrue(s.startswith(got))
-                self.assertGreater(len(got.encode()) + 4, n)  # at most one character cut
-        self.assertEqual(sandboxd._trim_partial_utf8(b"ab"), b"ab")
+    def test_tool_result_fixture(self):
+        """ToolResult is server/mcp's run_python result, text for text:
+        both are checked against server/mcp/testdata/tool_results.json."""
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
+                            "server", "mcp", "testdata", "tool_results.json")
+        with open(path, encoding="utf-8") as f:
+            cases = json.load(f)
+        self.assertGreater(len(cases), 5)
+        for c in cases:
+            with self.subTest(c["name"]):
+                tr = sandboxd.ToolResult.from_execution(sandboxd.Execution.from_json(c["answer"]))
+                self.assertEqual(tr.text, c["text"])
+                self.assertEqual(tr.is_error, c["is_error"])
+                self.assertEqual([a.name for a in tr.images], c["images"])
+                self.assertEqual([a.name for a in tr.links], c["links"])
+
+    def test_tool_result_image_types_and_caps(self):
+        """As server/mcp: PNG, JPEG, GIF, WebP only (never SVG), 5 MiB each,
+        16 MiB per result; the rest are links."""
+        mb = 1 << 20
+        arts = [("a.png", "image/png", 5 * mb), ("s.svg", "image/svg+xml", 10), ("b.jpg", "image/jpeg", 5 * mb),
+                ("big.png", "image/png", 5 * mb + 1), ("c.webp", "image/webp", 5 * mb), ("d.gif", "image/gif", 2 * mb),
+                ("e.gif", "image/gif", mb), ("t.csv", "text/csv", 3)]
+        ex = sandboxd.Execution.from_json({"id": "x", "status": "succeeded", "artifacts": [
+            {"name": n, "media_type": t, "size": z} for n, t, z in arts]})
+        tr = sandboxd.ToolResult.from_execution(ex)
+        self.assertEqual([a.name for a in tr.images], ["a.png", "b.jpg", "c.webp", "e.gif"])
+        self.assertEqual([a.name for a in tr.links], ["s.svg", "big.png", "d.gif", "t.csv"])
+        self.assertFalse(sandboxd.Artifact("s.svg", media_type="image/svg+xml").is_image)
+        self.assertEqual(tr.anthropic_content()[-1]["text"], "Artifacts: s.svg, big.png, d.gif, t.csv")
 
     def test_call_tool_refuses_bad_calls_as_results(self):
         c = sandboxd.Client("http://127.0.0.1:1", retries=0)
         for name, args in [("nope", {}), ("run_python", "{not json"), ("run_python", {"kode": "1"}),
-                           ("upload_file", {"session_id": "s", "path": "a", "text": "x", "content_base64": "eA=="})]:
+                           ("upload_file", {"session_id": "s", "path": "a", "text": "x"}), ("list_files", {})]:
             with self.subTest(name=name, args=args):
                 r = c.call_tool(name, args)
                 self.assertTrue(r.is_error, r)
