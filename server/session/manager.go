@@ -758,11 +758,37 @@ func (r *Run) kernel(ctx context.Context) (Kernel, ExecInfo, error) {
 	info.ID = s.id
 	s.starting = true
 	policy, path := s.rec.Policy, s.ws.Path()
+	// The start is recorded on disk before the code runs, not coalesced:
+	// a worker killed from then on must find the kernel started, so that
+	// its successor says the Python state was lost (StateRestarted),
+	// never "new" as if none had run. (Without a kernel, every execution
+	// is new anyway.) Written while the kernel starts, not after it: the
+	// fsyncs cost as much as a warm start. A start that fails takes the
+	// generation back (rewritten at the next flush); a worker killed
+	// meanwhile leaves a generation one ahead, whose successor says
+	// restarted of a kernel that may not have started. A failed write
+	// leaves the record dirty for the next flush.
+	persist := s.rec.Kernel
+	var saved chan error
+	if persist {
+		s.rec.Generation++
+		s.dirty = true
+		saved = make(chan error, 1)
+		go func() { saved <- m.flush(s, true) }()
+	}
 	m.mu.Unlock()
 
 	k, err := m.starter.StartKernel(ctx, policy, path, warmpool.KernelOptions{})
+	var saveErr error
+	if saved != nil {
+		saveErr = <-saved
+	}
 	m.mu.Lock()
 	s.starting = false
+	if persist && (err != nil || s.gone || m.closed) {
+		s.rec.Generation--
+		s.dirty = true
+	}
 	if s.gone || m.closed {
 		// Deleted or closed while the kernel started (which may have
 		// failed for it: its context is cancelled): its volume is about to
@@ -782,23 +808,16 @@ func (r *Run) kernel(ctx context.Context) (Kernel, ExecInfo, error) {
 		m.mu.Unlock()
 		return nil, info, fmt.Errorf("session %s: start kernel: %w", s.id, err)
 	}
-	s.rec.Generation++
-	s.dirty = true
+	if !persist {
+		s.rec.Generation++
+		s.dirty = true
+	}
 	m.starts[info.State+"/"+info.Reason]++
 	info.KernelGeneration = s.rec.Generation
 	s.kernel, s.executing = k, true
-	persist := s.rec.Kernel
 	m.mu.Unlock()
-	// Written before the code runs, not coalesced: a worker killed from
-	// here on must find the kernel started, so that its successor says
-	// the Python state was lost (StateRestarted), never "new" as if none
-	// had run. (Without a kernel, every execution is new anyway.) A
-	// failed write leaves it dirty for the next flush.
-	if !persist {
-		return k, info, nil
-	}
-	if err := m.flush(s, true); err != nil {
-		m.log.Error("session's kernel start not saved", "session", s.id, "err", err)
+	if saveErr != nil {
+		m.log.Error("session's kernel start not saved", "session", s.id, "err", saveErr)
 	}
 	return k, info, nil
 }

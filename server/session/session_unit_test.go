@@ -549,3 +549,28 @@ func TestOpenChecksTheConfig(t *testing.T) {
 		}
 	}
 }
+
+// A kernel start is on disk before the code runs (written while the kernel
+// starts); a start that failed is taken back, so a restarted worker does
+// not say "restarted" of a session whose kernel never started.
+func TestKernelStartIsSavedBeforeTheCodeRuns(t *testing.T) {
+	e := newEnv(t, nil)
+	id := e.create(Spec{Kernel: true}).ID
+	e.starter.fail = errors.New("no sandbox for you")
+	r, _ := e.m.Begin(id)
+	if _, _, err := r.Exec(context.Background(), warmpool.KernelExec{}); err == nil {
+		t.Fatal("Exec with a failing starter: no error")
+	}
+	r.End()
+	e.starter.fail = nil
+	e.reopen()
+	e.wantExec(id, "", ExecInfo{KernelGeneration: 1, State: StateNew, Reason: ReasonFirst})
+	// No flush since (the clock stands still, no Close): written by the
+	// start itself.
+	rec, err := readRecord(filepath.Join(e.root, id), id)
+	if err != nil || rec.Generation != 1 {
+		t.Fatalf("record after the first kernel start: generation %d, %v; want 1", rec.Generation, err)
+	}
+	e.reopen()
+	e.wantExec(id, "", ExecInfo{KernelGeneration: 2, State: StateRestarted, Reason: ReasonWorkerRestart})
+}

@@ -348,9 +348,10 @@ func (v *Volume) MoveTo(dir string) (*Volume, error) {
 		}
 		return nil, fmt.Errorf("move volume %s to %s: %w", v.dir, dir, err)
 	}
-	// Both entries durable: after a host crash the volume is in one
-	// place or the other, never lost with the source's entry alone.
-	if err := errors.Join(SyncDir(filepath.Dir(dir)), SyncDir(filepath.Dir(v.dir))); err != nil {
+	// The new entry durable. A rename is one atomic change of both
+	// directories (one journal transaction): the old one needs no fsync
+	// of its own to never show the volume in both places.
+	if err := SyncDir(filepath.Dir(dir)); err != nil {
 		slog.Warn("volume moved but its directory entries may not survive a host crash", "from", v.dir, "to", dir, "err", err)
 	}
 	return &Volume{dir: dir, m: v.m}, nil

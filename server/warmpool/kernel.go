@@ -142,6 +142,15 @@ type Kernel struct {
 	// oomSeen is the cgroup's OOM kill count after the last execution: an
 	// OOM kill beyond it that ends the kernel makes EndOOM.
 	oomSeen uint64
+
+	// idle holds the counters read at the end of the last execution (as
+	// its freeze began), when haveIdle. The kernel idled frozen since, so
+	// they are the next execution's "before": one cgroup read (~0.2 ms,
+	// ten files on v1) less per execution. What a thread left running did
+	// between that read and the freeze counts for the next execution.
+	// Guarded by busy (only Exec uses them).
+	idle     cgroup.Stats
+	haveIdle bool
 }
 
 // awaitedReply is an execution's slot for its reply line.
@@ -631,10 +640,13 @@ func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) 
 	if err := k.sb.ResetMemoryPeak(); err != nil {
 		log.Debug("unable to reset the kernel's memory peak; reporting its lifetime peak", "error", err)
 	}
-	before, err := k.sb.Stats()
-	if err != nil {
-		log.Warn("unable to read the kernel's cgroup counters", "error", err)
+	before := k.idle
+	if !k.haveIdle {
+		if before, err = k.sb.Stats(); err != nil {
+			log.Warn("unable to read the kernel's cgroup counters", "error", err)
+		}
 	}
+	k.haveIdle = false
 	res := &nsjail.Result{ID: k.sb.ID(), StartedAt: time.Now()}
 	stdout := nsjail.NewCapture(outR, cmp.Or(k.lim.StdoutBytes, nsjail.DefaultLimits.StdoutBytes), e.Output.ForStream(nsjail.StreamStdout))
 	stderr := nsjail.NewCapture(errR, cmp.Or(k.lim.StderrBytes, nsjail.DefaultLimits.StderrBytes), e.Output.ForStream(nsjail.StreamStderr))
@@ -663,6 +675,8 @@ func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) 
 		if after, err = k.sb.Stats(); err != nil {
 			log.Warn("unable to read the kernel's cgroup counters", "error", err)
 			after = before
+		} else {
+			k.idle, k.haveIdle = after, true
 		}
 	}
 	o.OOMKills = after.OOMKills - min(after.OOMKills, before.OOMKills)
