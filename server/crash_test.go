@@ -100,6 +100,10 @@ func TestRestartAfterSIGKILLSweepsOrphans(t *testing.T) {
 	}
 	cmd.Process.Signal(syscall.SIGKILL)
 	cmd.Wait()
+	// Its spare session volumes, still mounted: the restart removes them.
+	sessionsDir := filepath.Join(work, "..", "sessions")
+	spares, _ := filepath.Glob(filepath.Join(sessionsDir, ".spare-*"))
+	t.Logf("the killed worker left %d spare session volumes", len(spares))
 
 	// What the killed worker left: a workspace on its tmpfs, a state
 	// directory, the sandbox's processes (their cgroup is nested in the
@@ -132,7 +136,7 @@ func TestRestartAfterSIGKILLSweepsOrphans(t *testing.T) {
 	// The restarted worker serves.
 	cfg := config.Default()
 	cfg.WorkRoot, cfg.ResultsDir, cfg.StateRoot, cfg.PoolSize = work, resultsDir, crashStateRoot, 0
-	cfg.SessionsDir = filepath.Join(t.TempDir(), "sessions")
+	cfg.SessionsDir = sessionsDir
 	rootfs := shellRootfs(t)
 	cs := &countingSandbox{Runner: r}
 	srv, err := New(Deps{Config: cfg, Sandbox: cs, Logger: quietLog,
@@ -156,6 +160,11 @@ func TestRestartAfterSIGKILLSweepsOrphans(t *testing.T) {
 	}
 	if err := srv.Prepare(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+	for _, sp := range spares {
+		if _, err := os.Lstat(sp); !os.IsNotExist(err) {
+			t.Fatalf("the killed worker's spare volume %s after the restart: %v", sp, err)
+		}
 	}
 	if rec := newRecorder(srv, "POST", "/v1/executions", crashRunningBody); rec.Code != 200 || !strings.Contains(rec.Body.String(), `"status":"interrupted"`) {
 		t.Fatalf("retried POST of the interrupted execution: %d %s", rec.Code, rec.Body)
