@@ -280,6 +280,13 @@ func TestKernelInterruptBeforeTheRequest(t *testing.T) {
 	if !strings.Contains(string(kr.Result.Stderr), "KeyboardInterrupt") {
 		t.Fatalf("stderr %q", kr.Result.Stderr)
 	}
+	// Raised by the zygote's guard as the cell starts: none of its frames
+	// shows, in the text or the typed error.
+	le := kr.Events.Error
+	if strings.Contains(string(kr.Result.Stderr), "<string>") || strings.Contains(string(kr.Result.Stderr), "__enter__") ||
+		le == nil || le.Type != "KeyboardInterrupt" || len(le.Traceback) != 0 || strings.Contains(le.Text, "__enter__") {
+		t.Errorf("the guard's frame shows: stderr %q, error %+v", kr.Result.Stderr, le)
+	}
 	want(t, run(t, k, "print(z)"), nsjail.StatusSucceeded, 0, "kept\n")
 }
 

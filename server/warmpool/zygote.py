@@ -394,8 +394,7 @@ def _execute(main, seq, code, env, fds, libc, display, figures):
         linecache.cache.pop(old, None)
         _cell_source_chars -= size
     try:
-        exit_code, _ = _runner.run_code(code, name, main.__dict__, events, display, figures, _CellGuard)
-        return exit_code
+        return _runner.run_code(code, name, main.__dict__, events, display, figures, _CellGuard)
     finally:
         events.close()
         for k, v in saved.items():
