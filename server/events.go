@@ -310,8 +310,12 @@ func (s *Server) writeStoredResult(sse *sseWriter, id string, eventID uint64) {
 }
 
 // writeResult writes a stored answer as the result event (id 0: none, the
-// events are gone), streamed from disk (SECURITY.md case 31).
+// events are gone), streamed from disk (SECURITY.md case 31). The whole
+// event gets one write_timeout, as a synchronous answer does
+// (deadlineWriter): a client reading it slowly holds the stored answer's
+// reader (a place of results.MaxReaders) no longer (SECURITY.md case 52).
 func (s *Server) writeResult(sse *sseWriter, rd *results.Reader, eventID uint64) {
+	sse.fixDeadline()
 	if sse.head(eventID, stream.TypeResult) != nil {
 		return
 	}
@@ -325,12 +329,14 @@ func (s *Server) writeResult(sse *sseWriter, rd *results.Reader, eventID uint64)
 // sseWriter writes server-sent events. Every write has its own deadline,
 // write_timeout from when it starts: a stream may last as long as its
 // execution, but a client that stops reading holds its handler for at
-// most one write_timeout (SECURITY.md case 52).
+// most one write_timeout (SECURITY.md case 52). The result event, which
+// may be large, has one deadline for all of it (fixDeadline).
 type sseWriter struct {
 	w       http.ResponseWriter
 	rc      *http.ResponseController
 	timeout time.Duration
 	buf     bytes.Buffer
+	fixed   bool // the deadline is set for the rest of the stream
 }
 
 // startEvents answers 200 text/event-stream.
@@ -347,7 +353,19 @@ func (s *Server) startEvents(w http.ResponseWriter) *sseWriter {
 	return sse
 }
 
-func (s *sseWriter) arm() { s.rc.SetWriteDeadline(time.Now().Add(s.timeout)) }
+func (s *sseWriter) arm() {
+	if !s.fixed {
+		s.rc.SetWriteDeadline(time.Now().Add(s.timeout))
+	}
+}
+
+// fixDeadline sets the deadline once, write_timeout from now, for
+// everything written from now on: a client that takes a few bytes now and
+// then can no longer keep re-arming it.
+func (s *sseWriter) fixDeadline() {
+	s.arm()
+	s.fixed = true
+}
 
 func (s *sseWriter) Write(b []byte) (int, error) {
 	s.arm()

@@ -619,9 +619,10 @@ func (s *Server) fill(resp *ExecutionResponse, res *nsjail.Result, ev runner.Out
 }
 
 // runnerEvent publishes a runner event as it is read, for the clients
-// following the execution: `display` ({mime}) and `figure` ({name, width,
-// height}; the size as the runner read its PNG, the answer's artifact has
-// the worker's). The typed error comes with the result.
+// following the execution: `display` ({mime}) and `figure` ({name}: its
+// size comes with the answer's artifact, the worker's reading of the PNG,
+// never the sandbox's word, SECURITY.md case 51). The typed error comes
+// with the result.
 func (p *plan) runnerEvent(ev runner.Event) {
 	var data any
 	switch ev.Type {
@@ -629,10 +630,8 @@ func (p *plan) runnerEvent(ev runner.Event) {
 		data = runner.Display{Mime: ev.Mime}
 	case runner.EventFigure:
 		data = struct {
-			Name   string `json:"name"`
-			Width  int    `json:"width,omitempty"`
-			Height int    `json:"height,omitempty"`
-		}{ev.Name, ev.Width, ev.Height}
+			Name string `json:"name"`
+		}{ev.Name}
 	default:
 		return
 	}
@@ -644,11 +643,13 @@ func (p *plan) runnerEvent(ev runner.Event) {
 
 // fillEvents puts what the runner said into resp: the typed error only
 // when the code failed by itself (an exit code, no signal, no timeout, OOM
-// or cancel: a limit is never dressed as a Python error), and the
-// displayed values. All of it is the code's own word (it can write the
+// or cancel, no limit hit: a limit is never dressed as a Python error,
+// not even one the code saw as an exception, such as the pids limit's
+// "can't start new thread"), and the displayed values. All of it is the code's own word (it can write the
 // events fd): it only ever shapes this answer.
 func fillEvents(resp *ExecutionResponse, res *nsjail.Result, ev runner.Outcome, log *slog.Logger) {
-	if ev.Error != nil && res.Status == nsjail.StatusFailed && res.Signal == "" && res.ExitCode != 0 && resp.Error == nil {
+	if ev.Error != nil && res.Status == nsjail.StatusFailed && res.Signal == "" && res.ExitCode != 0 && len(res.LimitsHit) == 0 &&
+		resp.Error == nil {
 		resp.Error = &ExecError{Code: ev.Error}
 	}
 	resp.Display = ev.Display

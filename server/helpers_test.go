@@ -70,8 +70,7 @@ var (
 )
 
 // shellRootfs is the busybox rootfs with /usr/bin/python a shim that runs
-// main.py with /bin/sh (the runner's command line, `python -P -c RUNNER
-// JOB`, runs the code file, which is always CodePath). It lets the API's own paths (admission, cancel,
+// main.py with /bin/sh (nsjailtest.WritePythonShim). It lets the API's own paths (admission, cancel,
 // artifacts, limits, workspaces) run in real sandboxes without the Python
 // runtime image; the Python contract tests use RuntimeRootfs.
 func shellRootfs(t testing.TB) string {
@@ -87,8 +86,7 @@ func shellRootfs(t testing.TB) string {
 			shErr = fmt.Errorf("copy busybox rootfs: %v: %s", err, out)
 			return
 		}
-		shim := "#!/bin/sh\nif [ \"$1\" = -P ]; then exec /bin/sh " + CodePath + "; fi\nexec /bin/sh \"$@\"\n"
-		shErr = os.WriteFile(filepath.Join(dir, "usr/bin/python"), []byte(shim), 0o755)
+		shErr = nsjailtest.WritePythonShim(dir, CodePath)
 		shDir = dir
 	})
 	if shErr != nil {

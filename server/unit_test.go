@@ -554,3 +554,21 @@ func TestAdmission(t *testing.T) {
 		t.Fatalf("after Release: %v", err)
 	}
 }
+
+// A limit is never dressed as a Python error: the pids limit's "can't
+// start new thread" (a RuntimeError the code saw) leaves the answer's
+// error empty, while the same exception without a limit is the code's.
+func TestUnitFillEventsLimitNotAnError(t *testing.T) {
+	ev := runner.Outcome{Error: &runner.Error{Type: "RuntimeError", Message: "can't start new thread", Traceback: []runner.Frame{}, Text: "t"}}
+	for _, c := range []struct {
+		limits []string
+		want   bool
+	}{{[]string{"pids"}, false}, {[]string{"memory"}, false}, {[]string{}, true}} {
+		resp := &ExecutionResponse{}
+		res := &nsjail.Result{Status: nsjail.StatusFailed, ExitCode: 1, LimitsHit: c.limits}
+		fillEvents(resp, res, ev, quietLog)
+		if (resp.Error != nil) != c.want {
+			t.Errorf("limits %v: error %+v, want one: %v", c.limits, resp.Error, c.want)
+		}
+	}
+}

@@ -18,10 +18,12 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+	"github.com/sandboxd/sandboxd/server"
 )
 
 // shimRootfs is the busybox rootfs with /usr/bin/python running main.py with
-// /bin/sh: the serve wiring is tested without the Python image.
+// /bin/sh (nsjailtest.WritePythonShim): the serve wiring is tested without
+// the Python image.
 func shimRootfs(t *testing.T) string {
 	t.Helper()
 	// Not under t.TempDir (0700): the sandbox's mapped root must reach it.
@@ -36,7 +38,7 @@ func shimRootfs(t *testing.T) string {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "usr/bin/python"), []byte("#!/bin/sh\nexec /bin/sh \"$@\"\n"), 0o755); err != nil {
+	if err := nsjailtest.WritePythonShim(dir, server.CodePath); err != nil {
 		t.Fatal(err)
 	}
 	return dir

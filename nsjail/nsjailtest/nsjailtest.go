@@ -137,6 +137,18 @@ func CopyRootfs(src, prefix string) (string, error) {
 	return dir, os.Chmod(dir, 0o755)
 }
 
+// WritePythonShim makes dir/usr/bin/python (dir a copy of BusyboxRootfs) a
+// shell script standing in for Python: the worker's runner command line
+// (`python -P -c RUNNER JOB`, server/runner) runs the code file codePath
+// with /bin/sh, any other command line is /bin/sh's. Tests of the API's
+// own paths (admission, limits, artifacts, serve's wiring) run shell code
+// in real sandboxes without the Python runtime image; the one shim keeps
+// them all in step with the runner's command line.
+func WritePythonShim(dir, codePath string) error {
+	shim := "#!/bin/sh\nif [ \"$1\" = -P ]; then exec /bin/sh " + codePath + "; fi\nexec /bin/sh \"$@\"\n"
+	return os.WriteFile(filepath.Join(dir, "usr/bin/python"), []byte(shim), 0o755)
+}
+
 var (
 	probeOnce sync.Once
 	probeDir  string

@@ -5,13 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"regexp"
 	"sync"
-	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/sandboxd/sandboxd/nsjail"
 )
 
 // DecodeEvent parses one event line (without its newline) strictly: a
@@ -29,11 +27,6 @@ func DecodeEvent(line []byte) (Event, error) {
 		Error json.RawMessage `json:"error"`
 		Mime  json.RawMessage `json:"mime"`
 		Name  *string         `json:"name"`
-		// A figure's size, as the runner read it from the PNG it wrote
-		// (for the live event only: the answer's artifact has the
-		// worker's own reading).
-		Width  *int `json:"width"`
-		Height *int `json:"height"`
 	}
 	if err := strictDecode(line, &wire); err != nil {
 		return ev, fmt.Errorf("event %s: %w", describe(line), err)
@@ -81,19 +74,8 @@ func DecodeEvent(line []byte) (Event, error) {
 			return ev, fmt.Errorf("event %s: figure name %q is not %s", describe(line), *wire.Name, FigureNameFormat)
 		}
 		ev.Name = *wire.Name
-		for _, n := range []*int{wire.Width, wire.Height} {
-			if n != nil && (*n < 1 || *n > math.MaxInt32) {
-				return ev, fmt.Errorf("event %s: figure size %d out of range", describe(line), *n)
-			}
-		}
-		if wire.Width != nil && wire.Height != nil {
-			ev.Width, ev.Height = *wire.Width, *wire.Height
-		}
 	default:
 		return ev, fmt.Errorf("event %s: unknown type", describe(line))
-	}
-	if ev.Type != EventFigure && (wire.Width != nil || wire.Height != nil) {
-		return ev, fmt.Errorf("event %s: a size on a %s event", describe(line), ev.Type)
 	}
 	return ev, nil
 }
@@ -183,8 +165,6 @@ type Outcome struct {
 	Error *Error
 	// Display are the display events, in order (at most maxDisplays).
 	Display []Display
-	// Figures are the figure events' names, in order (at most MaxFigures).
-	Figures []string
 	// Dropped counts the lines refused: invalid, too long, unwanted, over
 	// a bound, or cut off at the end.
 	Dropped int
@@ -197,15 +177,17 @@ type Outcome struct {
 // they come, bounded (MaxLineBytes per line, MaxEventsBytes in all: a flood
 // costs the worker a fixed buffer and is drained, never buffered),
 // decoding each line with DecodeEvent and passing the accepted events to
-// an EventFunc. Stop must be called.
+// an EventFunc. The reading, the stop and the drain are nsjail.Capture's
+// (keeping none of the bytes: the lines are taken as they come). Stop must
+// be called.
 type Reader struct {
-	r    *os.File
+	c    *nsjail.Capture
 	want Want
 	on   EventFunc
-	done chan struct{}
 
 	mu       sync.Mutex
 	out      Outcome
+	figures  int    // the figure events passed on (at most MaxFigures)
 	line     []byte // the line being read, without its newline
 	skipping bool   // the line being read is too long: dropped up to its end
 	read     int64
@@ -213,23 +195,9 @@ type Reader struct {
 
 // NewReader starts reading r. on, when not nil, gets each accepted event.
 func NewReader(r *os.File, want Want, on EventFunc) *Reader {
-	rd := &Reader{r: r, want: want, on: on, done: make(chan struct{})}
-	go rd.loop()
+	rd := &Reader{want: want, on: on}
+	rd.c = nsjail.NewCapture(r, 0, rd.add)
 	return rd
-}
-
-func (rd *Reader) loop() {
-	defer close(rd.done)
-	chunk := make([]byte, 64<<10)
-	for {
-		n, err := rd.r.Read(chunk)
-		if n > 0 {
-			rd.add(chunk[:n])
-		}
-		if err != nil { // EOF once every writer is gone, or Stop
-			return
-		}
-	}
 }
 
 // add takes b, the next bytes of the stream.
@@ -285,8 +253,8 @@ func (rd *Reader) take(line []byte) {
 		rd.out.Error = ev.Error
 	case ev.Type == EventDisplay && rd.want.Display && len(rd.out.Display) < maxDisplays:
 		rd.out.Display = append(rd.out.Display, Display{Mime: ev.Mime})
-	case ev.Type == EventFigure && rd.want.Figures && len(rd.out.Figures) < MaxFigures:
-		rd.out.Figures = append(rd.out.Figures, ev.Name)
+	case ev.Type == EventFigure && rd.want.Figures && rd.figures < MaxFigures:
+		rd.figures++
 	default:
 		rd.out.Dropped++
 		return
@@ -296,51 +264,18 @@ func (rd *Reader) take(line []byte) {
 	}
 }
 
-// Stop ends the reading and closes the pipe: it reads, without blocking,
-// what the pipe holds at this moment (all the writers wrote, once the
-// execution is over) and drops what comes later, as nsjail.Capture.Stop
-// does for a kernel's output. A line cut off at the end is dropped.
+// Stop ends the reading and closes the pipe (nsjail.Capture.Stop): what
+// the pipe holds at this moment (all the writers wrote, once the
+// execution is over) is read, what comes later dropped. A line cut off at
+// the end is dropped.
 func (rd *Reader) Stop() Outcome {
-	_ = rd.r.SetReadDeadline(time.Unix(1, 0))
-	<-rd.done
-	_ = rd.r.SetReadDeadline(time.Time{})
-	_ = rd.drainBuffered()
-	rd.r.Close()
+	rd.c.Stop()
 	rd.mu.Lock()
 	defer rd.mu.Unlock()
 	if len(rd.line) > 0 || rd.skipping {
 		rd.out.Dropped++
 	}
 	return rd.out
-}
-
-// drainBuffered reads the bytes the pipe holds now (FIONREAD), without
-// waiting for more: a writer that keeps writing cannot keep Stop reading.
-func (rd *Reader) drainBuffered() error {
-	rc, err := rd.r.SyscallConn()
-	if err != nil {
-		return err
-	}
-	chunk := make([]byte, 64<<10)
-	var rerr error
-	err = rc.Read(func(fd uintptr) bool {
-		left, err := unix.IoctlGetInt(int(fd), unix.TIOCINQ)
-		if err != nil {
-			rerr = err
-			return true
-		}
-		for left > 0 {
-			n, err := unix.Read(int(fd), chunk[:min(left, len(chunk))])
-			if n <= 0 || err != nil {
-				rerr = err
-				return true
-			}
-			left -= n
-			rd.add(chunk[:n])
-		}
-		return true // never wait for more
-	})
-	return errors.Join(err, rerr)
 }
 
 // Pipe makes an execution's events pipe: the read end for NewReader, the

@@ -47,8 +47,9 @@ const (
 	// MaxFigures bounds the figures one execution captures (and the
 	// figure events kept).
 	MaxFigures = 64
-	// maxDisplays bounds the display events kept (the runner writes one).
-	maxDisplays = 8
+	// maxDisplays bounds the display events kept: the runner writes one
+	// (the final expression's value), and the answer documents at most one.
+	maxDisplays = 1
 	// maxFrames bounds an error's traceback entries.
 	maxFrames = 100
 )
@@ -147,15 +148,14 @@ type Display struct {
 }
 
 // Event is one event as the Reader passes it on: Error for EventError,
-// Mime for EventDisplay, Name (and Width and Height, 0 when not said) for
-// EventFigure. The figure's size is the runner's reading of the PNG it
-// wrote, for live events only: an answer's artifacts carry the worker's.
+// Mime for EventDisplay, Name for EventFigure. A figure's size is never
+// the sandbox's word (SECURITY.md case 51): the answer's artifact carries
+// the worker's reading of the PNG.
 type Event struct {
-	Type          string
-	Error         *Error
-	Mime          map[string]string
-	Name          string
-	Width, Height int
+	Type  string
+	Error *Error
+	Mime  map[string]string
+	Name  string
 }
 
 // EventFunc receives an execution's events as they are read (the streaming

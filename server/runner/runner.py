@@ -57,7 +57,9 @@ _TABLE_ROWS = 5  # head and tail rows of a DataFrame's table
 _TABLE_COLUMNS = 20  # columns shown (first and last half)
 _CELL_CHARS = 40
 
-_EXIT_INTERRUPTED = 130  # as zygote.py and the kernel protocol count it
+# An uncaught KeyboardInterrupt's exit code, as a shell shows a SIGINT
+# death (128 + 2): a cell's in protocol.go's KernelReply.
+_EXIT_INTERRUPTED = 130
 _real_open = io.open  # before anything wraps it (_track_open)
 
 
@@ -119,15 +121,16 @@ class Events:
 def run_code(source, filename, namespace, events, display=False, figures=False, guard=None):
     """Run source (str or bytes) compiled as filename in namespace, as
     `python3 FILE` runs a file or a notebook a cell, and report its events.
-    Returns (exit code, interrupted): 0, 1 for an uncaught exception, N for
+    Returns the exit code: 0, 1 for an uncaught exception, N for
     SystemExit(N), 130 for KeyboardInterrupt. guard, when given, is a
-    context manager wrapped around the code alone (the kernel's SIGINT)."""
+    context manager class wrapped around the code alone (the kernel's
+    SIGINT); its frames are the harness's too, removed from tracebacks."""
     capture = _FigureCapture(events) if figures else None
     global _current_capture
     _current_capture = capture
     if capture is not None:
         _install_pyplot_hook()
-    exit_code, interrupted, exc, value = 0, False, None, _NOTHING
+    exit_code, exc, value = 0, None, _NOTHING
     try:
         body, last = _compile(source, filename, display)
         with guard() if guard is not None else _no_guard():
@@ -138,11 +141,10 @@ def run_code(source, filename, namespace, events, display=False, figures=False, 
         exit_code = _exit_code(e)
     except BaseException as e:
         exc = e
-        interrupted = isinstance(e, KeyboardInterrupt)
-        exit_code = _EXIT_INTERRUPTED if interrupted else 1
+        exit_code = _EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else 1
     try:
         if exc is not None:
-            _drop_harness_frames(exc)
+            _drop_harness_frames(exc, _harness_globals(guard))
             try:
                 # What the interpreter prints for an uncaught exception.
                 sys.excepthook(type(exc), exc, exc.__traceback__)
@@ -160,7 +162,7 @@ def run_code(source, filename, namespace, events, display=False, figures=False, 
             events.emit({"type": EVENT_DISPLAY, "mime": mime_bundle(value)})
     finally:
         _current_capture = None
-    return exit_code, interrupted
+    return exit_code
 
 
 _NOTHING = object()
@@ -224,14 +226,23 @@ def _exit_code(exc):
 # --- typed errors ---
 
 
-def _is_harness(frame):
-    return frame.f_globals is globals()
+def _harness_globals(guard):
+    """The globals of the harness's code: this runner's and, with a guard,
+    the guard's module's (zygote.py's _CellGuard: an interrupt pending as a
+    cell starts is raised in its __enter__)."""
+    harness = [globals()]
+    enter = getattr(guard, "__enter__", None)
+    g = getattr(enter, "__globals__", None)
+    if isinstance(g, dict) and g is not harness[0]:
+        harness.append(g)
+    return harness
 
 
-def _drop_harness_frames(exc, seen=None):
-    """Remove this runner's frames from the tracebacks of exc and of every
-    exception chained or grouped with it, so that they print as Python
-    prints an uncaught exception of the user's file."""
+def _drop_harness_frames(exc, harness, seen=None):
+    """Remove the harness's frames (those whose globals are one of harness)
+    from the tracebacks of exc and of every exception chained or grouped
+    with it, so that they print as Python prints an uncaught exception of
+    the user's file."""
     seen = set() if seen is None else seen
     if exc is None or id(exc) in seen:
         return
@@ -239,7 +250,7 @@ def _drop_harness_frames(exc, seen=None):
     kept = []
     tb = exc.__traceback__
     while tb is not None:
-        if not _is_harness(tb.tb_frame):
+        if not any(tb.tb_frame.f_globals is g for g in harness):
             kept.append(tb)
         tb = tb.tb_next
     if len(kept) != _tb_len(exc.__traceback__):
@@ -247,11 +258,11 @@ def _drop_harness_frames(exc, seen=None):
         for t in reversed(kept):
             new = types.TracebackType(new, t.tb_frame, t.tb_lasti, t.tb_lineno)
         exc.__traceback__ = new
-    _drop_harness_frames(exc.__cause__, seen)
-    _drop_harness_frames(exc.__context__, seen)
+    _drop_harness_frames(exc.__cause__, harness, seen)
+    _drop_harness_frames(exc.__context__, harness, seen)
     if isinstance(exc, BaseExceptionGroup):
         for sub in exc.exceptions:
-            _drop_harness_frames(sub, seen)
+            _drop_harness_frames(sub, harness, seen)
 
 
 def _tb_len(tb):
@@ -494,8 +505,7 @@ def _series_markdown(s):
 # --- figures ---
 
 _current_capture = None  # the running execution's _FigureCapture
-_saved_figures = weakref.WeakSet()  # figures the code saved itself
-_pyplot_show = None  # pyplot's own show, once patched
+_saved_figures = weakref.WeakSet()  # figures the code saved as artifacts itself
 _figure_savefig = None  # Figure.savefig, once patched
 
 
@@ -558,22 +568,9 @@ class _FigureCapture:
                 pass
             return
         self.count += 1
-        event = {"type": EVENT_FIGURE, "name": name}
-        event.update(_png_size(path))
-        self.events.emit(event)
-
-
-def _png_size(path):
-    """The width and height in the header of the PNG just written, for the
-    live figure event (the answer's artifact has the worker's own reading)."""
-    try:
-        with _real_open(path, "rb") as f:
-            head = f.read(24)
-        if head[:16] == b"\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR":
-            return {"width": int.from_bytes(head[16:20], "big"), "height": int.from_bytes(head[20:24], "big")}
-    except OSError:
-        pass
-    return {}
+        # The name only: the size is the worker's reading of the artifact
+        # (SECURITY.md case 51).
+        self.events.emit({"type": EVENT_FIGURE, "name": name})
 
 
 def _warn(msg):
@@ -624,8 +621,9 @@ class _PyplotFinder:
 def _patch_pyplot(plt):
     """pyplot.show captures the open figures (and closes them, as a
     notebook's inline backend does) while a capture runs; Figure.savefig
-    notes the figures the code saved itself."""
-    global _pyplot_show, _figure_savefig
+    notes the figures the code saved as artifacts itself (a figure saved
+    elsewhere, into a buffer or /tmp, is still captured)."""
+    global _figure_savefig
     if getattr(plt, "_sandboxd_patched", False):
         return
     try:
@@ -638,10 +636,12 @@ def _patch_pyplot(plt):
     @functools.wraps(original_savefig)
     def savefig(self, *args, **kwargs):
         r = original_savefig(self, *args, **kwargs)
-        try:
-            _saved_figures.add(self)
-        except TypeError:
-            pass
+        target = args[0] if args else kwargs.get("fname")
+        if _is_artifact_target(target):
+            try:
+                _saved_figures.add(self)
+            except TypeError:
+                pass
         return r
 
     @functools.wraps(original_show)
@@ -654,7 +654,22 @@ def _patch_pyplot(plt):
     Figure.savefig = savefig
     plt.show = show
     plt._sandboxd_patched = True
-    _figure_savefig, _pyplot_show = original_savefig, original_show
+    _figure_savefig = original_savefig
+
+
+def _is_artifact_target(target):
+    """savefig's target is a file under ARTIFACTS_DIR: a path, or a file
+    object opened by path (its name)."""
+    if not isinstance(target, (str, bytes, os.PathLike)):
+        target = getattr(target, "name", None)
+        if not isinstance(target, (str, bytes)):
+            return False  # a buffer: not an artifact
+    try:
+        path = os.path.realpath(os.fsdecode(os.fspath(target)))
+        root = os.path.realpath(ARTIFACTS_DIR)
+        return os.path.commonpath([path, root]) == root
+    except (TypeError, ValueError, OSError):
+        return False
 
 
 # --- the process: single-shot executions ---
@@ -716,7 +731,7 @@ def run_file(job, events_fd):
     except OSError as e:
         sys.stderr.write("python3: can't open file %r: [Errno %d] %s\n" % (path, e.errno, e.strerror))
         _finish(2, main, opened)
-    code, _ = run_code(source, path, main.__dict__, events, bool(job.get("display")), bool(job.get("figures")))
+    code = run_code(source, path, main.__dict__, events, bool(job.get("display")), bool(job.get("figures")))
     events.close()
     _finish(code, main, opened)
 

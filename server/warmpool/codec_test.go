@@ -29,8 +29,9 @@ exec(compile(sys.argv[1], "zygote.py", "exec"), zygote)
 job, kernel, cwd_on_path, events = zygote["decode_handoff"](sys.stdin.buffer.read())
 sys.stdout.write(json.dumps({"path": job["path"], "argv": job["argv"], "cwd": job["cwd"], "kernel": kernel,
     "cwd_on_path": cwd_on_path, "display": job["display"], "figures": job["figures"], "events": events}) + "\n")
-seq, code, env, display, figures = zygote["decode_request"](sys.argv[2].encode())
-sys.stdout.write(json.dumps({"seq": seq, "code": code, "env": env, "display": display, "figures": figures}) + "\n")
+seq, code, env, display, figures, drop_interrupt = zygote["decode_request"](sys.argv[2].encode())
+sys.stdout.write(json.dumps({"seq": seq, "code": code, "env": env, "display": display, "figures": figures,
+    "drop_interrupt": drop_interrupt}) + "\n")
 sys.stdout.buffer.write(zygote["encode_reply"](seq, 3) + zygote["encode_reply"](seq + 1, 0))
 for act in ("exit 7", "kill", "exit 0"):
     pid = os.fork()
@@ -60,7 +61,7 @@ func TestZygoteCodecsAgree(t *testing.T) {
 		t.Fatalf("the message %q has MessageEnd inside it", msg)
 	}
 	tpl := poolTemplate(rootfs)
-	req := warmpool.KernelRequest{Seq: 41, Code: "print('\u00e4')\n\x00\r\n", Env: map[string]string{"K": "v\nw"}, Figures: true}
+	req := warmpool.KernelRequest{Seq: 41, Code: "print('\u00e4')\n\x00\r\n", Env: map[string]string{"K": "v\nw"}, Figures: true, DropInterrupt: true}
 	reqLine, err := warmpool.EncodeKernelRequest(req)
 	if err != nil {
 		t.Fatal(err)
@@ -91,7 +92,7 @@ func TestZygoteCodecsAgree(t *testing.T) {
 		t.Fatalf("zygote.py decoded the request as %q: %v", reqDecoded, err)
 	}
 	if gotReq.Seq != req.Seq || gotReq.Code != req.Code || !maps.Equal(gotReq.Env, req.Env) || gotReq.Display != req.Display ||
-		gotReq.Figures != req.Figures {
+		gotReq.Figures != req.Figures || gotReq.DropInterrupt != req.DropInterrupt {
 		t.Errorf("zygote.py decoded %+v, want %+v", gotReq, req)
 	}
 	for _, want := range []warmpool.KernelReply{{Seq: 41, ExitCode: 3}, {Seq: 42}} {

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 )
@@ -59,3 +61,11 @@ func KernelCPUNS(k *Kernel) (uint64, error) {
 	st, err := k.sb.Stats()
 	return st.CPUUsageNS, err
 }
+
+// SetBeforeSend sets the hook run between an execution's start and the
+// sending of its request (nil: none).
+func SetBeforeSend(f func(*Kernel)) { beforeSend = f }
+
+// LateInterrupt sends k a SIGINT as await does, whether or not an
+// execution runs: one that reaches the kernel after its reply.
+func LateInterrupt(k *Kernel) error { return k.signal(unix.SIGINT) }

@@ -129,6 +129,9 @@ type Kernel struct {
 	pidfd int
 	// waiting is the execution awaiting its reply (nil between them).
 	waiting *awaitedReply
+	// sigintSent: a SIGINT was sent since the last request; one may still
+	// reach the kernel after it answered (the next request drops it).
+	sigintSent bool
 	// killedFor is why the worker killed the kernel (End*), first wins.
 	killedFor string
 	reason    string
@@ -579,6 +582,9 @@ func (k *Kernel) signal(sig unix.Signal) error {
 	if k.pidfd < 0 {
 		return ErrKernelEnded
 	}
+	if sig == unix.SIGINT {
+		k.sigintSent = true
+	}
 	return unix.PidfdSendSignal(k.pidfd, sig, nil, 0)
 }
 
@@ -613,7 +619,8 @@ func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) 
 	}
 	k.seq++
 	seq := k.seq
-	msg, err := EncodeKernelRequest(KernelRequest{Seq: seq, Code: e.Code, Env: e.Env, Display: e.Display, Figures: e.Figures})
+	msg, err := EncodeKernelRequest(KernelRequest{Seq: seq, Code: e.Code, Env: e.Env, Display: e.Display, Figures: e.Figures,
+		DropInterrupt: k.takeSigintSent()})
 	if err != nil {
 		return nil, err
 	}
@@ -652,6 +659,9 @@ func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) 
 	stderr := nsjail.NewCapture(errR, cmp.Or(k.lim.StderrBytes, nsjail.DefaultLimits.StderrBytes), e.Output.ForStream(nsjail.StreamStderr))
 	events := runner.NewReader(evR, runner.Want{Display: e.Display, Figures: e.Figures}, e.OnEvent)
 	wait := k.expect()
+	if beforeSend != nil {
+		beforeSend(k)
+	}
 	sent := make(chan error, 1)
 	go func() {
 		sent <- k.send(msg, outW, errW, evW)
@@ -717,6 +727,22 @@ func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) 
 		"wall_ms", res.Usage.WallMS, "limits_hit", res.LimitsHit, "kernel_ended", kr.Ended)
 	return kr, nil
 }
+
+// takeSigintSent says whether a SIGINT was sent since the last request,
+// and forgets it: the request then tells the kernel to drop a SIGINT noted
+// before it (a late one, for the execution before).
+func (k *Kernel) takeSigintSent() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	sent := k.sigintSent
+	k.sigintSent = false
+	return sent
+}
+
+// beforeSend, when set (by tests), runs as an execution is awaited and
+// before its request is sent: an Interrupt then comes before the kernel
+// has read the request.
+var beforeSend func(*Kernel)
 
 // send writes the request line with the execution's stdout, stderr and
 // events write ends beside it (SCM_RIGHTS).

@@ -257,6 +257,52 @@ func TestKernelInterrupt(t *testing.T) {
 	want(t, run(t, k, "print(z)"), nsjail.StatusSucceeded, 0, "kept\n")
 }
 
+// An interrupt that comes before the kernel has read the execution's
+// request (the kernel is thawed, the request on its way) is the
+// execution's: raised as its code starts, never dropped as a late one of
+// the execution before.
+func TestKernelInterruptBeforeTheRequest(t *testing.T) {
+	e := newKernelEnv(t, 0)
+	k := e.start(t, e.sessionDir(t), false, warmpool.KernelOptions{})
+	run(t, k, "z = 'kept'")
+	warmpool.SetBeforeSend(func(k *warmpool.Kernel) {
+		if err := k.Interrupt(); err != nil {
+			t.Error(err)
+		}
+	})
+	kr, err := k.Exec(context.Background(), warmpool.KernelExec{Code: "import time\ntime.sleep(3600)", Timeout: 30 * time.Second})
+	warmpool.SetBeforeSend(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want(t, kr, nsjail.StatusFailed, 130, "")
+	wantAlive(t, kr)
+	if !strings.Contains(string(kr.Result.Stderr), "KeyboardInterrupt") {
+		t.Fatalf("stderr %q", kr.Result.Stderr)
+	}
+	// Raised by the zygote's guard as the cell starts: none of its frames
+	// shows, in the text or the typed error.
+	le := kr.Events.Error
+	if strings.Contains(string(kr.Result.Stderr), "<string>") || strings.Contains(string(kr.Result.Stderr), "__enter__") ||
+		le == nil || le.Type != "KeyboardInterrupt" || len(le.Traceback) != 0 || strings.Contains(le.Text, "__enter__") {
+		t.Errorf("the guard's frame shows: stderr %q, error %+v", kr.Result.Stderr, le)
+	}
+	want(t, run(t, k, "print(z)"), nsjail.StatusSucceeded, 0, "kept\n")
+}
+
+// A SIGINT the pool sent for an execution that reaches the kernel only
+// after its reply (here: sent between executions, to the frozen kernel)
+// does not interrupt the next execution.
+func TestKernelLateInterruptDropped(t *testing.T) {
+	e := newKernelEnv(t, 0)
+	k := e.start(t, e.sessionDir(t), false, warmpool.KernelOptions{})
+	run(t, k, "z = 'kept'")
+	if err := warmpool.LateInterrupt(k); err != nil {
+		t.Fatal(err)
+	}
+	want(t, run(t, k, "import time\ntime.sleep(0.2)\nprint(z)"), nsjail.StatusSucceeded, 0, "kept\n")
+}
+
 // A timeout interrupts the code; the kernel lives on when it stops, and
 // is killed (EndTimeout) when it does not.
 func TestKernelTimeout(t *testing.T) {

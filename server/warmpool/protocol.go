@@ -134,6 +134,12 @@ type KernelRequest struct {
 	// Display and Figures are the runner's (runner.Job's).
 	Display bool `json:"display,omitempty"`
 	Figures bool `json:"figures,omitempty"`
+	// DropInterrupt: a SIGINT was sent since the previous request, and
+	// may have reached the kernel only after that execution answered. The
+	// kernel forgets an interrupt it noted before reading this request;
+	// without it, such an interrupt is this execution's (sent after it
+	// started, before the kernel read it) and is raised as the code starts.
+	DropInterrupt bool `json:"drop_interrupt,omitempty"`
 }
 
 // KernelReply is a kernel's answer to a KernelRequest (or to its

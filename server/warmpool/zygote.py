@@ -66,11 +66,18 @@ def decode_handoff(message):
 
 def decode_request(message):
     """A kernel's execution (protocol.go's KernelRequest) as (seq, code,
-    env, display, figures)."""
+    env, display, figures, drop_interrupt)."""
     import json
 
     req = json.loads(message)
-    return req["seq"], req["code"], req.get("env") or {}, bool(req.get("display")), bool(req.get("figures"))
+    return (
+        req["seq"],
+        req["code"],
+        req.get("env") or {},
+        bool(req.get("display")),
+        bool(req.get("figures")),
+        bool(req.get("drop_interrupt")),
+    )
 
 
 def encode_reply(seq, exit_code):
@@ -302,13 +309,23 @@ def _kernel(cwd, cwd_on_path):
         msg, fds = got
         if len(fds) != KERNEL_FDS:
             os._exit(_KERNEL_PROTOCOL_EXIT)
-        _interrupt_pending = False
-        seq, code, env, display, figures = decode_request(msg)
+        seq, code, env, display, figures, drop_interrupt = decode_request(msg)
+        # An interrupt noted while the request was on its way is this
+        # execution's (the pool sends SIGINT once it awaits the reply, maybe
+        # before this read): kept, and raised as the cell starts
+        # (_CellGuard). Unless the pool says a SIGINT for the execution
+        # before may have come after its reply: the handlers of signals
+        # that came before the request ran by now (decode_request's call),
+        # so that one is dropped here.
+        if drop_interrupt:
+            _interrupt_pending = False
         exit_code = _execute(main, seq, code, env, fds, libc, display, figures)
         if os.getpid() != kernel_pid:
             # A fork made by the cell that returned into the loop: it ends
             # here, as a forked child of a script ends with the script.
             os._exit(exit_code)
+        # The cell is over: an interrupt noted since is not the next one's.
+        _interrupt_pending = False
         try:
             sock.sendall(encode_reply(seq, exit_code))
         except OSError:
@@ -377,8 +394,7 @@ def _execute(main, seq, code, env, fds, libc, display, figures):
         linecache.cache.pop(old, None)
         _cell_source_chars -= size
     try:
-        exit_code, _ = _runner.run_code(code, name, main.__dict__, events, display, figures, _CellGuard)
-        return exit_code
+        return _runner.run_code(code, name, main.__dict__, events, display, figures, _CellGuard)
     finally:
         events.close()
         for k, v in saved.items():
