@@ -214,9 +214,16 @@ func (s *Server) handleHealthz(w http.ResponseWriter, _ *http.Request, _ httprou
 
 func (s *Server) handleReadyz(w http.ResponseWriter, _ *http.Request, _ httprouter.Params) {
 	s.mu.Lock()
-	draining := s.draining
+	// Ready once the sessions a previous worker left are back too (or
+	// could not be: the session API then says why, and single-shot
+	// executions work): a client that waited for /readyz never meets a
+	// session 503 "not open" (Prepare opens them after the rootfs).
+	draining, sessionsOpening := s.draining, s.manager == nil && s.sessErr == nil
 	s.mu.Unlock()
-	if _, _, err := s.ready(); err != nil {
+	if _, _, err := s.ready(); err == nil && sessionsOpening {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not_ready", "reason": "opening the sessions"})
+		return
+	} else if err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not_ready", "reason": err.Error()})
 		return
 	}

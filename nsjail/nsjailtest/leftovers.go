@@ -125,11 +125,37 @@ func ProcessesMatching(s string) []int {
 			continue
 		}
 		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && bytes.Contains(bytes.ReplaceAll(cmd, []byte{0}, []byte{' '}), []byte(s)) {
+		if err == nil && bytes.Contains(bytes.ReplaceAll(cmd, []byte{0}, []byte{' '}), []byte(s)) && !dying(e.Name()) {
 			pids = append(pids, pid)
 		}
 	}
 	return pids
+}
+
+// dying reports whether /proc/PID is a process that is already killed: a
+// zombie, or SIGKILL pending. Such a process does not survive, but one in
+// uninterruptible I/O (a busy disk: other test packages run in parallel)
+// still shows its command line until that I/O ends.
+func dying(pid string) bool {
+	status, err := os.ReadFile(filepath.Join("/proc", pid, "status"))
+	if err != nil {
+		return true // gone meanwhile
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		key, value, _ := strings.Cut(line, ":")
+		value = strings.TrimSpace(value)
+		switch key {
+		case "State":
+			if strings.HasPrefix(value, "Z") || strings.HasPrefix(value, "X") {
+				return true
+			}
+		case "SigPnd", "ShdPnd":
+			if mask, err := strconv.ParseUint(value, 16, 64); err == nil && mask&(1<<(9-1)) != 0 { // SIGKILL
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // RunAndCheck runs m's tests (each Runner made with NewRunner has waited
