@@ -306,7 +306,7 @@ func TestNoProcessSurvivesAndNoHang(t *testing.T) {
 	r := newRunner(t)
 	marker := fmt.Sprintf("sandboxd-survivor-%d", time.Now().UnixNano())
 	res := run(t, r, nsjail.Spec{
-		Args:   sh(fmt.Sprintf(`(setsid sh -c 'exec -a %s sleep 300' &) ; (sleep 300 &) ; echo main done`, marker)),
+		Args:   sh(fmt.Sprintf(`(setsid sh -c 'exec -a %s sleep 2900' &) ; (sleep 2900 &) ; echo main done`, marker)),
 		Limits: nsjail.Limits{Timeout: 30 * time.Second},
 	})
 	wantStatus(t, res, nsjail.StatusSucceeded)
@@ -316,7 +316,7 @@ func TestNoProcessSurvivesAndNoHang(t *testing.T) {
 	if pids := nsjailtest.ProcessesMatching(marker); len(pids) > 0 {
 		t.Fatalf("processes survived the execution: %v", pids)
 	}
-	if pids := nsjailtest.ProcessesMatching("sleep 300"); len(pids) > 0 {
+	if pids := nsjailtest.ProcessesMatching("sleep 2900"); len(pids) > 0 {
 		t.Fatalf("processes survived the execution: %v", pids)
 	}
 }
@@ -599,7 +599,7 @@ func TestConcurrentSandboxesAreIsolated(t *testing.T) {
 // kernel has torn it down.
 func TestAliveSeesAKillAtOnce(t *testing.T) {
 	r := newRunner(t)
-	p, err := r.Prestart(nsjail.Spec{Rootfs: nsjailtest.ProbeRootfs(t), Args: []string{"sleep", "300"}})
+	p, err := r.Prestart(nsjail.Spec{Rootfs: nsjailtest.ProbeRootfs(t), Args: []string{"sleep", "2900"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,7 +25,7 @@ func crashyWorker() {
 	if err != nil {
 		panic(err)
 	}
-	sb, err := r.Start(nsjail.Spec{Rootfs: os.Getenv("CRASHY_ROOTFS"), Args: []string{"sleep", "300"}})
+	sb, err := r.Start(nsjail.Spec{Rootfs: os.Getenv("CRASHY_ROOTFS"), Args: []string{"sleep", "2900"}})
 	if err != nil {
 		panic(err)
 	}
@@ -91,7 +91,7 @@ func testSweepAfterWorkerCrash(t *testing.T, frozen bool) {
 	if len(removed) != 1 || removed[0] != id {
 		t.Fatalf("swept %v, want [%s]", removed, id)
 	}
-	if pids := nsjailtest.ProcessesMatching("sleep 300"); len(pids) > 0 {
+	if pids := nsjailtest.ProcessesMatching("sleep 2900"); len(pids) > 0 {
 		t.Fatalf("the orphan sandbox's processes survived the sweep: %v", pids)
 	}
 	r.WaitForCleanup()
