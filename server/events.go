@@ -69,6 +69,22 @@ func answerModeOf(r *http.Request) answerMode {
 	return answerSync
 }
 
+// runContext is the context an execution POSTed with r runs in, and how it
+// is answered. An execution the client named can be fetched again (GET,
+// or a retry of the POST), so it outlives the connection: a client whose
+// request timed out retries and gets the result instead of "cancelled"
+// (in a session, never a second run in the kernel). So does an
+// asynchronous one (respond-async). An unnamed one cannot be found again
+// and is cancelled with its client. DELETE and the drain still cancel
+// both.
+func runContext(r *http.Request, named bool) (context.Context, answerMode) {
+	mode := answerModeOf(r)
+	if named || mode == answerAsync {
+		return context.WithoutCancel(r.Context()), mode
+	}
+	return r.Context(), mode
+}
+
 // zeroQuality: the media type's parameters say q=0 (not acceptable).
 func zeroQuality(params string) bool {
 	for _, p := range strings.Split(params, ";") {

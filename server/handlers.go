@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -78,18 +77,9 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, _ httprout
 		writeAPIError(w, e)
 		return
 	}
-	// An execution the client named can be fetched again (GET, or a retry
-	// of this POST), so it outlives this connection: a client whose request
-	// timed out retries and gets the result instead of "cancelled". An
-	// unnamed one cannot be found again and is cancelled with its client.
-	// DELETE and the drain still cancel both. Waiting for another request's
-	// run (a retry) ends with this connection. An asynchronous one
-	// (respond-async) outlives it too.
-	mode := answerModeOf(r)
-	run := r.Context()
-	if req.ID != "" || mode == answerAsync {
-		run = context.WithoutCancel(run)
-	}
+	// Waiting for another request's run (a retry) ends with this
+	// connection; the run itself may outlive it (runContext).
+	run, mode := runContext(r, req.ID != "")
 	req = ExecutionRequest{} // the plan holds what runs: no second copy
 	if mode != answerSync {
 		s.answerDetached(w, r, p, run, mode)

@@ -256,14 +256,7 @@ func (s *Server) handleSessionExecute(w http.ResponseWriter, r *http.Request, ps
 		writeAPIError(w, e)
 		return
 	}
-	// As for POST /v1/executions: a named or asynchronous execution
-	// outlives its connection (a retry gets its answer, never a second
-	// run in the kernel); an unnamed one is cancelled with its client.
-	mode := answerModeOf(r)
-	run := r.Context()
-	if req.ID != "" || mode == answerAsync {
-		run = context.WithoutCancel(run)
-	}
+	run, mode := runContext(r, req.ID != "")
 	req = SessionExecutionRequest{}
 	if mode != answerSync {
 		s.answerDetached(w, r, p, run, mode)
