@@ -7,31 +7,40 @@
 //	  go test -tags 'seccomp templatelab' -run TestTemplateLab -v ./nsjail/
 //
 // It checks that a copy-on-write fork of a template process can be placed
-// in a sandbox that libcontainer made, with nothing but the kernel's
-// setns(2): the template (testdata/templatelab.py) runs in a libcontainer
-// sandbox of its own (user namespace U_T, CAP_SETUID and CAP_SETGID only);
-// its fork F unshares a nested user namespace U_F; libcontainer creates the
-// execution's sandbox (the "shell": sandboxd's own buildConfig, joining U_F
-// by path, creating pid, mount, net, ipc, uts and cgroup namespaces, the
-// mounts and a cgroup nested in the template's); the worker moves F into
-// that cgroup (cgroup v1: no CLONE_INTO_CGROUP) and hands F a pidfd of the
-// shell's init; F joins all six namespaces with one setns and forks G, the
-// code's process, which drops to uid 10001 and reports what it sees.
+// in a sandbox that libcontainer made, with nothing but setns(2): the
+// template (testdata/templatelab.py) runs in a libcontainer sandbox of its
+// own (user namespace U_T whose root is host uid HostIDBase+1, CAP_SETUID,
+// CAP_SETGID and CAP_SETFCAP only, no seccomp filter in the lab); its fork
+// F unshares a nested user namespace U_F (the template writes its maps)
+// and a pid namespace PID_F, and forks G, PID_F's pid 1. libcontainer then
+// creates the execution's sandbox (the "shell": nsjail's own buildConfig,
+// joining U_F and PID_F by path, creating the mount, net, ipc, uts and
+// cgroup namespaces, the mounts and a cgroup nested in the template's)
+// with `runc create`; the worker takes its init's namespace fds and
+// seccomp program (PTRACE_SECCOMP_GET_FILTER), kills the init before it
+// execs, moves G into the shell's cgroup (cgroup v1: no CLONE_INTO_CGROUP)
+// and hands G the fds; G joins, drops to uid 10001, loads the program and
+// reports what it sees: every field must equal a cold run's. One of the
+// forks is a memory bomb, which must die in its own cgroup. The rejected
+// variants (TEMPLATE.md section 9) failed with EINVAL, ENOENT and EPERM.
 package nsjail
 
 import (
 	"bufio"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/configs"
@@ -230,6 +239,9 @@ func TestTemplateLab(t *testing.T) {
 			}
 			nsFDs = append(nsFDs, fd)
 		}
+		// The seccomp program the kernel holds for the init (loaded by
+		// libcontainer from the same config as a cold sandbox's), for G.
+		bpf := loadedFilter(t, initPid)
 		unix.Kill(initPid, unix.SIGKILL)
 		sproc.Wait()
 
@@ -254,7 +266,7 @@ func TestTemplateLab(t *testing.T) {
 		if _, joined := recvFDs(t, uc); joined != "joined\n" {
 			t.Fatalf("want joined, got %q", joined)
 		}
-		if _, err := uc.Write([]byte(mode + "\n")); err != nil {
+		if _, err := uc.Write([]byte(mode + " " + fmt.Sprintf("%x", bpf) + "\n")); err != nil {
 			t.Fatal(err)
 		}
 		view, err := lines.ReadString('\n')
@@ -293,12 +305,13 @@ func TestTemplateLab(t *testing.T) {
 		if i == 0 {
 			t.Logf("fork view: %s", view)
 			t.Logf("cold view: %s", cold.Stdout)
-			for _, k := range []string{"uid", "gid", "groups", "caps", "no_new_privs", "seccomp", "uid_map", "cgroup", "hostname", "mounts", "net", "cwd", "procs", "pid", "fds"} {
+			for _, k := range []string{"seccomp_filters", "unshare_user", "mount_syscall", "uid", "gid", "groups", "caps", "no_new_privs", "seccomp", "uid_map", "cgroup", "hostname", "mounts", "net", "cwd", "procs", "pid", "fds"} {
 				a, _ := json.Marshal(coldView[k])
 				b, _ := json.Marshal(g[k])
 				same := "same"
 				if string(a) != string(b) {
 					same = "DIFFERENT"
+					t.Errorf("the fork's %s differs from a cold run's", k)
 				}
 				t.Logf("  %-13s %s: cold %s fork %s", k, same, a, b)
 			}
@@ -384,3 +397,45 @@ func rollup(pid int) string {
 }
 
 var _ = syscall.SIGKILL
+
+// loadedFilter reads the seccomp program the kernel holds for pid
+// (PTRACE_SECCOMP_GET_FILTER, as seccomp/filter_test.go does), as the bytes
+// of a struct sock_filter array.
+func loadedFilter(t *testing.T, pid int) []byte {
+	t.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	pt := func(req, pid int, addr, data uintptr) (uintptr, error) {
+		n, _, e := unix.Syscall6(unix.SYS_PTRACE, uintptr(req), uintptr(pid), addr, data, 0, 0)
+		if e != 0 {
+			return 0, e
+		}
+		return n, nil
+	}
+	if _, err := pt(unix.PTRACE_SEIZE, pid, 0, 0); err != nil {
+		t.Fatalf("PTRACE_SEIZE: %v", err)
+	}
+	defer pt(unix.PTRACE_DETACH, pid, 0, 0)
+	if _, err := pt(unix.PTRACE_INTERRUPT, pid, 0, 0); err != nil {
+		t.Fatalf("PTRACE_INTERRUPT: %v", err)
+	}
+	var ws unix.WaitStatus
+	if _, err := unix.Wait4(pid, &ws, unix.WALL, nil); err != nil {
+		t.Fatalf("wait4: %v", err)
+	}
+	n, err := pt(unix.PTRACE_SECCOMP_GET_FILTER, pid, 0, 0)
+	if err != nil {
+		t.Fatalf("PTRACE_SECCOMP_GET_FILTER: %v", err)
+	}
+	prog := make([]unix.SockFilter, n)
+	if _, err := pt(unix.PTRACE_SECCOMP_GET_FILTER, pid, 0, uintptr(unsafe.Pointer(&prog[0]))); err != nil {
+		t.Fatalf("PTRACE_SECCOMP_GET_FILTER: %v", err)
+	}
+	out := make([]byte, 0, 8*len(prog))
+	for _, f := range prog {
+		out = binary.LittleEndian.AppendUint16(out, f.Code)
+		out = append(out, f.Jt, f.Jf)
+		out = binary.LittleEndian.AppendUint32(out, f.K)
+	}
+	return out
+}

@@ -14,7 +14,7 @@ NS = os.CLONE_NEWNS | os.CLONE_NEWNET | os.CLONE_NEWIPC | os.CLONE_NEWUTS | os.C
 CODE = None
 
 
-def inside_view():
+def inside_view(probes=True):
     def read(p):
         try:
             with open(p) as f:
@@ -35,7 +35,30 @@ def inside_view():
         "net": [l.split(":")[0].strip() for l in read("/proc/net/dev").splitlines()[2:]],
         "fds": sorted(int(f) for f in os.listdir("/proc/self/fd")),
         "cwd": os.getcwd(),
+        # Never in the template itself: a successful unshare would move it.
+        "unshare_user": probe(lambda: os.unshare(os.CLONE_NEWUSER)) if probes else None,
+        "mount_syscall": probe(mount_tmpfs) if probes else None,
     }
+
+
+def probe(f):
+    try:
+        f()
+        return "allowed"
+    except OSError as e:
+        return errno_name(e.errno)
+
+
+def errno_name(n):
+    import errno
+    return errno.errorcode.get(n, str(n))
+
+
+def mount_tmpfs():
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(b"none", b"/tmp", b"tmpfs", 0, None) != 0:
+        raise OSError(ctypes.get_errno(), "mount")
 
 
 def fork_f():
@@ -76,7 +99,11 @@ def fork_f():
         # The shell's init is gone already (the worker killed it once it
         # held the namespaces' fds): the code sees what a cold run sees.
         sock.sendall(b"joined\n")
-        msg = sock.recv(64)
+        line = b""
+        while not line.endswith(b"\n"):
+            line += sock.recv(65536)
+        msg, _, bpf = line.strip().partition(b" ")
+        bpf = bytes.fromhex(bpf.decode())
         # What libcontainer's setns init does for `runc exec` (the lab
         # leaves out rlimits, the keyring and seccomp).
         import ctypes
@@ -92,6 +119,14 @@ def fork_f():
         os.setresgid(10001, 10001, 10001)
         os.setresuid(10001, 10001, 10001)  # drops every capability
         libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+        if bpf:
+            # The program the kernel holds for the shell's own init, i.e.
+            # for a cold sandbox: seccomp(SECCOMP_SET_MODE_FILTER, 0, prog).
+            class SockFprog(ctypes.Structure):
+                _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+            prog = SockFprog(len(bpf) // 8, bpf)
+            if libc.syscall(317, 1, 0, ctypes.byref(prog)) != 0:
+                raise OSError(ctypes.get_errno(), "seccomp")
         os.chdir("/")
         sock.close()
         view = inside_view()
@@ -120,7 +155,7 @@ while True:
     if not msg or msg.startswith(b"quit"):
         break
     if msg.startswith(b"view"):
-        os.write(1, (json.dumps(inside_view()) + "\n").encode())
+        os.write(1, (json.dumps(inside_view(probes=False)) + "\n").encode())
         continue
     pid, ms = fork_f()
     # This lab serves one fork at a time: wait for F, then say how long the
