@@ -266,6 +266,12 @@ func TestTemplateLab(t *testing.T) {
 		if _, joined := recvFDs(t, uc); joined != "joined\n" {
 			t.Fatalf("want joined, got %q", joined)
 		}
+		// What an idle fork costs, before its hand-off: G's and F's own
+		// pages and what the shell's cgroup is charged (G's pages since
+		// it moved in, and the kernel objects runc's init made there).
+		time.Sleep(100 * time.Millisecond)
+		idle := fmt.Sprintf("idle: G %s; F %s; shell cgroup charge %s", rollup(fpid), rollup(ppidOf(fpid)),
+			readTrim(filepath.Join(sst.CgroupPaths["memory"], "memory.usage_in_bytes")))
 		if _, err := uc.Write([]byte(mode + " " + fmt.Sprintf("%x", bpf) + "\n")); err != nil {
 			t.Fatal(err)
 		}
@@ -295,9 +301,9 @@ func TestTemplateLab(t *testing.T) {
 		if err := sc.Destroy(); err != nil {
 			t.Error(err)
 		}
-		t.Logf("run %d (%s): shell by libcontainer %v (CPU %v), G moved into its cgroup in %v, G join+view %v; G's status %q; template says %q; %s",
+		t.Logf("run %d (%s): shell by libcontainer %v (CPU %v), G moved into its cgroup in %v, G join+view %v; G's status %q; template says %q; %s; %s",
 			i, mode, shellMS.Round(10*time.Microsecond), shellCPU.Round(10*time.Microsecond), moveMS.Round(10*time.Microsecond),
-			joinMS.Round(10*time.Microsecond), strings.TrimSpace(st), strings.TrimSpace(forked), oomKills)
+			joinMS.Round(10*time.Microsecond), strings.TrimSpace(st), strings.TrimSpace(forked), oomKills, idle)
 		var g map[string]any
 		if err := json.Unmarshal([]byte(view), &g); err != nil {
 			t.Fatal(err)
@@ -438,4 +444,20 @@ func loadedFilter(t *testing.T, pid int) []byte {
 		out = binary.LittleEndian.AppendUint32(out, f.K)
 	}
 	return out
+}
+
+func ppidOf(pid int) int {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "PPid:"); ok {
+			p, _ := strconv.Atoi(strings.TrimSpace(v))
+			return p
+		}
+	}
+	return 0
+}
+
+func readTrim(path string) string {
+	b, _ := os.ReadFile(path)
+	return strings.TrimSpace(string(b))
 }
