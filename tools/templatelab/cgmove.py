@@ -62,8 +62,41 @@ def trial(ballast_mb, n=15):
             "move_all_ms_median": round(med(move_ms), 3), "fork_cpu_ms_median": round(med(fork_cpu), 3), "move_cpu_ms_median": round(med(move_cpu), 3), "move_all_ms_max": round(max(move_ms), 3),
             "per_hierarchy_ms_median": {c: round(med(v), 3) for c, v in per.items()}}
 
+def burst(k=4, n=8):
+    # k forks moved back to back, each into its own child cgroup: does the
+    # burst pay one grace period or k?
+    per_burst = []
+    for i in range(n):
+        kids, pids, pipes = [], [], []
+        for j in range(k):
+            d = {c: os.path.join(p, "b%d-%d" % (i, j)) for c, p in parent.items()}
+            for c, kd in d.items():
+                os.mkdir(kd)
+                if c == "cpuset":
+                    for f in ("cpuset.cpus", "cpuset.mems"):
+                        open(os.path.join(kd, f), "w").write(open(os.path.join(parent[c], f)).read())
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.read(r, 1)
+                os._exit(0)
+            kids.append(d); pids.append(pid); pipes.append((r, w))
+        time.sleep(0.2)  # let the rcu_sync state go idle, as between refills
+        t = time.perf_counter()
+        for d, pid in zip(kids, pids):
+            for kd in d.values():
+                with open(os.path.join(kd, "cgroup.procs"), "w") as f:
+                    f.write(str(pid))
+        per_burst.append((time.perf_counter() - t) * 1e3)
+        for (r, w), pid in zip(pipes, pids):
+            os.write(w, b"x"); os.waitpid(pid, 0); os.close(r); os.close(w)
+        for d in kids:
+            for kd in d.values():
+                os.rmdir(kd)
+    return {"burst_of": k, "burst_ms_median": round(statistics.median(per_burst), 3), "burst_ms_max": round(max(per_burst), 3)}
+
 try:
-    out = [trial(0), trial(160)]
+    out = [trial(0), trial(160), burst()]
 finally:
     for p in parent.values():
         os.rmdir(p)
