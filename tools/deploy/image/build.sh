@@ -7,9 +7,11 @@
 #   BUILD_DIR/sandboxd-worker.tar   docker-archive (ctr images import, docker load)
 #   BUILD_DIR/worker-image/         the .debs, the unpacked base, packages.txt
 #
-# The base layer is the build host's own versions of the packages below
-# (dpkg-query): the binary was linked against them, so the image carries
-# the C library and libseccomp it was built for. SOURCE_DATE_EPOCH (default:
+# The base layer is the build host's suite's current versions of the
+# packages below (apt's candidates), never older than the host's own: the
+# binary was linked against those, so the image carries a C library and a
+# libseccomp at least as new as it was built for. The .debs are kept: a
+# rebuild with them gives the same digest. SOURCE_DATE_EPOCH (default:
 # the commit time of HEAD) sets every mtime and the creation time.
 set -eu
 out=${1:-build}
@@ -33,10 +35,21 @@ work=$out/worker-image
 mkdir -p "$work/debs"
 : >"$work/packages.txt.tmp"
 for p in $PACKAGES; do
-	v=$(dpkg-query -W -f='${Version}' "$p") || {
-		echo "build.sh: $p is not installed on this host (tools/deps/install.sh build)" >&2
+	# The mirror's version (apt's candidate): the host's may be gone from
+	# it (a binNMU, a point release). It must not be older than the host's:
+	# the binary needs at least the glibc and libseccomp it was linked
+	# against.
+	installed=$(dpkg-query -W -f='${Version}' "$p" 2>/dev/null || true)
+	v=$(apt-cache policy "$p" | awk '/Candidate:/{print $2}')
+	case $v in '' | '(none)')
+		echo "build.sh: apt knows no version of $p (apt-get update?)" >&2
 		exit 1
-	}
+		;;
+	esac
+	if [ -n "$installed" ] && dpkg --compare-versions "$v" lt "$installed"; then
+		echo "build.sh: $p: the mirror has $v, older than this host's $installed" >&2
+		exit 1
+	fi
 	printf '%s\t%s\n' "$p" "$v" >>"$work/packages.txt.tmp"
 	file=$(printf '%s_%s' "$p" "$v" | sed 's/:/%3a/g')
 	if ! ls "$work/debs/$file"_*.deb >/dev/null 2>&1; then
@@ -44,7 +57,8 @@ for p in $PACKAGES; do
 		if [ -n "$cached" ]; then
 			cp "$cached" "$work/debs/"
 		else
-			(cd "$work/debs" && apt-get download -q "$p=$v")
+			# As root, apt's download sandbox user must be able to write here.
+			(cd "$work/debs" && apt-get download -q -o APT::Sandbox::User=root "$p=$v")
 		fi
 	fi
 done
