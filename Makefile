@@ -199,3 +199,31 @@ bench-api: bench-rootfs-check
 
 bench-peers: bench-rootfs-check
 	$(BENCH_RUN) -skip-api -results "" $(BENCH_FLAGS)
+
+# --- the worker image and the Kubernetes manifests (tools/deploy) ---
+# worker-image: build/sandboxd-worker.oci (OCI layout) and .tar
+# (docker-archive: `ctr -n k8s.io images import build/sandboxd-worker.tar`),
+# no Docker: sandboxd built as `make build` does plus -trimpath (the
+# checkout's path stays out of the binary), on a base layer unpacked from
+# this host's Debian packages (libc6, libseccomp2, e2fsprogs' tools and
+# their libraries); tools/deploy/image/README.md. SOURCE_DATE_EPOCH
+# (default: HEAD's commit time) fixes every timestamp.
+# worker-image-repro: the image step twice into build/worker-repro/{1,2},
+# digests compared.
+WORKER_BIN := bin/sandboxd-worker
+.PHONY: worker-image worker-image-repro
+worker-image:
+	@$(DEPS) build
+	$(GO) build -tags $(TAGS) -trimpath -buildvcs=false -o $(WORKER_BIN) ./cmd/sandboxd
+	tools/deploy/image/build.sh $(BUILD) $(WORKER_BIN)
+
+worker-image-repro: worker-image
+	rm -rf $(BUILD)/worker-repro && mkdir -p $(BUILD)/worker-repro/1 $(BUILD)/worker-repro/2
+	for i in 1 2; do \
+		mkdir -p $(BUILD)/worker-repro/$$i/worker-image && cp -a $(BUILD)/worker-image/debs $(BUILD)/worker-repro/$$i/worker-image/; \
+		tools/deploy/image/build.sh $(BUILD)/worker-repro/$$i $(WORKER_BIN) | awk '/^manifest digest/{print $$3}' >$(BUILD)/worker-repro/$$i.digest; \
+		test -s $(BUILD)/worker-repro/$$i.digest || exit 1; \
+	done
+	cmp $(BUILD)/worker-repro/1.digest $(BUILD)/worker-repro/2.digest
+	cmp $(BUILD)/worker-repro/1/sandboxd-worker.tar $(BUILD)/worker-repro/2/sandboxd-worker.tar
+	@echo "worker image reproducible: $$(cat $(BUILD)/worker-repro/1.digest)"

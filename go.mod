@@ -15,6 +15,7 @@ require (
 	github.com/prometheus/client_golang v1.25.0 // /metrics
 	github.com/seccomp/libseccomp-golang v0.12.0 // seccomp compile/export (the version runc 1.5 needs)
 	go.etcd.io/bbolt v1.5.0 // the result store's records (server/results)
+	go.yaml.in/yaml/v3 v3.0.5 // the Kubernetes manifests' test (tools/deploy/kubernetes); already required by prometheus/common
 	golang.org/x/sys v0.50.0 // raw syscalls
 )
 

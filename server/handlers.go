@@ -203,25 +203,32 @@ func (s *Server) handleHealthz(w http.ResponseWriter, _ *http.Request, _ httprou
 }
 
 func (s *Server) handleReadyz(w http.ResponseWriter, _ *http.Request, _ httprouter.Params) {
-	s.mu.Lock()
-	// Ready once the sessions a previous worker left are back too (or
-	// could not be: the session API then says why, and single-shot
-	// executions work): a client that waited for /readyz never meets a
-	// session 503 "not open" (Prepare opens them after the rootfs).
-	draining, sessionsOpening := s.draining, s.manager == nil && s.sessErr == nil
-	s.mu.Unlock()
-	if _, _, err := s.ready(); err == nil && sessionsOpening {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not_ready", "reason": "opening the sessions"})
-		return
-	} else if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not_ready", "reason": err.Error()})
-		return
-	}
-	if draining {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not_ready", "reason": "shutting down"})
+	if reason := s.notReady(); reason != "" {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not_ready", "reason": reason})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// notReady is why /readyz answers 503 ("" when ready). Ready once the
+// sessions a previous worker left are back too (or could not be: the
+// session API then says why, and single-shot executions work): a client
+// that waited for /readyz never meets a session 503 "not open" (Prepare
+// opens them after the rootfs).
+func (s *Server) notReady() string {
+	s.mu.Lock()
+	draining, sessionsOpening := s.draining, s.manager == nil && s.sessErr == nil
+	s.mu.Unlock()
+	if _, _, err := s.ready(); err != nil {
+		return err.Error()
+	}
+	if sessionsOpening {
+		return "opening the sessions"
+	}
+	if draining {
+		return "shutting down"
+	}
+	return ""
 }
 
 func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request, _ httprouter.Params) {

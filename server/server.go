@@ -190,6 +190,7 @@ func (s *Server) routes() []route {
 		{http.MethodGet, "/v1/executions/:id/artifacts/*name", s.handleGetArtifact},
 		{http.MethodDelete, "/v1/executions/:id", s.handleCancel},
 		{http.MethodGet, "/v1/policies", s.handlePolicies},
+		{http.MethodGet, "/v1/capacity", s.handleCapacity},
 		{http.MethodGet, "/healthz", s.handleHealthz},
 		{http.MethodGet, "/readyz", s.handleReadyz},
 		{http.MethodGet, "/metrics", s.handleMetrics},

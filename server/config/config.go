@@ -143,6 +143,11 @@ type Config struct {
 	// mounted ahead of time, so that creating a session does not wait for
 	// mkfs (server/session: spares).
 	SessionSpareVolumes int `toml:"session_spare_volumes" doc:"empty session volumes kept ready so that a session's creation does not wait for mkfs (0: none)"`
+
+	// WorkerID names this worker among others (on Kubernetes: its node's
+	// name, from the downward API); GET /v1/capacity reports it. Empty:
+	// a worker alone.
+	WorkerID string `toml:"worker_id" doc:"this worker's name among several, e.g. its node's (empty: none)"`
 }
 
 // DefaultPreload is what a warm sandbox imports before it is handed code.

@@ -54,6 +54,7 @@ var checks = []check{
 	{"pool", poolCheck},
 	{"allowed_env", allowedEnvCheck},
 	{"sessions", sessionsCheck},
+	{"worker_id", workerIDCheck},
 }
 
 // Validate rejects values that cannot work, every problem at once, each in
@@ -308,4 +309,16 @@ func sessionsCheck(c Config) (errs []error) {
 			time.Duration(c.SessionMaxIdleTimeout), time.Duration(c.SessionIdleTimeout)))
 	}
 	return errs
+}
+
+// workerIDPattern is a DNS subdomain (RFC 1123), what Kubernetes allows
+// for a node's name: worker_id is meant to be one, and is then safe to put
+// in a log line, a header or a host name.
+var workerIDPattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$`)
+
+func workerIDCheck(c Config) []error {
+	if c.WorkerID != "" && !workerIDPattern.MatchString(c.WorkerID) {
+		return []error{fmt.Errorf("worker_id must be empty or a DNS name (lower-case letters, digits, '-' and '.', at most 253), got: %q", c.WorkerID)}
+	}
+	return nil
 }

@@ -48,6 +48,8 @@ var validateCases = []struct {
 	{"env name", "allowed_env", func(c *Config) { c.AllowedEnv = []string{"1X"} }, `allowed_env entries must be variable names, got: "1X"`},
 	{"sessions dir", "paths", func(c *Config) { c.SessionsDir = "sessions" }, `sessions_dir must be an absolute path, got: "sessions"`},
 	{"max sessions", "minimums", func(c *Config) { c.MaxSessions = 0 }, "max_sessions must be >= 1, got: 0"},
+	{"worker id", "worker_id", func(c *Config) { c.WorkerID = "Node_1" },
+		`worker_id must be empty or a DNS name (lower-case letters, digits, '-' and '.', at most 253), got: "Node_1"`},
 	{"idle memory", "minimums", func(c *Config) { c.SessionIdleMemoryBytes = -1 }, "session_idle_memory_bytes must be >= 1, got: -1"},
 	{"session bytes", "sessions", func(c *Config) { c.SessionMaxBytes = 1000 }, "session_max_bytes must be in 1048576..1099511627776, got: 1000"},
 	{"session files", "sessions", func(c *Config) { c.SessionMaxFiles = 1 << 23 }, "session_max_files must be in 16..4194304, got: 8388608"},

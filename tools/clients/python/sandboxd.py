@@ -1249,6 +1249,13 @@ class Client:
         doc = _dict(self._call("GET", "/v1/policies", idempotent=True))
         return {k: Policy.from_json(v) for k, v in _dict(doc.get("policies")).items()}
 
+    def capacity(self) -> Dict[str, Any]:
+        """What the worker can take now (GET /v1/capacity, server/README.md):
+        free slots and the queue, warm sandboxes ready per template,
+        sessions and the idle kernels' memory, and its worker_id when set;
+        the server's document as a dict."""
+        return _dict(self._call("GET", "/v1/capacity", idempotent=True))
+
     def ready(self) -> bool:
         """Whether the worker is ready to run code (/readyz)."""
         try:

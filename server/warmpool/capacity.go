@@ -1,0 +1,22 @@
+package warmpool
+
+// Capacity is what the pool holds ready now, for GET /v1/capacity: unlike
+// Stats it reads no cgroup, so a client may poll it often.
+type Capacity struct {
+	// Ready counts the ready sandboxes of each template, by name (every
+	// template, 0 included).
+	Ready map[string]int
+	// Starting counts the sandboxes being started (all templates).
+	Starting int
+}
+
+// Capacity is the pool's ready and starting sandboxes.
+func (p *Pool) Capacity() Capacity {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c := Capacity{Ready: make(map[string]int, len(p.templates)), Starting: int(p.stats.Starting)}
+	for _, tp := range p.templates {
+		c.Ready[tp.t.Name] += len(tp.ready)
+	}
+	return c
+}
