@@ -173,10 +173,12 @@ const (
 	// kernelInterruptGrace is how long an execution interrupted at its
 	// timeout has to answer before the kernel is killed.
 	kernelInterruptGrace = 2 * time.Second
-	// kernelAckTimeout bounds the kernel's answer to its hand-off (no user
-	// code has run yet: it only sets up its streams and cwd).
-	kernelAckTimeout = 30 * time.Second
 )
+
+// kernelAckTimeout bounds the kernel's answer to its hand-off (no user
+// code has run yet: it only sets up its streams and cwd). A variable so
+// that a test can see the hand-off's write deadline end with it.
+var kernelAckTimeout = 30 * time.Second
 
 // errDiedBeforeHandoff: a warm sandbox that died before its kernel
 // answered the hand-off (none of the session ran): start one cold instead.
@@ -348,7 +350,14 @@ func (k *Kernel) handOff(ctx context.Context, msg []byte) error {
 	if err := k.w.control.SetWriteDeadline(time.Now().Add(kernelAckTimeout)); err != nil {
 		return err
 	}
-	if _, err := k.w.control.Write(msg); err != nil {
+	_, err := k.w.control.Write(msg)
+	// The deadline is a point in time: left set, it would fail every
+	// request written to this kernel after it ("write unix: i/o timeout"
+	// on the first execution more than kernelAckTimeout after the start).
+	if cerr := k.w.control.SetWriteDeadline(time.Time{}); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return fmt.Errorf("the kernel hand-off failed: %w", err)
 	}
 	timer := time.NewTimer(kernelAckTimeout)

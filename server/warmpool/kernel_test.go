@@ -642,3 +642,18 @@ func TestKernelRefusesAnUnmountedWorkspace(t *testing.T) {
 		}
 	}
 }
+
+// The hand-off's write deadline ends with the hand-off: an execution sent
+// after it has passed is written (it was left set once, and every request
+// to a kernel older than kernelAckTimeout failed "write unix: i/o
+// timeout"). The timeout is shortened so the test need not wait 30 s.
+func TestKernelExecAfterTheHandOffDeadline(t *testing.T) {
+	const ack = 3 * time.Second
+	defer warmpool.SetKernelAckTimeout(ack)()
+	e := newKernelEnv(t, 1)
+	k := e.start(t, e.sessionDir(t), true, warmpool.KernelOptions{})
+	time.Sleep(ack + 500*time.Millisecond)
+	kr := run(t, k, "print(1)")
+	want(t, kr, nsjail.StatusSucceeded, 0, "1\n")
+	wantAlive(t, kr)
+}
