@@ -1249,6 +1249,13 @@ class Client:
         doc = _dict(self._call("GET", "/v1/policies", idempotent=True))
         return {k: Policy.from_json(v) for k, v in _dict(doc.get("policies")).items()}
 
+    def runtimes(self) -> List[Dict[str, Any]]:
+        """The runtimes a request may name (run(..., runtime=NAME),
+        create_session(runtime=NAME)), each a dict: name, default, image,
+        digest, python and packages ({name: version}) from its image."""
+        doc = _dict(self._call("GET", "/v1/runtimes", idempotent=True))
+        return [_dict(r) for r in _list(doc.get("runtimes"))]
+
     def ready(self) -> bool:
         """Whether the worker is ready to run code (/readyz)."""
         try:
@@ -1264,10 +1271,12 @@ class Client:
     # -- sessions --
 
     def create_session(self, id: Optional[str] = None, *, type: Optional[str] = None,
-                       kernel: Optional[bool] = None, idle_timeout_ms: Optional[int] = None) -> Session:
-        """Create a session (a with block deletes it at its end)."""
+                       kernel: Optional[bool] = None, idle_timeout_ms: Optional[int] = None,
+                       runtime: Optional[str] = None) -> Session:
+        """Create a session (a with block deletes it at its end). runtime:
+        the name of one of the worker's runtimes (list_runtimes)."""
         req: Dict[str, Any] = {}
-        for k, v in (("id", id), ("type", type), ("kernel", kernel), ("idle_timeout_ms", idle_timeout_ms)):
+        for k, v in (("id", id), ("type", type), ("runtime", runtime), ("kernel", kernel), ("idle_timeout_ms", idle_timeout_ms)):
             if v is not None:
                 req[k] = v
         # Not idempotent on a broken connection: a second POST of a created
@@ -1437,9 +1446,13 @@ class Client:
             return ToolResult(f"{name} refused: {getattr(e, 'message', e)}", is_error=True)
 
     def _tool_run_python(self, code: str, session_id: Optional[str] = None, timeout_s: Optional[float] = None,
-                         files: Optional[List[Mapping[str, str]]] = None) -> "ToolResult":
+                         files: Optional[List[Mapping[str, str]]] = None,
+                         runtime: Optional[str] = None) -> "ToolResult":
+        if runtime is not None and session_id is not None:
+            raise ValueError("runtime is for a call without session_id: a session runs on its own runtime")
         ex = self.run(code, session=session_id, files=[_tool_file(f) for f in files] if files else None,
-                      timeout_ms=math.ceil(min(timeout_s, 1e9) * 1000) if timeout_s and timeout_s > 0 else None)
+                      timeout_ms=math.ceil(min(timeout_s, 1e9) * 1000) if timeout_s and timeout_s > 0 else None,
+                      runtime=runtime)
         return ToolResult.from_execution(ex)
 
 
@@ -1499,6 +1512,11 @@ _TOOLS_JSON = r'''[
             "required": ["path"],
             "additionalProperties": false
           }
+        },
+        "runtime": {
+          "type": "string",
+          "pattern": "^[a-z][a-z0-9_-]{0,31}$",
+          "description": "The runtime (set of installed packages) to run on, by name, for a call without session_id (a session has its own, chosen at create_session). Omit for the default; the worker's runtimes and their package versions are listed at GET /v1/runtimes."
         }
       },
       "required": ["code"],
@@ -1525,6 +1543,11 @@ _TOOLS_JSON = r'''[
           "type": "number",
           "exclusiveMinimum": 0,
           "description": "Stop the Python process after this many idle seconds (its variables are lost, the files stay). Default: the server's, typically 20 minutes."
+        },
+        "runtime": {
+          "type": "string",
+          "pattern": "^[a-z][a-z0-9_-]{0,31}$",
+          "description": "The runtime (set of installed packages) of the session's Python, by name. Omit for the default; the worker's runtimes and their package versions are listed at GET /v1/runtimes."
         }
       },
       "additionalProperties": false
@@ -1625,8 +1648,7 @@ _TOOLS_JSON = r'''[
       "additionalProperties": false
     }
   }
-]
-'''
+]'''
 
 _TOOLS: List[Dict[str, Any]] = json.loads(_TOOLS_JSON)
 
