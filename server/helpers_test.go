@@ -37,7 +37,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(crashWorkerEnv) != "" {
 		crashWorker() // never returns
 	}
-	os.Exit(nsjailtest.RunAndCheck(m, [2]string{crashStateRoot, crashCgroupParent}))
+	code := nsjailtest.RunAndCheck(m, [2]string{crashStateRoot, crashCgroupParent})
+	removeTestRuntimes()
+	os.Exit(code)
 }
 
 // countingSandbox is the real runner, counting the sandboxes it runs cold
