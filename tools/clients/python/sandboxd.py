@@ -270,12 +270,14 @@ class Policy:
     memory_mb: int = 0
     cpus: float = 0
     pids: int = 0
+    runtime: str = ""
 
     @classmethod
     def from_json(cls, d: Any) -> Optional["Policy"]:
         if not isinstance(d, dict):
             return None
-        return cls(d.get("timeout_ms", 0), d.get("memory_mb", 0), d.get("cpus", 0), d.get("pids", 0))
+        return cls(d.get("timeout_ms", 0), d.get("memory_mb", 0), d.get("cpus", 0), d.get("pids", 0),
+                   d.get("runtime", ""))
 
 
 @dataclass
@@ -456,6 +458,7 @@ class Execution:
     duration_ms: Optional[int] = None
     policy: Optional[Policy] = None
     session: Optional[SessionExecInfo] = None
+    runtime: str = ""
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -484,7 +487,7 @@ class Execution:
             limits_hit=list(_list(d.get("limits_hit"))), usage=Usage.from_json(d.get("usage")),
             started_at=_time(d.get("started_at")), finished_at=_time(d.get("finished_at")),
             duration_ms=d.get("duration_ms"), policy=Policy.from_json(d.get("policy")),
-            session=SessionExecInfo.from_json(d.get("session")), raw=d)
+            session=SessionExecInfo.from_json(d.get("session")), runtime=d.get("runtime") or "", raw=d)
 
     @property
     def ok(self) -> bool:
