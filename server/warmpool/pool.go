@@ -148,12 +148,12 @@ func New(sandboxer Sandboxer, cfg Config, templates []Template, log *slog.Logger
 	if cfg.Size < 0 {
 		return nil, fmt.Errorf("pool size must be >= 0, got: %d", cfg.Size)
 	}
-	enabled := false
+	enabled := cfg.Size > 0
 	for _, t := range templates {
 		if t.Size < 0 {
 			return nil, fmt.Errorf("template %s: size must be >= 0, got: %d", t.Name, t.Size)
 		}
-		enabled = enabled || cmp.Or(t.Size, cfg.Size) > 0
+		enabled = enabled || t.Size > 0
 	}
 	if enabled {
 		if cfg.WorkRoot == "" {
