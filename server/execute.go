@@ -35,10 +35,9 @@ type (
 
 // ExecutionRequest is the body of POST /v1/executions.
 type ExecutionRequest struct {
-	ID   string `json:"id,omitempty"`
-	Type string `json:"type,omitempty"`
-	// Runtime names one of the config's runtimes (default: the policy's).
-	Runtime   string            `json:"runtime,omitempty"`
+	ID        string            `json:"id,omitempty"`
+	Type      string            `json:"type,omitempty"`
+	Runtime   string            `json:"runtime,omitempty"` // a name of the config's runtimes (default: the policy's)
 	Code      string            `json:"code"`
 	Input     json.RawMessage   `json:"input,omitempty"`
 	Files     []File            `json:"files,omitempty"`

@@ -92,10 +92,8 @@ type Server struct {
 	// mcpCalls bounds the /mcp calls served at once (mcp_route.go).
 	mcpCalls chan struct{}
 
-	mu sync.Mutex
-	// runtimes are the config's runtimes by name, set once Prepare
-	// succeeds (runtimes.go).
-	runtimes map[string]*preparedRuntime
+	mu       sync.Mutex
+	runtimes map[string]*preparedRuntime // by name, set once Prepare succeeds (runtimes.go)
 	prepErr  error
 	pool     *warmpool.Pool // set by Prepare (Size 0 with pool_size 0: cold starts)
 	manager  *session.Manager
