@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"github.com/sandboxd/sandboxd/server/config"
 	"github.com/sandboxd/sandboxd/server/volume"
 	"github.com/sandboxd/sandboxd/server/warmpool"
 )
@@ -287,7 +288,7 @@ func (m *Manager) checkSpec(spec *Spec) (time.Duration, error) {
 		errs = append(errs, err)
 	}
 	if spec.Runtime == "" {
-		spec.Runtime = DefaultRuntime
+		spec.Runtime = config.DefaultRuntime
 	}
 	if err := checkRuntimeName(spec.Runtime); err != nil {
 		errs = append(errs, err)

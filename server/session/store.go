@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"github.com/sandboxd/sandboxd/server/config"
 	"github.com/sandboxd/sandboxd/server/volume"
 )
 
@@ -41,12 +42,10 @@ const (
 
 // record is session.json: what a restarted worker needs of a session.
 type record struct {
-	Format int    `json:"format"`
-	ID     string `json:"id"`
-	Policy string `json:"policy"`
-	// Runtime is the runtime's name; a record written before runtimes
-	// existed has none: the default runtime (runtime()).
-	Runtime       string    `json:"runtime,omitempty"`
+	Format        int       `json:"format"`
+	ID            string    `json:"id"`
+	Policy        string    `json:"policy"`
+	Runtime       string    `json:"runtime,omitempty"` // none, from before runtimes: the default (runtime())
 	Kernel        bool      `json:"kernel"`
 	IdleTimeoutMS int64     `json:"idle_timeout_ms"`
 	CreatedAt     time.Time `json:"created_at"`
@@ -57,13 +56,11 @@ type record struct {
 	Generation int64 `json:"generation"`
 }
 
-// DefaultRuntime is the runtime of a session whose record names none:
-// config.DefaultRuntime (server/config's; session imports nothing of it).
-const DefaultRuntime = "default"
-
+// runtime is the session's runtime: the default one for a record written
+// before runtimes existed.
 func (r record) runtime() string {
 	if r.Runtime == "" {
-		return DefaultRuntime
+		return config.DefaultRuntime
 	}
 	return r.Runtime
 }

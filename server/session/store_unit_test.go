@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/server/config"
 )
 
 // Open's sweep: the manager's own leftovers go, everything else in
@@ -211,7 +213,7 @@ func TestUnitRecordRuntime(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, err := readRecord(dir, "s1")
-	if err != nil || got.Runtime != "" || got.runtime() != DefaultRuntime {
+	if err != nil || got.Runtime != "" || got.runtime() != config.DefaultRuntime {
 		t.Fatalf("an older record: %+v (runtime %q), %v", got, got.runtime(), err)
 	}
 	r := record{Format: recordFormat, ID: "s1", Policy: "dynamic", Runtime: "geo", Kernel: true, IdleTimeoutMS: 60000,
