@@ -176,6 +176,7 @@ func TestNamedRuntimes(t *testing.T) {
 	root := nsjailtest.RuntimeRootfs(t)
 	testRef := testRuntimeImage(t)
 	defaultRef := baseImageRef(t)
+	start := time.Now()
 	e := newEnvWith(t, root, func(c *config.Config) {
 		c.PythonImage = defaultRef
 		c.Runtimes = map[string]string{"test": testRef}
@@ -195,6 +196,7 @@ func TestNamedRuntimes(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	t.Logf("two runtimes prepared and three templates warm in %s", time.Since(start))
 	if st := e.srv.PoolStats(); len(st.TakenBy) != 3 {
 		t.Fatalf("templates %v, want dynamic/default, dynamic/test and skill/test", st.TakenBy)
 	}
