@@ -159,7 +159,10 @@ func testResolver(t *testing.T, defaultRootfs string) func(context.Context, stri
 		if err != nil {
 			return rootfs.Image{}, err
 		}
-		return c.UnpackImage(ctx, ref, img)
+		start := time.Now()
+		got, err := c.UnpackImage(ctx, ref, img)
+		t.Logf("%s: cached %v, %d entries, %d bytes, in %s", ref, got.Cached, got.Entries, got.Bytes, time.Since(start))
+		return got, err
 	}
 }
 
