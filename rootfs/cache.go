@@ -56,6 +56,11 @@ type Image struct {
 	Config string   `json:"config"`
 	Env    []string `json:"env,omitempty"`
 	User   string   `json:"user,omitempty"`
+	// Labels are the config's labels (the package versions of our images,
+	// org.debian.package.NAME=VERSION): what GET /v1/runtimes shows. Never
+	// nil once read: an image.json written before labels were kept has
+	// none, and the cache reads them from the config blob then.
+	Labels map[string]string `json:"labels"`
 	// Layers are the layer blob digests, in order.
 	Layers []string `json:"layers"`
 	// Entries and Bytes are the tar entries and uncompressed bytes applied.
@@ -227,8 +232,7 @@ func (c *Cache) UnpackImage(ctx context.Context, ref string, img v1.Image) (Imag
 	}
 	d := "sha256:" + strings.TrimPrefix(key, "sha256-")
 	if pub, err := c.readPublished(key); err == nil {
-		pub.Cached = true
-		return pub, nil
+		return cached(pub, img)
 	}
 
 	unlock, err := c.lock(ctx, key+".lock", unix.LOCK_EX)
@@ -237,8 +241,7 @@ func (c *Cache) UnpackImage(ctx context.Context, ref string, img v1.Image) (Imag
 	}
 	defer unlock()
 	if pub, err := c.readPublished(key); err == nil { // another process won
-		pub.Cached = true
-		return pub, nil
+		return cached(pub, img)
 	}
 	// We hold the lock: whatever is left in tmp for this digest is from an
 	// unpack that crashed.
@@ -289,24 +292,58 @@ func (c *Cache) UnpackImage(ctx context.Context, ref string, img v1.Image) (Imag
 	return meta, nil
 }
 
+// cached is a published image found by UnpackImage. One published before
+// image.json kept the labels gets them from img's config blob, verified
+// against the manifest as an unpack verifies it.
+func cached(pub Image, img v1.Image) (Image, error) {
+	pub.Cached = true
+	if pub.Labels == nil {
+		_, cfg, err := verifiedConfig(img)
+		if err != nil {
+			return Image{}, fmt.Errorf("image %s: %w", pub.Digest, err)
+		}
+		pub.Labels = labelsOf(cfg)
+	}
+	return pub, nil
+}
+
+// verifiedConfig is img's manifest and config file, the config blob's
+// digest checked against the manifest's.
+func verifiedConfig(img v1.Image) (*v1.Manifest, *v1.ConfigFile, error) {
+	m, err := img.Manifest()
+	if err != nil {
+		return nil, nil, fmt.Errorf("manifest: %w", err)
+	}
+	rawCfg, err := img.RawConfigFile()
+	if err != nil {
+		return nil, nil, fmt.Errorf("config: %w", err)
+	}
+	if got := sha256Hex(rawCfg); got != m.Config.Digest.Hex {
+		return nil, nil, fmt.Errorf("config digest mismatch: manifest says %s, blob hashes to sha256:%s (tampered or corrupt)", m.Config.Digest, got)
+	}
+	cfg, err := v1.ParseConfigFile(strings.NewReader(string(rawCfg)))
+	if err != nil {
+		return nil, nil, fmt.Errorf("config: %w", err)
+	}
+	return m, cfg, nil
+}
+
+// labelsOf is the config's labels, never nil (see Image.Labels).
+func labelsOf(cfg *v1.ConfigFile) map[string]string {
+	out := map[string]string{}
+	for k, v := range cfg.Config.Labels {
+		out[k] = v
+	}
+	return out
+}
+
 // build verifies and applies every layer of img (manifest digest d) into
 // dir. The extractor it returns is closed; it only reports progress.
 func (c *Cache) build(ctx context.Context, d string, img v1.Image, dir string) (*extractor, Image, error) {
 	start := time.Now()
-	m, err := img.Manifest()
+	m, cfg, err := verifiedConfig(img)
 	if err != nil {
-		return nil, Image{}, fmt.Errorf("manifest: %w", err)
-	}
-	rawCfg, err := img.RawConfigFile()
-	if err != nil {
-		return nil, Image{}, fmt.Errorf("config: %w", err)
-	}
-	if got := sha256Hex(rawCfg); got != m.Config.Digest.Hex {
-		return nil, Image{}, fmt.Errorf("config digest mismatch: manifest says %s, blob hashes to sha256:%s (tampered or corrupt)", m.Config.Digest, got)
-	}
-	cfg, err := v1.ParseConfigFile(strings.NewReader(string(rawCfg)))
-	if err != nil {
-		return nil, Image{}, fmt.Errorf("config: %w", err)
+		return nil, Image{}, err
 	}
 	if cfg.OS != "linux" || (cfg.Architecture != "" && cfg.Architecture != runtime.GOARCH) {
 		return nil, Image{}, fmt.Errorf("image is for %s/%s, this host runs linux/%s", cfg.OS, cfg.Architecture, runtime.GOARCH)
@@ -335,7 +372,7 @@ func (c *Cache) build(ctx context.Context, d string, img v1.Image, dir string) (
 		e.blobTotal += l.Size
 	}
 	e.report(ProgressStart)
-	meta := Image{Config: m.Config.Digest.String(), Env: cfg.Config.Env, User: cfg.Config.User}
+	meta := Image{Config: m.Config.Digest.String(), Env: cfg.Config.Env, User: cfg.Config.User, Labels: labelsOf(cfg)}
 	for i, l := range layers {
 		desc := m.Layers[i]
 		if err := e.apply(ctx, i, layerInput{layer: l, mediaType: desc.MediaType, digest: desc.Digest, size: desc.Size, diffID: cfg.RootFS.DiffIDs[i]}); err != nil {

@@ -2,6 +2,7 @@ package rootfs
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -372,5 +373,48 @@ func TestBusyboxOCILayoutAndDockerArchive(t *testing.T) {
 	out, err := exec.Command("chroot", fmt.Sprintf("--userspec=%d:%d", inside.UID, inside.GID), oci.RootfsPath, "/bin/sh", "-c", "cat /etc/motd; id -u").CombinedOutput()
 	if err != nil || string(out) != fmt.Sprintf("built by rootfs tests\n%d\n", inside.UID) {
 		t.Fatalf("running the unpacked busybox as the sandbox user: %q %v", out, err)
+	}
+}
+
+// The config's labels (our images' package versions) are kept in
+// image.json, so a cached digest needs no config read; an image.json
+// written before they were kept gets them from the verified config blob.
+func TestLabelsKept(t *testing.T) {
+	w := newWorld(t)
+	img := imageOf(t, tarOf(t, file("a", "a")))
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf = cf.DeepCopy()
+	cf.Config.Labels = map[string]string{"org.debian.package.python3": "3.13.5-1"}
+	img, err = mutate.ConfigFile(img, cf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := w.cache.UnpackImage(ctx(t), "a", img)
+	if err != nil || got.Labels["org.debian.package.python3"] != "3.13.5-1" {
+		t.Fatalf("first unpack: labels %v, %v", got.Labels, err)
+	}
+	again, err := w.cache.UnpackImage(ctx(t), "a", img)
+	if err != nil || !again.Cached || again.Labels["org.debian.package.python3"] != "3.13.5-1" {
+		t.Fatalf("cached: %v %v, %v", again.Cached, again.Labels, err)
+	}
+	// An older image.json, without labels.
+	meta := filepath.Join(filepath.Dir(got.RootfsPath), "image.json")
+	data, _ := os.ReadFile(meta)
+	var doc map[string]any
+	json.Unmarshal(data, &doc)
+	delete(doc, "labels")
+	data, _ = json.Marshal(doc)
+	os.WriteFile(meta, data, 0o644)
+	old, err := w.cache.UnpackImage(ctx(t), "a", img)
+	if err != nil || old.Labels["org.debian.package.python3"] != "3.13.5-1" {
+		t.Fatalf("older image.json: labels %v, %v", old.Labels, err)
+	}
+	// No labels at all: an empty map, recorded as such.
+	plain, err := w.cache.UnpackImage(ctx(t), "b", imageOf(t, tarOf(t, file("b", "b"))))
+	if err != nil || plain.Labels == nil || len(plain.Labels) != 0 {
+		t.Fatalf("no labels: %#v, %v", plain.Labels, err)
 	}
 }

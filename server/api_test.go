@@ -45,7 +45,7 @@ func TestExecuteEndToEnd(t *testing.T) {
 		SHA256: hex.EncodeToString(sum[:]), ContentBase64: b64("abc")}) {
 		t.Errorf("artifacts = %+v", resp.Artifacts)
 	}
-	if resp.ID != "e2e-1" || resp.Type != "dynamic" || resp.Policy != (Policy{TimeoutMS: 30000, MemoryMB: 1024, CPUs: 1, Pids: 128}) {
+	if resp.ID != "e2e-1" || resp.Type != "dynamic" || resp.Runtime != "default" || resp.Policy != (Policy{TimeoutMS: 30000, MemoryMB: 1024, CPUs: 1, Pids: 128, Runtime: "default"}) {
 		t.Errorf("id/type/policy = %s %s %+v", resp.ID, resp.Type, resp.Policy)
 	}
 	if resp.FinishedAt.Before(resp.StartedAt) || resp.Usage.WallMS <= 0 || resp.Usage.PeakMemoryBytes <= 0 {
@@ -84,7 +84,7 @@ func TestPoliciesAndProbes(t *testing.T) {
 	code, _, body := e.do("GET", "/v1/policies", nil)
 	var pr policiesResponse
 	if code != 200 || json.Unmarshal(body, &pr) != nil || pr.Default != "dynamic" ||
-		pr.Policies["skill"] != (Policy{TimeoutMS: 120000, MemoryMB: 2048, CPUs: 1, Pids: 128}) {
+		pr.Policies["skill"] != (Policy{TimeoutMS: 120000, MemoryMB: 2048, CPUs: 1, Pids: 128, Runtime: "default"}) {
 		t.Fatalf("policies = %d %s", code, body)
 	}
 	for _, p := range []string{"/healthz", "/readyz"} {
@@ -144,7 +144,7 @@ func TestPrepareRefusesUnreachableRootfs(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv, err := New(Deps{Config: e.otherConfig(), Sandbox: e.sandbox, Logger: quietLog,
-		ResolveRootfs: func(context.Context) (string, error) { return hidden, nil }})
+		ResolveRootfs: dirRootfs(hidden)})
 	if err != nil {
 		t.Fatal(err)
 	}

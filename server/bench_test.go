@@ -36,7 +36,7 @@ func BenchmarkAPIGroupby(b *testing.B) {
 			cfg.MaxConcurrent = 1
 			r := nsjailtest.NewRunner(b, nsjail.Options{StateRoot: cfg.StateRoot, CgroupParent: testCgroupParent, Logger: quietLog})
 			srv, err := New(Deps{Config: cfg, Sandbox: r, Logger: quietLog,
-				ResolveRootfs: func(context.Context) (string, error) { return rootfs, nil }})
+				ResolveRootfs: dirRootfs(rootfs)})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -84,7 +84,7 @@ func benchSessionServer(b *testing.B) (*Server, *http.Client, string) {
 	cfg.PoolSize = 1
 	r := nsjailtest.NewRunner(b, nsjail.Options{StateRoot: cfg.StateRoot, CgroupParent: testCgroupParent, Logger: quietLog})
 	srv, err := New(Deps{Config: cfg, Sandbox: r, Logger: quietLog,
-		ResolveRootfs: func(context.Context) (string, error) { return rootfs, nil }})
+		ResolveRootfs: dirRootfs(rootfs)})
 	if err != nil {
 		b.Fatal(err)
 	}

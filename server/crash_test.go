@@ -53,7 +53,7 @@ func crashWorker() {
 		fail(err)
 	}
 	srv, err := New(Deps{Config: cfg, Sandbox: r, Logger: quietLog,
-		ResolveRootfs: func(context.Context) (string, error) { return rootfs, nil }})
+		ResolveRootfs: dirRootfs(rootfs)})
 	if err != nil {
 		fail(err)
 	}
@@ -140,7 +140,7 @@ func TestRestartAfterSIGKILLSweepsOrphans(t *testing.T) {
 	rootfs := shellRootfs(t)
 	cs := &countingSandbox{Runner: r}
 	srv, err := New(Deps{Config: cfg, Sandbox: cs, Logger: quietLog,
-		ResolveRootfs: func(context.Context) (string, error) { return rootfs, nil }})
+		ResolveRootfs: dirRootfs(rootfs)})
 	if err != nil {
 		t.Fatal(err)
 	}

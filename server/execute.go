@@ -37,6 +37,7 @@ type (
 type ExecutionRequest struct {
 	ID        string            `json:"id,omitempty"`
 	Type      string            `json:"type,omitempty"`
+	Runtime   string            `json:"runtime,omitempty"` // a name of the config's runtimes (default: the policy's)
 	Code      string            `json:"code"`
 	Input     json.RawMessage   `json:"input,omitempty"`
 	Files     []File            `json:"files,omitempty"`
@@ -54,6 +55,7 @@ type ExecutionRequest struct {
 type ExecutionResponse struct {
 	ID              string  `json:"id"`
 	Type            string  `json:"type"`
+	Runtime         string  `json:"runtime"`
 	Status          string  `json:"status"`
 	ExitCode        int     `json:"exit_code"`
 	Signal          *string `json:"signal"`
@@ -163,6 +165,7 @@ type plan struct {
 	run     string // newRunName
 	hash    string // requestHash of the request
 	policy  Policy
+	runtime string // the runtime's name (runtimeFor)
 	code    string
 	input   []byte
 	files   []workspace.File
@@ -191,6 +194,9 @@ func (s *Server) validate(req *ExecutionRequest) (*plan, *apiError) {
 	pol, err := s.policies.Apply(req.Type, req.TimeoutMS)
 	if err != nil {
 		return nil, badRequest("%v", err)
+	}
+	if p.runtime, e = s.runtimeFor(pol, req.Runtime); e != nil {
+		return nil, e
 	}
 	if len(req.Input) > 0 && string(req.Input) != "null" {
 		p.input = req.Input
@@ -283,7 +289,7 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 	if p.session != "" {
 		return s.executeInSession(ctx, p)
 	}
-	rootfs, python, e := s.readyOr503()
+	rootfs, python, e := s.runtimeOr503(p.runtime)
 	if e != nil {
 		return nil, nil, e
 	}
@@ -391,7 +397,7 @@ type execution struct {
 // context is cancelled by DELETE and the drain. On success the caller must
 // call done once the run is over.
 func (s *Server) admit(ctx context.Context, p *plan, reserve func() *apiError) (context.Context, *execution, *apiError) {
-	x := &execution{s: s, p: p, log: s.log.With("execution_id", p.id, "run", p.run, "policy", p.policy.Name)}
+	x := &execution{s: s, p: p, log: s.log.With("execution_id", p.id, "run", p.run, "policy", p.policy.Name, "runtime", p.runtime)}
 	if p.session != "" {
 		x.log = x.log.With("session_id", p.session)
 	}
@@ -427,7 +433,7 @@ func (s *Server) admit(ctx context.Context, p *plan, reserve func() *apiError) (
 	x.ticket = ticket
 	x.admitted = time.Now()
 	x.log.Info("execution admitted", "timeout_ms", p.policy.TimeoutMS)
-	x.resp = &ExecutionResponse{ID: p.id, Type: p.policy.Name, Policy: p.policy,
+	x.resp = &ExecutionResponse{ID: p.id, Type: p.policy.Name, Runtime: p.runtime, Policy: p.policy,
 		Artifacts: []Artifact{}, ArtifactsOmitted: []Omitted{}, LimitsHit: []string{}, Display: []runner.Display{}}
 	return ctx, x, nil
 }
@@ -540,7 +546,7 @@ func (x *execution) finish() (*ExecutionResponse, *results.Reader, *apiError) {
 // unstoredResponse is the answer kept when resp, of an execution that ran,
 // could not be stored: a small sandbox_error without its output.
 func unstoredResponse(resp *ExecutionResponse, err error) *ExecutionResponse {
-	return &ExecutionResponse{ID: resp.ID, Type: resp.Type, Policy: resp.Policy, Status: string(nsjail.StatusSandboxError),
+	return &ExecutionResponse{ID: resp.ID, Type: resp.Type, Runtime: resp.Runtime, Policy: resp.Policy, Status: string(nsjail.StatusSandboxError),
 		ExitCode: resp.ExitCode, Signal: resp.Signal, Usage: resp.Usage, LimitsHit: resp.LimitsHit,
 		Artifacts: []Artifact{}, ArtifactsOmitted: []Omitted{},
 		StartedAt: resp.StartedAt, FinishedAt: resp.FinishedAt, DurationMS: resp.DurationMS,

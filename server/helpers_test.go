@@ -20,6 +20,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+	"github.com/sandboxd/sandboxd/rootfs"
 	"github.com/sandboxd/sandboxd/server/config"
 	"github.com/sandboxd/sandboxd/server/volume"
 )
@@ -36,7 +37,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(crashWorkerEnv) != "" {
 		crashWorker() // never returns
 	}
-	os.Exit(nsjailtest.RunAndCheck(m, [2]string{crashStateRoot, crashCgroupParent}))
+	code := nsjailtest.RunAndCheck(m, [2]string{crashStateRoot, crashCgroupParent})
+	removeTestRuntimes()
+	os.Exit(code)
 }
 
 // countingSandbox is the real runner, counting the sandboxes it runs cold
@@ -154,7 +157,7 @@ func newEnvWith(t *testing.T, rootfs string, mod func(*config.Config), setup fun
 	srv, err := New(Deps{
 		Config:        cfg,
 		Sandbox:       cs,
-		ResolveRootfs: func(context.Context) (string, error) { return rootfs, nil },
+		ResolveRootfs: dirRootfs(rootfs),
 		Logger:        slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {
@@ -357,5 +360,13 @@ func (e *testEnv) wantNoSessionMounts() {
 	entries, _ := os.ReadDir(e.cfg.SessionsDir)
 	for _, en := range entries {
 		volume.Remove(filepath.Join(e.cfg.SessionsDir, en.Name(), "volume"))
+	}
+}
+
+// dirRootfs resolves every runtime to the unpacked rootfs dir (as a dir:
+// reference resolves in `serve`: no digest, no labels).
+func dirRootfs(dir string) func(context.Context, string, string) (rootfs.Image, error) {
+	return func(context.Context, string, string) (rootfs.Image, error) {
+		return rootfs.Image{RootfsPath: dir, Labels: map[string]string{}}, nil
 	}
 }

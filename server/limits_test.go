@@ -3,7 +3,6 @@ package server
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -320,7 +319,7 @@ func BenchmarkDecodeMaxBody(b *testing.B) {
 	cfg := config.Default()
 	cfg.PoolSize = 0
 	srv, err := New(Deps{Config: cfg, Sandbox: &countingSandbox{}, Logger: quietLog,
-		ResolveRootfs: func(context.Context) (string, error) { return "", nil }})
+		ResolveRootfs: dirRootfs("")})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -80,6 +80,7 @@ func TestOpenAPIMatchesHandlers(t *testing.T) {
 		"SessionExecutionRequest": SessionExecutionRequest{}, "SessionExecInfo": session.ExecInfo{},
 		"FileInfo": FileInfo{}, "FileEntry": volume.Entry{}, "FileList": FileList{},
 		"TypedError": runner.Error{}, "TracebackFrame": runner.Frame{}, "Display": runner.Display{},
+		"Runtime": RuntimeView{}, "RuntimeList": runtimesResponse{},
 	}
 	for name, v := range types {
 		sc, ok := doc.Components.Schemas[name]
@@ -105,7 +106,7 @@ func TestOpenAPIMatchesHandlers(t *testing.T) {
 		}
 		// Fields always encoded (no omitempty) must be required in responses.
 		if strings.HasSuffix(name, "Response") || name == "ExecutionPending" || name == "ExecutionAccepted" || name == "Artifact" || name == "Omitted" ||
-			name == "TypedError" || name == "TracebackFrame" || name == "Display" ||
+			name == "TypedError" || name == "TracebackFrame" || name == "Display" || strings.HasPrefix(name, "Runtime") ||
 			strings.HasPrefix(name, "Session") && !strings.HasSuffix(name, "Request") || strings.HasPrefix(name, "File") {
 			for _, f := range required {
 				if !slices.Contains(req, f) {

@@ -28,6 +28,9 @@ type Policy struct {
 	MemoryMB  int64   `json:"memory_mb"`
 	CPUs      float64 `json:"cpus"`
 	Pids      int64   `json:"pids"`
+	// Runtime is the runtime the policy's executions and sessions run on
+	// when they name none (dynamic_runtime, skill_runtime).
+	Runtime string `json:"runtime"`
 }
 
 // Policies maps an execution type to its policy.
@@ -36,8 +39,8 @@ type Policies map[string]Policy
 // PoliciesFromConfig builds the dynamic and skill policies.
 func PoliciesFromConfig(c config.Config) Policies {
 	return Policies{
-		TypeDynamic: {Name: TypeDynamic, TimeoutMS: c.DynamicTimeoutMS, MemoryMB: c.DynamicMemoryMB, CPUs: c.DynamicCPUs, Pids: c.PidsLimit},
-		TypeSkill:   {Name: TypeSkill, TimeoutMS: c.SkillTimeoutMS, MemoryMB: c.SkillMemoryMB, CPUs: c.SkillCPUs, Pids: c.PidsLimit},
+		TypeDynamic: {Name: TypeDynamic, TimeoutMS: c.DynamicTimeoutMS, MemoryMB: c.DynamicMemoryMB, CPUs: c.DynamicCPUs, Pids: c.PidsLimit, Runtime: c.DynamicRuntime},
+		TypeSkill:   {Name: TypeSkill, TimeoutMS: c.SkillTimeoutMS, MemoryMB: c.SkillMemoryMB, CPUs: c.SkillCPUs, Pids: c.PidsLimit, Runtime: c.SkillRuntime},
 	}
 }
 

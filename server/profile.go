@@ -87,7 +87,7 @@ func (s *Server) handleProfile(w http.ResponseWriter, r *http.Request, ps httpro
 		ctx, cancel := context.WithCancel(r.Context())
 		defer cancel()
 		defer context.AfterFunc(l.Ctx, cancel)()
-		doc, e := s.profile(ctx, s.policies[l.Policy], l.Volume.Path(), p, kind)
+		doc, e := s.profile(ctx, s.policies[l.Policy], l.Runtime, l.Volume.Path(), p, kind)
 		if e != nil {
 			if l.Ctx.Err() != nil {
 				return sessionError(id, session.ErrNotFound)
@@ -105,7 +105,7 @@ func (s *Server) handleProfile(w http.ResponseWriter, r *http.Request, ps httpro
 // profile runs profile.py on the file p of the workspace ws in a
 // single-use read-only kernel of pol, admitted as an execution, and
 // returns its document.
-func (s *Server) profile(ctx context.Context, pol Policy, ws, p, kind string) ([]byte, *apiError) {
+func (s *Server) profile(ctx context.Context, pol Policy, runtime, ws, p, kind string) ([]byte, *apiError) {
 	if _, _, e := s.readyOr503(); e != nil {
 		return nil, e
 	}
@@ -126,7 +126,7 @@ func (s *Server) profile(ctx context.Context, pol Policy, ws, p, kind string) ([
 	target, _ := json.Marshal(path.Join(inside.Workspace, p))
 	lim, _ := json.Marshal(profileLimits)
 	code := fmt.Sprintf("%s\n_sandboxd_profile(%s, %q, %s)\n", profileSource, target, kind, lim)
-	k, err := s.starter.StartKernel(ctx, pol.Name, ws, warmpool.KernelOptions{ReadOnly: true})
+	k, err := s.starter.StartKernel(ctx, pol.Name, runtime, ws, warmpool.KernelOptions{ReadOnly: true})
 	if err != nil {
 		s.log.Error("profile: no sandbox", "err", err)
 		return nil, &apiError{status: http.StatusInternalServerError, reason: "sandbox", msg: "profile: the sandbox did not start: " + err.Error()}

@@ -11,6 +11,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/julienschmidt/httprouter"
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/rootfs"
 	"github.com/sandboxd/sandboxd/server/config"
 	"github.com/sandboxd/sandboxd/server/results"
 	"github.com/sandboxd/sandboxd/server/session"
@@ -40,10 +42,11 @@ type Deps struct {
 	// (pool_size > 0) it also pre-starts the pool's sandboxes. Whatever
 	// wraps the runner sees every execution that runs cold.
 	Sandbox warmpool.Sandboxer
-	// ResolveRootfs returns the unpacked runtime rootfs, unpacking
-	// Config.PythonImage into Config.RootfsCache first if needed. It is
-	// called once, by Prepare.
-	ResolveRootfs func(ctx context.Context) (string, error)
+	// ResolveRootfs returns the unpacked image of the runtime name, whose
+	// reference is ref (Config.RuntimeImages), unpacking it into
+	// Config.RootfsCache first if needed: its RootfsPath, Digest and
+	// Labels are used. Prepare calls it once per runtime.
+	ResolveRootfs func(ctx context.Context, name, ref string) (rootfs.Image, error)
 	// Logger receives one line per event.
 	Logger *slog.Logger
 	// MCP, optional, builds the handler of /mcp (the Model Context
@@ -61,7 +64,7 @@ type Server struct {
 	cfg      config.Config
 	policies Policies
 	sandbox  warmpool.Sandboxer
-	resolve  func(ctx context.Context) (string, error)
+	resolve  func(ctx context.Context, name, ref string) (rootfs.Image, error)
 	log      *slog.Logger
 	// createWorkspace is workspace.Create; the unit tests, which run
 	// without root and so cannot mount a tmpfs, give a plain directory
@@ -90,8 +93,7 @@ type Server struct {
 	mcpCalls chan struct{}
 
 	mu       sync.Mutex
-	rootfs   string // set once Prepare succeeds
-	python   string // interpreter name found in the rootfs
+	runtimes map[string]*preparedRuntime // by name, set once Prepare succeeds (runtimes.go)
 	prepErr  error
 	pool     *warmpool.Pool // set by Prepare (Size 0 with pool_size 0: cold starts)
 	manager  *session.Manager
@@ -191,6 +193,7 @@ func (s *Server) routes() []route {
 		{http.MethodDelete, "/v1/executions/:id", s.handleCancel},
 		{http.MethodGet, "/v1/policies", s.handlePolicies},
 		{http.MethodGet, "/v1/capacity", s.handleCapacity},
+		{http.MethodGet, "/v1/runtimes", s.handleRuntimes},
 		{http.MethodGet, "/healthz", s.handleHealthz},
 		{http.MethodGet, "/readyz", s.handleReadyz},
 		{http.MethodGet, "/metrics", s.handleMetrics},
@@ -234,13 +237,10 @@ func (s *Server) router() http.Handler {
 // Handler is the HTTP API.
 func (s *Server) Handler() http.Handler { return s.handler }
 
-// Prepare resolves the runtime rootfs and finds its interpreter; executions
-// are refused with 503 until it has succeeded.
+// Prepare resolves every runtime's rootfs and finds its interpreter;
+// executions are refused with 503 until it has succeeded for all of them.
 func (s *Server) Prepare(ctx context.Context) error {
-	root, err := s.resolve(ctx)
-	if err == nil {
-		err = checkReachable(root)
-	}
+	runtimes, err := s.resolveRuntimes(ctx)
 	if err != nil {
 		err = fmt.Errorf("runtime rootfs: %w", err)
 		s.mu.Lock()
@@ -249,11 +249,22 @@ func (s *Server) Prepare(ctx context.Context) error {
 		s.log.Error("rootfs not ready", "err", err)
 		return err
 	}
-	python := findPython(root)
+	// A policy keeps pool_size warm sandboxes on its own runtime and
+	// runtime_pool_size.NAME on each other one (none by default: a second
+	// image costs nothing until asked for).
 	var templates []warmpool.Template
-	if s.cfg.PoolSize > 0 {
-		for _, name := range s.policies.Names() {
-			templates = append(templates, s.policies[name].Template(s.cfg, root))
+	for _, name := range s.policies.Names() {
+		pol := s.policies[name]
+		for _, rt := range s.cfg.RuntimeNames() {
+			size := s.cfg.RuntimePoolSize[rt]
+			if rt == pol.Runtime {
+				size = s.cfg.PoolSize
+			}
+			if size > 0 {
+				t := pol.Template(s.cfg, runtimes[rt].image.RootfsPath)
+				t.Name, t.Size = name+"/"+rt, size
+				templates = append(templates, t)
+			}
 		}
 	}
 	// The pool's cold fallbacks run through s.sandbox, as every cold
@@ -281,9 +292,13 @@ func (s *Server) Prepare(ctx context.Context) error {
 		pool.Close()
 		return errors.New("shutting down")
 	}
-	s.rootfs, s.python, s.prepErr, s.pool = root, python, nil, pool
+	s.runtimes, s.prepErr, s.pool = runtimes, nil, pool
 	s.mu.Unlock()
-	s.log.Info("rootfs ready", "rootfs", root, "python", python, "pool_size", s.cfg.PoolSize)
+	for _, name := range s.cfg.RuntimeNames() {
+		r := runtimes[name]
+		s.log.Info("rootfs ready", "runtime", name, "rootfs", r.image.RootfsPath, "python", r.python, "digest", r.image.Digest)
+	}
+	s.log.Info("warm pool", "pool_size", s.cfg.PoolSize, "templates", len(templates))
 	s.openSessions()
 	return nil
 }
@@ -333,23 +348,24 @@ func (s *Server) openSessions() {
 // pool when one is ready.
 type kernelStarter struct{ s *Server }
 
-func (k kernelStarter) StartKernel(ctx context.Context, policy, ws string, o warmpool.KernelOptions) (session.Kernel, error) {
-	kern, err := k.s.startKernel(ctx, policy, ws, o)
+func (k kernelStarter) StartKernel(ctx context.Context, policy, runtime, ws string, o warmpool.KernelOptions) (session.Kernel, error) {
+	kern, err := k.s.startKernel(ctx, policy, runtime, ws, o)
 	if err != nil {
 		return nil, err // not a typed nil in the interface
 	}
 	return kern, nil
 }
 
-// startKernel starts a kernel of policy on the workspace ws.
-func (s *Server) startKernel(ctx context.Context, policy, ws string, o warmpool.KernelOptions) (*warmpool.Kernel, error) {
-	rootfs, python, err := s.ready()
-	if err != nil {
-		return nil, err
-	}
+// startKernel starts a kernel of policy on runtime ("": the policy's) on
+// the workspace ws.
+func (s *Server) startKernel(ctx context.Context, policy, runtime, ws string, o warmpool.KernelOptions) (*warmpool.Kernel, error) {
 	pol, ok := s.policies[policy]
 	if !ok {
 		return nil, fmt.Errorf("unknown policy %q", policy)
+	}
+	rootfs, python, e := s.runtimeOr503(cmp.Or(runtime, pol.Runtime))
+	if e != nil {
+		return nil, e
 	}
 	s.mu.Lock()
 	pool := s.pool
@@ -376,7 +392,7 @@ func (s *Server) PoolStats() warmpool.Stats {
 	s.mu.Lock()
 	pool := s.pool
 	s.mu.Unlock()
-	if pool == nil || s.cfg.PoolSize == 0 {
+	if pool == nil {
 		return warmpool.Stats{}
 	}
 	return pool.Stats()
@@ -451,17 +467,19 @@ func (s *Server) enter() bool {
 	return true
 }
 
-// ready returns the rootfs and interpreter, or why there are none yet.
+// ready returns the default runtime's rootfs and interpreter, or why the
+// runtimes are not ready yet (Prepare readies them all at once).
 func (s *Server) ready() (rootfs, python string, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.rootfs == "" {
+	if s.runtimes == nil {
 		if s.prepErr != nil {
 			return "", "", s.prepErr
 		}
 		return "", "", errors.New("the runtime rootfs is being prepared")
 	}
-	return s.rootfs, s.python, nil
+	r := s.runtimes[config.DefaultRuntime]
+	return r.image.RootfsPath, r.python, nil
 }
 
 // Drain stops admitting executions, lets the live ones finish until ctx is

@@ -41,7 +41,7 @@ func gated() (*gatedStarter, func(*Server)) {
 	return g, func(s *Server) { g.inner, s.starter = s.starter, g }
 }
 
-func (g *gatedStarter) StartKernel(ctx context.Context, policy, ws string, o warmpool.KernelOptions) (session.Kernel, error) {
+func (g *gatedStarter) StartKernel(ctx context.Context, policy, runtime, ws string, o warmpool.KernelOptions) (session.Kernel, error) {
 	select {
 	case g.entered <- ctx:
 	case <-ctx.Done():
@@ -55,7 +55,7 @@ func (g *gatedStarter) StartKernel(ctx context.Context, policy, ws string, o war
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	return g.inner.StartKernel(ctx, policy, ws, o)
+	return g.inner.StartKernel(ctx, policy, runtime, ws, o)
 }
 
 // reply is an HTTP answer received in the background.

@@ -31,6 +31,9 @@ import (
 type SessionRequest struct {
 	ID   string `json:"id,omitempty"`
 	Type string `json:"type,omitempty"`
+	// Runtime names one of the config's runtimes (default: the policy's):
+	// the session's kernel and executions run on it.
+	Runtime string `json:"runtime,omitempty"`
 	// Kernel: a long-lived Python whose state persists between executions
 	// (default true); false: every execution is a fresh sandbox on the
 	// session's files.
@@ -141,7 +144,7 @@ func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request, _ h
 			if err != nil {
 				e = sessionError(spec.ID, err)
 			} else {
-				s.log.Info("session created", "session_id", info.ID, "policy", info.Type, "kernel", spec.Kernel)
+				s.log.Info("session created", "session_id", info.ID, "policy", info.Type, "runtime", info.Runtime, "kernel", spec.Kernel)
 				writeJSON(w, http.StatusCreated, s.view(info))
 				return
 			}
@@ -161,8 +164,13 @@ func (s *Server) validateSession(req *SessionRequest) (session.Spec, *apiError) 
 	if spec.Policy == "" {
 		spec.Policy = TypeDynamic
 	}
-	if _, ok := s.policies[spec.Policy]; !ok {
+	pol, ok := s.policies[spec.Policy]
+	if !ok {
 		return spec, badRequest("unknown type %q: want one of %v", clip(spec.Policy), s.policies.Names())
+	}
+	var e *apiError
+	if spec.Runtime, e = s.runtimeFor(pol, req.Runtime); e != nil {
+		return spec, e
 	}
 	// The manager holds the rule (0..session_max_idle_timeout); a number
 	// of milliseconds no Duration holds is above any maximum.
@@ -293,7 +301,7 @@ func (s *Server) validateSessionExecution(sid string, req *SessionExecutionReque
 	if e != nil {
 		return nil, e
 	}
-	p.session = sid
+	p.session, p.runtime = sid, info.Runtime
 	pol, err := s.policies.Apply(info.Type, req.TimeoutMS)
 	if err != nil {
 		return nil, badRequest("%v", err)

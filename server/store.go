@@ -118,8 +118,9 @@ func (t *liveTable) cancelAll() int {
 // pendingInfo is what the result store keeps of a pending execution for
 // the interrupted answer.
 type pendingInfo struct {
-	Type   string `json:"type"`
-	Policy Policy `json:"policy"`
+	Type    string `json:"type"`
+	Runtime string `json:"runtime,omitempty"`
+	Policy  Policy `json:"policy"`
 }
 
 // claim registers p as live and records it, pending, in the result store.
@@ -134,7 +135,7 @@ func (s *Server) claim(p *plan, cancel context.CancelFunc) (*record, error) {
 	}
 	s.live.recs[p.id] = r
 	s.live.mu.Unlock()
-	info, _ := json.Marshal(pendingInfo{Type: p.policy.Name, Policy: p.policy})
+	info, _ := json.Marshal(pendingInfo{Type: p.policy.Name, Runtime: p.runtime, Policy: p.policy})
 	if _, err := s.results.Create(p.id, p.run, p.hash, info); err != nil {
 		s.live.remove(r)
 		if errors.Is(err, results.ErrExists) {
@@ -288,7 +289,7 @@ func storedDocument(resp *ExecutionResponse) (text []byte, holes []int64) {
 func interruptedDocument(e results.Entry, now time.Time) (text []byte, typ string) {
 	var info pendingInfo
 	json.Unmarshal(e.Info, &info)
-	resp := &ExecutionResponse{ID: e.ID, Type: info.Type, Policy: info.Policy, Status: StatusInterrupted, ExitCode: -1,
+	resp := &ExecutionResponse{ID: e.ID, Type: info.Type, Runtime: info.Runtime, Policy: info.Policy, Status: StatusInterrupted, ExitCode: -1,
 		Artifacts: []Artifact{}, ArtifactsOmitted: []Omitted{}, LimitsHit: []string{},
 		StartedAt: e.CreatedAt, FinishedAt: now, DurationMS: now.Sub(e.CreatedAt).Milliseconds(), Error: errorMessage(interruptedError),
 		Display: []runner.Display{}}

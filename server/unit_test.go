@@ -107,7 +107,7 @@ func newUnitEnv(t *testing.T, prepare bool, mod func(*config.Config)) *unitEnv {
 		Config:  cfg,
 		Sandbox: fake,
 		// "/" passes Prepare's checks; the fake never looks at it.
-		ResolveRootfs: func(context.Context) (string, error) { return "/", nil },
+		ResolveRootfs: dirRootfs("/"),
 		Logger:        slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {

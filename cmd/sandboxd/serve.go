@@ -174,15 +174,16 @@ func cmdServe(args []string) error {
 	return runErr
 }
 
-// resolveRootfs returns how the server finds the runtime rootfs: python_image
-// is an image reference (oci-layout:PATH[:TAG], docker-archive:PATH or a
-// registry reference) unpacked into rootfs_cache by package rootfs when its
-// digest is not there yet, or dir:PATH, an already-unpacked rootfs used as is
-// (development and tests; nothing verifies it). The image is held in use
-// from before the unpack until release, which the worker calls at exit.
-// A first unpack logs one record per stage and, on a terminal, draws its
-// progress on meter.
-func resolveRootfs(cfg config.Config, log *slog.Logger, meter *progress.Meter) (resolve func(ctx context.Context) (string, error), release func()) {
+// resolveRootfs returns how the server finds each runtime's rootfs: its
+// reference (runtimes, or python_image for the default) is an image
+// reference (oci-layout:PATH[:TAG], docker-archive:PATH or a registry
+// reference) unpacked into rootfs_cache by package rootfs when its digest
+// is not there yet, or dir:PATH, an already-unpacked rootfs used as is
+// (development and tests; nothing verifies it, and it has no labels). Each
+// image is held in use from before its unpack until release, which the
+// worker calls at exit. A first unpack logs one record per stage and, on a
+// terminal, draws its progress on meter.
+func resolveRootfs(cfg config.Config, log *slog.Logger, meter *progress.Meter) (resolve func(ctx context.Context, name, ref string) (rootfs.Image, error), release func()) {
 	var mu sync.Mutex
 	var holds []func()
 	release = func() {
@@ -193,39 +194,39 @@ func resolveRootfs(cfg config.Config, log *slog.Logger, meter *progress.Meter) (
 		}
 		holds = nil
 	}
-	resolve = func(ctx context.Context) (string, error) {
-		if dir, ok := strings.CutPrefix(cfg.PythonImage, "dir:"); ok {
+	resolve = func(ctx context.Context, name, ref string) (rootfs.Image, error) {
+		if dir, ok := strings.CutPrefix(ref, "dir:"); ok {
 			abs, err := filepath.Abs(dir)
 			if err != nil {
-				return "", err
+				return rootfs.Image{}, err
 			}
-			log.Warn("using an unpacked rootfs as is (dir:), not a verified image", "rootfs", abs)
-			return abs, nil
+			log.Warn("using an unpacked rootfs as is (dir:), not a verified image", "runtime", name, "rootfs", abs)
+			return rootfs.Image{RootfsPath: abs, Ref: ref, Labels: map[string]string{}}, nil
 		}
 		cache, err := rootfs.Open(cfg.RootfsCache)
 		if err != nil {
-			return "", err
+			return rootfs.Image{}, err
 		}
 		if err := cache.CheckReachable(); err != nil {
-			return "", err
+			return rootfs.Image{}, err
 		}
-		cache.Progress = unpackProgress(meter, logUnpack(log))
+		cache.Progress = unpackProgress(meter, logUnpack(log.With("runtime", name)))
 		start := time.Now()
 		// Held from before the unpack for the worker's lifetime, so the
 		// cache's GC never removes the rootfs sandboxes run on (SECURITY.md
 		// case 36). The hold is one open fd: it stays referenced in holds,
 		// or a finalizer would close it and drop the hold.
-		img, hold, err := cache.UnpackAndUse(ctx, cfg.PythonImage)
+		img, hold, err := cache.UnpackAndUse(ctx, ref)
 		meter.Clear()
 		if err != nil {
-			return "", fmt.Errorf("python_image %q: %w", cfg.PythonImage, err)
+			return rootfs.Image{}, err
 		}
 		mu.Lock()
 		holds = append(holds, hold)
 		mu.Unlock()
-		log.Info("runtime image ready", "ref", cfg.PythonImage, "digest", img.Digest, "cached", img.Cached,
+		log.Info("runtime image ready", "runtime", name, "ref", ref, "digest", img.Digest, "cached", img.Cached,
 			"rootfs", img.RootfsPath, "unpack_ms", time.Since(start).Milliseconds())
-		return img.RootfsPath, nil
+		return img, nil
 	}
 	return resolve, release
 }

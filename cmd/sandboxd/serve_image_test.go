@@ -3,6 +3,7 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"io/fs"
@@ -28,6 +29,12 @@ import (
 // ociLayout writes an OCI image layout holding one image whose only layer is
 // the tree at dir.
 func ociLayout(t *testing.T, dir string) string {
+	t.Helper()
+	return ociLayoutLabels(t, dir, nil)
+}
+
+// ociLayoutLabels is ociLayout with config labels.
+func ociLayoutLabels(t *testing.T, dir string, labels map[string]string) string {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
@@ -82,7 +89,7 @@ func ociLayout(t *testing.T, dir string) string {
 		t.Fatal(err)
 	}
 	img, err = mutate.ConfigFile(img, &v1.ConfigFile{OS: "linux", Architecture: runtime.GOARCH,
-		RootFS: v1.RootFS{Type: "layers", DiffIDs: mustDiffIDs(t, img)}})
+		RootFS: v1.RootFS{Type: "layers", DiffIDs: mustDiffIDs(t, img)}, Config: v1.Config{Labels: labels}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,4 +199,102 @@ func mustDiffIDs(t *testing.T, img v1.Image) []v1.Hash {
 		t.Fatal(err)
 	}
 	return cf.RootFS.DiffIDs
+}
+
+// `serve` with two runtimes (EXECUTION_RUNTIMES beside python_image): both
+// unpacked into the cache before /readyz, each with its labels at GET
+// /v1/runtimes, each chosen by name per request; an unknown name is 400.
+// A runtime whose image cannot be resolved keeps the worker from serving:
+// it exits with the reason, naming the runtime.
+func TestServeRuntimes(t *testing.T) {
+	nsjailtest.RequireRoot(t)
+	refs := map[string]string{}
+	for _, name := range []string{"default", "geo"} {
+		dir := shimRootfs(t)
+		if err := os.WriteFile(filepath.Join(dir, "etc", "sandboxd-runtime"), []byte(name+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		refs[name] = "oci-layout:" + ociLayoutLabels(t, dir, map[string]string{
+			"org.debian.package.python3": "3.0-" + name, "org.debian.package.python3-" + name: "1.0"})
+	}
+	cache, err := os.MkdirTemp("", "sandboxd-serve-cache-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(cache, 0o755)
+	t.Cleanup(func() { os.RemoveAll(cache) })
+	w := startWorker(t, "serve-runtimes", shimRootfs(t), "EXECUTION_PYTHON_IMAGE="+refs["default"],
+		"EXECUTION_RUNTIMES=geo="+refs["geo"], "EXECUTION_ROOTFS_CACHE="+cache)
+	resp, err := http.Get(w.base + "/v1/runtimes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var rl struct {
+		Runtimes []struct {
+			Name, Image, Digest, Python string
+			Default                     bool
+			Packages                    map[string]string
+		}
+	}
+	if err := json.Unmarshal(body, &rl); err != nil || len(rl.Runtimes) != 2 {
+		t.Fatalf("GET /v1/runtimes = %d %s", resp.StatusCode, body)
+	}
+	for i, name := range []string{"default", "geo"} {
+		r := rl.Runtimes[i]
+		if r.Name != name || r.Default != (name == "default") || r.Image != refs[name] || !strings.HasPrefix(r.Digest, "sha256:") ||
+			r.Python != "3.0-"+name || r.Packages["python3-"+name] != "1.0" || len(r.Packages) != 2 {
+			t.Errorf("runtime %d: %+v", i, r)
+		}
+	}
+	for _, tc := range []struct{ body, want string }{
+		{`{"code": "cat /etc/sandboxd-runtime"}`, `"runtime":"default","status":"succeeded"`},
+		{`{"code": "cat /etc/sandboxd-runtime", "runtime": "geo"}`, `"runtime":"geo","status":"succeeded"`},
+		{`{"code": "cat /etc/sandboxd-runtime", "runtime": "ml"}`, `unknown runtime \"ml\": want one of [default geo]`},
+	} {
+		resp, err := http.Post(w.base+"/v1/executions", "application/json", strings.NewReader(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(out), tc.want) {
+			t.Errorf("%s: %d %s, want %s", tc.body, resp.StatusCode, out, tc.want)
+		}
+		if rt, ok := strings.CutPrefix(tc.want, `"runtime":"`); ok {
+			if name, _, _ := strings.Cut(rt, `"`); !strings.Contains(string(out), `"stdout":"`+name+`\n"`) {
+				t.Errorf("%s ran on another rootfs: %s", tc.body, out)
+			}
+		}
+	}
+	w.stop(t)
+
+	// A runtime that cannot be resolved: no serving, the reason named.
+	state := fmt.Sprintf("/run/sandboxd-test-%d/serve-broken-state", os.Getpid())
+	cmd := exec.Command(buildCLI(t), "serve")
+	cmd.Env = append(os.Environ(), "EXECUTION_PYTHON_IMAGE="+refs["default"], "EXECUTION_ROOTFS_CACHE="+cache,
+		"EXECUTION_RUNTIMES=broken=oci-layout:/nonexistent/image.oci",
+		"EXECUTION_WORK_ROOT="+filepath.Join(t.TempDir(), "work"), "EXECUTION_RESULTS_DIR="+filepath.Join(t.TempDir(), "results"),
+		"EXECUTION_SESSIONS_DIR="+filepath.Join(t.TempDir(), "sessions"), "EXECUTION_STATE_ROOT="+state,
+		fmt.Sprintf("EXECUTION_CGROUP_PARENT=sandboxd-test-%d-serve-broken", os.Getpid()),
+		fmt.Sprintf("EXECUTION_WORKER_PORT=%d", freePort(t)), "EXECUTION_POOL_SIZE=0")
+	var logs bytes.Buffer
+	cmd.Stderr = &logs
+	done := make(chan error, 1)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(logs.String(), `runtime \"broken\" (oci-layout:/nonexistent/image.oci)`) {
+			t.Errorf("serve with a broken runtime: %v\n%s", err, logs.String())
+		}
+	case <-time.After(60 * time.Second):
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("serve with a broken runtime did not exit:\n%s", logs.String())
+	}
+	os.RemoveAll(filepath.Dir(state))
 }

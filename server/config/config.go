@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"reflect"
 	"runtime"
@@ -52,8 +53,15 @@ type Config struct {
 
 	// WorkRoot holds one directory per execution, removed after the response.
 	WorkRoot string `toml:"work_root" doc:"directory for per-execution workspaces"`
-	// PythonImage is the runtime image reference (as in the rootfs package).
-	PythonImage string `toml:"python_image" doc:"python-runtime image reference"`
+	// PythonImage is the default runtime's image reference (as in the
+	// rootfs package): the old spelling of Runtimes["default"], kept for
+	// existing deployments (EXECUTION_PYTHON_IMAGE). Load makes the two
+	// agree; Validate refuses them different.
+	PythonImage string `toml:"python_image" doc:"the default runtime's image reference (old spelling of runtimes.default)"`
+	// Runtimes names the images a policy or a request may choose: name →
+	// image reference. "default" is python_image when not set here. A
+	// request names a runtime, never an image (SECURITY.md case 57).
+	Runtimes map[string]string `toml:"runtimes" doc:"named runtimes: name = image reference (comma-separated name=ref in the env)"`
 	// RootfsCache is where images are unpacked, read-only, by digest.
 	RootfsCache string `toml:"rootfs_cache" doc:"content-addressed cache of unpacked images"`
 	// StateRoot is the sandbox runner's state directory.
@@ -69,6 +77,10 @@ type Config struct {
 	DynamicCPUs      float64 `toml:"dynamic_cpus" doc:"dynamic policy: CPU bandwidth (cores)"`
 	SkillCPUs        float64 `toml:"skill_cpus" doc:"skill policy: CPU bandwidth (cores)"`
 	PidsLimit        int64   `toml:"pids_limit" doc:"tasks (processes+threads) per sandbox"`
+	// DynamicRuntime and SkillRuntime are the runtimes each policy runs on
+	// when a request names none.
+	DynamicRuntime string `toml:"dynamic_runtime" doc:"dynamic policy: its runtime (a name in runtimes)"`
+	SkillRuntime   string `toml:"skill_runtime" doc:"skill policy: its runtime (a name in runtimes)"`
 
 	MaxCodeBytes  int64 `toml:"max_code_bytes" doc:"largest accepted code"`
 	MaxInputBytes int64 `toml:"max_input_bytes" doc:"largest accepted input JSON plus decoded files"`
@@ -93,7 +105,11 @@ type Config struct {
 
 	// PoolSize is the number of pre-started sandboxes kept ready per policy
 	// (0 disables the warm pool).
-	PoolSize int `toml:"pool_size" doc:"warm sandboxes kept ready per policy (0: off)"`
+	PoolSize int `toml:"pool_size" doc:"warm sandboxes kept ready per policy on its own runtime (0: off)"`
+	// RuntimePoolSize is the number of warm sandboxes kept per policy on
+	// each other runtime (absent: 0), so that a second image costs no
+	// memory until an operator asks for it.
+	RuntimePoolSize map[string]int `toml:"runtime_pool_size" doc:"warm sandboxes kept ready per policy on another runtime: name = count (comma-separated name=n in the env)"`
 	// PoolMaxIdle retires a warm sandbox that waited this long.
 	PoolMaxIdle Duration `toml:"pool_max_idle" doc:"retire a warm sandbox idle this long (Go duration)"`
 	// PoolPreload are the modules a warm sandbox imports before hand-off.
@@ -150,6 +166,29 @@ type Config struct {
 	WorkerID string `toml:"worker_id" doc:"this worker's name among several, e.g. its node's (empty: none)"`
 }
 
+// DefaultRuntime is the runtime every configuration has: python_image's.
+const DefaultRuntime = "default"
+
+// RuntimeImages is the runtimes' image references by name: Runtimes, with
+// "default" python_image's when Runtimes does not set it.
+func (c Config) RuntimeImages() map[string]string {
+	out := make(map[string]string, len(c.Runtimes)+1)
+	for k, v := range c.Runtimes {
+		out[k] = v
+	}
+	if _, ok := out[DefaultRuntime]; !ok {
+		out[DefaultRuntime] = c.PythonImage
+	}
+	return out
+}
+
+// RuntimeNames are the runtimes' names, sorted.
+func (c Config) RuntimeNames() []string {
+	names := slices.Collect(maps.Keys(c.RuntimeImages()))
+	sort.Strings(names)
+	return names
+}
+
 // DefaultPreload is what a warm sandbox imports before it is handed code.
 var DefaultPreload = []string{"numpy", "pandas", "matplotlib", "matplotlib.pyplot"}
 
@@ -170,6 +209,8 @@ func Default() Config {
 		DynamicCPUs:       1,
 		SkillCPUs:         1,
 		PidsLimit:         128,
+		DynamicRuntime:    DefaultRuntime,
+		SkillRuntime:      DefaultRuntime,
 		MaxCodeBytes:      1 << 20,
 		MaxInputBytes:     32 << 20,
 		MaxConcurrent:     runtime.NumCPU(),
@@ -297,6 +338,11 @@ func Load(path string, environ []string) (Config, Sources, error) {
 		}
 		src[f.key] = SourceEnv
 	}
+	// python_image is the old spelling of runtimes.default: one set, the
+	// other follows; both set and different, Validate says so.
+	if ref, ok := cfg.Runtimes[DefaultRuntime]; ok && src["python_image"] == SourceDefault {
+		cfg.PythonImage = ref
+	}
 	return cfg, src, errors.Join(errs...)
 }
 
@@ -398,6 +444,24 @@ func setFromString(v reflect.Value, raw string) error {
 			}
 		}
 		v.Set(reflect.ValueOf(list))
+	case reflect.Map:
+		// name=value,name=value: a TOML table in the environment.
+		m := reflect.MakeMap(v.Type())
+		for _, s := range strings.Split(raw, ",") {
+			if s = strings.TrimSpace(s); s == "" {
+				continue
+			}
+			k, val, ok := strings.Cut(s, "=")
+			if !ok {
+				return fmt.Errorf("want name=value pairs, got: %q", s)
+			}
+			elem := reflect.New(v.Type().Elem()).Elem()
+			if err := setFromString(elem, val); err != nil {
+				return fmt.Errorf("%s: %w", strings.TrimSpace(k), err)
+			}
+			m.SetMapIndex(reflect.ValueOf(strings.TrimSpace(k)), elem)
+		}
+		v.Set(m)
 	default:
 		return fmt.Errorf("unsupported kind %s", v.Kind())
 	}
@@ -413,6 +477,8 @@ func (c Config) Print(w io.Writer, src Sources) {
 		var s string
 		if f.secret && v.Field(f.index).String() != "" {
 			s = `"<redacted>"`
+		} else if fv := v.Field(f.index); fv.Kind() == reflect.Map {
+			s = inlineTable(fv)
 		} else {
 			b, err := toml.Marshal(map[string]any{"v": val})
 			if err != nil {
@@ -423,4 +489,20 @@ func (c Config) Print(w io.Writer, src Sources) {
 		}
 		fmt.Fprintf(w, "%-20s = %-40s # %-7s %s: %s\n", f.key, s, src[f.key], f.env, f.doc)
 	}
+}
+
+// inlineTable writes a map as a TOML inline table, keys sorted.
+func inlineTable(m reflect.Value) string {
+	keys := m.MapKeys()
+	sort.Slice(keys, func(i, j int) bool { return keys[i].String() < keys[j].String() })
+	var parts []string
+	for _, k := range keys {
+		b, err := toml.Marshal(map[string]any{k.String(): m.MapIndex(k).Interface()})
+		if err != nil {
+			parts = append(parts, fmt.Sprintf("%s = %v", k, m.MapIndex(k)))
+			continue
+		}
+		parts = append(parts, strings.TrimSpace(string(b)))
+	}
+	return "{" + strings.Join(parts, ", ") + "}"
 }

@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -155,5 +156,70 @@ func TestConfigResultsStore(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate lacks %q: %v", want, err)
 		}
+	}
+}
+
+// Named runtimes: a [runtimes] table, or EXECUTION_RUNTIMES=name=ref,...;
+// python_image is the old spelling of runtimes.default (either sets it;
+// both, different, is refused); policies name theirs; the pool sizes of
+// the other runtimes are a table too.
+func TestRuntimesConfig(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "c.toml")
+	os.WriteFile(file, []byte(`skill_runtime = "geo"
+[runtimes]
+default = "oci-layout:/srv/py.oci"
+geo = "oci-layout:/srv/geo.oci:v1"
+[runtime_pool_size]
+geo = 1
+`), 0o600)
+	cfg, src, err := Load(file, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"default": "oci-layout:/srv/py.oci", "geo": "oci-layout:/srv/geo.oci:v1"}
+	if !maps.Equal(cfg.RuntimeImages(), want) || cfg.PythonImage != "oci-layout:/srv/py.oci" || src["runtimes"] != SourceFile ||
+		cfg.SkillRuntime != "geo" || cfg.DynamicRuntime != "default" || cfg.RuntimePoolSize["geo"] != 1 {
+		t.Errorf("from the file: %v %q %s %q %q %v", cfg.RuntimeImages(), cfg.PythonImage, src["runtimes"], cfg.SkillRuntime, cfg.DynamicRuntime, cfg.RuntimePoolSize)
+	}
+	var out bytes.Buffer
+	cfg.Print(&out, src)
+	if !strings.Contains(out.String(), `{default = 'oci-layout:/srv/py.oci', geo = 'oci-layout:/srv/geo.oci:v1'}`) ||
+		!strings.Contains(out.String(), "{geo = 1}") {
+		t.Errorf("print:\n%s", out.String())
+	}
+
+	// The environment: pairs; python_image alone is the default runtime.
+	cfg, _, err = Load("", []string{"EXECUTION_PYTHON_IMAGE=oci-layout:/old", "EXECUTION_RUNTIMES=geo=oci-layout:/g, ml = oci-layout:/m", "EXECUTION_RUNTIME_POOL_SIZE=ml=2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = map[string]string{"default": "oci-layout:/old", "geo": "oci-layout:/g", "ml": "oci-layout:/m"}
+	if err := cfg.Validate(); err != nil || !maps.Equal(cfg.RuntimeImages(), want) || cfg.RuntimePoolSize["ml"] != 2 ||
+		!slices.Equal(cfg.RuntimeNames(), []string{"default", "geo", "ml"}) {
+		t.Errorf("from the env: %v %v %v", err, cfg.RuntimeImages(), cfg.RuntimePoolSize)
+	}
+	if _, _, err := Load("", []string{"EXECUTION_RUNTIMES=geo"}); err == nil || !strings.Contains(err.Error(), `EXECUTION_RUNTIMES="geo": want name=value pairs`) {
+		t.Errorf("a pair without =: %v", err)
+	}
+	if _, _, err := Load("", []string{"EXECUTION_RUNTIME_POOL_SIZE=geo=two"}); err == nil || !strings.Contains(err.Error(), "geo: not an integer") {
+		t.Errorf("a count that is no number: %v", err)
+	}
+
+	// Both spellings, different: refused, naming both.
+	cfg, _, err = Load(file, []string{"EXECUTION_PYTHON_IMAGE=oci-layout:/other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), `python_image and runtimes.default must not differ`) ||
+		!strings.Contains(err.Error(), `"oci-layout:/other" and "oci-layout:/srv/py.oci"`) {
+		t.Errorf("python_image against runtimes.default: %v", err)
+	}
+	// Both, the same: fine.
+	cfg, _, _ = Load(file, []string{"EXECUTION_PYTHON_IMAGE=oci-layout:/srv/py.oci"})
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("python_image equal to runtimes.default: %v", err)
 	}
 }

@@ -3,10 +3,12 @@ package config
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -45,6 +47,7 @@ var checks = []check{
 	{"paths", pathsCheck},
 	{"cgroup_parent", cgroupParentCheck},
 	{"python_image", pythonImageCheck},
+	{"runtimes", runtimesCheck},
 	{"minimums", minimumsCheck},
 	{"cpus", cpusCheck},
 	{"workspace", workspaceCheck},
@@ -117,6 +120,39 @@ func pythonImageCheck(c Config) []error {
 		return []error{errors.New("python_image must not be empty")}
 	}
 	return nil
+}
+
+// RuntimeNameRule is what a runtime's name must match: a short word, so
+// that it is never a path or an image reference (SECURITY.md case 57).
+const RuntimeNameRule = `[a-z][a-z0-9_-]{0,31}`
+
+var runtimeNamePattern = regexp.MustCompile(`^` + RuntimeNameRule + `$`)
+
+func runtimesCheck(c Config) (errs []error) {
+	if ref, ok := c.Runtimes[DefaultRuntime]; ok && ref != c.PythonImage {
+		errs = append(errs, fmt.Errorf("python_image and runtimes.default must not differ (python_image is the old spelling of runtimes.default: set one), got: %q and %q", c.PythonImage, ref))
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.Runtimes)) {
+		if !runtimeNamePattern.MatchString(name) {
+			errs = append(errs, fmt.Errorf("runtimes names must match %s, got: %q", RuntimeNameRule, name))
+		} else if c.Runtimes[name] == "" {
+			errs = append(errs, fmt.Errorf("runtimes.%s must be an image reference, got: \"\"", name))
+		}
+	}
+	images := c.RuntimeImages()
+	for _, p := range []struct{ key, v string }{{"dynamic_runtime", c.DynamicRuntime}, {"skill_runtime", c.SkillRuntime}} {
+		if _, ok := images[p.v]; !ok {
+			errs = append(errs, fmt.Errorf("%s must name a runtime (one of %v), got: %q", p.key, c.RuntimeNames(), p.v))
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.RuntimePoolSize)) {
+		if _, ok := images[name]; !ok {
+			errs = append(errs, fmt.Errorf("runtime_pool_size keys must name a runtime (one of %v), got: %q", c.RuntimeNames(), name))
+		} else if n := c.RuntimePoolSize[name]; n < 0 {
+			errs = append(errs, fmt.Errorf("runtime_pool_size.%s must be >= 0, got: %d", name, n))
+		}
+	}
+	return errs
 }
 
 func minimumsCheck(c Config) (errs []error) {

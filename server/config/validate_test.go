@@ -25,6 +25,20 @@ var validateCases = []struct {
 	{"cgroup parent", "cgroup_parent", func(c *Config) { c.CgroupParent = "a/../b" },
 		`cgroup_parent must be a clean relative path below the worker's own cgroup, got: "a/../b"`},
 	{"image", "python_image", func(c *Config) { c.PythonImage = "" }, "python_image must not be empty"},
+	{"runtimes default differs", "runtimes", func(c *Config) { c.Runtimes = map[string]string{"default": "oci-layout:/a"} },
+		`python_image and runtimes.default must not differ (python_image is the old spelling of runtimes.default: set one), got: "oci-layout:build/python-runtime.oci" and "oci-layout:/a"`},
+	{"runtime name path", "runtimes", func(c *Config) { c.Runtimes = map[string]string{"../geo": "oci-layout:/g"} },
+		`runtimes names must match [a-z][a-z0-9_-]{0,31}, got: "../geo"`},
+	{"runtime name long", "runtimes", func(c *Config) { c.Runtimes = map[string]string{"g" + strings.Repeat("x", 32): "oci-layout:/g"} },
+		`runtimes names must match [a-z][a-z0-9_-]{0,31}, got: "g` + strings.Repeat("x", 32) + `"`},
+	{"runtime empty ref", "runtimes", func(c *Config) { c.Runtimes = map[string]string{"geo": ""} }, `runtimes.geo must be an image reference, got: ""`},
+	{"policy runtime", "runtimes", func(c *Config) { c.SkillRuntime = "geo" }, `skill_runtime must name a runtime (one of [default]), got: "geo"`},
+	{"runtime pool unknown", "runtimes", func(c *Config) { c.RuntimePoolSize = map[string]int{"geo": 1} },
+		`runtime_pool_size keys must name a runtime (one of [default]), got: "geo"`},
+	{"runtime pool negative", "runtimes", func(c *Config) {
+		c.Runtimes = map[string]string{"geo": "oci-layout:/g"}
+		c.RuntimePoolSize = map[string]int{"geo": -1}
+	}, "runtime_pool_size.geo must be >= 0, got: -1"},
 	{"minimum", "minimums", func(c *Config) { c.DynamicMemoryMB = 7 }, "dynamic_memory_mb must be >= 8, got: 7"},
 	{"queue", "minimums", func(c *Config) { c.MaxQueued = -1 }, "max_queued must be >= 0, got: -1"},
 	{"cpus", "cpus", func(c *Config) { c.SkillCPUs = 0.001 }, "skill_cpus must be in 0.01.." + strconv.Itoa(runtime.NumCPU()*64) + ", got: 0.001"},

@@ -181,7 +181,13 @@ func (t tools) runPython(ctx context.Context, _ *sdk.CallToolRequest, in runPyth
 		if err := checkSessionID(in.SessionID); err != nil {
 			return toolError(err)
 		}
+		if in.Runtime != "" {
+			return toolError(errors.New("runtime is for a call without session_id: a session runs on its own runtime (create_session's)"))
+		}
 		path = sessionPath(in.SessionID, "/executions")
+	} else if in.Runtime != "" {
+		// Passed on as is: the worker looks the name up in its config.
+		body["runtime"] = in.Runtime
 	}
 	data, err := json.Marshal(body)
 	if err != nil {
@@ -241,6 +247,9 @@ func (t tools) createSession(ctx context.Context, _ *sdk.CallToolRequest, in cre
 	}
 	if in.Kernel != nil {
 		body["kernel"] = *in.Kernel
+	}
+	if in.Runtime != "" {
+		body["runtime"] = in.Runtime
 	}
 	if in.IdleTimeoutS > 0 {
 		body["idle_timeout_ms"] = int64(math.Ceil(min(in.IdleTimeoutS, 1e9) * 1000))

@@ -64,12 +64,14 @@ type runPythonArgs struct {
 	SessionID string    `json:"session_id,omitempty"`
 	TimeoutS  float64   `json:"timeout_s,omitempty"`
 	Files     []fileArg `json:"files,omitempty"`
+	Runtime   string    `json:"runtime,omitempty"`
 }
 
 type createSessionArgs struct {
 	SessionID    string  `json:"session_id,omitempty"`
 	Kernel       *bool   `json:"kernel,omitempty"`
 	IdleTimeoutS float64 `json:"idle_timeout_s,omitempty"`
+	Runtime      string  `json:"runtime,omitempty"`
 }
 
 type closeSessionArgs struct {

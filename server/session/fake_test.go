@@ -122,7 +122,7 @@ type fakeStarter struct {
 	hook func(ctx context.Context)
 }
 
-func (st *fakeStarter) StartKernel(ctx context.Context, policy, workspace string, o warmpool.KernelOptions) (Kernel, error) {
+func (st *fakeStarter) StartKernel(ctx context.Context, policy, runtime, workspace string, o warmpool.KernelOptions) (Kernel, error) {
 	if st.hook != nil {
 		st.hook(ctx)
 	}

@@ -27,7 +27,7 @@ type poolStarter struct {
 	tpl  warmpool.Template
 }
 
-func (p poolStarter) StartKernel(ctx context.Context, policy, ws string, o warmpool.KernelOptions) (Kernel, error) {
+func (p poolStarter) StartKernel(ctx context.Context, policy, runtime, ws string, o warmpool.KernelOptions) (Kernel, error) {
 	k, err := p.pool.StartKernel(ctx, nsjail.Spec{Rootfs: p.tpl.Rootfs, Env: p.tpl.Env, Limits: p.tpl.Limits, Workspace: ws}, o)
 	if err != nil {
 		return nil, err

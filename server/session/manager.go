@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"github.com/sandboxd/sandboxd/server/config"
 	"github.com/sandboxd/sandboxd/server/volume"
 	"github.com/sandboxd/sandboxd/server/warmpool"
 )
@@ -233,7 +234,7 @@ func (m *Manager) Create(spec Spec) (Info, error) {
 	}
 	now := m.cfg.Now()
 	s := newSession(spec.ID, filepath.Join(m.cfg.Root, spec.ID), record{Format: recordFormat, ID: spec.ID,
-		Policy: spec.Policy, Kernel: spec.Kernel, IdleTimeoutMS: idle.Milliseconds(), CreatedAt: now, LastUsedAt: now}, now)
+		Policy: spec.Policy, Runtime: spec.Runtime, Kernel: spec.Kernel, IdleTimeoutMS: idle.Milliseconds(), CreatedAt: now, LastUsedAt: now}, now)
 	s.gone = true
 	s.next = ExecInfo{State: StateNew, Reason: ReasonFirst}
 	if !spec.Kernel {
@@ -284,6 +285,12 @@ func (m *Manager) checkSpec(spec *Spec) (time.Duration, error) {
 		errs = append(errs, fmt.Errorf("id must match %s, got: %q", inside.IDRule, spec.ID))
 	}
 	if err := checkPolicyName(spec.Policy); err != nil {
+		errs = append(errs, err)
+	}
+	if spec.Runtime == "" {
+		spec.Runtime = config.DefaultRuntime
+	}
+	if err := checkRuntimeName(spec.Runtime); err != nil {
 		errs = append(errs, err)
 	}
 	// The one rule of a session's idle timeout: above the maximum it is
@@ -377,7 +384,7 @@ func (m *Manager) List() []Info {
 // lock.
 func (m *Manager) info(s *session) Info {
 	m.mu.Lock()
-	i := Info{ID: s.id, Type: s.rec.Policy, IdleTimeoutMS: s.rec.IdleTimeoutMS,
+	i := Info{ID: s.id, Type: s.rec.Policy, Runtime: s.rec.runtime(), IdleTimeoutMS: s.rec.IdleTimeoutMS,
 		CreatedAt: s.rec.CreatedAt, LastUsedAt: s.rec.LastUsedAt,
 		ExpiresAt: s.rec.LastUsedAt.Add(m.cfg.Retention),
 		Kernel:    KernelInfo{Enabled: s.rec.Kernel, State: s.kernelStateLocked(), Generation: s.rec.Generation}}
@@ -525,8 +532,8 @@ type Lend struct {
 	// Volume is the session's volume; its path names this session's
 	// volume until Release, and no other's (SECURITY.md case 49).
 	Volume *volume.Volume
-	// Policy is the session's policy (type): the profile's sandbox's.
-	Policy string
+	// Policy and Runtime are the session's: the profile's sandbox's.
+	Policy, Runtime string
 	// Ctx is cancelled when the session is being deleted: the request
 	// must end then (the Delete waits for it). Close leaves lends alone:
 	// the volumes stay mounted, and the HTTP server's shutdown bounds the
@@ -553,7 +560,7 @@ func (m *Manager) Lend(id string) (*Lend, error) {
 	s.lent.Add(1)
 	m.touchLocked(s)
 	var once sync.Once
-	return &Lend{Volume: s.ws.Volume(), Policy: s.rec.Policy, Ctx: s.ctx, release: func() {
+	return &Lend{Volume: s.ws.Volume(), Policy: s.rec.Policy, Runtime: s.rec.runtime(), Ctx: s.ctx, release: func() {
 		once.Do(func() {
 			m.mu.Lock()
 			s.lends--
@@ -757,7 +764,7 @@ func (r *Run) kernel(ctx context.Context) (Kernel, ExecInfo, error) {
 	info := s.next
 	info.ID = s.id
 	s.starting = true
-	policy, path := s.rec.Policy, s.ws.Path()
+	policy, runtime, path := s.rec.Policy, s.rec.runtime(), s.ws.Path()
 	// The start is recorded on disk before the code runs, not coalesced:
 	// a worker killed from then on must find the kernel started, so that
 	// its successor says the Python state was lost (StateRestarted),
@@ -778,7 +785,7 @@ func (r *Run) kernel(ctx context.Context) (Kernel, ExecInfo, error) {
 	}
 	m.mu.Unlock()
 
-	k, err := m.starter.StartKernel(ctx, policy, path, warmpool.KernelOptions{})
+	k, err := m.starter.StartKernel(ctx, policy, runtime, path, warmpool.KernelOptions{})
 	var saveErr error
 	if saved != nil {
 		saveErr = <-saved

@@ -143,9 +143,9 @@ func (c Config) withDefaults() Config {
 }
 
 // Starter starts a kernel for a session: the server's, which turns the
-// policy into a sandbox spec and asks the warm pool.
+// policy and runtime into a sandbox spec and asks the warm pool.
 type Starter interface {
-	StartKernel(ctx context.Context, policy string, workspace string, o warmpool.KernelOptions) (Kernel, error)
+	StartKernel(ctx context.Context, policy, runtime, workspace string, o warmpool.KernelOptions) (Kernel, error)
 }
 
 // Kernel is what the manager needs of a *warmpool.Kernel.
@@ -163,6 +163,7 @@ type Kernel interface {
 type Spec struct {
 	ID          string        // "" : generated
 	Policy      string        // the policy (type) name, already validated
+	Runtime     string        // the runtime's name, already validated
 	Kernel      bool          // a long-lived kernel (default true at the API)
 	IdleTimeout time.Duration // 0: Config.IdleTimeout; above MaxIdleTimeout: ErrInvalid
 }
@@ -171,6 +172,7 @@ type Spec struct {
 type Info struct {
 	ID            string        `json:"id"`
 	Type          string        `json:"type"`
+	Runtime       string        `json:"runtime"`
 	Kernel        KernelInfo    `json:"kernel"`
 	Workspace     WorkspaceInfo `json:"workspace"`
 	IdleTimeoutMS int64         `json:"idle_timeout_ms"`

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"github.com/sandboxd/sandboxd/server/config"
 	"github.com/sandboxd/sandboxd/server/volume"
 )
 
@@ -44,6 +45,7 @@ type record struct {
 	Format        int       `json:"format"`
 	ID            string    `json:"id"`
 	Policy        string    `json:"policy"`
+	Runtime       string    `json:"runtime,omitempty"` // none, from before runtimes: the default (runtime())
 	Kernel        bool      `json:"kernel"`
 	IdleTimeoutMS int64     `json:"idle_timeout_ms"`
 	CreatedAt     time.Time `json:"created_at"`
@@ -52,6 +54,15 @@ type record struct {
 	// restarted worker's next kernel gets a new number. Written with
 	// last_used_at (coalesced): after a host crash it may repeat one.
 	Generation int64 `json:"generation"`
+}
+
+// runtime is the session's runtime: the default one for a record written
+// before runtimes existed.
+func (r record) runtime() string {
+	if r.Runtime == "" {
+		return config.DefaultRuntime
+	}
+	return r.Runtime
 }
 
 func (r record) idleTimeout() time.Duration { return time.Duration(r.IdleTimeoutMS) * time.Millisecond }
@@ -69,6 +80,9 @@ func (r record) check(name string) error {
 	if err := checkPolicyName(r.Policy); err != nil {
 		errs = append(errs, err)
 	}
+	if err := checkRuntimeName(r.Runtime); r.Runtime != "" && err != nil {
+		errs = append(errs, err)
+	}
 	if r.IdleTimeoutMS <= 0 {
 		errs = append(errs, fmt.Errorf("idle_timeout_ms must be > 0, got: %d", r.IdleTimeoutMS))
 	}
@@ -84,6 +98,15 @@ func (r record) check(name string) error {
 func checkPolicyName(p string) error {
 	if p == "" || len(p) > maxPolicyLen || strings.IndexFunc(p, func(r rune) bool { return !unicode.IsPrint(r) || r == '/' }) >= 0 {
 		return fmt.Errorf("policy must be a printable name of 1 to %d bytes without '/', got: %q", maxPolicyLen, p)
+	}
+	return nil
+}
+
+// checkRuntimeName: a record's runtime is a name, looked up in the
+// config by the server, never a path (SECURITY.md case 57).
+func checkRuntimeName(r string) error {
+	if r == "" || len(r) > maxPolicyLen || strings.IndexFunc(r, func(c rune) bool { return !unicode.IsPrint(c) || c == '/' }) >= 0 {
+		return fmt.Errorf("runtime must be a printable name of 1 to %d bytes without '/', got: %q", maxPolicyLen, r)
 	}
 	return nil
 }

@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/server/config"
 )
 
 // Open's sweep: the manager's own leftovers go, everything else in
@@ -195,5 +197,38 @@ func TestRootMustBeTheWorkersOwn(t *testing.T) {
 	}
 	if fi, _ := os.Stat(tight); fi.Mode().Perm() != 0o755 {
 		t.Fatalf("a 0700 sessions dir left %o, want 755 (the sandbox binds volumes by path)", fi.Mode().Perm())
+	}
+}
+
+// A session's runtime in session.json (SECURITY.md case 57): a record
+// written before runtimes existed has none and is on the default runtime;
+// one that names anything but a printable name without '/' is refused.
+func TestUnitRecordRuntime(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "s1")
+	os.Mkdir(dir, 0o700)
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	// As an older worker wrote it: no "runtime" key at all.
+	old := `{"format":1,"id":"s1","policy":"dynamic","kernel":true,"idle_timeout_ms":60000,"created_at":"2030-01-01T00:00:00Z","last_used_at":"2030-01-01T00:01:00Z","generation":0}`
+	if err := os.WriteFile(filepath.Join(dir, recordName), []byte(old), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := readRecord(dir, "s1")
+	if err != nil || got.Runtime != "" || got.runtime() != config.DefaultRuntime {
+		t.Fatalf("an older record: %+v (runtime %q), %v", got, got.runtime(), err)
+	}
+	r := record{Format: recordFormat, ID: "s1", Policy: "dynamic", Runtime: "geo", Kernel: true, IdleTimeoutMS: 60000,
+		CreatedAt: now, LastUsedAt: now}
+	if err := writeRecord(dir, r); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := readRecord(dir, "s1"); err != nil || got != r || got.runtime() != "geo" {
+		t.Fatalf("read %+v, wrote %+v: %v", got, r, err)
+	}
+	for _, bad := range []string{"../geo", "oci-layout:/tmp/x.oci/", "a\nb", strings.Repeat("g", maxPolicyLen+1)} {
+		b := r
+		b.Runtime = bad
+		if err := b.check("s1"); err == nil || !strings.Contains(err.Error(), "runtime must be") {
+			t.Errorf("runtime %q accepted: %v", bad, err)
+		}
 	}
 }

@@ -257,6 +257,7 @@ func (p *Pool) startWarmKernel(ctx context.Context, w *warmSandbox, tp *template
 	}
 	p.mu.Lock()
 	p.stats.Taken++
+	tp.taken++
 	p.mu.Unlock()
 	return k, nil
 }

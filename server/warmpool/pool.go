@@ -48,8 +48,9 @@ type Sandboxer interface {
 // Config configures the warm pool. Nothing is defaulted: the server passes
 // its config's values (server/config sets the defaults and checks them).
 type Config struct {
-	// Size is the number of ready sandboxes kept per template (0 disables
-	// the pool; every execution then takes the cold path).
+	// Size is the number of ready sandboxes kept per template whose own
+	// Size is 0 (0 with no template sized: the pool is off, and every
+	// execution takes the cold path).
 	Size int
 	// MaxIdle retires a ready sandbox that waited this long, so a long-idle
 	// worker does not hold memory forever and preloads stay fresh after an
@@ -79,6 +80,8 @@ type Stats struct {
 	FallbackDead, FallbackEnv uint64
 	// IdleMemoryBytes sums what the ready sandboxes' cgroups account.
 	IdleMemoryBytes int64
+	// TakenBy is Taken by template name (a policy on a runtime).
+	TakenBy map[string]uint64
 }
 
 // Pool keeps pre-started, single-use sandboxes whose Python has already
@@ -106,6 +109,7 @@ type templatePool struct {
 	ready   []*warmSandbox
 	refill  chan struct{}
 	backoff time.Duration
+	taken   uint64 // under Pool.mu: Stats.TakenBy
 }
 
 type warmSandbox struct {
@@ -137,13 +141,21 @@ func (w *warmSandbox) dead() bool {
 	}
 }
 
-// New starts filling cfg.Size sandboxes for each template in the
-// background. With cfg.Size == 0 it starts nothing and Run is the cold path.
+// New starts filling each template's size (Template.Size, else cfg.Size) of
+// sandboxes in the background. With every size 0 it starts nothing and Run
+// is the cold path.
 func New(sandboxer Sandboxer, cfg Config, templates []Template, log *slog.Logger) (*Pool, error) {
 	if cfg.Size < 0 {
 		return nil, fmt.Errorf("pool size must be >= 0, got: %d", cfg.Size)
 	}
-	if cfg.Size > 0 {
+	enabled := cfg.Size > 0
+	for _, t := range templates {
+		if t.Size < 0 {
+			return nil, fmt.Errorf("template %s: size must be >= 0, got: %d", t.Name, t.Size)
+		}
+		enabled = enabled || t.Size > 0
+	}
+	if enabled {
 		if cfg.WorkRoot == "" {
 			return nil, errors.New("pool work root is required when the pool is enabled")
 		}
@@ -155,13 +167,19 @@ func New(sandboxer Sandboxer, cfg Config, templates []Template, log *slog.Logger
 		}
 	}
 	p := &Pool{sandboxer: sandboxer, cfg: cfg, log: log, stop: make(chan struct{})}
-	if cfg.Size == 0 {
+	if !enabled {
 		return p, nil
 	}
 	if err := os.MkdirAll(cfg.WorkRoot, 0o711); err != nil {
 		return nil, fmt.Errorf("unable to create pool work root: %w", err)
 	}
 	for _, t := range templates {
+		if t.Size == 0 {
+			t.Size = cfg.Size
+		}
+		if t.Size == 0 {
+			continue
+		}
 		tp := &templatePool{t: t, refill: make(chan struct{}, 1)}
 		p.templates = append(p.templates, tp)
 		p.wg.Add(1)
@@ -175,8 +193,10 @@ func (p *Pool) Stats() Stats {
 	p.mu.Lock()
 	st := p.stats
 	var ready []*warmSandbox
+	st.TakenBy = make(map[string]uint64, len(p.templates))
 	for _, tp := range p.templates {
 		ready = append(ready, tp.ready...)
+		st.TakenBy[tp.t.Name] += tp.taken
 	}
 	st.Ready = uint64(len(ready))
 	p.mu.Unlock()
@@ -215,6 +235,7 @@ func (p *Pool) Run(ctx context.Context, spec nsjail.Spec) (res *nsjail.Result, o
 	}
 	p.mu.Lock()
 	p.stats.Taken++
+	tp.taken++
 	p.mu.Unlock()
 	return res, w.workspace, nil
 }
@@ -377,7 +398,7 @@ func truncateForLog(b []byte) string {
 	return string(b)
 }
 
-// keepFull keeps tp at cfg.Size ready sandboxes until Close, retiring those
+// keepFull keeps tp at its Size of ready sandboxes until Close, retiring those
 // idle longer than MaxIdle.
 func (p *Pool) keepFull(tp *templatePool) {
 	defer p.wg.Done()
@@ -410,7 +431,7 @@ func (p *Pool) keepFull(tp *templatePool) {
 func (p *Pool) need(tp *templatePool) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return !p.closed && len(tp.ready) < p.cfg.Size
+	return !p.closed && len(tp.ready) < tp.t.Size
 }
 
 func (p *Pool) retireIdle(tp *templatePool) {

@@ -18,6 +18,10 @@ type Template struct {
 	Rootfs string
 	Env    []string
 	Limits nsjail.Limits
+	// Size is the number of ready sandboxes kept of this template; 0:
+	// Config.Size. (The server keeps a policy's own runtime at pool_size
+	// and another runtime at its runtime_pool_size.)
+	Size int
 }
 
 // Matches reports whether a warm sandbox of t can run spec: shape when spec

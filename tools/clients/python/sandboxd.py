@@ -270,12 +270,14 @@ class Policy:
     memory_mb: int = 0
     cpus: float = 0
     pids: int = 0
+    runtime: str = ""
 
     @classmethod
     def from_json(cls, d: Any) -> Optional["Policy"]:
         if not isinstance(d, dict):
             return None
-        return cls(d.get("timeout_ms", 0), d.get("memory_mb", 0), d.get("cpus", 0), d.get("pids", 0))
+        return cls(d.get("timeout_ms", 0), d.get("memory_mb", 0), d.get("cpus", 0), d.get("pids", 0),
+                   d.get("runtime", ""))
 
 
 @dataclass
@@ -456,6 +458,7 @@ class Execution:
     duration_ms: Optional[int] = None
     policy: Optional[Policy] = None
     session: Optional[SessionExecInfo] = None
+    runtime: str = ""
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -484,7 +487,7 @@ class Execution:
             limits_hit=list(_list(d.get("limits_hit"))), usage=Usage.from_json(d.get("usage")),
             started_at=_time(d.get("started_at")), finished_at=_time(d.get("finished_at")),
             duration_ms=d.get("duration_ms"), policy=Policy.from_json(d.get("policy")),
-            session=SessionExecInfo.from_json(d.get("session")), raw=d)
+            session=SessionExecInfo.from_json(d.get("session")), runtime=d.get("runtime") or "", raw=d)
 
     @property
     def ok(self) -> bool:
@@ -1255,6 +1258,12 @@ class Client:
         sessions and the idle kernels' memory, and its worker_id when set;
         the server's document as a dict."""
         return _dict(self._call("GET", "/v1/capacity", idempotent=True))
+    def runtimes(self) -> List[Dict[str, Any]]:
+        """The runtimes a request may name (run(..., runtime=NAME),
+        create_session(runtime=NAME)), each a dict: name, default, image,
+        digest, python and packages ({name: version}) from its image."""
+        doc = _dict(self._call("GET", "/v1/runtimes", idempotent=True))
+        return [_dict(r) for r in _list(doc.get("runtimes"))]
 
     def ready(self) -> bool:
         """Whether the worker is ready to run code (/readyz)."""
@@ -1271,10 +1280,12 @@ class Client:
     # -- sessions --
 
     def create_session(self, id: Optional[str] = None, *, type: Optional[str] = None,
-                       kernel: Optional[bool] = None, idle_timeout_ms: Optional[int] = None) -> Session:
-        """Create a session (a with block deletes it at its end)."""
+                       kernel: Optional[bool] = None, idle_timeout_ms: Optional[int] = None,
+                       runtime: Optional[str] = None) -> Session:
+        """Create a session (a with block deletes it at its end). runtime:
+        the name of one of the worker's runtimes (list_runtimes)."""
         req: Dict[str, Any] = {}
-        for k, v in (("id", id), ("type", type), ("kernel", kernel), ("idle_timeout_ms", idle_timeout_ms)):
+        for k, v in (("id", id), ("type", type), ("runtime", runtime), ("kernel", kernel), ("idle_timeout_ms", idle_timeout_ms)):
             if v is not None:
                 req[k] = v
         # Not idempotent on a broken connection: a second POST of a created
@@ -1444,9 +1455,13 @@ class Client:
             return ToolResult(f"{name} refused: {getattr(e, 'message', e)}", is_error=True)
 
     def _tool_run_python(self, code: str, session_id: Optional[str] = None, timeout_s: Optional[float] = None,
-                         files: Optional[List[Mapping[str, str]]] = None) -> "ToolResult":
+                         files: Optional[List[Mapping[str, str]]] = None,
+                         runtime: Optional[str] = None) -> "ToolResult":
+        if runtime is not None and session_id is not None:
+            raise ValueError("runtime is for a call without session_id: a session runs on its own runtime")
         ex = self.run(code, session=session_id, files=[_tool_file(f) for f in files] if files else None,
-                      timeout_ms=math.ceil(min(timeout_s, 1e9) * 1000) if timeout_s and timeout_s > 0 else None)
+                      timeout_ms=math.ceil(min(timeout_s, 1e9) * 1000) if timeout_s and timeout_s > 0 else None,
+                      runtime=runtime)
         return ToolResult.from_execution(ex)
 
 
@@ -1506,6 +1521,11 @@ _TOOLS_JSON = r'''[
             "required": ["path"],
             "additionalProperties": false
           }
+        },
+        "runtime": {
+          "type": "string",
+          "pattern": "^[a-z][a-z0-9_-]{0,31}$",
+          "description": "The runtime (set of installed packages) to run on, by name, for a call without session_id (a session has its own, chosen at create_session). Omit for the default; the worker's runtimes and their package versions are listed at GET /v1/runtimes."
         }
       },
       "required": ["code"],
@@ -1532,6 +1552,11 @@ _TOOLS_JSON = r'''[
           "type": "number",
           "exclusiveMinimum": 0,
           "description": "Stop the Python process after this many idle seconds (its variables are lost, the files stay). Default: the server's, typically 20 minutes."
+        },
+        "runtime": {
+          "type": "string",
+          "pattern": "^[a-z][a-z0-9_-]{0,31}$",
+          "description": "The runtime (set of installed packages) of the session's Python, by name. Omit for the default; the worker's runtimes and their package versions are listed at GET /v1/runtimes."
         }
       },
       "additionalProperties": false
@@ -1632,8 +1657,7 @@ _TOOLS_JSON = r'''[
       "additionalProperties": false
     }
   }
-]
-'''
+]'''
 
 _TOOLS: List[Dict[str, Any]] = json.loads(_TOOLS_JSON)
 

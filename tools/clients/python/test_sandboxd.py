@@ -110,6 +110,9 @@ class WorkerTest(unittest.TestCase):
         self.assertTrue(ex.id.startswith("py-"))
         self.assertGreater(ex.usage.wall_ms, 0)
         self.assertEqual(ex.policy, self.c.policies()["dynamic"])
+        self.assertEqual((ex.runtime, ex.policy.runtime), ("default", "default"))
+        rts = self.c.runtimes()
+        self.assertEqual([(r["name"], r["default"]) for r in rts], [("default", True)])
         self.assertLessEqual(ex.started_at, ex.finished_at)
         # The stored answer is the same execution.
         again = self.c.get_execution(ex.id)
