@@ -408,15 +408,18 @@ func runSessionsPhase(ctx context.Context, cfg config, rep *Report, logf func(st
 	}
 	csvBytes := cfg.SessCSVMB * 1_000_000
 	logf("starting sandboxd serve (sessions, pool on (%d))", cfg.PoolSize)
+	cgParent := fmt.Sprintf("sandboxd-bench-%d-sessions", os.Getpid())
 	srv, err := startServer(ctx, serverOptions{
 		Binary: cfg.Sandboxd, Image: cfg.Image, PoolSize: cfg.PoolSize,
 		ExtraEnv:     append(sessionsServerEnv(csvBytes), cfg.ServerEnv...),
 		LogPath:      filepath.Join(absOut(cfg), "server-sessions.log"),
-		CgroupParent: fmt.Sprintf("sandboxd-bench-%d-sessions", os.Getpid()),
+		CgroupParent: cgParent,
 	})
 	if err != nil {
 		return fmt.Errorf("sessions: %w", err)
 	}
+	// As the API phase does: the server leaves its (empty) parent behind.
+	defer removeOwnCgroupDir(cgParent)
 	defer srv.stop()
 	rep.Sessions = runSessions(ctx, srv, cfg.PoolSize, sessionsOptions{N: cfg.SessN, CSVBytes: csvBytes, MemN: cfg.SessMemN, LatencyOnly: cfg.SessLatOnly}, logf)
 	return nil
