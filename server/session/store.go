@@ -115,7 +115,36 @@ func checkRuntimeName(r string) error {
 // file, fsync, rename, fsync of dir. A crash leaves the old record or the
 // new one, and at worst a temporary file that the next write or Open's
 // sweep removes.
-func writeRecord(dir string, r record) error {
+func writeRecord(dir string, r record) error { return putRecord(dir, r, true) }
+
+// writeNewRecord writes the first session.json in dir (Create) as
+// writeRecord does, but without the fsyncs: the record is in the page
+// cache when it returns, so it survives the worker's death (kill -9, OOM
+// kill), never half-written (a temporary file renamed), but not yet a host
+// crash: syncNewRecord makes it durable. A host crash before that leaves no
+// session.json, or an empty one (the rename reached the disk, the data
+// not yet), which classify takes for the half-made session it is.
+func writeNewRecord(dir string, r record) error { return putRecord(dir, r, false) }
+
+// syncNewRecord makes what writeNewRecord wrote, and the session
+// directory's other entries, durable: the record's data, dir's entries
+// (the record, the volume moved in) and dir's own entry in its parent.
+func syncNewRecord(dir string) error {
+	f, err := os.OpenFile(filepath.Join(dir, recordName), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	err = errors.Join(f.Sync(), f.Close())
+	if err == nil {
+		err = volume.SyncDir(dir)
+	}
+	if err == nil {
+		err = volume.SyncDir(filepath.Dir(dir))
+	}
+	return err
+}
+
+func putRecord(dir string, r record, durable bool) error {
 	data, err := json.Marshal(r)
 	if err != nil {
 		return err
@@ -126,7 +155,7 @@ func writeRecord(dir string, r record) error {
 		return fmt.Errorf("write %s: %w", recordName, err)
 	}
 	_, err = f.Write(append(data, '\n'))
-	if err == nil {
+	if err == nil && durable {
 		err = f.Sync()
 	}
 	if err = errors.Join(err, f.Close()); err == nil {
@@ -135,6 +164,9 @@ func writeRecord(dir string, r record) error {
 	if err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("write %s in %s: %w", recordName, dir, err)
+	}
+	if !durable {
+		return nil
 	}
 	if err := volume.SyncDir(dir); err != nil {
 		return fmt.Errorf("write %s in %s: %w", recordName, dir, err)
@@ -266,7 +298,13 @@ func classify(root, name string) (entryKind, error) {
 	for _, e := range entries {
 		switch n := e.Name(); {
 		case n == recordName:
-			hasRecord = true
+			// An empty record is what a host crash leaves of a Create whose
+			// record had not been synced yet (writeNewRecord): a half-made
+			// session, of which nothing but its 201 was answered (its code
+			// runs, and its file requests are answered, only once the
+			// record is durable). writeRecord never leaves one: its data is
+			// synced before its rename.
+			hasRecord = !e.Type().IsRegular() || !isEmptyFile(filepath.Join(p, n))
 		case n == volumeName, strings.HasPrefix(n, recordTmp),
 			// An interrupted volume.Create or volume.Remove (volume.Sweep).
 			strings.HasPrefix(n, ".creating-"+volumeName+"-"), strings.HasPrefix(n, ".removing-"+volumeName+"-"):
@@ -320,3 +358,10 @@ func lockRoot(root string) (*os.File, error) {
 
 // newID is a generated session id (inside.IDRule).
 func newID() string { return "se-" + volume.RandomHex(10) }
+
+// isEmptyFile says whether p is a regular file of size 0 (not following a
+// link).
+func isEmptyFile(p string) bool {
+	fi, err := os.Lstat(p)
+	return err == nil && fi.Mode().IsRegular() && fi.Size() == 0
+}

@@ -34,6 +34,11 @@ func TestOpenSweepsLeftoversAndLeavesForeignEntriesAlone(t *testing.T) {
 	write("half/"+recordTmp+"x", "{")
 	// Half-created before the volume: an empty directory.
 	mk("empty")
+	// Created but not yet synced when the host crashed: the rename of its
+	// record reached the disk, the record's data not (writeNewRecord).
+	mk("unsynced/volume/mnt")
+	write("unsynced/volume/volume.json", "{}")
+	write("unsynced/"+recordName, "")
 	// A complete session with a half-created volume leftover and an
 	// interrupted rewrite of its record.
 	mk("keep/.creating-volume-123/mnt")
@@ -50,7 +55,7 @@ func TestOpenSweepsLeftoversAndLeavesForeignEntriesAlone(t *testing.T) {
 	os.Chmod(filepath.Join(e.root, "open"), 0o777)
 
 	e.reopen()
-	for _, gone := range []string{"half", "empty", "keep/.creating-volume-123", "keep/" + recordTmp + "y"} {
+	for _, gone := range []string{"half", "empty", "unsynced", "keep/.creating-volume-123", "keep/" + recordTmp + "y"} {
 		if _, err := os.Lstat(filepath.Join(e.root, gone)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s after Open: %v, want removed", gone, err)
 		}

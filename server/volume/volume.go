@@ -332,6 +332,13 @@ func (v *Volume) Close() error {
 // volumes made ahead of time and moves one into a new session's directory,
 // so that a session's creation does not wait for mkfs. Call it only while
 // no sandbox has the volume bound: a sandbox binds Path by name.
+//
+// The rename survives the process's death at once (the page cache), a
+// host crash only once the caller has synced dir's parent (SyncDir): the
+// session manager syncs it with the rest of a new session, off the
+// request path. A rename is one atomic change of both directories (one
+// journal transaction): the old parent needs no fsync of its own for the
+// volume never to show in both places.
 func (v *Volume) MoveTo(dir string) (*Volume, error) {
 	if !filepath.IsAbs(dir) {
 		return nil, fmt.Errorf("move volume: dir must be absolute, got: %q", dir)
@@ -347,12 +354,6 @@ func (v *Volume) MoveTo(dir string) (*Volume, error) {
 			err = fs.ErrExist
 		}
 		return nil, fmt.Errorf("move volume %s to %s: %w", v.dir, dir, err)
-	}
-	// The new entry durable. A rename is one atomic change of both
-	// directories (one journal transaction): the old one needs no fsync
-	// of its own to never show the volume in both places.
-	if err := SyncDir(filepath.Dir(dir)); err != nil {
-		slog.Warn("volume moved but its directory entries may not survive a host crash", "from", v.dir, "to", dir, "err", err)
 	}
 	return &Volume{dir: dir, m: v.m}, nil
 }

@@ -147,7 +147,7 @@ type Kernel struct {
 	oomSeen uint64
 
 	// idle holds the counters read at the end of the last execution (as
-	// its freeze began), when haveIdle. The kernel idled frozen since, so
+	// its freeze began), or after the hand-off's answer, when haveIdle. The kernel idled frozen since, so
 	// they are the next execution's "before": one cgroup read (~0.2 ms,
 	// ten files on v1) less per execution. What a thread left running did
 	// between that read and the freeze counts for the next execution.
@@ -315,9 +315,6 @@ func (p *Pool) handOffKernel(ctx context.Context, w *warmSandbox, spec nsjail.Sp
 	if bind != nil {
 		k.bound, k.mntID, k.warmWS, k.refill = bind.dir, bind.mntID, bind.dir, bind.refill
 	}
-	if st, err := sb.Stats(); err == nil {
-		k.oomSeen = st.OOMKills
-	}
 	go k.relayExitReport(w.exit, report)
 	go k.watch(life)
 	go k.read()
@@ -341,6 +338,16 @@ func (p *Pool) handOffKernel(ctx context.Context, w *warmSandbox, spec nsjail.Sp
 	// holder of the kernel's end closed it.
 	w.peer.Close()
 	k.startedAt = time.Now()
+	// One read of the counters for both: the OOM kills so far (an OOM
+	// kill before here failed the hand-off, with oomSeen 0) and the first
+	// execution's "before" (the kernel idles from its answer on; see idle),
+	// which that execution then does not read again.
+	if st, err := sb.Stats(); err == nil {
+		k.mu.Lock()
+		k.oomSeen = st.OOMKills
+		k.mu.Unlock()
+		k.idle, k.haveIdle = st, true
+	}
 	return k, nil
 }
 

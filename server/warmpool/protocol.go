@@ -13,9 +13,12 @@ package warmpool
 //     a kernel's executions), ReadyFD and ExitReportFD, pipes (zygote →
 //     pool).
 //  2. Ready. The zygote loads the runner, imports the preload, forks the process the code
-//     will run in, and writes ReadyByte on ReadyFD, which it then closes.
-//     The code's process closes ReadyFD and ExitReportFD: it never holds a
-//     channel the pool trusts (SECURITY.md case 25).
+//     will run in, and closes its ReadyFD. The code's process closes
+//     ExitReportFD, rehearses a kernel hand-off and cell on dummy input
+//     (zygote.py's _rehearse: the pages they write become its own before
+//     any request), writes ReadyByte on ReadyFD and closes it, all before it
+//     reads its hand-off: the code never holds a channel the pool trusts
+//     (SECURITY.md case 25), and EOF on ReadyFD says the sandbox died.
 //  3. Hand-off. The pool writes one Handoff message, JSON ending with
 //     MessageEnd (EncodeHandoff), on ControlFD, with the execution's runner
 //     events fd attached (SCM_RIGHTS) when Events is set. The code's process waits

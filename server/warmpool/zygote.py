@@ -2,7 +2,8 @@
 # of a fresh, single-use sandbox, started with -P so that no directory the
 # sandbox can write is on its sys.path (SECURITY.md case 35). It imports the
 # preload modules, then forks the process the code will run in and tells
-# the pool it is ready with READY_BYTE on READY_FD. That process waits on
+# the pool it is ready with READY_BYTE on READY_FD (written by that
+# process once it has rehearsed a hand-off: _rehearse). That process waits on
 # CONTROL_FD for one execution, the hand-off message (decode_handoff: the
 # runner's job: the file's path, its argv, the cwd, display and figures)
 # and with it, maybe, the execution's events fd, closes the protocol's fds,
@@ -170,8 +171,13 @@ def _fork_code_process():
     _set_dumpable(True)
     for sig, handler in handlers.items():
         signal.signal(sig, handler)
-    os.close(READY_FD)
     os.close(EXIT_REPORT_FD)
+    _rehearse()
+    # Ready only now: a hand-off never waits for the rehearsal. The zygote
+    # closed its copy of READY_FD, so this process dying first is an EOF
+    # to the pool, not a ready sandbox.
+    os.write(READY_FD, READY_BYTE)
+    os.close(READY_FD)
     msg, fds = _receive()
     if msg is None:
         os._exit(0)
@@ -196,9 +202,85 @@ def _fork_code_process():
     os._exit(1)  # not reached: both exit
 
 
-def _receive():
-    """The hand-off message from CONTROL_FD and the fds that came with it
-    (SCM_RIGHTS), or (None, []) at EOF.
+def _rehearse():
+    """Run once, on dummy input, what a kernel's hand-off and first cell
+    run (the cell runs through the runner, as a single-shot execution's
+    file does), then put back everything that changed, before READY.
+
+    After the fork every page this process writes first is copied from the
+    zygote's (copy-on-write), and Python writes wherever it goes: reference
+    counts, the interpreter's specialised bytecode, allocator pools. On the
+    reference VM such a fault costs ~35 us, and an unrehearsed hand-off
+    took ~160 of them and its first cell ~190, most of the kernel's
+    answer. Rehearsed here, at the pool's low priority and off the request
+    path, they are this process's own when the hand-off comes (about a
+    MiB: pages the execution would have copied anyway; the rest stays
+    shared, as an idle session's memory counts on it).
+
+    Nothing of any request exists yet: only the zygote's and the runner's
+    code runs, in the process that will run the code anyway (it is
+    already dumpable and has the handlers back). Put back afterwards, so a
+    single-shot run or a kernel starts as without it: fds 1 and 2, the
+    streams, the SIGINT handler, the kernel's cell sources and linecache,
+    the interrupt flag. A failure here is the runner's or the zygote's bug:
+    it is raised, and the sandbox never becomes ready."""
+    import ctypes
+    import linecache
+    import socket
+
+    global _interrupt_pending, _cell_source_chars
+    saved_fds = (os.dup(1), os.dup(2))
+    saved_streams = (sys.stdout, sys.stderr)
+    saved_sigint = signal.getsignal(signal.SIGINT)
+    saved_interrupt = _interrupt_pending
+    saved_sources, saved_chars = list(_cell_sources), _cell_source_chars
+    ours, theirs = socket.socketpair()
+    pipes = [os.pipe() for _ in range(KERNEL_FDS)]
+    try:
+        # The hand-off: a message and an fd, as the pool sends them.
+        socket.send_fds(ours, [b'{"path":"/dev/null","cwd":"/","kernel":true,"cwd_on_path":true}' + MESSAGE_END],
+                        [pipes[0][1]])
+        msg, fds = _receive(theirs.fileno())
+        for fd in fds:
+            os.close(fd)
+        decode_handoff(msg)
+        # A cell: its request with its stdout, stderr and events fds, run
+        # through _execute as a kernel runs it, and its reply.
+        socket.send_fds(ours, [b'{"seq":1,"code":"x = 1\\nx","env":{},"display":true}' + MESSAGE_END],
+                        [w for _, w in pipes])
+        for _, w in pipes:
+            os.close(w)
+        pipes = [(r, None) for r, _ in pipes]
+        msg, fds = _receive_request(theirs)
+        seq, code, env, display, _, _ = decode_request(msg)
+        main = types.ModuleType("__main__")
+        main.__builtins__ = __builtins__
+        _execute(main, seq, code, env, fds, ctypes.CDLL(None), display, False)
+        theirs.sendall(encode_reply(seq, 0))
+    finally:
+        os.dup2(saved_fds[0], 1)
+        os.dup2(saved_fds[1], 2)
+        for fd in saved_fds:
+            os.close(fd)
+        sys.stdout, sys.stderr = saved_streams
+        signal.signal(signal.SIGINT, saved_sigint)
+        _interrupt_pending = saved_interrupt
+        for name, _ in _cell_sources[len(saved_sources):]:
+            linecache.cache.pop(name, None)
+        _cell_sources[:] = saved_sources
+        _cell_source_chars = saved_chars
+        ours.close()
+        theirs.close()
+        for r, w in pipes:
+            os.close(r)
+            if w is not None:
+                os.close(w)
+
+
+def _receive(fd=CONTROL_FD):
+    """The hand-off message from fd (CONTROL_FD; another only in
+    _rehearse) and the fds that came with it (SCM_RIGHTS), or (None, [])
+    at EOF.
 
     The pool tells a hand-off that never reached the code (the process was
     killed first: by the host, the OOM killer) from bytes left in the
@@ -208,10 +290,10 @@ def _receive():
     MESSAGE_END only; the code runs after it."""
     import socket
 
-    sock = socket.socket(fileno=CONTROL_FD)
+    sock = socket.socket(fileno=fd)
     try:
         poller = select.poll()
-        poller.register(CONTROL_FD, select.POLLIN)
+        poller.register(fd, select.POLLIN)
         data, fds = b"", []
         while not data.endswith(MESSAGE_END):
             poller.poll()
@@ -224,7 +306,7 @@ def _receive():
             data += chunk
         return data, fds
     finally:
-        sock.detach()  # CONTROL_FD stays open: the kernel keeps it
+        sock.detach()  # fd stays open: the kernel keeps CONTROL_FD
 
 
 def _relay_exit_status(pid):
@@ -235,7 +317,7 @@ def _relay_exit_status(pid):
     # The code's process holds the output pipes; they end when it does.
     for fd in (0, 1, 2):
         os.close(fd)
-    os.write(READY_FD, READY_BYTE)
+    # The code's process says READY, once it has rehearsed (_rehearse).
     os.close(READY_FD)
     _, status = os.waitpid(pid, 0)
     try:

@@ -36,39 +36,40 @@ import (
 )
 
 type config struct {
-	URL        string
-	Sandboxd   string
-	Rootfs     string
-	Image      string
-	ImageTar   string
-	Out        string
-	Results    string
-	Quick      bool
-	Conc       []int
-	Workloads  []Workload
-	Pools      []string
-	PoolSize   int
-	NPrint     int
-	NPandas    int
-	CellTime   time.Duration
-	WarmN      int
-	PoolWait   time.Duration
-	Peers      []string
-	PeerRuns   map[string]int
-	PeerTime   time.Duration
-	WarmProcs  int
-	WarmSteady int
-	ExecTrue   int
-	ServerEnv  []string
-	DockerImp  bool
-	KeepImage  bool
-	SkipAPI    bool
-	SkipPeers  bool
-	SkipSess   bool
-	SessN      int
-	SessCSVMB  int
-	SessMemN   int
-	From       string
+	URL         string
+	Sandboxd    string
+	Rootfs      string
+	Image       string
+	ImageTar    string
+	Out         string
+	Results     string
+	Quick       bool
+	Conc        []int
+	Workloads   []Workload
+	Pools       []string
+	PoolSize    int
+	NPrint      int
+	NPandas     int
+	CellTime    time.Duration
+	WarmN       int
+	PoolWait    time.Duration
+	Peers       []string
+	PeerRuns    map[string]int
+	PeerTime    time.Duration
+	WarmProcs   int
+	WarmSteady  int
+	ExecTrue    int
+	ServerEnv   []string
+	DockerImp   bool
+	KeepImage   bool
+	SkipAPI     bool
+	SkipPeers   bool
+	SkipSess    bool
+	SessN       int
+	SessCSVMB   int
+	SessMemN    int
+	SessLatOnly bool
+	From        string
 }
 
 func main() {
@@ -119,6 +120,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&c.SessN, "sessions-n", 30, "sessions: create+first samples (and 4x as many live-kernel executions)")
 	fs.IntVar(&c.SessCSVMB, "sessions-csv-mb", 50, "sessions: size of the ten-step analysis CSV (MB)")
 	fs.IntVar(&c.SessMemN, "sessions-mem-n", 4, "sessions: idle sessions with the CSV loaded whose memory is measured")
+	fs.BoolVar(&c.SessLatOnly, "sessions-latency-only", false, "sessions: measure only create + first print(1) and print(1) in a live kernel (no ten-step analysis, no idle memory): for comparing builds")
 	fs.StringVar(&c.From, "from", "", "measure nothing: re-render report.md, latency.png (and -results) from this results.json")
 	var env multiFlag
 	fs.Var(&env, "server-env", "KEY=VALUE added to the started server's environment (repeatable)")

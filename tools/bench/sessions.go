@@ -201,6 +201,8 @@ type sessionsOptions struct {
 	N        int // create+first and live-exec samples
 	CSVBytes int
 	MemN     int // idle sessions measured
+	// LatencyOnly stops after the two latencies (no ten-step, no memory).
+	LatencyOnly bool
 }
 
 // runSessions measures the sessions section against srv, a server started
@@ -269,6 +271,9 @@ func runSessions(ctx context.Context, srv *serverProc, poolSize int, o sessionsO
 		c.remove(ctx, id)
 	}
 
+	if o.LatencyOnly {
+		return res
+	}
 	csv := makeCSV(o.CSVBytes)
 	res.TenStep = tenStep(ctx, c, csv, wait, fail, logf)
 	res.Memory = sessionMemory(ctx, srv, c, csv, o.MemN, fail, logf)
@@ -403,17 +408,20 @@ func runSessionsPhase(ctx context.Context, cfg config, rep *Report, logf func(st
 	}
 	csvBytes := cfg.SessCSVMB * 1_000_000
 	logf("starting sandboxd serve (sessions, pool on (%d))", cfg.PoolSize)
+	cgParent := fmt.Sprintf("sandboxd-bench-%d-sessions", os.Getpid())
 	srv, err := startServer(ctx, serverOptions{
 		Binary: cfg.Sandboxd, Image: cfg.Image, PoolSize: cfg.PoolSize,
 		ExtraEnv:     append(sessionsServerEnv(csvBytes), cfg.ServerEnv...),
 		LogPath:      filepath.Join(absOut(cfg), "server-sessions.log"),
-		CgroupParent: fmt.Sprintf("sandboxd-bench-%d-sessions", os.Getpid()),
+		CgroupParent: cgParent,
 	})
 	if err != nil {
 		return fmt.Errorf("sessions: %w", err)
 	}
+	// As the API phase does: the server leaves its (empty) parent behind.
+	defer removeOwnCgroupDir(cgParent)
 	defer srv.stop()
-	rep.Sessions = runSessions(ctx, srv, cfg.PoolSize, sessionsOptions{N: cfg.SessN, CSVBytes: csvBytes, MemN: cfg.SessMemN}, logf)
+	rep.Sessions = runSessions(ctx, srv, cfg.PoolSize, sessionsOptions{N: cfg.SessN, CSVBytes: csvBytes, MemN: cfg.SessMemN, LatencyOnly: cfg.SessLatOnly}, logf)
 	return nil
 }
 
