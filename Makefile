@@ -134,8 +134,8 @@ runtime-image-repro:
 		tools/runtime-image/repro.sh $(BUILD)/repro
 
 # upstream-tests: a selection of numpy, pandas, scipy, scikit-learn and
-# pyarrow's own tests (pyarrow only where the image has it: the forky
-# option), run outside and inside `sandboxd run` on the python-runtime-tests
+# pyarrow's own tests (pyarrow only where the image has it: not on the
+# trixie option), run outside and inside `sandboxd run` on the python-runtime-tests
 # image (the default image's package snapshot plus python3-pytest and
 # python3-hypothesis, test suites kept); fails when a test that passes
 # outside does not pass inside. Root; ~3 min image + ~12 min tests. Not part
