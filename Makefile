@@ -53,7 +53,7 @@ lint:
 # defaults (EXECUTION_* variables override them): the image is serve's
 # default python_image, oci-layout:build/python-runtime.oci (relative to this
 # directory), unpacked into RUNTIME_CACHE, the cache `make test` uses too.
-run: build runtime-image
+run: build $(RUNTIME_OCI)/index.json
 	EXECUTION_ROOTFS_CACHE="$${EXECUTION_ROOTFS_CACHE:-$(RUNTIME_CACHE)}" $(BIN) serve
 
 clean:
@@ -61,15 +61,23 @@ clean:
 
 # --- runtime image and rootfs cache (rootfs/, tools/runtime-image) ---
 # runtime-image: build/python-runtime.oci (OCI layout) and .tar (docker-archive)
-# from Debian trixie with mmdebstrap (root; ~2 min, ~200 MB download); a no-op
-# while both are newer than tools/runtime-image/* and RUNTIME_IMAGE_SUITE is
-# the one of the last build (RUNTIME_IMAGE_SUITE=forky: pyarrow and the legacy
-# zone names, not the default yet; tools/runtime-image/README.md). Its package
-# snapshot (lists and versions) is kept in build/python-runtime.snapshot.
-# RUNTIME_IMAGE_* variables (tools/runtime-image/build.sh) pass through.
-# runtime-rootfs: unpacks it into RUNTIME_CACHE (a no-op, ~ms, once done) and
-# writes the rootfs path to build/runtime-rootfs.path, so that
+# from Debian forky (testing) with mmdebstrap (root; ~3 min, ~330 MB download);
+# a no-op while both are newer than tools/runtime-image/* and
+# RUNTIME_IMAGE_SUITE is the one of the last build (RUNTIME_IMAGE_SUITE=trixie:
+# Debian 13, no pyarrow). VARIANT=geo builds build/python-runtime-geo.{oci,tar}
+# instead (plus geopandas, shapely, pyproj, pyogrio); VARIANT=tests is
+# `make runtime-image-tests`. Its package snapshot (lists and versions) is kept
+# in build/NAME.snapshot. RUNTIME_IMAGE_* variables (tools/runtime-image/build.sh)
+# pass through; RUNTIME_IMAGE_MAX_LIST_AGE_DAYS (120) bounds how old the
+# mirror's package lists may be (tools/runtime-image/README.md).
+# runtime-rootfs: unpacks the default image into RUNTIME_CACHE (a no-op, ~ms,
+# once done) and writes the rootfs path to build/runtime-rootfs.path, so that
 #   SANDBOXD_RUNTIME_ROOTFS=$$(cat build/runtime-rootfs.path)
+VARIANT            ?= default
+ifeq ($(filter default geo tests,$(VARIANT)),)
+$(error VARIANT must be default, geo or tests, got '$(VARIANT)')
+endif
+RUNTIME_NAME       := $(if $(filter default,$(VARIANT)),python-runtime,python-runtime-$(VARIANT))
 RUNTIME_OCI        := $(BUILD)/python-runtime.oci
 RUNTIME_TAR        := $(BUILD)/python-runtime.tar
 # The sandbox's root maps to an unprivileged host uid, and libcontainer's init
@@ -80,25 +88,31 @@ RUNTIME_TAR        := $(BUILD)/python-runtime.tar
 RUNTIME_CACHE      ?= /var/lib/sandboxd/rootfs
 RUNTIME_ROOTFS_OUT := $(BUILD)/runtime-rootfs.path
 RUNTIME_IMAGE_SRC  := $(filter-out %.md %/repro.sh,$(wildcard tools/runtime-image/*))
-# RUNTIME_IMAGE_SUITE of the last build (empty: build.sh's default),
-# rewritten only when it changes: switching suites rebuilds the image.
-RUNTIME_IMAGE_SUITE_STAMP := $(BUILD)/runtime-image.suite
+# RUNTIME_IMAGE_SUITE of an image's last build (empty: build.sh's default),
+# rewritten only when it changes: switching suites rebuilds that image.
+RUNTIME_IMAGE_SUITE_STAMP = $(BUILD)/$(1).suite
 
 .PHONY: runtime-image runtime-rootfs bench-rootfs
 
-runtime-image: $(RUNTIME_OCI)/index.json $(RUNTIME_TAR)
+runtime-image: $(BUILD)/$(RUNTIME_NAME).oci/index.json $(BUILD)/$(RUNTIME_NAME).tar
 
-$(RUNTIME_OCI)/index.json $(RUNTIME_TAR) &: $(RUNTIME_IMAGE_SRC) $(RUNTIME_IMAGE_SUITE_STAMP)
-	@$(DEPS) image
-	tools/runtime-image/build.sh $(BUILD)
+# The default image and each variant (one rule each: make knows which
+# outputs a build writes). tests is built from the default's snapshot below.
+define runtime_image_rule
+$$(BUILD)/$(1).oci/index.json $$(BUILD)/$(1).tar &: $$(RUNTIME_IMAGE_SRC) $$(call RUNTIME_IMAGE_SUITE_STAMP,$(1))
+	@$$(DEPS) image
+	RUNTIME_IMAGE_VARIANT=$(2) tools/runtime-image/build.sh $$(BUILD)
+endef
+$(eval $(call runtime_image_rule,python-runtime,default))
+$(eval $(call runtime_image_rule,python-runtime-geo,geo))
 
-$(RUNTIME_IMAGE_SUITE_STAMP): FORCE
+$(BUILD)/%.suite: FORCE
 	@mkdir -p $(BUILD)
 	@printf '%s\n' "$$RUNTIME_IMAGE_SUITE" | cmp -s - $@ || printf '%s\n' "$$RUNTIME_IMAGE_SUITE" >$@
 .PHONY: FORCE
 FORCE:
 
-runtime-rootfs: runtime-image build
+runtime-rootfs: $(RUNTIME_OCI)/index.json $(RUNTIME_TAR) build
 	test -e $(BUILD)/go.mod || printf 'module sandboxd.invalid/build-output\n' >$(BUILD)/go.mod
 	@# The sandbox's mapped root must traverse every directory above the
 	@# cache: create missing ones 0755 whatever the caller's umask.
@@ -120,8 +134,8 @@ runtime-image-repro:
 		tools/runtime-image/repro.sh $(BUILD)/repro
 
 # upstream-tests: a selection of numpy, pandas, scipy, scikit-learn and
-# pyarrow's own tests (pyarrow only where the image has it: the forky
-# option), run outside and inside `sandboxd run` on the python-runtime-tests
+# pyarrow's own tests (pyarrow only where the image has it: not on the
+# trixie option), run outside and inside `sandboxd run` on the python-runtime-tests
 # image (the default image's package snapshot plus python3-pytest and
 # python3-hypothesis, test suites kept); fails when a test that passes
 # outside does not pass inside. Root; ~3 min image + ~12 min tests. Not part
@@ -130,7 +144,7 @@ RUNTIME_TESTS_OCI := $(BUILD)/python-runtime-tests.oci
 .PHONY: upstream-tests runtime-image-tests
 runtime-image-tests: $(RUNTIME_TESTS_OCI)/index.json
 
-$(RUNTIME_TESTS_OCI)/index.json: $(RUNTIME_OCI)/index.json $(RUNTIME_IMAGE_SRC)
+$(RUNTIME_TESTS_OCI)/index.json $(BUILD)/python-runtime-tests.tar &: $(RUNTIME_OCI)/index.json $(RUNTIME_IMAGE_SRC)
 	@$(DEPS) image
 	RUNTIME_IMAGE_VARIANT=tests RUNTIME_IMAGE_SNAPSHOT=$(BUILD)/python-runtime.snapshot tools/runtime-image/build.sh $(BUILD)
 

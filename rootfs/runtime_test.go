@@ -45,7 +45,8 @@ func TestPythonRuntimeImage(t *testing.T) {
 		t.Errorf("image env %q lacks MPLBACKEND=Agg", cfg.Config.Env)
 	}
 	for _, p := range []string{"python3", "python3-pandas", "python3-numpy", "python3-scipy", "python3-sklearn",
-		"python3-matplotlib", "python3-openpyxl", "python3-seaborn", "python3-statsmodels"} {
+		"python3-matplotlib", "python3-openpyxl", "python3-seaborn", "python3-statsmodels",
+		"tzdata", "tzdata-legacy", "locales"} {
 		if cfg.Config.Labels["org.debian.package."+p] == "" {
 			t.Errorf("no version label for %s", p)
 		}
@@ -63,7 +64,11 @@ func TestPythonRuntimeImage(t *testing.T) {
 	}
 	r := got.RootfsPath
 	for _, p := range []string{"usr/bin/python3", "workspace", "usr/share/sandboxd/matplotlib",
-		"usr/lib/python3/dist-packages/zz_sandboxd_mplcache.pth"} {
+		"usr/lib/python3/dist-packages/zz_sandboxd_mplcache.pth",
+		// the complete time-zone database (legacy names: tzdata-legacy) and
+		// the UTF-8 locales (tools/runtime-image/customize.sh)
+		"usr/share/zoneinfo/US/Pacific", "usr/share/zoneinfo/Europe/Berlin",
+		"usr/lib/locale/C.utf8/LC_CTYPE", "usr/lib/locale/en_US.utf8/LC_CTYPE"} {
 		if _, err := os.Stat(filepath.Join(r, p)); err != nil {
 			t.Errorf("%s: %v", p, err)
 		}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # mmdebstrap customize hook: $1 is the finished chroot, $2 the work dir outside
-# it, $3 the variant (default, tests). Everything here runs once at image
+# it, $3 the variant (default, geo, tests). Everything here runs once at image
 # build time so that nothing has to be written at sandbox run time (the root
 # is mounted read-only).
 set -euo pipefail
@@ -79,28 +79,56 @@ import pandas, numpy, scipy.stats, scipy.optimize, sklearn.ensemble, sklearn.lin
 import matplotlib.pyplot, openpyxl, seaborn, statsmodels.api, statsmodels.formula.api'
 rm -rf "$root/tmp/mpl-smoke"
 
-# What the forky option (build.sh) adds, checked when it is installed.
 installed() {
 	[ "$(chroot "$root" dpkg-query -W -f '${db:Status-Status}' "$1" 2>/dev/null)" = installed ]
 }
-# The time-zone database with the legacy names analysts type (US/Pacific and
-# the like live in tzdata-legacy since tzdata 2023c-8), for libc, zoneinfo
-# and pandas alike.
-if installed tzdata-legacy; then
-	[ "$(chroot "$root" env -i TZ=US/Pacific date -d @0 +%Z)" = PST ]
+py() { # python3 in the image, as the sandbox would start it (its env)
 	chroot "$root" env -i PATH=/usr/bin:/bin HOME=/nonexistent PYTHONDONTWRITEBYTECODE=1 \
-		LANG=C.UTF-8 python3 -c '
-import zoneinfo, pandas as pd
-assert zoneinfo.ZoneInfo("US/Eastern").key == "US/Eastern"
-assert zoneinfo.ZoneInfo("Europe/Kiev").key == "Europe/Kiev"
-assert len(zoneinfo.available_timezones()) > 590
+		LANG=C.UTF-8 MPLCONFIGDIR=/tmp/mpl-smoke MPLBACKEND=Agg python3 "$@"
+}
+
+# A UTF-8 locale beyond C.UTF-8 (libc-bin's, the image's LANG): analysts'
+# code asks for en_US.UTF-8 by name (locale.setlocale, thousands grouping).
+# Compiled here into /usr/lib/locale/en_US.utf8 (a directory like C.utf8,
+# not the locale-archive), and listed in locale.gen so that locales'
+# own tools would keep it.
+sed -i 's/^# *\(en_US.UTF-8 UTF-8\)$/\1/' "$root/etc/locale.gen"
+grep -qx 'en_US.UTF-8 UTF-8' "$root/etc/locale.gen"
+chroot "$root" env -i PATH=/usr/bin:/bin localedef --no-archive -i en_US -c -f UTF-8 en_US.UTF-8 ||
+	[ -e "$root/usr/lib/locale/en_US.utf8/LC_CTYPE" ]
+[ -e "$root/usr/lib/locale/C.utf8/LC_CTYPE" ] && [ -e "$root/usr/lib/locale/en_US.utf8/LC_CTYPE" ]
+[ "$(chroot "$root" env -i LANG=C.UTF-8 LC_ALL=en_US.UTF-8 locale charmap)" = UTF-8 ]
+py -c '
+import locale, sys
+assert sys.getfilesystemencoding() == "utf-8"
+assert locale.getpreferredencoding(False).lower().replace("-", "") == "utf8"
+for name in ("C.UTF-8", "en_US.UTF-8", "en_US.utf8"):
+    locale.setlocale(locale.LC_ALL, name)
+    assert locale.nl_langinfo(locale.CODESET) == "UTF-8", name
+assert locale.format_string("%d", 1234567, grouping=True) == "1,234,567"
+locale.setlocale(locale.LC_ALL, "")  # LANG=C.UTF-8, as in the image config
+assert locale.nl_langinfo(locale.CODESET) == "UTF-8"'
+
+# The complete time-zone database, legacy names included (tzdata-legacy),
+# for libc, zoneinfo and pandas alike.
+[ "$(chroot "$root" env -i TZ=US/Pacific date -d @0 +%Z)" = PST ]
+[ "$(chroot "$root" env -i TZ=Asia/Calcutta date -d @0 +%z)" = +0530 ]
+py -c '
+import zoneinfo, datetime as dt, pandas as pd
+for key in ("US/Pacific", "US/Eastern", "US/Central", "US/Mountain", "US/Hawaii", "Europe/Kiev",
+            "Asia/Calcutta", "Asia/Saigon", "GB", "Japan", "EST5EDT", "Etc/GMT+5", "UTC", "Europe/Berlin"):
+    assert zoneinfo.ZoneInfo(key).key == key, key
+assert len(zoneinfo.available_timezones()) > 590, len(zoneinfo.available_timezones())
+t = dt.datetime(2024, 7, 1, 12, tzinfo=zoneinfo.ZoneInfo("US/Pacific"))
+assert t.utcoffset() == dt.timedelta(hours=-7), t
 ts = pd.Timestamp("2024-07-01 12:00").tz_localize("US/Pacific")
-assert ts.utcoffset() == pd.Timedelta(hours=-7), ts'
-fi
-# Arrow-backed pandas with parquet round trips (time zones included).
+assert ts.utcoffset() == pd.Timedelta(hours=-7), ts
+assert str(pd.Timestamp("2024-01-01", tz="Asia/Calcutta").tz_convert("UTC")) == "2023-12-31 18:30:00+00:00"'
+
+# Arrow-backed pandas with parquet round trips (time zones included), where
+# the suite has pyarrow (build.sh).
 if installed python3-pyarrow; then
-	chroot "$root" env -i PATH=/usr/bin:/bin HOME=/nonexistent PYTHONDONTWRITEBYTECODE=1 \
-		LANG=C.UTF-8 python3 -c '
+	py -c '
 import io, pandas as pd, pyarrow as pa, pyarrow.parquet
 df = pd.DataFrame({"t": pd.date_range("2024-01-01", periods=3, tz="Europe/Berlin"), "s": ["a", "ü", None]})
 df["s"] = df["s"].astype("string[pyarrow]")
@@ -109,6 +137,45 @@ assert back["s"].tolist()[:2] == ["a", "ü"] and back["s"].isna().tolist() == [F
 assert list(back["t"]) == list(df["t"]) and str(back["t"].dt.tz) == "Europe/Berlin", back["t"]
 assert str(pd.Series([1, 2], dtype="int64[pyarrow]").dtype) == "int64[pyarrow]"'
 fi
+
+# The geo variant: a GeoDataFrame, CRS transforms checked against the
+# formulas, a spatial join, and files written and read back through
+# pyogrio (GDAL), all without network (PROJ's grid download stays off).
+if [ "$variant" = geo ]; then
+	install -d -m 1777 "$root/tmp/geo-smoke"
+	py -c '
+import math, geopandas as gpd, pyogrio, pyproj, shapely
+from pyproj.network import is_network_enabled
+from shapely.geometry import Point, Polygon
+assert not is_network_enabled()
+pts = gpd.GeoDataFrame({"name": ["a", "b", "c"]},
+                       geometry=[Point(0.5, 0.5), Point(1.5, 0.5), Point(5, 5)], crs="EPSG:4326")
+zones = gpd.GeoDataFrame({"zone": ["west", "east"]},
+                         geometry=[Polygon([(0, 0), (1, 0), (1, 1), (0, 1)]),
+                                   Polygon([(1, 0), (2, 0), (2, 1), (1, 1)])], crs="EPSG:4326")
+j = gpd.sjoin(pts, zones, how="left", predicate="within")
+assert dict(zip(j["name"], j["zone"].fillna("-"))) == {"a": "west", "b": "east", "c": "-"}, j
+# Web Mercator by its formula; Berlin.
+lon, lat = 13.405, 52.52
+x, y = pyproj.Transformer.from_crs("EPSG:4326", "EPSG:3857", always_xy=True).transform(lon, lat)
+R = 6378137.0
+assert abs(x - R * math.radians(lon)) < 1e-3 and abs(y - R * math.log(math.tan(math.pi / 4 + math.radians(lat) / 2))) < 1e-3, (x, y)
+# UTM zone 31N: the central meridian (3 E) on the equator is (500000, 0).
+u = gpd.GeoSeries([Point(3, 0)], crs="EPSG:4326").to_crs("EPSG:32631")
+assert abs(u.x[0] - 500000) < 1e-3 and abs(u.y[0]) < 1e-3, u
+# Two 1x1 degree cells on the equator in an equal-area CRS: 2 x 110.574 km
+# (1 degree of latitude there) x 111.320 km (1 of longitude).
+area = zones.to_crs("EPSG:6933").area.sum() / 1e6
+assert abs(area - 2 * 110.574 * 111.320) < 20, area
+for path, driver in (("/tmp/geo-smoke/p.gpkg", "GPKG"), ("/tmp/geo-smoke/p.geojson", "GeoJSON")):
+    pts.to_file(path, driver=driver)
+    back = gpd.read_file(path)
+    assert back.crs == pts.crs and list(back["name"]) == ["a", "b", "c"], (driver, back)
+    assert back.geometry.geom_equals(pts.geometry).all(), (driver, back)
+assert "GPKG" in pyogrio.list_drivers() and shapely.geos_version >= (3, 10)'
+	rm -rf "$root/tmp/geo-smoke"
+fi
+rm -rf "$root/tmp/mpl-smoke"
 
 # No setuid/setgid files: nothing in the sandbox may gain privileges (the
 # image writer strips these bits again, and the unpacker a third time).

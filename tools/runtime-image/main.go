@@ -44,7 +44,7 @@ func main() {
 	flag.StringVar(&o.archive, "archive", "build/python-runtime.tar", "docker-archive tarball to write")
 	flag.StringVar(&o.tag, "tag", "python-runtime:latest", "image name and tag")
 	flag.StringVar(&o.title, "title", "python-runtime", "image title label (the variant's name)")
-	flag.StringVar(&o.suite, "suite", "trixie", "the Debian suite the rootfs was built from (base name label)")
+	flag.StringVar(&o.suite, "suite", "", "the Debian suite the rootfs was built from (base name label; required)")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintf(os.Stderr, "runtime-image: %v\n", err)
@@ -58,8 +58,8 @@ type options struct {
 }
 
 func run(o options) error {
-	if o.rootfs == "" || o.packages == "" || o.epoch <= 0 {
-		return errors.New("-rootfs, -packages and -epoch are required")
+	if o.rootfs == "" || o.packages == "" || o.suite == "" || o.epoch <= 0 {
+		return errors.New("-rootfs, -packages, -suite and -epoch are required")
 	}
 	tag, err := name.NewTag(o.tag)
 	if err != nil {

@@ -17,7 +17,7 @@ cd "$(dirname "$0")/../.."
 dir=${1:-build/repro}
 case $dir in /*) ;; *) dir=$PWD/$dir ;; esac
 export RUNTIME_IMAGE_DEB_CACHE=${RUNTIME_IMAGE_DEB_CACHE:-$dir/apt-archives}
-unset RUNTIME_IMAGE_SNAPSHOT
+unset RUNTIME_IMAGE_SNAPSHOT RUNTIME_IMAGE_VARIANT
 mkdir -p "$dir"
 
 digest() { # the manifest digest an OCI layout's index names

@@ -4,7 +4,7 @@
 // (Debian's packaged tests, in the python-runtime-tests image) once outside
 // any sandbox and once inside one, and fails when a test that passes
 // outside does not pass inside. `make upstream-tests` runs it (root only).
-// A library the image does not have (pyarrow on trixie, the default suite)
+// A library the image does not have (pyarrow on trixie, the stable option)
 // is reported as "not in this image", as is a selected test file that its
 // packaged version lacks.
 //
