@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -69,3 +70,10 @@ func SetBeforeSend(f func(*Kernel)) { beforeSend = f }
 // LateInterrupt sends k a SIGINT as await does, whether or not an
 // execution runs: one that reaches the kernel after its reply.
 func LateInterrupt(k *Kernel) error { return k.signal(unix.SIGINT) }
+
+// SetKernelAckTimeout sets kernelAckTimeout and returns a func restoring it.
+func SetKernelAckTimeout(d time.Duration) (restore func()) {
+	old := kernelAckTimeout
+	kernelAckTimeout = d
+	return func() { kernelAckTimeout = old }
+}

@@ -173,10 +173,11 @@ const (
 	// kernelInterruptGrace is how long an execution interrupted at its
 	// timeout has to answer before the kernel is killed.
 	kernelInterruptGrace = 2 * time.Second
-	// kernelAckTimeout bounds the kernel's answer to its hand-off (no user
-	// code has run yet: it only sets up its streams and cwd).
-	kernelAckTimeout = 30 * time.Second
 )
+
+// kernelAckTimeout bounds the kernel's answer to its hand-off (no user code
+// has run yet: it only sets up its streams and cwd). A variable for a test.
+var kernelAckTimeout = 30 * time.Second
 
 // errDiedBeforeHandoff: a warm sandbox that died before its kernel
 // answered the hand-off (none of the session ran): start one cold instead.
@@ -350,6 +351,12 @@ func (k *Kernel) handOff(ctx context.Context, msg []byte) error {
 	}
 	if _, err := k.w.control.Write(msg); err != nil {
 		return fmt.Errorf("the kernel hand-off failed: %w", err)
+	}
+	// The deadline is the hand-off's only: left set, it failed every
+	// request sent later than kernelAckTimeout after the kernel started
+	// ("the request could not be sent: i/o timeout", the kernel killed).
+	if err := k.w.control.SetWriteDeadline(time.Time{}); err != nil {
+		return err
 	}
 	timer := time.NewTimer(kernelAckTimeout)
 	defer timer.Stop()
