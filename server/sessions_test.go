@@ -415,9 +415,14 @@ open("ok.txt", "w").write("ok")
 }
 
 // The schema preview parses in a sandbox; unsupported and unparsable files
-// get clear 415 and 422 answers.
+// get clear 415 and 422 answers. Parquet needs pyarrow, which the forky
+// image has and the trixie one does not: with it, a real file is profiled
+// and a broken one is a 422; without, any .parquet is a 415.
 func TestSessionProfile(t *testing.T) {
-	e := newSessionEnv(t, nsjailtest.RuntimeRootfs(t), nil)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	_, err := os.Stat(filepath.Join(rootfs, "usr/lib/python3/dist-packages/pyarrow"))
+	pyarrow := err == nil
+	e := newSessionEnv(t, rootfs, nil)
 	e.createSession(SessionRequest{ID: "prof"})
 	csv := "id,name,score\n1,a,2.5\n2,,3.5\n3,c,\n"
 	for p, data := range map[string]string{"t.csv": csv, "bad.csv": "a\n\"open\n", "t.parquet": "PAR1junk", "t.txt": "x", "t.json": `[{"a": 1}, {"a": null}]`} {
@@ -451,12 +456,26 @@ func TestSessionProfile(t *testing.T) {
 	if code, _, body := e.do("GET", "/v1/sessions/prof/files/t.json?profile=1", nil); code != http.StatusOK || !strings.Contains(string(body), `"rows": 2`) {
 		t.Fatalf("json profile = %d %s", code, body)
 	}
+	parquet := struct {
+		status int
+		msg    string
+	}{415, "pyarrow"}
+	if pyarrow {
+		parquet.status, parquet.msg = 422, "t.parquet could not be parsed: ArrowInvalid"
+		r := e.sessionExec("prof", SessionExecutionRequest{Code: "import pandas as pd\npd.DataFrame({'a': [1, 2, None]}).to_parquet('r.parquet')"})
+		if r.Status != "succeeded" {
+			t.Fatalf("to_parquet: %s %s", r.Status, r.Stderr)
+		}
+		if code, _, body := e.do("GET", "/v1/sessions/prof/files/r.parquet?profile=1", nil); code != http.StatusOK || !strings.Contains(string(body), `"rows": 3`) {
+			t.Fatalf("parquet profile = %d %s", code, body)
+		}
+	}
 	for p, want := range map[string]struct {
 		status int
 		msg    string
 	}{
 		"bad.csv":   {422, "ParserError"},
-		"t.parquet": {415, "pyarrow"},
+		"t.parquet": parquet,
 		"t.txt":     {415, ".csv, .xlsx, .json and .parquet"},
 		"none.csv":  {404, "no such file"},
 	} {

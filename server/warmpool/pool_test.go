@@ -163,9 +163,13 @@ g = open("/workspace/output/other.txt", "w"); g.write("also kept")`,
 def late(): time.sleep(0.3); print("thread done", flush=True)
 threading.Thread(target=late).start()
 print("main done")`,
-	// SECURITY.md case 15 on the warm path: the code sees fds 0, 1, 2 (and
-	// the one listdir opens), never the pool's pipes.
-	"open fds": `import os; print(sorted(os.listdir("/proc/self/fd"), key=int))`,
+	// SECURITY.md cases 15 and 56 on the warm path: the code sees fds 0, 1,
+	// 2 and, besides, only files of the image opened read-only, the same
+	// ones a cold run has after `import ctypes` (libffi's own .so, where
+	// libffi keeps it: numpy, the default preload, imports ctypes), never
+	// the pool's pipes. The numbers of those may differ: the zygote's
+	// libffi opened its fd while the protocol's fds were open.
+	"open fds": "import ctypes\n" + fdViewPy + `print(view)`,
 	// The zygote starts with -P; the script's directory still comes first,
 	// and a helper module next to the script is imported from there.
 	"sys.path and a helper module": `import os, sys

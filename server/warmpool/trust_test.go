@@ -12,6 +12,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,8 +33,8 @@ import (
 // report: reports written to every fd 3..64 and to the zygote's fds through
 // /proc/1/fd, the zygote's memory, and signals to pid 1 that would stop or
 // kill a reporter. It then does what MODE says.
-const forgeryScript = `import os, signal, sys, time
-fds = sorted(os.listdir("/proc/self/fd"), key=int)
+const forgeryScript = fdViewPy + `import os, signal, sys, time
+fds, image = view
 forged = []
 for fd in range(3, 65):
     for report in (b"0\n", b"1\n", b"9\n", b"R"):
@@ -53,7 +54,7 @@ try:
         forged.append("/proc/1/mem")
 except OSError:
     pass
-print("fds", fds, "forged", forged, flush=True)
+print("fds", fds, "image", image, "forged", forged, flush=True)
 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD, signal.SIGSTOP, signal.SIGKILL):
     try:
         os.kill(1, sig)
@@ -61,6 +62,45 @@ for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal
         pass
 MODE
 `
+
+// fdViewPy sets view to the code's open fds as ([numbers], [paths]): the
+// numbers of all but the read-only files of the image (the listing's own
+// fd, closed by then, left out), and the paths of those, sorted. It applies
+// SECURITY.md case 56's rule itself, from inside, and further checks that
+// opening the path gives the very same file: an fd it lists as a path
+// gives the code nothing it could not open.
+const fdViewPy = `def _fd_view():
+    import fcntl, os, stat
+    def mnt(fd):
+        with open("/proc/self/fdinfo/%d" % fd) as f:
+            return [l.split()[1] for l in f if l.startswith("mnt_id:")][0]
+    def image_file(fd):
+        try:
+            st, fl = os.fstat(fd), fcntl.fcntl(fd, fcntl.F_GETFL)
+            same = os.stat(os.readlink("/proc/self/fd/%d" % fd))
+        except OSError:
+            return False
+        return (fl & 3 == os.O_RDONLY and not fl & os.O_PATH and stat.S_ISREG(st.st_mode)
+            and mnt(fd) == root and (st.st_dev, st.st_ino) == (same.st_dev, same.st_ino))
+    rfd = os.open("/", os.O_PATH)
+    root = mnt(rfd)
+    os.close(rfd)
+    numbers, paths = [], []
+    for n in sorted(os.listdir("/proc/self/fd"), key=int):
+        fd = int(n)
+        try:
+            fcntl.fcntl(fd, fcntl.F_GETFD)
+        except OSError:
+            continue
+        if fd > 2 and image_file(fd):
+            paths.append(os.readlink("/proc/self/fd/%d" % fd))
+        else:
+            numbers.append(n)
+    return numbers, sorted(paths)
+view = _fd_view()
+`
+
+var forgeryWant = regexp.MustCompile(`^fds \['0', '1', '2'\] image \[('/usr/[^']+'(, )?)*\] forged \[\]\n$`)
 
 // SECURITY.md case 25 (forged exit report over an inherited fd, warm pool)
 // and case 15 (only 0, 1, 2 open inside) on the warm path: the code sees
@@ -101,8 +141,10 @@ func TestWarmExitReportCannotBeForged(t *testing.T) {
 			if pool.Stats().Taken != before+1 {
 				t.Fatal("the pool did not serve the run")
 			}
-			if want := "fds ['0', '1', '2', '3'] forged []\n"; string(res.Stdout) != want {
-				t.Errorf("stdout %q, want %q", res.Stdout, want)
+			// image: whatever read-only files of the image the preload
+			// left open (fdViewPy checked each; libffi's on forky).
+			if !forgeryWant.Match(res.Stdout) {
+				t.Errorf("stdout %q, want %s", res.Stdout, forgeryWant)
 			}
 			if res.Status != tc.status || (tc.exitCode >= 0 && res.ExitCode != tc.exitCode) {
 				t.Fatalf("status %s exit %d, want %s exit %d (stderr: %.300s)", res.Status, res.ExitCode, tc.status, tc.exitCode, res.Stderr)
@@ -378,17 +420,40 @@ import planted`
 	}
 }
 
-// SECURITY.md cases 15 and 25: a preload that leaves an fd open would hand
-// it to the code's process; the zygote refuses to become warm instead (the
-// pool then runs executions cold), naming the fd.
+// SECURITY.md cases 15, 25 and 56: a preload that leaves an fd open would
+// hand it to the code's process; unless the fd is a read-only file of the
+// image, the zygote refuses to become warm instead (the pool then runs
+// executions cold), naming the fd and why.
 func TestZygoteRefusesStrayFds(t *testing.T) {
+	// Run alone, the zygote has no protocol fds: the first three opens take
+	// their numbers, the fourth is the stray one.
+	res := runZygoteAlone(t, "import os\n_kept = [os.open('/dev/null', os.O_RDONLY) for _ in range(4)]\n")
+	if res.ExitCode != 70 || !bytes.Contains(res.Stderr, []byte("the preload left fds open: 6 -> /dev/null (not a regular file)\n")) {
+		t.Fatalf("exit %d, stderr %.2000s", res.ExitCode, res.Stderr)
+	}
+}
+
+// SECURITY.md case 56: a read-only fd to a file of the image (what libffi
+// keeps after `import ctypes` on forky) passes the check: the zygote goes
+// on to fork the code's process, which, run alone, finds /dev/null where
+// the hand-off socket would be and fails there.
+func TestZygoteAdmitsReadOnlyImageFds(t *testing.T) {
+	res := runZygoteAlone(t, "import os\n_kept = [os.open('/dev/null', os.O_WRONLY) for _ in range(3)]\n"+
+		"_kept.append(os.open('/usr/lib/os-release', os.O_RDONLY))\n")
+	if res.ExitCode == 70 || bytes.Contains(res.Stderr, []byte("left fds open")) || !bytes.Contains(res.Stderr, []byte("_receive")) {
+		t.Fatalf("exit %d, stderr %.2000s", res.ExitCode, res.Stderr)
+	}
+}
+
+// runZygoteAlone runs the zygote as the first process of a sandbox of the
+// runtime image with preload as its only preloaded module, without the
+// pool (so without the protocol's fds).
+func runZygoteAlone(t *testing.T, preload string) *nsjail.Result {
+	t.Helper()
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	r := newPoolRunner(t)
 	ws := poolWorkspace(t, r, `print(1)`)
-	// Run alone, the zygote has no protocol fds: the first three opens take
-	// their numbers, the fourth is the stray one.
-	leak := "import os\n_kept = [os.open('/dev/null', os.O_RDONLY) for _ in range(4)]\n"
-	if err := os.WriteFile(filepath.Join(ws, "leakfd.py"), []byte(leak), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(ws, "leakfd.py"), []byte(preload), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	tpl := poolTemplate(rootfs)
@@ -397,8 +462,81 @@ func TestZygoteRefusesStrayFds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.ExitCode != 70 || !bytes.Contains(res.Stderr, []byte("the preload left fds open: 6 -> /dev/null\n")) {
-		t.Fatalf("exit %d, stderr %.2000s", res.ExitCode, res.Stderr)
+	return res
+}
+
+// SECURITY.md case 56: the rule itself (zygote.py's _stray_fds), fd by
+// fd, inside a sandbox of the runtime image with the production template,
+// where the root is the image's read-only mount: only a read-only regular
+// file of the image is admitted.
+func TestZygoteFdRule(t *testing.T) {
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	r := newPoolRunner(t)
+	ws := poolWorkspace(t, r, `import os, socket
+ns = {"__name__": "zygote_under_test"}
+exec(compile(open("/workspace/code/zygote.py").read(), "zygote.py", "exec"), ns)
+# Fds 3-5 are the protocol's, which the rule does not look at.
+protocol = [os.open("/dev/null", os.O_RDONLY) for _ in range(3)]
+assert protocol == [3, 4, 5], protocol
+cases = [
+    ("image file", os.open("/usr/lib/os-release", os.O_RDONLY)),
+    ("image file O_PATH", os.open("/usr/lib/os-release", os.O_PATH)),
+    ("image directory", os.open("/usr/lib", os.O_RDONLY | os.O_DIRECTORY)),
+    ("read-only input file", os.open("/workspace/input/data.csv", os.O_RDONLY)),
+    ("workspace file", os.open("/workspace/code/zygote.py", os.O_RDONLY)),
+    ("workspace file O_RDWR", os.open("/workspace/output/w", os.O_RDWR | os.O_CREAT)),
+    ("/dev/null", os.open("/dev/null", os.O_RDONLY)),
+    ("pipe", os.pipe()[0]),
+    ("socket", socket.socketpair()[0].detach()),
+    ("proc file", os.open("/proc/self/status", os.O_RDONLY)),
+]
+unlinked = os.open("/workspace/output/gone", os.O_RDWR | os.O_CREAT)
+os.unlink("/workspace/output/gone")
+cases.append(("unlinked workspace file", unlinked))
+try:
+    cases.append(("memfd", os.memfd_create("m")))
+except OSError as e:
+    print("memfd refused by the kernel:", e.strerror)
+why = {fd: reason for fd, _, reason in ns["_stray_fds"]()}
+for name, fd in cases:
+    print("%s: %s" % (name, why.get(fd, "admitted")))
+`)
+	if err := os.WriteFile(filepath.Join(ws, "code/zygote.py"), []byte(warmpool.ZygoteSource), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tpl := poolTemplate(rootfs)
+	res, err := r.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+		Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"image file":              "admitted",
+		"image file O_PATH":       "O_PATH",
+		"image directory":         "not a regular file",
+		"read-only input file":    "not on the image's root mount",
+		"workspace file":          "not on the image's root mount",
+		"workspace file O_RDWR":   "not read-only",
+		"/dev/null":               "not a regular file",
+		"pipe":                    "not a regular file",
+		"socket":                  "not read-only",
+		"proc file":               "not on the image's root mount",
+		"unlinked workspace file": "not read-only",
+		"memfd":                   "not read-only",
+	}
+	got := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(string(res.Stdout)), "\n") {
+		if name, reason, ok := strings.Cut(l, ": "); ok {
+			got[name] = reason
+		}
+	}
+	for name, reason := range want {
+		if got[name] != reason && !(name == "memfd" && got[name] == "") {
+			t.Errorf("%s: %q, want %q", name, got[name], reason)
+		}
+	}
+	if res.ExitCode != 0 || len(got) < len(want)-1 {
+		t.Fatalf("exit %d, stdout %s, stderr %.2000s", res.ExitCode, res.Stdout, res.Stderr)
 	}
 }
 

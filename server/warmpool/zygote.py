@@ -8,8 +8,8 @@
 # runner's job: the file's path, its argv, the cwd, display and figures)
 # and with it, maybe, the execution's events fd, closes the protocol's fds,
 # leaving only 0-2 and the events fd on the runner's EVENTS_FD (the zygote
-# refuses to start if the preload left any other fd open:
-# _check_no_stray_fds), and runs the file through the runner
+# refuses to start if the preload left any other fd open but read-only
+# files of the image: _check_no_stray_fds), and runs the file through the runner
 # (server/runner/runner.py, the zygote's second argument, loaded before the
 # preload), exactly as a cold execution runs it: as `python3 path` would. EOF on CONTROL_FD
 # without a message means the pool is retiring this sandbox: it exits 0
@@ -115,10 +115,17 @@ def _preload(names):
             sys.stderr.write("zygote: preload %s failed: %r\n" % (name, exc))
 
 
-def _set_dumpable(on):
+def _libc():
+    """libc through ctypes, for prctl. Loaded before _check_no_stray_fds, so
+    that what `import ctypes` leaves open (libffi's fd) is checked too."""
     import ctypes
 
-    libc = ctypes.CDLL(None, use_errno=True)
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _set_dumpable(libc, on):
+    import ctypes
+
     if libc.prctl(_PR_SET_DUMPABLE, int(on), 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE)")
 
@@ -145,7 +152,7 @@ def _drop_signal_handlers():
     return saved
 
 
-def _fork_code_process():
+def _fork_code_process(libc):
     """Fork the process the code will run in; return its pid in the zygote.
 
     The zygote becomes unreachable from that process first (SECURITY.md
@@ -160,7 +167,7 @@ def _fork_code_process():
     # writing to them, so the child's pages stay shared with the zygote's.
     gc.freeze()
     handlers = _drop_signal_handlers()
-    _set_dumpable(False)
+    _set_dumpable(libc, False)
     with warnings.catch_warnings():
         # A preload's idle threads (OpenBLAS) make 3.12+ warn about fork;
         # the libraries that start them reinitialise in the child.
@@ -168,7 +175,7 @@ def _fork_code_process():
         pid = os.fork()
     if pid:
         return pid
-    _set_dumpable(True)
+    _set_dumpable(libc, True)
     for sig, handler in handlers.items():
         signal.signal(sig, handler)
     os.close(EXIT_REPORT_FD)
@@ -509,16 +516,31 @@ class _CellGuard:
 
 
 def _check_no_stray_fds():
-    """Exit if the preload left an fd open besides 0-2 and the protocol's.
+    """Exit if the preload left an fd open that the code may not inherit.
 
     The code's process inherits every fd the zygote holds, and closing one
     behind the back of the library that opened it would let that library
-    later close or write an fd number the code reuses. So, as Android's
-    zygote does with its fd allowlist, refuse to become warm instead: the
-    pool logs this and the execution runs cold (SECURITY.md cases 15, 25)."""
+    later close, write or mmap an fd number the code reuses. So, as
+    Android's zygote does with its fd allowlist, refuse to become warm
+    instead: the pool logs this and the execution runs cold (SECURITY.md
+    cases 15, 25, 56). Only 0-2, the protocol's fds and fds that give the
+    code nothing it could not open itself (_fd_refusal) are let through."""
+    stray = _stray_fds()
+    if stray:
+        sys.stderr.write(
+            "zygote: the preload left fds open: %s\n"
+            % ", ".join("%d -> %s (%s)" % s for s in stray)
+        )
+        os._exit(_STRAY_FD_EXIT)
+
+
+def _stray_fds():
+    """The open fds besides 0-2 and the protocol's that _fd_refusal refuses,
+    as (fd, target, why) in fd order."""
     import fcntl
 
     allowed = {0, 1, 2, CONTROL_FD, READY_FD, EXIT_REPORT_FD}
+    root = _root_mount()
     stray = []
     # The listing's own directory fd shows in it, and is closed by now.
     for fd in sorted(int(n) for n in os.listdir("/proc/self/fd")):
@@ -528,24 +550,76 @@ def _check_no_stray_fds():
             fcntl.fcntl(fd, fcntl.F_GETFD)
         except OSError:
             continue
-        stray.append(fd)
-    if stray:
-        targets = []
-        for fd in stray:
-            try:
-                targets.append("%d -> %s" % (fd, os.readlink("/proc/self/fd/%d" % fd)))
-            except OSError:
-                targets.append(str(fd))
-        sys.stderr.write("zygote: the preload left fds open: %s\n" % ", ".join(targets))
-        os._exit(_STRAY_FD_EXIT)
+        why = _fd_refusal(fd, root)
+        if why is None:
+            continue
+        try:
+            target = os.readlink("/proc/self/fd/%d" % fd)
+        except OSError:
+            target = "?"
+        stray.append((fd, target, why))
+    return stray
+
+
+def _root_mount():
+    """The mount id of / (the image's root), or None if / is writable: then
+    no fd is admitted."""
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if not os.fstatvfs(fd).f_flag & os.ST_RDONLY:
+            return None
+        return _mount_id(fd)
+    finally:
+        os.close(fd)
+
+
+def _mount_id(fd):
+    """The id of the mount fd was opened through (its fdinfo's mnt_id)."""
+    with open("/proc/self/fdinfo/%d" % fd) as f:
+        for line in f:
+            if line.startswith("mnt_id:"):
+                return int(line.split()[1])
+    return None
+
+
+def _fd_refusal(fd, root_mount):
+    """Why the code's process may not inherit fd, or None if it may.
+
+    An fd is admitted only if holding it gives the code nothing it could
+    not get by open(2) itself (SECURITY.md case 56): opened O_RDONLY (not
+    writable, not an O_PATH handle), a regular file (not a directory to
+    openat(2) from, a pipe or socket to someone, a device), on the
+    sandbox's read-only root mount itself, i.e. a file of the image, which
+    no one can change and which the code, with the zygote's own uid, can
+    open just the same. libffi >= 3.4's static trampolines keep exactly
+    such an fd on libffi's own .so, opened on `import ctypes` (which numpy
+    does), to map more trampoline pages later. Everything else, e.g. an fd
+    to a file on the workspace (a writable mount), an unlinked temporary
+    file, a memfd, /dev/null or an inherited worker file, is refused."""
+    import fcntl
+    import stat
+
+    if root_mount is None:
+        return "the root is writable"
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    if flags & os.O_PATH:
+        return "O_PATH"
+    if flags & 3 != os.O_RDONLY:  # O_ACCMODE
+        return "not read-only"
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        return "not a regular file"
+    if _mount_id(fd) != root_mount:
+        return "not on the image's root mount"
+    return None
 
 
 def _zygote():
     # argv: the runner's source, then the preload (protocol.go's zygoteArgs).
     _load_runner(sys.argv[1])
     _preload(sys.argv[2].split(PRELOAD_SEP) if len(sys.argv) > 2 else [])
+    libc = _libc()
     _check_no_stray_fds()
-    _relay_exit_status(_fork_code_process())
+    _relay_exit_status(_fork_code_process(libc))
 
 
 if __name__ == "__main__":
