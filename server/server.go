@@ -262,7 +262,7 @@ func (s *Server) Prepare(ctx context.Context) error {
 			}
 			if size > 0 {
 				t := pol.Template(s.cfg, runtimes[rt].image.RootfsPath)
-				t.Name, t.Size = name+"/"+rt, size
+				t.Name, t.Size = templateName(name, rt), size
 				templates = append(templates, t)
 			}
 		}
@@ -355,6 +355,10 @@ func (k kernelStarter) StartKernel(ctx context.Context, policy, runtime, ws stri
 	}
 	return kern, nil
 }
+
+// templateName names the warm template of policy on runtime: policy
+// names are fixed and runtime names have no '/', so two never collide.
+func templateName(policy, runtime string) string { return policy + "/" + runtime }
 
 // startKernel starts a kernel of policy on runtime ("": the policy's) on
 // the workspace ws.
