@@ -71,7 +71,7 @@ func TestOpenAPIMatchesHandlers(t *testing.T) {
 	}
 
 	types := map[string]any{
-		"Error": errorBody{}, "File": File{}, "ExecutionRequest": ExecutionRequest{}, "Policy": Policy{},
+		"Error": errorBody{}, "File": File{}, "ExecutionRequest": ExecutionRequest{}, "Policy": Policy{}, "PolicyView": policyView{},
 		"Usage": nsjail.Usage{}, "Artifact": Artifact{}, "Omitted": Omitted{}, "ExecutionResponse": ExecutionResponse{},
 		"ExecutionPending": runningView{}, "ExecutionAccepted": accepted{}, "Policies": policiesResponse{}, "LegacyRequest": LegacyRequest{},
 		"LegacyResponse": LegacyResponse{},

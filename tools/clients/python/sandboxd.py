@@ -270,6 +270,8 @@ class Policy:
     memory_mb: int = 0
     cpus: float = 0
     pids: int = 0
+    # The policy's default runtime: set by policies() only; an answer's or
+    # a session's runtime is its own top-level runtime.
     runtime: str = ""
 
     @classmethod
