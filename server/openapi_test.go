@@ -11,6 +11,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"github.com/sandboxd/sandboxd/server/config"
 	"github.com/sandboxd/sandboxd/server/runner"
 	"github.com/sandboxd/sandboxd/server/session"
 	"github.com/sandboxd/sandboxd/server/volume"
@@ -177,8 +178,8 @@ func TestOpenAPIServed(t *testing.T) {
 	}
 }
 
-// The document's id pattern is the id rule (nsjail/inside), not a copy that
-// could drift from it.
+// The document's id and runtime patterns are the rules (nsjail/inside,
+// server/config), not copies that could drift from them.
 func TestOpenAPIIDPatternIsTheRule(t *testing.T) {
 	var doc struct {
 		Components struct {
@@ -195,5 +196,11 @@ func TestOpenAPIIDPatternIsTheRule(t *testing.T) {
 	got := doc.Components.Schemas["ExecutionRequest"].Properties["id"].Pattern
 	if want := "^" + inside.IDRule + "$"; got != want {
 		t.Fatalf("openapi.json id pattern %q, want %q", got, want)
+	}
+	// And the runtime name's is the config's rule.
+	for _, sc := range []string{"ExecutionRequest", "SessionRequest"} {
+		if got, want := doc.Components.Schemas[sc].Properties["runtime"].Pattern, "^"+config.RuntimeNameRule+"$"; got != want {
+			t.Errorf("openapi.json %s runtime pattern %q, want %q", sc, got, want)
+		}
 	}
 }

@@ -128,12 +128,15 @@ const RuntimeNameRule = `[a-z][a-z0-9_-]{0,31}`
 
 var runtimeNamePattern = regexp.MustCompile(`^` + RuntimeNameRule + `$`)
 
+// ValidRuntimeName reports whether name matches RuntimeNameRule.
+func ValidRuntimeName(name string) bool { return runtimeNamePattern.MatchString(name) }
+
 func runtimesCheck(c Config) (errs []error) {
 	if ref, ok := c.Runtimes[DefaultRuntime]; ok && ref != c.PythonImage {
 		errs = append(errs, fmt.Errorf("python_image and runtimes.default must not differ (python_image is the old spelling of runtimes.default: set one), got: %q and %q", c.PythonImage, ref))
 	}
 	for _, name := range slices.Sorted(maps.Keys(c.Runtimes)) {
-		if !runtimeNamePattern.MatchString(name) {
+		if !ValidRuntimeName(name) {
 			errs = append(errs, fmt.Errorf("runtimes names must match %s, got: %q", RuntimeNameRule, name))
 		} else if c.Runtimes[name] == "" {
 			errs = append(errs, fmt.Errorf("runtimes.%s must be an image reference, got: \"\"", name))
