@@ -445,7 +445,9 @@ func setFromString(v reflect.Value, raw string) error {
 		}
 		v.Set(reflect.ValueOf(list))
 	case reflect.Map:
-		// name=value,name=value: a TOML table in the environment.
+		// name=value,name=value: a TOML table in the environment, which
+		// replaces the file's table whole. A name given twice is an
+		// error, not the last one silently kept.
 		m := reflect.MakeMap(v.Type())
 		for _, s := range strings.Split(raw, ",") {
 			if s = strings.TrimSpace(s); s == "" {
@@ -455,11 +457,15 @@ func setFromString(v reflect.Value, raw string) error {
 			if !ok {
 				return fmt.Errorf("want name=value pairs, got: %q", s)
 			}
+			k = strings.TrimSpace(k)
+			if m.MapIndex(reflect.ValueOf(k)).IsValid() {
+				return fmt.Errorf("%s given twice", k)
+			}
 			elem := reflect.New(v.Type().Elem()).Elem()
 			if err := setFromString(elem, val); err != nil {
-				return fmt.Errorf("%s: %w", strings.TrimSpace(k), err)
+				return fmt.Errorf("%s: %w", k, err)
 			}
-			m.SetMapIndex(reflect.ValueOf(strings.TrimSpace(k)), elem)
+			m.SetMapIndex(reflect.ValueOf(k), elem)
 		}
 		v.Set(m)
 	default:

@@ -151,8 +151,11 @@ func runtimesCheck(c Config) (errs []error) {
 	for _, name := range slices.Sorted(maps.Keys(c.RuntimePoolSize)) {
 		if _, ok := images[name]; !ok {
 			errs = append(errs, fmt.Errorf("runtime_pool_size keys must name a runtime (one of %v), got: %q", c.RuntimeNames(), name))
-		} else if n := c.RuntimePoolSize[name]; n < 0 {
-			errs = append(errs, fmt.Errorf("runtime_pool_size.%s must be >= 0, got: %d", name, n))
+		} else if n := c.RuntimePoolSize[name]; n < 0 || n > c.maxTemplateSize() {
+			errs = append(errs, fmt.Errorf("runtime_pool_size.%s must be in 0..%d (max_concurrent + max_sessions: more cannot be in use at once), got: %d",
+				name, c.maxTemplateSize(), n))
+		} else if name == c.DynamicRuntime && name == c.SkillRuntime {
+			errs = append(errs, fmt.Errorf("runtime_pool_size.%s sizes nothing: every policy runs on %s, where pool_size sizes its warm sandboxes", name, name))
 		}
 	}
 	return errs
@@ -272,7 +275,15 @@ func (c Config) maxResultBytes() int64 {
 
 var pythonModulePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$`)
 
+// maxTemplateSize bounds a warm template's size: executions and session
+// kernels in use at once. More would only hold memory.
+func (c Config) maxTemplateSize() int { return c.MaxConcurrent + c.MaxSessions }
+
 func poolCheck(c Config) (errs []error) {
+	if c.PoolSize > c.maxTemplateSize() {
+		errs = append(errs, fmt.Errorf("pool_size must be <= max_concurrent + max_sessions (%d: more cannot be in use at once), got: %d",
+			c.maxTemplateSize(), c.PoolSize))
+	}
 	if time.Duration(c.PoolMaxIdle) < time.Second {
 		errs = append(errs, fmt.Errorf("pool_max_idle must be >= 1s, got: %s", time.Duration(c.PoolMaxIdle)))
 	}
