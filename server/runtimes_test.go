@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -41,25 +40,11 @@ var (
 	testRuntimeErr   string
 )
 
-// baseImageRef is the default image's reference: $SANDBOXD_RUNTIME_IMAGE, else
-// the repository's build/python-runtime.oci.
-func baseImageRef(t *testing.T) string {
-	if ref := os.Getenv("SANDBOXD_RUNTIME_IMAGE"); ref != "" {
-		return ref
-	}
-	_, here, _, _ := runtime.Caller(0)
-	dir := filepath.Join(filepath.Dir(here), "..", "build", "python-runtime.oci")
-	if _, err := os.Stat(filepath.Join(dir, "index.json")); err != nil {
-		t.Skipf("python-runtime image not built (%s missing): run `make runtime-image` or set SANDBOXD_RUNTIME_IMAGE=REF", dir)
-	}
-	return "oci-layout:" + dir
-}
-
 // testRuntimeImage writes the second runtime's OCI layout, once, and
 // returns its reference.
 func testRuntimeImage(t *testing.T) string {
 	t.Helper()
-	base := baseImageRef(t)
+	base := nsjailtest.RuntimeImageRef(t)
 	testRuntimesOnce.Do(func() {
 		testRuntimeRef, testRuntimeErr = makeTestRuntime(base)
 	})
@@ -178,7 +163,7 @@ func TestNamedRuntimes(t *testing.T) {
 	}
 	root := nsjailtest.RuntimeRootfs(t)
 	testRef := testRuntimeImage(t)
-	defaultRef := baseImageRef(t)
+	defaultRef := nsjailtest.RuntimeImageRef(t)
 	start := time.Now()
 	e := newEnvWith(t, root, func(c *config.Config) {
 		c.PythonImage = defaultRef
