@@ -256,11 +256,7 @@ func (s *Server) Prepare(ctx context.Context) error {
 	for _, name := range s.policies.Names() {
 		pol := s.policies[name]
 		for _, rt := range s.cfg.RuntimeNames() {
-			size := s.cfg.RuntimePoolSize[rt]
-			if rt == pol.Runtime {
-				size = s.cfg.PoolSize
-			}
-			if size > 0 {
+			if size := s.cfg.TemplateSize(pol.Runtime, rt); size > 0 {
 				t := pol.Template(s.cfg, runtimes[rt].image.RootfsPath)
 				t.Name, t.Size = templateName(name, rt), size
 				templates = append(templates, t)

@@ -182,6 +182,16 @@ func (c Config) RuntimeImages() map[string]string {
 	return out
 }
 
+// TemplateSize is the warm sandboxes kept of a policy whose own runtime is
+// own on the runtime rt: pool_size on its own, runtime_pool_size.rt on
+// another.
+func (c Config) TemplateSize(own, rt string) int {
+	if rt == own {
+		return c.PoolSize
+	}
+	return c.RuntimePoolSize[rt]
+}
+
 // RuntimeNames are the runtimes' names, sorted.
 func (c Config) RuntimeNames() []string {
 	names := slices.Collect(maps.Keys(c.RuntimeImages()))
