@@ -204,3 +204,24 @@ func TestOpenAPIIDPatternIsTheRule(t *testing.T) {
 		}
 	}
 }
+
+// Every operation behind the guard (all but those marked open: security
+// []) documents its 401.
+func TestOpenAPIDocuments401(t *testing.T) {
+	var doc struct {
+		Paths map[string]map[string]struct {
+			Security  *[]any                     `json:"security"`
+			Responses map[string]json.RawMessage `json:"responses"`
+		} `json:"paths"`
+	}
+	if err := json.Unmarshal(openapiJSON, &doc); err != nil {
+		t.Fatal(err)
+	}
+	for path, ops := range doc.Paths {
+		for m, op := range ops {
+			if _, ok := op.Responses["401"]; !ok && (op.Security == nil || len(*op.Security) > 0) {
+				t.Errorf("%s %s does not document its 401", strings.ToUpper(m), path)
+			}
+		}
+	}
+}
