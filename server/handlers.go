@@ -223,7 +223,7 @@ func (s *Server) notReady() string {
 	s.mu.Lock()
 	draining, sessionsOpening := s.draining, s.manager == nil && s.sessErr == nil
 	s.mu.Unlock()
-	if _, _, err := s.ready(); err != nil {
+	if err := s.ready(); err != nil {
 		return err.Error()
 	}
 	if sessionsOpening {

@@ -111,7 +111,7 @@ func (s *Server) handleProfile(w http.ResponseWriter, r *http.Request, ps httpro
 // single-use read-only kernel of pol, admitted as an execution, and
 // returns its document.
 func (s *Server) profile(ctx context.Context, pol Policy, runtime, ws, p, kind string) ([]byte, *apiError) {
-	if _, _, e := s.readyOr503(); e != nil {
+	if e := s.readyOr503(); e != nil {
 		return nil, e
 	}
 	if !s.enter() {

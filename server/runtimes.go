@@ -64,7 +64,7 @@ func (r *preparedRuntime) view() RuntimeView {
 // handleRuntimes lists the runtimes, sorted by name; 503 until Prepare
 // resolved them (their versions are the images').
 func (s *Server) handleRuntimes(w http.ResponseWriter, _ *http.Request, _ httprouter.Params) {
-	if _, _, e := s.readyOr503(); e != nil {
+	if e := s.readyOr503(); e != nil {
 		writeAPIError(w, e)
 		return
 	}
@@ -116,7 +116,7 @@ func (s *Server) resolveRuntimes(ctx context.Context) (map[string]*preparedRunti
 // runtimeOr503 is the runtime name's rootfs and interpreter, or the 503 of
 // a worker not ready.
 func (s *Server) runtimeOr503(name string) (rootfs, python string, e *apiError) {
-	if _, _, e := s.readyOr503(); e != nil {
+	if e := s.readyOr503(); e != nil {
 		return "", "", e
 	}
 	s.mu.Lock()

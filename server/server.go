@@ -467,19 +467,18 @@ func (s *Server) enter() bool {
 	return true
 }
 
-// ready returns the default runtime's rootfs and interpreter, or why the
-// runtimes are not ready yet (Prepare readies them all at once).
-func (s *Server) ready() (rootfs, python string, err error) {
+// ready is nil once the runtimes are ready, else why not yet (Prepare
+// readies them all at once).
+func (s *Server) ready() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.runtimes == nil {
 		if s.prepErr != nil {
-			return "", "", s.prepErr
+			return s.prepErr
 		}
-		return "", "", errors.New("the runtime rootfs is being prepared")
+		return errors.New("the runtime rootfs is being prepared")
 	}
-	r := s.runtimes[config.DefaultRuntime]
-	return r.image.RootfsPath, r.python, nil
+	return nil
 }
 
 // Drain stops admitting executions, lets the live ones finish until ctx is

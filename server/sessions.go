@@ -79,7 +79,7 @@ func (s *Server) sessions() (*session.Manager, *apiError) {
 		return m, nil
 	}
 	if err == nil {
-		if _, _, e := s.readyOr503(); e != nil {
+		if e := s.readyOr503(); e != nil {
 			return nil, e
 		}
 		err = errors.New("not open")
@@ -326,7 +326,7 @@ func (s *Server) validateSessionExecution(sid string, req *SessionExecutionReque
 // session's kernel, and only what it created or changed under output/
 // answered.
 func (s *Server) executeInSession(ctx context.Context, p *plan) (*ExecutionResponse, *results.Reader, *apiError) {
-	if _, _, e := s.readyOr503(); e != nil {
+	if e := s.readyOr503(); e != nil {
 		return nil, nil, e
 	}
 	m, e := s.sessions()
