@@ -3,6 +3,8 @@ package rootfs
 import (
 	"context"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 )
 
 // BenchmarkUnpackCached is the second unpack of a digest already in the
@@ -14,7 +16,7 @@ func BenchmarkUnpackCached(b *testing.B) {
 		benchCached(b, w.cache, ref)
 	})
 	b.Run("python-runtime", func(b *testing.B) {
-		ref := runtimeImageRef(b)
+		ref := nsjailtest.RuntimeImageRef(b)
 		w := newWorld(b)
 		benchCached(b, w.cache, ref)
 	})

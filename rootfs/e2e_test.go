@@ -39,7 +39,7 @@ func runtimeRootfs(t *testing.T) string {
 	if p := os.Getenv("SANDBOXD_RUNTIME_ROOTFS"); p != "" {
 		return nsjailtest.RuntimeRootfs(t)
 	}
-	ref := runtimeImageRef(t)
+	ref := nsjailtest.RuntimeImageRef(t)
 	// The sandbox's mapped root must be able to reach the rootfs to mount
 	// it, and t.TempDir's directories are 0700.
 	base := t.TempDir()

@@ -5,34 +5,19 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 )
-
-// runtimeImageRef is the built python-runtime image: $SANDBOXD_RUNTIME_IMAGE,
-// else build/python-runtime.oci at the repository root (`make runtime-image`).
-func runtimeImageRef(t testing.TB) string {
-	t.Helper()
-	if ref := os.Getenv("SANDBOXD_RUNTIME_IMAGE"); ref != "" {
-		return ref
-	}
-	_, here, _, _ := runtime.Caller(0)
-	dir := filepath.Join(filepath.Dir(here), "..", "build", "python-runtime.oci")
-	if _, err := os.Stat(filepath.Join(dir, "index.json")); err != nil {
-		t.Skipf("python-runtime image not built (%s missing): run `make runtime-image` or set SANDBOXD_RUNTIME_IMAGE=REF", dir)
-	}
-	return "oci-layout:" + dir
-}
 
 func TestPythonRuntimeImage(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: unpacking the python runtime takes ~15 s")
 	}
-	ref := runtimeImageRef(t)
+	ref := nsjailtest.RuntimeImageRef(t)
 	img, err := Resolve(ctx(t), ref)
 	if err != nil {
 		t.Fatal(err)

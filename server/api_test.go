@@ -84,7 +84,7 @@ func TestPoliciesAndProbes(t *testing.T) {
 	code, _, body := e.do("GET", "/v1/policies", nil)
 	var pr policiesResponse
 	if code != 200 || json.Unmarshal(body, &pr) != nil || pr.Default != "dynamic" ||
-		pr.Policies["skill"] != (Policy{TimeoutMS: 120000, MemoryMB: 2048, CPUs: 1, Pids: 128, Runtime: "default"}) {
+		pr.Policies["skill"] != (policyView{Policy: Policy{TimeoutMS: 120000, MemoryMB: 2048, CPUs: 1, Pids: 128}, Runtime: "default"}) {
 		t.Fatalf("policies = %d %s", code, body)
 	}
 	for _, p := range []string{"/healthz", "/readyz"} {

@@ -33,11 +33,11 @@ type CapacityExecutions struct {
 	MaxQueued int `json:"max_queued"`
 }
 
-// CapacityWarmPool is the warm pool: pool_size per template, the ready
-// sandboxes of each template by name (empty with the pool off or not yet
-// built), and those starting.
+// CapacityWarmPool is the warm pool: the sandboxes each template keeps
+// ready (Size) and has ready now, by template name (policy/runtime; both
+// empty with the pool off or not yet built), and those starting.
 type CapacityWarmPool struct {
-	Size     int            `json:"size"`
+	Size     map[string]int `json:"size"`
 	Ready    map[string]int `json:"ready"`
 	Starting int            `json:"starting"`
 }
@@ -72,12 +72,13 @@ func (s *Server) capacity() Capacity {
 			Slots: s.cfg.MaxConcurrent, Running: running, FreeSlots: max(s.cfg.MaxConcurrent-running, 0),
 			Queued: queued, MaxQueued: s.cfg.MaxQueued,
 		},
-		WarmPool: CapacityWarmPool{Size: s.cfg.PoolSize, Ready: map[string]int{}},
+		WarmPool: CapacityWarmPool{Size: map[string]int{}, Ready: map[string]int{}},
 		Sessions: CapacitySessions{Max: s.cfg.MaxSessions, IdleMemoryLimitBytes: s.cfg.SessionIdleMemoryBytes},
 	}
-	if pool != nil && s.cfg.PoolSize > 0 {
+	if pool != nil {
+		// Not gated on pool_size: runtime_pool_size alone sizes templates.
 		pc := pool.Capacity()
-		c.WarmPool.Ready, c.WarmPool.Starting = pc.Ready, pc.Starting
+		c.WarmPool.Size, c.WarmPool.Ready, c.WarmPool.Starting = pc.Size, pc.Ready, pc.Starting
 	}
 	if m != nil {
 		st := m.Stats()

@@ -365,12 +365,11 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 }
 
 // readyOr503 is ready, its error as the API answers it.
-func (s *Server) readyOr503() (rootfs, python string, e *apiError) {
-	rootfs, python, err := s.ready()
-	if err != nil {
-		return "", "", &apiError{status: http.StatusServiceUnavailable, reason: "not_ready", msg: "not ready: " + err.Error(), retryAfter: "5"}
+func (s *Server) readyOr503() *apiError {
+	if err := s.ready(); err != nil {
+		return &apiError{status: http.StatusServiceUnavailable, reason: "not_ready", msg: "not ready: " + err.Error(), retryAfter: "5"}
 	}
-	return rootfs, python, nil
+	return nil
 }
 
 // execution is one execution from its admission to its stored answer: what

@@ -190,12 +190,16 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request, ps httprou
 
 // policiesResponse is the body of GET /v1/policies.
 type policiesResponse struct {
-	Default  string            `json:"default"`
-	Policies map[string]Policy `json:"policies"`
+	Default  string                `json:"default"`
+	Policies map[string]policyView `json:"policies"`
 }
 
 func (s *Server) handlePolicies(w http.ResponseWriter, _ *http.Request, _ httprouter.Params) {
-	writeJSON(w, http.StatusOK, policiesResponse{Default: TypeDynamic, Policies: s.policies})
+	out := policiesResponse{Default: TypeDynamic, Policies: make(map[string]policyView, len(s.policies))}
+	for name, p := range s.policies {
+		out.Policies[name] = policyView{Policy: p, Runtime: p.Runtime}
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) handleHealthz(w http.ResponseWriter, _ *http.Request, _ httprouter.Params) {
@@ -219,7 +223,7 @@ func (s *Server) notReady() string {
 	s.mu.Lock()
 	draining, sessionsOpening := s.draining, s.manager == nil && s.sessErr == nil
 	s.mu.Unlock()
-	if _, _, err := s.ready(); err != nil {
+	if err := s.ready(); err != nil {
 		return err.Error()
 	}
 	if sessionsOpening {

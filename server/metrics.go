@@ -84,7 +84,7 @@ type poolCollector struct {
 }
 
 var (
-	poolSizeDesc     = prometheus.NewDesc("sandboxd_pool_size", "Configured warm sandboxes per policy (0: pool off).", nil, nil)
+	poolSizeDesc     = prometheus.NewDesc("sandboxd_pool_size", "pool_size: warm sandboxes kept per policy on its own runtime (runtime_pool_size.NAME keeps more on others; GET /v1/capacity has each template's size).", nil, nil)
 	poolReadyDesc    = prometheus.NewDesc("sandboxd_pool_ready", "Warm sandboxes ready for an execution.", nil, nil)
 	poolStartingDesc = prometheus.NewDesc("sandboxd_pool_starting", "Warm sandboxes starting (importing the preload).", nil, nil)
 	poolTakenDesc    = prometheus.NewDesc("sandboxd_pool_taken_total", "Executions served by a warm sandbox.", nil, nil)

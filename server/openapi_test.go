@@ -11,6 +11,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"github.com/sandboxd/sandboxd/server/config"
 	"github.com/sandboxd/sandboxd/server/runner"
 	"github.com/sandboxd/sandboxd/server/session"
 	"github.com/sandboxd/sandboxd/server/volume"
@@ -71,7 +72,7 @@ func TestOpenAPIMatchesHandlers(t *testing.T) {
 	}
 
 	types := map[string]any{
-		"Error": errorBody{}, "File": File{}, "ExecutionRequest": ExecutionRequest{}, "Policy": Policy{},
+		"Error": errorBody{}, "File": File{}, "ExecutionRequest": ExecutionRequest{}, "Policy": Policy{}, "PolicyView": policyView{},
 		"Usage": nsjail.Usage{}, "Artifact": Artifact{}, "Omitted": Omitted{}, "ExecutionResponse": ExecutionResponse{},
 		"ExecutionPending": runningView{}, "ExecutionAccepted": accepted{}, "Policies": policiesResponse{}, "LegacyRequest": LegacyRequest{},
 		"LegacyResponse": LegacyResponse{},
@@ -177,8 +178,8 @@ func TestOpenAPIServed(t *testing.T) {
 	}
 }
 
-// The document's id pattern is the id rule (nsjail/inside), not a copy that
-// could drift from it.
+// The document's id and runtime patterns are the rules (nsjail/inside,
+// server/config), not copies that could drift from them.
 func TestOpenAPIIDPatternIsTheRule(t *testing.T) {
 	var doc struct {
 		Components struct {
@@ -195,5 +196,32 @@ func TestOpenAPIIDPatternIsTheRule(t *testing.T) {
 	got := doc.Components.Schemas["ExecutionRequest"].Properties["id"].Pattern
 	if want := "^" + inside.IDRule + "$"; got != want {
 		t.Fatalf("openapi.json id pattern %q, want %q", got, want)
+	}
+	// And the runtime name's is the config's rule.
+	for _, sc := range []string{"ExecutionRequest", "SessionRequest"} {
+		if got, want := doc.Components.Schemas[sc].Properties["runtime"].Pattern, "^"+config.RuntimeNameRule+"$"; got != want {
+			t.Errorf("openapi.json %s runtime pattern %q, want %q", sc, got, want)
+		}
+	}
+}
+
+// Every operation behind the guard (all but those marked open: security
+// []) documents its 401.
+func TestOpenAPIDocuments401(t *testing.T) {
+	var doc struct {
+		Paths map[string]map[string]struct {
+			Security  *[]any                     `json:"security"`
+			Responses map[string]json.RawMessage `json:"responses"`
+		} `json:"paths"`
+	}
+	if err := json.Unmarshal(openapiJSON, &doc); err != nil {
+		t.Fatal(err)
+	}
+	for path, ops := range doc.Paths {
+		for m, op := range ops {
+			if _, ok := op.Responses["401"]; !ok && (op.Security == nil || len(*op.Security) > 0) {
+				t.Errorf("%s %s does not document its 401", strings.ToUpper(m), path)
+			}
+		}
 	}
 }

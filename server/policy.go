@@ -29,7 +29,17 @@ type Policy struct {
 	CPUs      float64 `json:"cpus"`
 	Pids      int64   `json:"pids"`
 	// Runtime is the runtime the policy's executions and sessions run on
-	// when they name none (dynamic_runtime, skill_runtime).
+	// when they name none (dynamic_runtime, skill_runtime). Not part of
+	// the policy an answer or a session embeds, whose runtime may be
+	// another (the request's): its top-level runtime says which; GET
+	// /v1/policies shows it (policyView).
+	Runtime string `json:"-"`
+}
+
+// policyView is a policy as GET /v1/policies shows it: its limits and the
+// runtime it runs on by default.
+type policyView struct {
+	Policy
 	Runtime string `json:"runtime"`
 }
 

@@ -13,6 +13,7 @@ import (
 	"context"
 	_ "embed"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"path"
@@ -77,6 +78,10 @@ func (s *Server) handleProfile(w http.ResponseWriter, r *http.Request, ps httpro
 			return sessionError(id, err)
 		}
 		defer l.Release()
+		// Before anything is claimed (a slot, a sandbox).
+		if e := s.runtimeGone(l.Runtime); e != nil {
+			return e
+		}
 		// The worker checks what it is (a regular file the sandbox user
 		// owns) as for a GET; the sandbox reads it.
 		f, _, err := l.Volume.OpenFile(p)
@@ -106,7 +111,7 @@ func (s *Server) handleProfile(w http.ResponseWriter, r *http.Request, ps httpro
 // single-use read-only kernel of pol, admitted as an execution, and
 // returns its document.
 func (s *Server) profile(ctx context.Context, pol Policy, runtime, ws, p, kind string) ([]byte, *apiError) {
-	if _, _, e := s.readyOr503(); e != nil {
+	if e := s.readyOr503(); e != nil {
 		return nil, e
 	}
 	if !s.enter() {
@@ -127,6 +132,10 @@ func (s *Server) profile(ctx context.Context, pol Policy, runtime, ws, p, kind s
 	lim, _ := json.Marshal(profileLimits)
 	code := fmt.Sprintf("%s\n_sandboxd_profile(%s, %q, %s)\n", profileSource, target, kind, lim)
 	k, err := s.starter.StartKernel(ctx, pol.Name, runtime, ws, warmpool.KernelOptions{ReadOnly: true})
+	var ae *apiError
+	if errors.As(err, &ae) {
+		return nil, ae // runtimeOr503's: not ready, or the runtime gone
+	}
 	if err != nil {
 		s.log.Error("profile: no sandbox", "err", err)
 		return nil, &apiError{status: http.StatusInternalServerError, reason: "sandbox", msg: "profile: the sandbox did not start: " + err.Error()}

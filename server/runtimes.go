@@ -64,7 +64,7 @@ func (r *preparedRuntime) view() RuntimeView {
 // handleRuntimes lists the runtimes, sorted by name; 503 until Prepare
 // resolved them (their versions are the images').
 func (s *Server) handleRuntimes(w http.ResponseWriter, _ *http.Request, _ httprouter.Params) {
-	if _, _, e := s.readyOr503(); e != nil {
+	if e := s.readyOr503(); e != nil {
 		writeAPIError(w, e)
 		return
 	}
@@ -116,16 +116,30 @@ func (s *Server) resolveRuntimes(ctx context.Context) (map[string]*preparedRunti
 // runtimeOr503 is the runtime name's rootfs and interpreter, or the 503 of
 // a worker not ready.
 func (s *Server) runtimeOr503(name string) (rootfs, python string, e *apiError) {
-	if _, _, e := s.readyOr503(); e != nil {
+	if e := s.readyOr503(); e != nil {
 		return "", "", e
 	}
 	s.mu.Lock()
 	r := s.runtimes[name]
 	s.mu.Unlock()
 	if r == nil {
-		// A session created under a runtime the config no longer has.
-		return "", "", &apiError{status: http.StatusConflict, reason: "runtime_gone",
-			msg: fmt.Sprintf("runtime %q is not configured on this worker: want one of %v", clip(name), s.cfg.RuntimeNames())}
+		// A backstop: requests of a session on a runtime gone from the
+		// config are refused before anything is claimed (runtimeGone).
+		return "", "", s.runtimeGone(name)
 	}
 	return r.image.RootfsPath, r.python, nil
+}
+
+// runtimeGone is nil if the config has the runtime name, else the 409
+// runtime_gone of a session created under a runtime that a restarted
+// worker's config no longer has: nothing can run there until the operator
+// configures it again, and retrying does not help (so not a 503). The
+// session's files can still be read and the session deleted. Checked from
+// the config, so it holds before Prepare too.
+func (s *Server) runtimeGone(name string) *apiError {
+	if _, ok := s.cfg.RuntimeImages()[name]; ok {
+		return nil
+	}
+	return &apiError{status: http.StatusConflict, reason: "runtime_gone", code: "runtime_gone",
+		msg: fmt.Sprintf("runtime %q is not configured on this worker (want one of %v): nothing ran; the session's files can still be read", clip(name), s.cfg.RuntimeNames())}
 }

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -41,25 +40,11 @@ var (
 	testRuntimeErr   string
 )
 
-// baseImageRef is the default image's reference: $SANDBOXD_RUNTIME_IMAGE, else
-// the repository's build/python-runtime.oci.
-func baseImageRef(t *testing.T) string {
-	if ref := os.Getenv("SANDBOXD_RUNTIME_IMAGE"); ref != "" {
-		return ref
-	}
-	_, here, _, _ := runtime.Caller(0)
-	dir := filepath.Join(filepath.Dir(here), "..", "build", "python-runtime.oci")
-	if _, err := os.Stat(filepath.Join(dir, "index.json")); err != nil {
-		t.Skipf("python-runtime image not built (%s missing): run `make runtime-image` or set SANDBOXD_RUNTIME_IMAGE=REF", dir)
-	}
-	return "oci-layout:" + dir
-}
-
 // testRuntimeImage writes the second runtime's OCI layout, once, and
 // returns its reference.
 func testRuntimeImage(t *testing.T) string {
 	t.Helper()
-	base := baseImageRef(t)
+	base := nsjailtest.RuntimeImageRef(t)
 	testRuntimesOnce.Do(func() {
 		testRuntimeRef, testRuntimeErr = makeTestRuntime(base)
 	})
@@ -178,7 +163,7 @@ func TestNamedRuntimes(t *testing.T) {
 	}
 	root := nsjailtest.RuntimeRootfs(t)
 	testRef := testRuntimeImage(t)
-	defaultRef := baseImageRef(t)
+	defaultRef := nsjailtest.RuntimeImageRef(t)
 	start := time.Now()
 	e := newEnvWith(t, root, func(c *config.Config) {
 		c.PythonImage = defaultRef
@@ -282,7 +267,10 @@ func TestNamedRuntimes(t *testing.T) {
 	// every execution run there; the view and GET say so.
 	before := taken("dynamic/test")
 	s := e.createSession(SessionRequest{ID: "on-test", Runtime: "test"})
-	if s.Runtime != "test" || s.Policy.Runtime != "default" {
+	// The session's policy is its limits; its runtime is the session's
+	// (the policy's default runtime is not shown there: it would
+	// contradict it).
+	if s.Runtime != "test" || s.Policy.Runtime != "" {
 		t.Fatalf("session %+v", s)
 	}
 	for i := range 2 {
@@ -307,5 +295,76 @@ func TestNamedRuntimes(t *testing.T) {
 		if code, _, body := e.do("DELETE", "/v1/sessions/"+id, nil); code != http.StatusOK && code != http.StatusNoContent {
 			t.Errorf("DELETE %s = %d %s", id, code, body)
 		}
+	}
+}
+
+// A session whose runtime a restarted worker's config no longer has: its
+// executions and profiles are refused 409 runtime_gone (not a 503 to
+// retry) before anything is claimed: no sandbox, no slot, the id free and
+// the kernel generation in session.json unchanged. Its files stay
+// readable and it can be deleted.
+func TestSessionOnAGoneRuntime(t *testing.T) {
+	root := nsjailtest.RuntimeRootfs(t)
+	dir := filepath.Join(t.TempDir(), "sessions")
+	e1 := newEnv(t, root, func(c *config.Config) {
+		c.SessionsDir = dir
+		c.Runtimes = map[string]string{"old": "dir:" + root}
+	})
+	if v := e1.createSession(SessionRequest{ID: "orphan", Runtime: "old"}); v.Runtime != "old" {
+		t.Fatalf("session %+v", v)
+	}
+	if r := e1.sessionExec("orphan", SessionExecutionRequest{Code: "print(1)"}); r.Status != "succeeded" || r.Runtime != "old" {
+		t.Fatalf("on old: %s %q %q", r.Status, r.Runtime, r.Stderr)
+	}
+	if code, body := e1.put("orphan", "t.csv", []byte("a,b\n1,2\n")); code != http.StatusOK {
+		t.Fatalf("PUT = %d %s", code, body)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	e1.srv.Drain(ctx)
+	e1.http.Close()
+	if err := e1.srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	e2 := newEnv(t, root, func(c *config.Config) { c.SessionsDir = dir })
+	generation := func() int64 {
+		var rec struct{ Generation int64 }
+		data, err := os.ReadFile(filepath.Join(dir, "orphan", "session.json"))
+		if err != nil || json.Unmarshal(data, &rec) != nil {
+			t.Fatalf("session.json: %v %s", err, data)
+		}
+		return rec.Generation
+	}
+	gen := generation()
+	if gen != 1 {
+		t.Fatalf("generation %d after one kernel", gen)
+	}
+	wantGone := func(what string, code int, body []byte) {
+		t.Helper()
+		var eb errorBody
+		if code != http.StatusConflict || json.Unmarshal(body, &eb) != nil || eb.Code != "runtime_gone" ||
+			!strings.Contains(eb.Error, `runtime "old" is not configured`) {
+			t.Fatalf("%s = %d %s, want 409 runtime_gone", what, code, body)
+		}
+	}
+	for _, hdr := range [][]string{nil, {"Prefer", "respond-async"}} {
+		code, h, body := e2.do("POST", "/v1/sessions/orphan/executions", SessionExecutionRequest{ID: "ex-gone", Code: "print(1)"}, hdr...)
+		wantGone("execution", code, body)
+		if h.Get("Retry-After") != "" {
+			t.Errorf("Retry-After %q on a refusal that a retry cannot cure", h.Get("Retry-After"))
+		}
+		e2.wantNoExecution("ex-gone")
+	}
+	code, _, body := e2.do("GET", "/v1/sessions/orphan/files/t.csv?profile=1", nil)
+	wantGone("profile", code, body)
+	if st := e2.srv.PoolStats(); st.Taken != 0 || e2.sandbox.started.Load() != 0 || generation() != gen {
+		t.Errorf("a refusal started something: pool %+v, %d cold, generation %d → %d", st, e2.sandbox.started.Load(), gen, generation())
+	}
+	if code, _, body := e2.do("GET", "/v1/sessions/orphan/files/t.csv", nil); code != http.StatusOK || string(body) != "a,b\n1,2\n" {
+		t.Errorf("GET file = %d %q", code, body)
+	}
+	if code, _, body := e2.do("DELETE", "/v1/sessions/orphan", nil); code != http.StatusNoContent {
+		t.Errorf("DELETE = %d %s", code, body)
 	}
 }

@@ -256,13 +256,9 @@ func (s *Server) Prepare(ctx context.Context) error {
 	for _, name := range s.policies.Names() {
 		pol := s.policies[name]
 		for _, rt := range s.cfg.RuntimeNames() {
-			size := s.cfg.RuntimePoolSize[rt]
-			if rt == pol.Runtime {
-				size = s.cfg.PoolSize
-			}
-			if size > 0 {
+			if size := s.cfg.TemplateSize(pol.Runtime, rt); size > 0 {
 				t := pol.Template(s.cfg, runtimes[rt].image.RootfsPath)
-				t.Name, t.Size = name+"/"+rt, size
+				t.Name, t.Size = templateName(name, rt), size
 				templates = append(templates, t)
 			}
 		}
@@ -355,6 +351,10 @@ func (k kernelStarter) StartKernel(ctx context.Context, policy, runtime, ws stri
 	}
 	return kern, nil
 }
+
+// templateName names the warm template of policy on runtime: policy
+// names are fixed and runtime names have no '/', so two never collide.
+func templateName(policy, runtime string) string { return policy + "/" + runtime }
 
 // startKernel starts a kernel of policy on runtime ("": the policy's) on
 // the workspace ws.
@@ -467,19 +467,18 @@ func (s *Server) enter() bool {
 	return true
 }
 
-// ready returns the default runtime's rootfs and interpreter, or why the
-// runtimes are not ready yet (Prepare readies them all at once).
-func (s *Server) ready() (rootfs, python string, err error) {
+// ready is nil once the runtimes are ready, else why not yet (Prepare
+// readies them all at once).
+func (s *Server) ready() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.runtimes == nil {
 		if s.prepErr != nil {
-			return "", "", s.prepErr
+			return s.prepErr
 		}
-		return "", "", errors.New("the runtime rootfs is being prepared")
+		return errors.New("the runtime rootfs is being prepared")
 	}
-	r := s.runtimes[config.DefaultRuntime]
-	return r.image.RootfsPath, r.python, nil
+	return nil
 }
 
 // Drain stops admitting executions, lets the live ones finish until ctx is

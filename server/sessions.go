@@ -79,7 +79,7 @@ func (s *Server) sessions() (*session.Manager, *apiError) {
 		return m, nil
 	}
 	if err == nil {
-		if _, _, e := s.readyOr503(); e != nil {
+		if e := s.readyOr503(); e != nil {
 			return nil, e
 		}
 		err = errors.New("not open")
@@ -301,6 +301,11 @@ func (s *Server) validateSessionExecution(sid string, req *SessionExecutionReque
 	if e != nil {
 		return nil, e
 	}
+	// Before anything is claimed: no id, slot, reservation or kernel
+	// generation is spent on a runtime the config no longer has.
+	if e := s.runtimeGone(info.Runtime); e != nil {
+		return nil, e
+	}
 	p.session, p.runtime = sid, info.Runtime
 	pol, err := s.policies.Apply(info.Type, req.TimeoutMS)
 	if err != nil {
@@ -321,7 +326,7 @@ func (s *Server) validateSessionExecution(sid string, req *SessionExecutionReque
 // session's kernel, and only what it created or changed under output/
 // answered.
 func (s *Server) executeInSession(ctx context.Context, p *plan) (*ExecutionResponse, *results.Reader, *apiError) {
-	if _, _, e := s.readyOr503(); e != nil {
+	if e := s.readyOr503(); e != nil {
 		return nil, nil, e
 	}
 	m, e := s.sessions()
@@ -390,6 +395,12 @@ func (s *Server) executeInSession(ctx context.Context, p *plan) (*ExecutionRespo
 // took the code (503: the worker's failure, perhaps passing; the client
 // may send the request again).
 func (s *Server) execRefusal(log *slog.Logger, sid string, err error) *apiError {
+	// The server's own refusal passed through the manager (runtimeOr503:
+	// a runtime gone, or a worker not ready) is answered as it is.
+	var ae *apiError
+	if errors.As(err, &ae) {
+		return ae
+	}
 	switch {
 	case errors.Is(err, session.ErrNotFound), errors.Is(err, session.ErrClosed):
 		return sessionError(sid, err)

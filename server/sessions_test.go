@@ -111,7 +111,7 @@ func TestSessionAgentFlow(t *testing.T) {
 	e := newSessionEnv(t, nsjailtest.RuntimeRootfs(t), nil)
 	s := e.createSession(SessionRequest{ID: "analysis", Type: TypeDynamic})
 	pol := e.srv.policies[TypeDynamic]
-	pol.Name = "" // not in JSON
+	pol.Name, pol.Runtime = "", "" // not in JSON (the session's runtime is its own)
 	if s.ID != "analysis" || s.Type != TypeDynamic || s.Policy != pol || !s.Kernel.Enabled ||
 		s.Kernel.State != session.KernelNone || s.Workspace.MaxBytes != e.cfg.SessionMaxBytes || s.Workspace.MaxFiles != e.cfg.SessionMaxFiles {
 		t.Fatalf("new session %+v", s)

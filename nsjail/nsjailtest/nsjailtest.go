@@ -123,6 +123,22 @@ func RuntimeRootfs(t testing.TB) string {
 	return dir
 }
 
+// RuntimeImageRef is the built python-runtime image's reference:
+// $SANDBOXD_RUNTIME_IMAGE, else build/python-runtime.oci at the repository
+// root (`make runtime-image`); it skips t when neither is there.
+func RuntimeImageRef(t testing.TB) string {
+	t.Helper()
+	if ref := os.Getenv("SANDBOXD_RUNTIME_IMAGE"); ref != "" {
+		return ref
+	}
+	_, here, _, _ := runtime.Caller(0)
+	dir := filepath.Join(filepath.Dir(here), "..", "..", "build", "python-runtime.oci")
+	if _, err := os.Stat(filepath.Join(dir, "index.json")); err != nil {
+		t.Skipf("python-runtime image not built (%s missing): run `make runtime-image` or set SANDBOXD_RUNTIME_IMAGE=REF", dir)
+	}
+	return "oci-layout:" + dir
+}
+
 // CopyRootfs copies the rootfs src into a new temporary directory (its name
 // starting with prefix, mode 0755 so the sandbox's mapped root can reach
 // it) that a test may add files to.

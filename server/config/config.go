@@ -182,6 +182,16 @@ func (c Config) RuntimeImages() map[string]string {
 	return out
 }
 
+// TemplateSize is the warm sandboxes kept of a policy whose own runtime is
+// own on the runtime rt: pool_size on its own, runtime_pool_size.rt on
+// another.
+func (c Config) TemplateSize(own, rt string) int {
+	if rt == own {
+		return c.PoolSize
+	}
+	return c.RuntimePoolSize[rt]
+}
+
 // RuntimeNames are the runtimes' names, sorted.
 func (c Config) RuntimeNames() []string {
 	names := slices.Collect(maps.Keys(c.RuntimeImages()))
@@ -445,7 +455,9 @@ func setFromString(v reflect.Value, raw string) error {
 		}
 		v.Set(reflect.ValueOf(list))
 	case reflect.Map:
-		// name=value,name=value: a TOML table in the environment.
+		// name=value,name=value: a TOML table in the environment, which
+		// replaces the file's table whole. A name given twice is an
+		// error, not the last one silently kept.
 		m := reflect.MakeMap(v.Type())
 		for _, s := range strings.Split(raw, ",") {
 			if s = strings.TrimSpace(s); s == "" {
@@ -455,11 +467,15 @@ func setFromString(v reflect.Value, raw string) error {
 			if !ok {
 				return fmt.Errorf("want name=value pairs, got: %q", s)
 			}
+			k = strings.TrimSpace(k)
+			if m.MapIndex(reflect.ValueOf(k)).IsValid() {
+				return fmt.Errorf("%s given twice", k)
+			}
 			elem := reflect.New(v.Type().Elem()).Elem()
 			if err := setFromString(elem, val); err != nil {
-				return fmt.Errorf("%s: %w", strings.TrimSpace(k), err)
+				return fmt.Errorf("%s: %w", k, err)
 			}
-			m.SetMapIndex(reflect.ValueOf(strings.TrimSpace(k)), elem)
+			m.SetMapIndex(reflect.ValueOf(k), elem)
 		}
 		v.Set(m)
 	default:

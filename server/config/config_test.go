@@ -207,6 +207,14 @@ geo = 1
 	if _, _, err := Load("", []string{"EXECUTION_RUNTIME_POOL_SIZE=geo=two"}); err == nil || !strings.Contains(err.Error(), "geo: not an integer") {
 		t.Errorf("a count that is no number: %v", err)
 	}
+	if _, _, err := Load("", []string{"EXECUTION_RUNTIMES=geo=oci-layout:/a, geo =oci-layout:/b"}); err == nil || !strings.Contains(err.Error(), "geo given twice") {
+		t.Errorf("a name given twice: %v", err)
+	}
+	// The env's table replaces the file's whole (not merged into it).
+	cfg, _, err = Load(file, []string{"EXECUTION_RUNTIMES=default=oci-layout:/srv/py.oci,ml=oci-layout:/m", "EXECUTION_SKILL_RUNTIME=ml", "EXECUTION_RUNTIME_POOL_SIZE="})
+	if err != nil || !slices.Equal(cfg.RuntimeNames(), []string{"default", "ml"}) {
+		t.Errorf("the env's runtimes over the file's: %v %v", err, cfg.RuntimeNames())
+	}
 
 	// Both spellings, different: refused, naming both.
 	cfg, _, err = Load(file, []string{"EXECUTION_PYTHON_IMAGE=oci-layout:/other"})

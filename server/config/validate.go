@@ -128,12 +128,15 @@ const RuntimeNameRule = `[a-z][a-z0-9_-]{0,31}`
 
 var runtimeNamePattern = regexp.MustCompile(`^` + RuntimeNameRule + `$`)
 
+// ValidRuntimeName reports whether name matches RuntimeNameRule.
+func ValidRuntimeName(name string) bool { return runtimeNamePattern.MatchString(name) }
+
 func runtimesCheck(c Config) (errs []error) {
 	if ref, ok := c.Runtimes[DefaultRuntime]; ok && ref != c.PythonImage {
 		errs = append(errs, fmt.Errorf("python_image and runtimes.default must not differ (python_image is the old spelling of runtimes.default: set one), got: %q and %q", c.PythonImage, ref))
 	}
 	for _, name := range slices.Sorted(maps.Keys(c.Runtimes)) {
-		if !runtimeNamePattern.MatchString(name) {
+		if !ValidRuntimeName(name) {
 			errs = append(errs, fmt.Errorf("runtimes names must match %s, got: %q", RuntimeNameRule, name))
 		} else if c.Runtimes[name] == "" {
 			errs = append(errs, fmt.Errorf("runtimes.%s must be an image reference, got: \"\"", name))
@@ -148,8 +151,11 @@ func runtimesCheck(c Config) (errs []error) {
 	for _, name := range slices.Sorted(maps.Keys(c.RuntimePoolSize)) {
 		if _, ok := images[name]; !ok {
 			errs = append(errs, fmt.Errorf("runtime_pool_size keys must name a runtime (one of %v), got: %q", c.RuntimeNames(), name))
-		} else if n := c.RuntimePoolSize[name]; n < 0 {
-			errs = append(errs, fmt.Errorf("runtime_pool_size.%s must be >= 0, got: %d", name, n))
+		} else if n := c.RuntimePoolSize[name]; n < 0 || n > c.maxTemplateSize() {
+			errs = append(errs, fmt.Errorf("runtime_pool_size.%s must be in 0..%d (max_concurrent + max_sessions: more cannot be in use at once), got: %d",
+				name, c.maxTemplateSize(), n))
+		} else if name == c.DynamicRuntime && name == c.SkillRuntime {
+			errs = append(errs, fmt.Errorf("runtime_pool_size.%s sizes nothing: every policy runs on %s, where pool_size sizes its warm sandboxes", name, name))
 		}
 	}
 	return errs
@@ -269,7 +275,15 @@ func (c Config) maxResultBytes() int64 {
 
 var pythonModulePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$`)
 
+// maxTemplateSize bounds a warm template's size: executions and session
+// kernels in use at once. More would only hold memory.
+func (c Config) maxTemplateSize() int { return c.MaxConcurrent + c.MaxSessions }
+
 func poolCheck(c Config) (errs []error) {
+	if c.PoolSize > c.maxTemplateSize() {
+		errs = append(errs, fmt.Errorf("pool_size must be <= max_concurrent + max_sessions (%d: more cannot be in use at once), got: %d",
+			c.maxTemplateSize(), c.PoolSize))
+	}
 	if time.Duration(c.PoolMaxIdle) < time.Second {
 		errs = append(errs, fmt.Errorf("pool_max_idle must be >= 1s, got: %s", time.Duration(c.PoolMaxIdle)))
 	}

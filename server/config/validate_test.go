@@ -38,7 +38,15 @@ var validateCases = []struct {
 	{"runtime pool negative", "runtimes", func(c *Config) {
 		c.Runtimes = map[string]string{"geo": "oci-layout:/g"}
 		c.RuntimePoolSize = map[string]int{"geo": -1}
-	}, "runtime_pool_size.geo must be >= 0, got: -1"},
+		c.MaxConcurrent = 4
+	}, "runtime_pool_size.geo must be in 0..68 (max_concurrent + max_sessions: more cannot be in use at once), got: -1"},
+	{"runtime pool too big", "runtimes", func(c *Config) {
+		c.Runtimes = map[string]string{"geo": "oci-layout:/g"}
+		c.RuntimePoolSize = map[string]int{"geo": 10000}
+		c.MaxConcurrent = 4
+	}, "runtime_pool_size.geo must be in 0..68 (max_concurrent + max_sessions: more cannot be in use at once), got: 10000"},
+	{"runtime pool of every policy's own", "runtimes", func(c *Config) { c.RuntimePoolSize = map[string]int{"default": 3} },
+		"runtime_pool_size.default sizes nothing: every policy runs on default, where pool_size sizes its warm sandboxes"},
 	{"minimum", "minimums", func(c *Config) { c.DynamicMemoryMB = 7 }, "dynamic_memory_mb must be >= 8, got: 7"},
 	{"queue", "minimums", func(c *Config) { c.MaxQueued = -1 }, "max_queued must be >= 0, got: -1"},
 	{"cpus", "cpus", func(c *Config) { c.SkillCPUs = 0.001 }, "skill_cpus must be in 0.01.." + strconv.Itoa(runtime.NumCPU()*64) + ", got: 0.001"},
@@ -57,6 +65,8 @@ var validateCases = []struct {
 		"worker_socket_mode must be permission bits (at most 0777), got: 01660"},
 	{"results bytes", "results", func(c *Config) { c.ResultsMaxBytes = 1 << 20 },
 		"results_max_bytes must be >= the largest result, max_artifacts_bytes + 6×(max_stdout_bytes + max_stderr_bytes) + max_result_bytes + 1MiB (68157440), got: 1048576"},
+	{"pool size", "pool", func(c *Config) { c.PoolSize, c.MaxConcurrent = 100, 4 },
+		"pool_size must be <= max_concurrent + max_sessions (68: more cannot be in use at once), got: 100"},
 	{"pool idle", "pool", func(c *Config) { c.PoolMaxIdle = Duration(time.Millisecond) }, "pool_max_idle must be >= 1s, got: 1ms"},
 	{"pool preload", "pool", func(c *Config) { c.PoolPreload = []string{"a-b"} }, `pool_preload entries must be Python module names, got: "a-b"`},
 	{"env name", "allowed_env", func(c *Config) { c.AllowedEnv = []string{"1X"} }, `allowed_env entries must be variable names, got: "1X"`},

@@ -19,6 +19,7 @@ import (
 	"github.com/google/jsonschema-go/jsonschema"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"github.com/sandboxd/sandboxd/server/config"
 )
 
 // These tests need no root: the tools run against a fake of the HTTP API
@@ -84,6 +85,15 @@ func TestToolsJSON(t *testing.T) {
 	json.Unmarshal(def.InputSchema, &s)
 	if got, want := s.Properties["session_id"].Pattern, "^"+inside.IDRule+"$"; got != want {
 		t.Errorf("create_session session_id pattern %q, want %q", got, want)
+	}
+	// So is the runtime name's (server/config).
+	for _, name := range []string{"run_python", "create_session"} {
+		def, _ := Tool(name)
+		var s jsonschema.Schema
+		json.Unmarshal(def.InputSchema, &s)
+		if got, want := s.Properties["runtime"].Pattern, "^"+config.RuntimeNameRule+"$"; got != want {
+			t.Errorf("%s runtime pattern %q, want %q", name, got, want)
+		}
 	}
 
 	cs := connect(t, InProcess(http.NotFoundHandler()))

@@ -102,11 +102,12 @@ func checkPolicyName(p string) error {
 	return nil
 }
 
-// checkRuntimeName: a record's runtime is a name, looked up in the
-// config by the server, never a path (SECURITY.md case 57).
+// checkRuntimeName: a record's runtime is a name by the config's rule,
+// looked up in the config by the server, so never a path or an image
+// reference (SECURITY.md case 57).
 func checkRuntimeName(r string) error {
-	if r == "" || len(r) > maxPolicyLen || strings.IndexFunc(r, func(c rune) bool { return !unicode.IsPrint(c) || c == '/' }) >= 0 {
-		return fmt.Errorf("runtime must be a printable name of 1 to %d bytes without '/', got: %q", maxPolicyLen, r)
+	if !config.ValidRuntimeName(r) {
+		return fmt.Errorf("runtime must match %s, got: %.64q", config.RuntimeNameRule, r)
 	}
 	return nil
 }

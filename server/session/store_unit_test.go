@@ -207,7 +207,8 @@ func TestRootMustBeTheWorkersOwn(t *testing.T) {
 
 // A session's runtime in session.json (SECURITY.md case 57): a record
 // written before runtimes existed has none and is on the default runtime;
-// one that names anything but a printable name without '/' is refused.
+// one whose name breaks the config's rule (config.RuntimeNameRule) is
+// refused: a name that is not a path or an image reference.
 func TestUnitRecordRuntime(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "s1")
 	os.Mkdir(dir, 0o700)
@@ -229,10 +230,10 @@ func TestUnitRecordRuntime(t *testing.T) {
 	if got, err := readRecord(dir, "s1"); err != nil || got != r || got.runtime() != "geo" {
 		t.Fatalf("read %+v, wrote %+v: %v", got, r, err)
 	}
-	for _, bad := range []string{"../geo", "oci-layout:/tmp/x.oci/", "a\nb", strings.Repeat("g", maxPolicyLen+1)} {
+	for _, bad := range []string{"../geo", "oci-layout:/tmp/x.oci/", "oci-layout:x.oci", "dir:.", "a\nb", "Geo", strings.Repeat("g", 33)} {
 		b := r
 		b.Runtime = bad
-		if err := b.check("s1"); err == nil || !strings.Contains(err.Error(), "runtime must be") {
+		if err := b.check("s1"); err == nil || !strings.Contains(err.Error(), "runtime must match "+config.RuntimeNameRule) {
 			t.Errorf("runtime %q accepted: %v", bad, err)
 		}
 	}

@@ -18,7 +18,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -26,12 +25,12 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/sandboxd/sandboxd/internal/progress"
 	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"github.com/sandboxd/sandboxd/tools/internal/ociout"
 )
 
 func main() {
@@ -65,7 +64,7 @@ func run(o options) error {
 	if err != nil {
 		return fmt.Errorf("bad -tag: %w", err)
 	}
-	versions, err := readPackages(o.packages)
+	versions, err := ociout.ReadPackages(o.packages)
 	if err != nil {
 		return err
 	}
@@ -110,35 +109,12 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	if err := writeLayout(o.oci, img, tag); err != nil {
-		return err
-	}
-	if err := writeArchive(o.archive, img, tag); err != nil {
-		return err
-	}
-	if err := verify(o.oci, o.archive, img); err != nil {
+	if err := ociout.Save(o.oci, o.archive, img, tag); err != nil {
 		return err
 	}
 	fmt.Printf("image %s\nmanifest digest %s\nlayer digest sha256:%s (%d bytes)\noci layout %s\ndocker-archive %s\n",
 		tag, digest, st.digest, st.compressed, o.oci, o.archive)
 	return nil
-}
-
-// readPackages parses `dpkg-query -W -f '${Package}\t${Version}\n'` output.
-func readPackages(path string) (map[string]string, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("package list: %w", err)
-	}
-	out := map[string]string{}
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		name, version, ok := strings.Cut(line, "\t")
-		if !ok || name == "" || version == "" {
-			return nil, fmt.Errorf("package list %s: bad line %q", path, line)
-		}
-		out[name] = version
-	}
-	return out, nil
 }
 
 func buildImage(layer v1.Layer, versions map[string]string, o options, created time.Time) (v1.Image, error) {
@@ -158,12 +134,7 @@ func buildImage(layer v1.Layer, versions map[string]string, o options, created t
 		}
 		labels["org.debian.package."+p] = v
 	}
-	all := make([]string, 0, len(versions))
-	for p, v := range versions {
-		all = append(all, p+"="+v)
-	}
-	sort.Strings(all)
-	labels["org.debian.packages"] = strings.Join(all, " ")
+	labels["org.debian.packages"] = strings.Join(ociout.PackageList(versions), " ")
 
 	cfg := &v1.ConfigFile{
 		Architecture: "amd64",
@@ -358,109 +329,4 @@ func (c *countWriter) Write(p []byte) (int, error) {
 	n, err := c.w.Write(p)
 	c.n += int64(n)
 	return n, err
-}
-
-func writeLayout(dir string, img v1.Image, tag name.Tag) error {
-	tmp := dir + ".tmp"
-	if err := os.RemoveAll(tmp); err != nil {
-		return err
-	}
-	p, err := layout.Write(tmp, empty.Index)
-	if err != nil {
-		return fmt.Errorf("oci layout: %w", err)
-	}
-	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{
-		"org.opencontainers.image.ref.name": tag.TagStr(),
-		"io.containerd.image.name":          tag.Name(),
-	})); err != nil {
-		return fmt.Errorf("oci layout: %w", err)
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		return err
-	}
-	return os.Rename(tmp, dir)
-}
-
-func writeArchive(path string, img v1.Image, tag name.Tag) error {
-	tmp := path + ".tmp"
-	if err := tarball.WriteToFile(tmp, tag, img); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("docker-archive: %w", err)
-	}
-	return os.Rename(tmp, path)
-}
-
-// verify reads both outputs back with go-containerregistry's own readers (the
-// docker-archive reader parses the same manifest.json `docker load` does) and
-// checks that they hold the image we meant to write.
-func verify(oci, archive string, want v1.Image) error {
-	wantDigest, _ := want.Digest()
-	wantConfig, _ := want.ConfigName()
-	wantLayers, _ := want.Layers()
-
-	idx, err := layout.ImageIndexFromPath(oci)
-	if err != nil {
-		return fmt.Errorf("verify oci layout: %w", err)
-	}
-	im, err := idx.IndexManifest()
-	if err != nil || len(im.Manifests) != 1 || im.Manifests[0].Digest != wantDigest {
-		return fmt.Errorf("verify oci layout: index does not name %s (%v)", wantDigest, err)
-	}
-	got, err := idx.Image(wantDigest)
-	if err != nil {
-		return fmt.Errorf("verify oci layout: %w", err)
-	}
-	if err := sameContent(got, wantConfig, wantLayers); err != nil {
-		return fmt.Errorf("verify oci layout: %w", err)
-	}
-
-	got, err = tarball.ImageFromPath(archive, nil)
-	if err != nil {
-		return fmt.Errorf("verify docker-archive: %w", err)
-	}
-	if err := sameContent(got, wantConfig, wantLayers); err != nil {
-		return fmt.Errorf("verify docker-archive: %w", err)
-	}
-	return nil
-}
-
-func sameContent(got v1.Image, config v1.Hash, layers []v1.Layer) error {
-	c, err := got.ConfigName()
-	if err != nil {
-		return err
-	}
-	if c != config {
-		return fmt.Errorf("config %s, want %s", c, config)
-	}
-	gl, err := got.Layers()
-	if err != nil {
-		return err
-	}
-	if len(gl) != len(layers) {
-		return fmt.Errorf("%d layers, want %d", len(gl), len(layers))
-	}
-	for i := range gl {
-		g, err := gl[i].Digest()
-		if err != nil {
-			return err
-		}
-		w, _ := layers[i].Digest()
-		if g != w {
-			return fmt.Errorf("layer %d: %s, want %s", i, g, w)
-		}
-		// Re-hash the stored blob: catches a truncated or corrupted copy.
-		rc, err := gl[i].Compressed()
-		if err != nil {
-			return err
-		}
-		h, _, err := v1.SHA256(rc)
-		rc.Close()
-		if err != nil {
-			return err
-		}
-		if h != w {
-			return fmt.Errorf("layer %d: stored blob hashes to %s, want %s", i, h, w)
-		}
-	}
-	return nil
 }

@@ -270,6 +270,8 @@ class Policy:
     memory_mb: int = 0
     cpus: float = 0
     pids: int = 0
+    # The policy's default runtime: set by policies() only; an answer's or
+    # a session's runtime is its own top-level runtime.
     runtime: str = ""
 
     @classmethod
@@ -1254,10 +1256,12 @@ class Client:
 
     def capacity(self) -> Dict[str, Any]:
         """What the worker can take now (GET /v1/capacity, server/README.md):
-        free slots and the queue, warm sandboxes ready per template,
+        free slots and the queue, warm sandboxes kept and ready per
+        template (policy/runtime),
         sessions and the idle kernels' memory, and its worker_id when set;
         the server's document as a dict."""
         return _dict(self._call("GET", "/v1/capacity", idempotent=True))
+
     def runtimes(self) -> List[Dict[str, Any]]:
         """The runtimes a request may name (run(..., runtime=NAME),
         create_session(runtime=NAME)), each a dict: name, default, image,
@@ -1283,7 +1287,7 @@ class Client:
                        kernel: Optional[bool] = None, idle_timeout_ms: Optional[int] = None,
                        runtime: Optional[str] = None) -> Session:
         """Create a session (a with block deletes it at its end). runtime:
-        the name of one of the worker's runtimes (list_runtimes)."""
+        the name of one of the worker's runtimes (runtimes())."""
         req: Dict[str, Any] = {}
         for k, v in (("id", id), ("type", type), ("runtime", runtime), ("kernel", kernel), ("idle_timeout_ms", idle_timeout_ms)):
             if v is not None:

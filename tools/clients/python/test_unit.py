@@ -149,7 +149,8 @@ class CapacityTest(StubCase):
     def test_capacity(self):
         doc = {"worker_id": "node-a", "ready": True, "draining": False,
                "executions": {"slots": 2, "running": 1, "free_slots": 1, "queued": 0, "max_queued": 16},
-               "warm_pool": {"size": 1, "ready": {"dynamic": 1, "skill": 0}, "starting": 1},
+               "warm_pool": {"size": {"dynamic/default": 1, "skill/default": 1},
+                             "ready": {"dynamic/default": 1, "skill/default": 0}, "starting": 1},
                "sessions": {"available": True, "active": 1, "busy": 0, "idle": 1, "max": 64,
                             "idle_memory_bytes": 1, "idle_memory_limit_bytes": 2}}
         self.srv.steps = [lambda h: h.reply(429, {"error": "busy"}, {"Retry-After": "1"}), lambda h: h.reply(200, doc)]

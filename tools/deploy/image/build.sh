@@ -55,6 +55,15 @@ for p in $PACKAGES; do
 	if ! ls "$work/debs/$file"_*.deb >/dev/null 2>&1; then
 		cached=$(ls /var/cache/apt/archives/"$file"_*.deb 2>/dev/null | head -n 1 || true)
 		if [ -n "$cached" ]; then
+			# apt-get download checks a .deb against the signed index;
+			# one taken from apt's cache is checked here the same way:
+			# its hash must be the one apt's lists give for p=v (a file
+			# planted or corrupted in the cache is refused).
+			sum=$(sha256sum "$cached" | cut -d' ' -f1)
+			if ! apt-cache show "$p=$v" | grep -qx "SHA256: $sum"; then
+				echo "build.sh: $cached does not hash to the SHA256 apt's lists give for $p=$v" >&2
+				exit 1
+			fi
 			cp "$cached" "$work/debs/"
 		else
 			# As root, apt's download sandbox user must be able to write here.

@@ -29,10 +29,10 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/sandboxd/sandboxd/tools/internal/ociout"
 )
 
 func main() {
@@ -70,7 +70,7 @@ func run(o options) (v1.Hash, error) {
 	if err != nil {
 		return v1.Hash{}, fmt.Errorf("bad -tag: %w", err)
 	}
-	versions, err := readPackages(o.packages)
+	versions, err := ociout.ReadPackages(o.packages)
 	if err != nil {
 		return v1.Hash{}, err
 	}
@@ -78,13 +78,7 @@ func run(o options) (v1.Hash, error) {
 	if err != nil {
 		return v1.Hash{}, err
 	}
-	if err := writeLayout(o.oci, img, tag); err != nil {
-		return v1.Hash{}, err
-	}
-	if err := writeArchive(o.archive, img, tag); err != nil {
-		return v1.Hash{}, err
-	}
-	if err := verify(o.oci, o.archive, img); err != nil {
+	if err := ociout.Save(o.oci, o.archive, img, tag); err != nil {
 		return v1.Hash{}, err
 	}
 	return img.Digest()
@@ -125,11 +119,7 @@ func build(o options, versions map[string]string) (v1.Image, error) {
 	if o.revision != "" {
 		labels["org.opencontainers.image.revision"] = o.revision
 	}
-	all := make([]string, 0, len(versions))
-	for p, v := range versions {
-		all = append(all, p+"="+v)
-	}
-	sort.Strings(all)
+	all := ociout.PackageList(versions)
 	labels["org.debian.packages"] = strings.Join(all, " ")
 	cfg := &v1.ConfigFile{
 		Architecture: "amd64",
@@ -302,111 +292,4 @@ func (l *layer) gzip() ([]byte, error) {
 		return nil, err
 	}
 	return buf.Bytes(), nil
-}
-
-// readPackages parses `dpkg-query -W -f '${Package}\t${Version}\n'` output.
-func readPackages(path string) (map[string]string, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("package list: %w", err)
-	}
-	out := map[string]string{}
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		name, version, ok := strings.Cut(line, "\t")
-		if !ok || name == "" || version == "" {
-			return nil, fmt.Errorf("package list %s: bad line %q", path, line)
-		}
-		out[name] = version
-	}
-	return out, nil
-}
-
-func writeLayout(dir string, img v1.Image, tag name.Tag) error {
-	tmp := dir + ".tmp"
-	if err := os.RemoveAll(tmp); err != nil {
-		return err
-	}
-	p, err := layout.Write(tmp, empty.Index)
-	if err != nil {
-		return fmt.Errorf("oci layout: %w", err)
-	}
-	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{
-		"org.opencontainers.image.ref.name": tag.TagStr(),
-		"io.containerd.image.name":          tag.Name(),
-	})); err != nil {
-		return fmt.Errorf("oci layout: %w", err)
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		return err
-	}
-	return os.Rename(tmp, dir)
-}
-
-func writeArchive(path string, img v1.Image, tag name.Tag) error {
-	tmp := path + ".tmp"
-	if err := tarball.WriteToFile(tmp, tag, img); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("docker-archive: %w", err)
-	}
-	return os.Rename(tmp, path)
-}
-
-// verify reads both outputs back with go-containerregistry's readers and
-// checks that they hold the image written.
-func verify(oci, archive string, want v1.Image) error {
-	wantDigest, err := want.Digest()
-	if err != nil {
-		return err
-	}
-	idx, err := layout.ImageIndexFromPath(oci)
-	if err != nil {
-		return fmt.Errorf("verify oci layout: %w", err)
-	}
-	got, err := idx.Image(wantDigest)
-	if err != nil {
-		return fmt.Errorf("verify oci layout: %w", err)
-	}
-	if err := sameLayers(got, want); err != nil {
-		return fmt.Errorf("verify oci layout: %w", err)
-	}
-	if got, err = tarball.ImageFromPath(archive, nil); err != nil {
-		return fmt.Errorf("verify docker-archive: %w", err)
-	}
-	if err := sameLayers(got, want); err != nil {
-		return fmt.Errorf("verify docker-archive: %w", err)
-	}
-	return nil
-}
-
-func sameLayers(got, want v1.Image) error {
-	gc, err := got.ConfigName()
-	if err != nil {
-		return err
-	}
-	if wc, _ := want.ConfigName(); gc != wc {
-		return fmt.Errorf("config %s, want %s", gc, wc)
-	}
-	gl, err := got.Layers()
-	if err != nil {
-		return err
-	}
-	wl, _ := want.Layers()
-	if len(gl) != len(wl) {
-		return fmt.Errorf("%d layers, want %d", len(gl), len(wl))
-	}
-	for i := range gl {
-		rc, err := gl[i].Compressed()
-		if err != nil {
-			return err
-		}
-		h, _, err := v1.SHA256(rc) // the stored blob, re-hashed
-		rc.Close()
-		if err != nil {
-			return err
-		}
-		if w, _ := wl[i].Digest(); h != w {
-			return fmt.Errorf("layer %d: %s, want %s", i, h, w)
-		}
-	}
-	return nil
 }

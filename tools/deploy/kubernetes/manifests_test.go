@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,6 +25,10 @@ import (
 // connections: the pod's grace period must cover both.
 const serveShutdownExtra = 15
 
+// warmSandboxBytes is what one ready warm sandbox holds: ~62 MiB with the
+// default preload (measured: server/README.md, "Why 2 per policy").
+const warmSandboxBytes = 64 << 20
+
 type kustomization struct {
 	Namespace          string   `yaml:"namespace"`
 	Resources          []string `yaml:"resources"`
@@ -32,7 +37,10 @@ type kustomization struct {
 		Files []string `yaml:"files"`
 	} `yaml:"configMapGenerator"`
 	Images []struct {
-		Name string `yaml:"name"`
+		Name    string `yaml:"name"`
+		NewName string `yaml:"newName"`
+		NewTag  string `yaml:"newTag"`
+		Digest  string `yaml:"digest"`
 	} `yaml:"images"`
 }
 
@@ -410,10 +418,23 @@ func TestManifests(t *testing.T) {
 	if len(req) == 0 || fmt.Sprint(req) != fmt.Sprint(lim) || req["cpu"] == "" || req["memory"] == "" {
 		t.Errorf("requests %v, limits %v: want both cpu and memory, equal", req, lim)
 	}
+	// The warm sandboxes' cgroups are nested under the pod's too: every
+	// template (each policy on each runtime) keeps its size ready.
+	warm := 0
+	for _, own := range []string{cfg.DynamicRuntime, cfg.SkillRuntime} {
+		for _, rt := range cfg.RuntimeNames() {
+			warm += cfg.TemplateSize(own, rt)
+		}
+	}
+	if warm == 0 {
+		t.Error("no warm sandboxes: the sizing below would not count them")
+	}
 	policyMem := float64(max(cfg.DynamicMemoryMB, cfg.SkillMemoryMB)) * (1 << 20)
-	needMem := float64(cfg.MaxConcurrent)*(policyMem+float64(cfg.WorkspaceBytes)) + float64(cfg.SessionIdleMemoryBytes) + 512<<20
+	needMem := float64(cfg.MaxConcurrent)*(policyMem+float64(cfg.WorkspaceBytes)) + float64(cfg.SessionIdleMemoryBytes) +
+		float64(warm)*warmSandboxBytes + 512<<20
 	if got := quantity(t, lim["memory"]); got < needMem {
-		t.Errorf("memory limit %s < max_concurrent x (policy memory + workspace_bytes) + session_idle_memory_bytes + 512Mi = %.0f MiB", lim["memory"], needMem/(1<<20))
+		t.Errorf("memory limit %s < max_concurrent x (policy memory + workspace_bytes) + session_idle_memory_bytes + %d warm sandboxes x 64Mi + 512Mi = %.0f MiB",
+			lim["memory"], warm, needMem/(1<<20))
 	}
 	if got, need := quantity(t, lim["cpu"]), float64(cfg.MaxConcurrent)*max(cfg.DynamicCPUs, cfg.SkillCPUs); got < need {
 		t.Errorf("cpu limit %s < max_concurrent x policy cpus = %v", lim["cpu"], need)
@@ -483,7 +504,11 @@ func TestManifests(t *testing.T) {
 	if !subset(pdb.Selector.MatchLabels, labels) || pdb.MaxUnavailable != 1 {
 		t.Errorf("PodDisruptionBudget %+v", pdb)
 	}
-	if len(k.Images) != 1 || k.Images[0].Name != c.Image {
-		t.Errorf("kustomization images %+v do not name the container's image %q", k.Images, c.Image)
+	// The image is pinned by digest, never a tag: with IfNotPresent a node
+	// keeps whichever build of a tag it pulled first.
+	if len(k.Images) != 1 || k.Images[0].Name != c.Image || strings.ContainsAny(c.Image, ":@") {
+		t.Errorf("kustomization images %+v do not name the container's image %q (untagged)", k.Images, c.Image)
+	} else if img := k.Images[0]; img.NewTag != "" || !regexp.MustCompile(`^sha256:[0-9a-f]{64}$`).MatchString(img.Digest) {
+		t.Errorf("kustomization image %+v: want a digest (sha256:…), no tag", img)
 	}
 }
