@@ -395,7 +395,7 @@ func runPython(t *testing.T, rootfs, python, code, want string) {
 	}
 }
 
-// TestRuntimePythonStack runs the product's runtime image (CPython 3.13
+// TestRuntimePythonStack runs the product's runtime image (CPython 3.14
 // and the data stack) under the profile. It skips until `make test` has
 // built and unpacked the image.
 func TestRuntimePythonStack(t *testing.T) {

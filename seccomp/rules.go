@@ -26,7 +26,7 @@ const (
 	refClone3        = "https://github.com/opencontainers/runc/pull/2750"
 )
 
-// Default returns sandboxd's profile: an allowlist for CPython 3.13 with
+// Default returns sandboxd's profile: an allowlist for CPython (3.14 on forky, 3.13 on trixie) with
 // threads, subprocess and multiprocessing (fork, spawn, forkserver over
 // AF_UNIX, POSIX semaphores in /dev/shm), numpy/OpenBLAS threads, pandas,
 // scipy, scikit-learn (joblib/loky), matplotlib, openpyxl, and busybox sh.
