@@ -4,6 +4,7 @@ package seccomp_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -147,6 +149,27 @@ func runProbes(t *testing.T, p *seccomp.Profile, probes []probe) {
 	}
 }
 
+// int80Refused is the probe's outcome when the kernel has no i386 syscall
+// entry: the fault kills it with SIGSEGV (the shell's 128+11).
+const int80Refused = "exit 139: "
+
+// int80Works says whether an i386 syscall (getpid through int $0x80) runs
+// on this kernel at all: sysprobe, outside any sandbox and filter.
+func int80Works(t *testing.T) bool {
+	t.Helper()
+	err := exec.Command(filepath.Join(probeRootfs(t), "bin/sysprobe"), "int80", "20").Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGSEGV {
+			return false
+		}
+	}
+	if err != nil {
+		t.Fatalf("sysprobe int80 20 outside the sandbox: %v", err)
+	}
+	return true
+}
+
 func errnoStr(e unix.Errno) string { return fmt.Sprintf("errno %d", int(e)) }
 
 // markerErrno replaces EPERM as the default in the marker profile: many
@@ -232,11 +255,20 @@ func deniedProbes(t *testing.T, p *seccomp.Profile, defErr unix.Errno) []probe {
 	if native == seccomp.ArchX86_64 {
 		// i386 numbers: 20 getpid, 11 execve, 26 ptrace, 21 mount.
 		// x32 numbers: 39 getpid, 520 execve, 0 read.
+		i386 := "killed"
+		if !int80Works(t) {
+			// The kernel itself refuses the i386 ABI (int $0x80 is a
+			// fault, SIGSEGV, before any filter runs: seen on a kernel
+			// with IA-32 emulation off). The attack is then closed below
+			// the filter; the probes still show the calls never run.
+			t.Log("this kernel refuses int $0x80 outside any sandbox (SIGSEGV): the i386 probes expect that, not the filter's kill")
+			i386 = int80Refused
+		}
 		ps = append(ps,
-			probe{"i386-getpid", "int80 20", "killed"},
-			probe{"i386-execve", "int80 11", "killed"},
-			probe{"i386-ptrace", "int80 26", "killed"},
-			probe{"i386-mount", "int80 21", "killed"},
+			probe{"i386-getpid", "int80 20", i386},
+			probe{"i386-execve", "int80 11", i386},
+			probe{"i386-ptrace", "int80 26", i386},
+			probe{"i386-mount", "int80 21", i386},
 			probe{"x32-getpid", "x32 39", "killed"},
 			probe{"x32-execve", "x32 520", "killed"},
 			probe{"x32-read", "x32 0", "killed"},
