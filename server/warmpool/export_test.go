@@ -67,6 +67,10 @@ func KernelCPUNS(k *Kernel) (uint64, error) {
 // sending of its request (nil: none).
 func SetBeforeSend(f func(*Kernel)) { beforeSend = f }
 
+// SetWhilePreparing sets the hook run as an execution begins, before the
+// kernel is thawed and the reply awaited (nil: none).
+func SetWhilePreparing(f func(*Kernel)) { whilePreparing = f }
+
 // LateInterrupt sends k a SIGINT as await does, whether or not an
 // execution runs: one that reaches the kernel after its reply.
 func LateInterrupt(k *Kernel) error { return k.signal(unix.SIGINT) }

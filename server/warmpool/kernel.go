@@ -132,6 +132,12 @@ type Kernel struct {
 	// sigintSent: a SIGINT was sent since the last request; one may still
 	// reach the kernel after it answered (the next request drops it).
 	sigintSent bool
+	// preparing: an Exec has begun and awaits no reply yet (it thaws the
+	// kernel, makes its pipes); interruptEarly: Interrupt came meanwhile,
+	// and Exec sends the SIGINT once its reply is awaited. (Dropped before,
+	// an interrupt the API had answered 204 was lost: the code ran on to
+	// its timeout.)
+	preparing, interruptEarly bool
 	// killedFor is why the worker killed the kernel (End*), first wins.
 	killedFor string
 	reason    string
@@ -353,7 +359,7 @@ func (p *Pool) handOffKernel(ctx context.Context, w *warmSandbox, spec nsjail.Sp
 
 // handOff sends the kernel hand-off and waits for its answer.
 func (k *Kernel) handOff(ctx context.Context, msg []byte) error {
-	wait := k.expect()
+	wait, _ := k.expect() // no Exec prepares before the hand-off
 	defer k.unexpect()
 	if err := k.w.control.SetWriteDeadline(time.Now().Add(kernelAckTimeout)); err != nil {
 		return err
@@ -553,13 +559,29 @@ func (k *Kernel) deliver(r replyLine) {
 	}
 }
 
-// expect opens the slot for the next reply.
-func (k *Kernel) expect() *awaitedReply {
-	a := &awaitedReply{ch: make(chan replyLine, 1)}
+// expect opens the slot for the next reply; early says an Interrupt came
+// while the execution was being prepared.
+func (k *Kernel) expect() (a *awaitedReply, early bool) {
+	a = &awaitedReply{ch: make(chan replyLine, 1)}
 	k.mu.Lock()
 	k.waiting = a
+	early = k.interruptEarly
+	k.preparing, k.interruptEarly = false, false
 	k.mu.Unlock()
-	return a
+	return a, early
+}
+
+// prepare marks an execution begun (until expect, or done on a return
+// before it).
+func (k *Kernel) prepare() (done func()) {
+	k.mu.Lock()
+	k.preparing, k.interruptEarly = true, false
+	k.mu.Unlock()
+	return func() {
+		k.mu.Lock()
+		k.preparing, k.interruptEarly = false, false
+		k.mu.Unlock()
+	}
 }
 
 // unexpect closes it: a reply that comes later breaks the protocol.
@@ -623,9 +645,13 @@ func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) 
 	default:
 	}
 	defer k.wakeRefill()
+	defer k.prepare()()
 	log := k.log
 	if e.Logger != nil {
 		log = e.Logger.With("sandbox", k.sb.ID())
+	}
+	if whilePreparing != nil {
+		whilePreparing(k)
 	}
 	// It idled frozen (SECURITY.md case 47): thawed now, after the
 	// caller's snapshot of the workspace and before the request exists,
@@ -675,7 +701,14 @@ func (k *Kernel) Exec(ctx context.Context, e KernelExec) (*KernelResult, error) 
 	stdout := nsjail.NewCapture(outR, cmp.Or(k.lim.StdoutBytes, nsjail.DefaultLimits.StdoutBytes), e.Output.ForStream(nsjail.StreamStdout))
 	stderr := nsjail.NewCapture(errR, cmp.Or(k.lim.StderrBytes, nsjail.DefaultLimits.StderrBytes), e.Output.ForStream(nsjail.StreamStderr))
 	events := runner.NewReader(evR, runner.Want{Display: e.Display, Figures: e.Figures}, e.OnEvent)
-	wait := k.expect()
+	wait, early := k.expect()
+	if early {
+		// Thawed by now, the request not yet sent: noted by the kernel
+		// and raised as the cell starts (as TestKernelInterruptBeforeTheRequest).
+		if err := k.signal(unix.SIGINT); err != nil {
+			log.Debug("unable to send an interrupt that came before the request", "error", err)
+		}
+	}
 	if beforeSend != nil {
 		beforeSend(k)
 	}
@@ -760,6 +793,10 @@ func (k *Kernel) takeSigintSent() bool {
 // before its request is sent: an Interrupt then comes before the kernel
 // has read the request.
 var beforeSend func(*Kernel)
+
+// whilePreparing, when set (by tests), runs as an execution begins, before
+// the kernel is thawed and its reply awaited.
+var whilePreparing func(*Kernel)
 
 // send writes the request line with the execution's stdout, stderr and
 // events write ends beside it (SCM_RIGHTS).
@@ -955,6 +992,9 @@ func (k *Kernel) processExited() bool {
 func (k *Kernel) Interrupt() error {
 	k.mu.Lock()
 	running := k.waiting != nil && !k.waiting.answered
+	if !running && k.preparing {
+		k.interruptEarly = true // sent by Exec once its reply is awaited
+	}
 	k.mu.Unlock()
 	select {
 	case <-k.ended:

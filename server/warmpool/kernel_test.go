@@ -271,6 +271,32 @@ func TestKernelInterrupt(t *testing.T) {
 	want(t, run(t, k, "print(z)"), nsjail.StatusSucceeded, 0, "kept\n")
 }
 
+// An interrupt that comes as an execution begins, before it awaits its
+// reply (the session already says busy, the kernel is still frozen), is
+// the execution's: it was answered as done and dropped, and the code ran
+// on to its timeout.
+func TestKernelInterruptWhileTheExecutionBegins(t *testing.T) {
+	e := newKernelEnv(t, 0)
+	k := e.start(t, e.sessionDir(t), false, warmpool.KernelOptions{})
+	run(t, k, "z = 'kept'")
+	warmpool.SetWhilePreparing(func(k *warmpool.Kernel) {
+		if err := k.Interrupt(); err != nil {
+			t.Error(err)
+		}
+	})
+	kr, err := k.Exec(context.Background(), warmpool.KernelExec{Code: "import time\ntime.sleep(3600)", Timeout: 30 * time.Second})
+	warmpool.SetWhilePreparing(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want(t, kr, nsjail.StatusFailed, 130, "")
+	wantAlive(t, kr)
+	if !strings.Contains(string(kr.Result.Stderr), "KeyboardInterrupt") {
+		t.Fatalf("stderr %q", kr.Result.Stderr)
+	}
+	want(t, run(t, k, "print(z)"), nsjail.StatusSucceeded, 0, "kept\n")
+}
+
 // An interrupt that comes before the kernel has read the execution's
 // request (the kernel is thawed, the request on its way) is the
 // execution's: raised as its code starts, never dropped as a late one of
