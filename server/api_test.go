@@ -45,7 +45,7 @@ func TestExecuteEndToEnd(t *testing.T) {
 		SHA256: hex.EncodeToString(sum[:]), ContentBase64: b64("abc")}) {
 		t.Errorf("artifacts = %+v", resp.Artifacts)
 	}
-	if resp.ID != "e2e-1" || resp.Type != "dynamic" || resp.Runtime != "default" || resp.Policy != (Policy{TimeoutMS: 30000, MemoryMB: 1024, CPUs: 1, Pids: 128, Runtime: "default"}) {
+	if resp.ID != "e2e-1" || resp.Type != "dynamic" || resp.Runtime != "default" || resp.Policy != (Policy{TimeoutMS: 30000, MemoryMB: 1024, CPUs: 1, Pids: 128}) {
 		t.Errorf("id/type/policy = %s %s %+v", resp.ID, resp.Type, resp.Policy)
 	}
 	if resp.FinishedAt.Before(resp.StartedAt) || resp.Usage.WallMS <= 0 || resp.Usage.PeakMemoryBytes <= 0 {
