@@ -272,12 +272,13 @@ func TestServeRuntimes(t *testing.T) {
 
 	// A runtime that cannot be resolved: no serving, the reason named.
 	state := fmt.Sprintf("/run/sandboxd-test-%d/serve-broken-state", os.Getpid())
+	brokenCgroup := fmt.Sprintf("sandboxd-test-%d-serve-broken", os.Getpid())
 	cmd := exec.Command(buildCLI(t), "serve")
 	cmd.Env = append(os.Environ(), "EXECUTION_PYTHON_IMAGE="+refs["default"], "EXECUTION_ROOTFS_CACHE="+cache,
 		"EXECUTION_RUNTIMES=broken=oci-layout:/nonexistent/image.oci",
 		"EXECUTION_WORK_ROOT="+filepath.Join(t.TempDir(), "work"), "EXECUTION_RESULTS_DIR="+filepath.Join(t.TempDir(), "results"),
 		"EXECUTION_SESSIONS_DIR="+filepath.Join(t.TempDir(), "sessions"), "EXECUTION_STATE_ROOT="+state,
-		fmt.Sprintf("EXECUTION_CGROUP_PARENT=sandboxd-test-%d-serve-broken", os.Getpid()),
+		"EXECUTION_CGROUP_PARENT="+brokenCgroup,
 		fmt.Sprintf("EXECUTION_WORKER_PORT=%d", freePort(t)), "EXECUTION_POOL_SIZE=0")
 	var logs bytes.Buffer
 	cmd.Stderr = &logs
@@ -295,6 +296,11 @@ func TestServeRuntimes(t *testing.T) {
 		cmd.Process.Kill()
 		<-done
 		t.Fatalf("serve with a broken runtime did not exit:\n%s", logs.String())
+	}
+	// As worker.stop: nothing left, and the empty parent cgroup removed
+	// (it was left on every run before).
+	if err := nsjailtest.CheckNoLeftovers(state, brokenCgroup); err != nil {
+		t.Error(err)
 	}
 	os.RemoveAll(filepath.Dir(state))
 }
