@@ -271,21 +271,21 @@ func TestKernelInterrupt(t *testing.T) {
 	want(t, run(t, k, "print(z)"), nsjail.StatusSucceeded, 0, "kept\n")
 }
 
-// An interrupt that comes as an execution begins, before it awaits its
-// reply (the session already says busy, the kernel is still frozen), is
-// the execution's: it was answered as done and dropped, and the code ran
-// on to its timeout.
-func TestKernelInterruptWhileTheExecutionBegins(t *testing.T) {
+// interruptedEarly runs a sleeping execution in a kernel holding z, with
+// set's hook interrupting it before the kernel has read its request; the
+// interrupt must be the execution's (KeyboardInterrupt, the kernel and z
+// kept).
+func interruptedEarly(t *testing.T, set func(func(*warmpool.Kernel))) *warmpool.KernelResult {
 	e := newKernelEnv(t, 0)
 	k := e.start(t, e.sessionDir(t), false, warmpool.KernelOptions{})
 	run(t, k, "z = 'kept'")
-	warmpool.SetWhilePreparing(func(k *warmpool.Kernel) {
+	set(func(k *warmpool.Kernel) {
 		if err := k.Interrupt(); err != nil {
 			t.Error(err)
 		}
 	})
 	kr, err := k.Exec(context.Background(), warmpool.KernelExec{Code: "import time\ntime.sleep(3600)", Timeout: 30 * time.Second})
-	warmpool.SetWhilePreparing(nil)
+	set(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,6 +295,15 @@ func TestKernelInterruptWhileTheExecutionBegins(t *testing.T) {
 		t.Fatalf("stderr %q", kr.Result.Stderr)
 	}
 	want(t, run(t, k, "print(z)"), nsjail.StatusSucceeded, 0, "kept\n")
+	return kr
+}
+
+// An interrupt that comes as an execution begins, before it awaits its
+// reply (the session already says busy, the kernel is still frozen), is
+// the execution's: it was answered as done and dropped, and the code ran
+// on to its timeout.
+func TestKernelInterruptWhileTheExecutionBegins(t *testing.T) {
+	interruptedEarly(t, warmpool.SetWhilePreparing)
 }
 
 // An interrupt that comes before the kernel has read the execution's
@@ -302,24 +311,7 @@ func TestKernelInterruptWhileTheExecutionBegins(t *testing.T) {
 // execution's: raised as its code starts, never dropped as a late one of
 // the execution before.
 func TestKernelInterruptBeforeTheRequest(t *testing.T) {
-	e := newKernelEnv(t, 0)
-	k := e.start(t, e.sessionDir(t), false, warmpool.KernelOptions{})
-	run(t, k, "z = 'kept'")
-	warmpool.SetBeforeSend(func(k *warmpool.Kernel) {
-		if err := k.Interrupt(); err != nil {
-			t.Error(err)
-		}
-	})
-	kr, err := k.Exec(context.Background(), warmpool.KernelExec{Code: "import time\ntime.sleep(3600)", Timeout: 30 * time.Second})
-	warmpool.SetBeforeSend(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want(t, kr, nsjail.StatusFailed, 130, "")
-	wantAlive(t, kr)
-	if !strings.Contains(string(kr.Result.Stderr), "KeyboardInterrupt") {
-		t.Fatalf("stderr %q", kr.Result.Stderr)
-	}
+	kr := interruptedEarly(t, warmpool.SetBeforeSend)
 	// Raised by the zygote's guard as the cell starts: none of its frames
 	// shows, in the text or the typed error.
 	le := kr.Events.Error
@@ -327,7 +319,6 @@ func TestKernelInterruptBeforeTheRequest(t *testing.T) {
 		le == nil || le.Type != "KeyboardInterrupt" || len(le.Traceback) != 0 || strings.Contains(le.Text, "__enter__") {
 		t.Errorf("the guard's frame shows: stderr %q, error %+v", kr.Result.Stderr, le)
 	}
-	want(t, run(t, k, "print(z)"), nsjail.StatusSucceeded, 0, "kept\n")
 }
 
 // A SIGINT the pool sent for an execution that reaches the kernel only
