@@ -30,7 +30,8 @@ func SweepOrphans(parent string, orphan func(id string) bool, log *slog.Logger) 
 // name only cgroups the caller knows it created (SECURITY.md case 29; a
 // mistaken parent must never kill someone else's processes). Call it at
 // start-up, after PrepareParent (on v2 the sandboxes' parent is only known
-// once the worker sits in its leaf) and before sandboxes start.
+// once the worker sits in its leaf) and before sandboxes start. A freezer
+// anchor (anchor.go) that no sandbox of this process holds goes too.
 func (h *Hierarchy) SweepOrphans(parent string, orphan func(id string) bool, log *slog.Logger) (removed []string, err error) {
 	if log == nil {
 		log = slog.Default()
@@ -56,6 +57,11 @@ func (h *Hierarchy) SweepOrphans(parent string, orphan func(id string) bool, log
 				orphans[e.Name()] = Paths{}
 			}
 			orphans[e.Name()][ctrl] = filepath.Join(pd, e.Name())
+		}
+	}
+	if _, v2 := dirs.V2(); !v2 {
+		if err := removeIdleAnchor(dirs["freezer"]); err != nil {
+			log.Warn("cgroup sweep: unable to remove a freezer anchor left behind", "error", err)
 		}
 	}
 	ids := make([]string, 0, len(orphans))

@@ -49,11 +49,34 @@ func (s *Sandbox) Freeze() error {
 	if s.frozen {
 		return nil
 	}
+	if s.releaseAnchor == nil {
+		// Held until the sandbox is removed (collect): see cgroup/anchor.go.
+		release, err := cgroup.AcquireFreezerAnchor(s.cgroupPaths)
+		if err != nil {
+			s.log.Debug("no freezer anchor; freezing and thawing cost more", "error", err)
+		} else {
+			s.releaseAnchor = release
+		}
+	}
 	if err := cgroup.Freeze(s.cgroupPaths, freezeTimeout); err != nil {
 		return fmt.Errorf("unable to freeze the sandbox: %w", err)
 	}
 	s.frozen = true
 	return nil
+}
+
+// dropAnchor releases the freezer anchor Freeze took, once the sandbox is
+// gone.
+func (s *Sandbox) dropAnchor() {
+	s.fz.Lock()
+	release := s.releaseAnchor
+	s.releaseAnchor = nil
+	s.fz.Unlock()
+	if release != nil {
+		if err := release(); err != nil {
+			s.log.Warn("unable to release the freezer anchor", "error", err)
+		}
+	}
 }
 
 // Thaw lets a sandbox Freeze stopped run again; it does nothing to one

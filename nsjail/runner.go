@@ -191,6 +191,9 @@ type Sandbox struct {
 	fz     sync.Mutex
 	frozen bool
 	ending bool
+	// releaseAnchor, under fz, releases the freezer anchor the first
+	// Freeze took (cgroup.AcquireFreezerAnchor); nil when none is held.
+	releaseAnchor func() error
 	// peak follows the memory high-water mark from ResetMemoryPeak on
 	// (peakReset: a reset succeeded); under peakMu.
 	peakMu    sync.Mutex

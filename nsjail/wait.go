@@ -168,6 +168,7 @@ func (s *Sandbox) collect(a awaited) cgroup.Stats {
 		}
 		s.closePeak()
 		s.r.destroy(s.c, s.log)
+		s.dropAnchor()
 		if s.mntns != nil {
 			s.mntns.Close()
 		}
