@@ -21,8 +21,9 @@ import (
 //
 // So a sandbox that may be frozen holds an anchor: an empty cgroup,
 // frozen, beside the sandboxes in the freezer hierarchy (<own>/<parent>/
-// freezer-anchor), made when the first such sandbox freezes and removed
-// when the last one ends. While it exists the key stays on, and a
+// freezer-anchor), made when the first such sandbox freezes (or the warm
+// pool opens: Hierarchy.AcquireFreezerAnchor) and removed when the last
+// holder lets go. While it exists the key stays on, and a
 // kernel's thaw and freeze change only its own cgroup. It holds no task
 // and limits nothing; v2's freezer (cgroup.freeze) does not use the key,
 // so there is no anchor on v2.
@@ -41,7 +42,31 @@ var anchors = struct {
 // no-op one (and no error) on v2 or without a freezer hierarchy. An error
 // leaves nothing held: the anchor only saves time, the caller may go on.
 func AcquireFreezerAnchor(paths Paths) (release func() error, err error) {
-	dir := anchorDir(paths)
+	return acquireAnchor(anchorDir(paths))
+}
+
+// AcquireFreezerAnchor takes a hold on the freezer anchor under the
+// sandboxes' parent without a sandbox: for a caller that will freeze
+// sandboxes under it for a while (the warm pool, which hands out session
+// kernels), so that even the first freeze of each flips nothing.
+func (h *Hierarchy) AcquireFreezerAnchor(parent string) (release func() error, err error) {
+	if h.Mode.V2() {
+		return acquireAnchor("")
+	}
+	dirs, err := h.ParentDirs(parent)
+	if err != nil {
+		return nil, err
+	}
+	if dirs["freezer"] == "" {
+		return acquireAnchor("")
+	}
+	if err := os.MkdirAll(dirs["freezer"], 0o755); err != nil {
+		return nil, fmt.Errorf("cgroup freezer anchor: %w", err)
+	}
+	return acquireAnchor(filepath.Join(dirs["freezer"], anchorName))
+}
+
+func acquireAnchor(dir string) (release func() error, err error) {
 	if dir == "" {
 		return func() error { return nil }, nil
 	}

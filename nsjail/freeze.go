@@ -115,3 +115,15 @@ func (s *Sandbox) thawForEnd() {
 		s.log.Error("unable to thaw the sandbox to end it", "error", err)
 	}
 }
+
+// HoldFreezerAnchor keeps the cgroup v1 freezer anchor (cgroup/anchor.go)
+// until release is called: for a caller that freezes this Runner's
+// sandboxes for a while, as the warm pool's session kernels are, so that
+// even the first freeze of each flips nothing. A no-op on v2.
+func (r *Runner) HoldFreezerAnchor() (release func() error, err error) {
+	h, err := cgroup.Host()
+	if err != nil {
+		return nil, err
+	}
+	return h.AcquireFreezerAnchor(r.opts.CgroupParent)
+}

@@ -72,6 +72,11 @@ func (f *fakeSandbox) Prestart(nsjail.Spec, ...*os.File) (*nsjail.Pending, error
 // WaitForCleanup counts the drains that waited for the sandboxes' removal.
 func (f *fakeSandbox) WaitForCleanup() { f.cleanupWaits.Add(1) }
 
+// HoldFreezerAnchor holds nothing: nothing is ever frozen here.
+func (f *fakeSandbox) HoldFreezerAnchor() (func() error, error) {
+	return func() error { return nil }, nil
+}
+
 func (f *fakeSandbox) lastSpec() nsjail.Spec {
 	f.mu.Lock()
 	defer f.mu.Unlock()
