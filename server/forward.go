@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/julienschmidt/httprouter"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/server/config"
 	"github.com/sandboxd/sandboxd/server/peers"
 	"github.com/sandboxd/sandboxd/server/sessionid"
@@ -112,7 +113,9 @@ func (s *Server) forwarding(h httprouter.Handle) httprouter.Handle {
 	return func(w http.ResponseWriter, r *http.Request, ps httprouter.Params) {
 		id := ps.ByName("id")
 		owner, ok := sessionid.Owner(id)
-		if !ok || owner == s.owner || s.fwd == nil {
+		// Only an id by the rule is forwarded (SECURITY.md case 46: an id
+		// is never more than a name); the local route refuses the rest.
+		if !ok || owner == s.owner || s.fwd == nil || !inside.ValidID(id) {
 			h(w, r, ps)
 			return
 		}
@@ -172,8 +175,12 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, id, owner strin
 				s.forwardRefused(w, lookupRefusal(id, owner, le.answer))
 			case errors.As(err, &ue) || isDialError(err):
 				outcome.Store("")
+				how := ""
+				if ue != nil {
+					how = " (tried twice, its address looked up in between)"
+				}
 				s.forwardRefused(w, &apiError{status: http.StatusServiceUnavailable, reason: fwdUnavailable, code: fwdUnavailable, retryAfter: "2",
-					msg: fmt.Sprintf("session %s lives on worker %s, which cannot be reached now (tried twice, its address looked up again): %v", id, a.Peer.WorkerID, err)})
+					msg: fmt.Sprintf("session %s lives on worker %s, which cannot be reached now%s: %v", id, a.Peer.WorkerID, how, err)})
 			default:
 				outcome.Store("")
 				s.forwardRefused(w, &apiError{status: http.StatusBadGateway, reason: fwdFailed, code: "forward_failed",

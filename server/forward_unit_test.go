@@ -105,6 +105,8 @@ func TestForwardStates(t *testing.T) {
 		{"own", sessionid.New(sessionid.Token("worker-a")), "worker-c", http.StatusNotFound, ""},
 		{"no owner", sessionid.New(""), "", http.StatusNotFound, ""},
 		{"chosen", "analysis", "", http.StatusNotFound, ""},
+		// Not an id by the rule: never forwarded, whatever it names.
+		{"bad id", "se-" + sessionid.Token("worker-b") + "-%20x", "", http.StatusNotFound, ""},
 	} {
 		var hdr []string
 		if c.hdr != "" {
