@@ -177,6 +177,9 @@ func New(d Deps) (*Server, error) {
 		store.Close()
 		return nil, fmt.Errorf("session forwarding: %w", err)
 	}
+	if s.fwd != nil {
+		d.Logger.Info("session forwarding", "peers_source", d.Config.PeersSource, "worker_id", d.Config.WorkerID, "owner_token", s.owner)
+	}
 	s.metrics.registerResults(store.Stats)
 	s.admission = NewAdmission(d.Config.MaxConcurrent, d.Config.MaxQueued, func(running, queued int) {
 		s.metrics.inFlight.Set(float64(running))
