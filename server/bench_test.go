@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -190,4 +191,114 @@ func reportBenchLatency(b *testing.B, lat []time.Duration) {
 	slices.Sort(lat)
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+}
+
+// benchPeerServers are two workers on the real runtime, worker-a and
+// worker-b, each knowing the other (peers_source = "static"), with the
+// warm pool on and sessions, served over loopback HTTP; their base URLs.
+func benchPeerServers(b *testing.B) (c *http.Client, urlA, urlB string) {
+	rootfs := nsjailtest.RuntimeRootfs(b)
+	nsjailtest.RequireRoot(b)
+	ids := []string{"worker-a", "worker-b"}
+	lns := map[string]net.Listener{}
+	list := map[string]string{}
+	for _, id := range ids {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		lns[id], list[id] = ln, "http://"+ln.Addr().String()
+	}
+	for _, id := range ids {
+		cfg := config.Default()
+		cfg.WorkRoot = filepath.Join(b.TempDir(), "work")
+		cfg.ResultsDir = filepath.Join(b.TempDir(), "results")
+		cfg.SessionsDir = filepath.Join(b.TempDir(), "sessions")
+		cfg.StateRoot = testStateRoot
+		cfg.PythonImage = "dir:" + rootfs
+		cfg.PoolSize = 1
+		cfg.WorkerID, cfg.PeersSource, cfg.Peers = id, config.PeersStatic, list
+		r := nsjailtest.NewRunner(b, nsjail.Options{StateRoot: cfg.StateRoot, CgroupParent: testCgroupParent, Logger: quietLog})
+		srv, err := New(Deps{Config: cfg, Sandbox: r, Logger: quietLog, ResolveRootfs: dirRootfs(rootfs)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := srv.Prepare(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		hs := httptest.NewUnstartedServer(nil)
+		hs.Listener.Close()
+		hs.Listener = lns[id]
+		hs.Config = srv.HTTPServer(nil)
+		hs.Start()
+		b.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			srv.Drain(ctx)
+			hs.Close()
+			srv.Close()
+		})
+		waitBenchPool(b, srv)
+	}
+	return &http.Client{}, list["worker-a"], list["worker-b"]
+}
+
+// BenchmarkSessionForwarded is what forwarding adds (issue 16): GET
+// /v1/sessions/{id} and print(1) in the session's live kernel, each sent
+// to the owner (direct) and to the other worker (forwarded), alternately
+// in one run; p50 and p99 of each and the forwarded/direct ratios.
+func BenchmarkSessionForwarded(b *testing.B) {
+	c, urlA, urlB := benchPeerServers(b)
+	var sess SessionView
+	json.Unmarshal(benchPost(b, c, urlA+"/v1/sessions", SessionRequest{}, http.StatusCreated), &sess)
+	defer benchDelete(b, c, urlA+"/v1/sessions/"+sess.ID)
+	benchPost(b, c, urlA+"/v1/sessions/"+sess.ID+"/executions", SessionExecutionRequest{Code: "x = 1"}, http.StatusOK)
+	get := func(base string) time.Duration {
+		t0 := time.Now()
+		resp, err := c.Get(base + "/v1/sessions/" + sess.ID)
+		if err != nil {
+			b.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			b.Fatalf("GET via %s: %d", base, resp.StatusCode)
+		}
+		return time.Since(t0)
+	}
+	print1 := func(base string) time.Duration {
+		t0 := time.Now()
+		out := benchPost(b, c, base+"/v1/sessions/"+sess.ID+"/executions", SessionExecutionRequest{Code: "print(1)"}, http.StatusOK)
+		d := time.Since(t0)
+		if !bytes.Contains(out, []byte(`"stdout":"1\n"`)) {
+			b.Fatalf("%s", out)
+		}
+		return d
+	}
+	// Warm both paths' connections first.
+	get(urlA)
+	get(urlB)
+	print1(urlB)
+	var getA, getB, printA, printB []time.Duration
+	for b.Loop() {
+		getA = append(getA, get(urlA))
+		getB = append(getB, get(urlB))
+		printA = append(printA, print1(urlA))
+		printB = append(printB, print1(urlB))
+	}
+	report := func(name string, direct, fwd []time.Duration) {
+		slices.Sort(direct)
+		slices.Sort(fwd)
+		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+		p50d, p50f := direct[len(direct)/2], fwd[len(fwd)/2]
+		p99d, p99f := direct[len(direct)*99/100], fwd[len(fwd)*99/100]
+		b.ReportMetric(ms(p50d), name+"-direct-p50-ms")
+		b.ReportMetric(ms(p99d), name+"-direct-p99-ms")
+		b.ReportMetric(ms(p50f), name+"-fwd-p50-ms")
+		b.ReportMetric(ms(p99f), name+"-fwd-p99-ms")
+		b.ReportMetric(float64(p50f)/float64(p50d), name+"-p50-ratio")
+		b.ReportMetric(float64(p99f)/float64(p99d), name+"-p99-ratio")
+	}
+	report("get", getA, getB)
+	report("print", printA, printB)
 }

@@ -64,6 +64,9 @@ func (e *testEnv) send(method, path string, body any, hdr ...string) (int, *http
 		e.t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if e.token != "" {
+		req.Header.Set("Authorization", "Bearer "+e.token)
+	}
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -109,6 +110,9 @@ type testEnv struct {
 	http    *httptest.Server
 	cfg     config.Config
 	logs    *syncBuffer // the server's log lines, warnings and up
+	// token, when set, is sent as the bearer token by do and send unless
+	// the request carries an Authorization of its own.
+	token string
 }
 
 // syncBuffer is a bytes.Buffer safe for concurrent log writes.
@@ -140,6 +144,13 @@ func newEnv(t *testing.T, rootfs string, mod func(*config.Config)) *testEnv {
 // it is prepared and served: a test replaces its hooks (starter, reserve).
 func newEnvWith(t *testing.T, rootfs string, mod func(*config.Config), setup func(*Server)) *testEnv {
 	t.Helper()
+	return newEnvOn(t, rootfs, mod, setup, nil)
+}
+
+// newEnvOn is newEnvWith served on ln (nil: a new loopback port), for
+// workers whose addresses must be known before they start (peers).
+func newEnvOn(t *testing.T, rootfs string, mod func(*config.Config), setup func(*Server), ln net.Listener) *testEnv {
+	t.Helper()
 	nsjailtest.RequireRoot(t)
 	cfg := config.Default()
 	cfg.WorkRoot = filepath.Join(t.TempDir(), "work")
@@ -170,15 +181,19 @@ func newEnvWith(t *testing.T, rootfs string, mod func(*config.Config), setup fun
 		t.Fatal(err)
 	}
 	e := &testEnv{t: t, srv: srv, sandbox: cs, cfg: cfg, logs: logs}
-	e.http = serveForTest(t, srv, logs, e.wantNoWorkspaces)
+	e.http = serveForTest(t, srv, logs, e.wantNoWorkspaces, ln)
 	return e
 }
 
 // serveForTest serves srv's API on a test listener. When the test ends it
 // logs the server's log lines if the test failed, drains and closes the
 // server, then runs leftovers (a check that nothing outlived it).
-func serveForTest(t *testing.T, srv *Server, logs *syncBuffer, leftovers func()) *httptest.Server {
+func serveForTest(t *testing.T, srv *Server, logs *syncBuffer, leftovers func(), ln net.Listener) *httptest.Server {
 	hs := httptest.NewUnstartedServer(nil)
+	if ln != nil {
+		hs.Listener.Close()
+		hs.Listener = ln
+	}
 	hs.Config = srv.HTTPServer(nil)
 	hs.Start()
 	t.Cleanup(func() {
@@ -217,6 +232,9 @@ func (e *testEnv) do(method, path string, body any, hdr ...string) (int, http.He
 		e.t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if e.token != "" {
+		req.Header.Set("Authorization", "Bearer "+e.token)
+	}
 	for i := 0; i+1 < len(hdr); i += 2 {
 		if strings.EqualFold(hdr[i], "Host") {
 			req.Host = hdr[i+1]

@@ -22,6 +22,9 @@ type metrics struct {
 	// quotaRefusals counts what the API refused for a session's quota
 	// (the code's own ENOSPC is the code's).
 	quotaRefusals prometheus.Counter
+	// forwards counts the session requests for another worker's session
+	// (forward.go), by outcome.
+	forwards *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -52,8 +55,12 @@ func newMetrics() *metrics {
 			Name: "sandboxd_session_quota_refusals_total",
 			Help: "Uploads and execution files refused (413) because a session's workspace quota was used up.",
 		}),
+		forwards: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandboxd_session_forwards_total",
+			Help: "Requests for a session another worker owns, by outcome: proxied (the owner answered), owner_gone (410), owner_unavailable (503), forward_loop (410), failed (502), cancelled.",
+		}, []string{"outcome"}),
 	}
-	m.reg.MustRegister(m.executions, m.duration, m.inFlight, m.queued, m.rejected, m.quotaRefusals,
+	m.reg.MustRegister(m.executions, m.duration, m.inFlight, m.queued, m.rejected, m.quotaRefusals, m.forwards,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,6 +29,7 @@ import (
 	"github.com/sandboxd/sandboxd/server/config"
 	"github.com/sandboxd/sandboxd/server/results"
 	"github.com/sandboxd/sandboxd/server/session"
+	"github.com/sandboxd/sandboxd/server/sessionid"
 	"github.com/sandboxd/sandboxd/server/stream"
 	"github.com/sandboxd/sandboxd/server/warmpool"
 	"github.com/sandboxd/sandboxd/server/workspace"
@@ -91,6 +93,12 @@ type Server struct {
 	mcp       http.Handler // /mcp, nil without Deps.MCP
 	// mcpCalls bounds the /mcp calls served at once (mcp_route.go).
 	mcpCalls chan struct{}
+	// owner is this worker's owner token (sessionid.Token of worker_id;
+	// "" without one): its generated session ids carry it.
+	owner string
+	// fwd forwards other owners' session requests (forward.go); nil
+	// without peers_source.
+	fwd *forwarder
 
 	mu       sync.Mutex
 	runtimes map[string]*preparedRuntime // by name, set once Prepare succeeds (runtimes.go)
@@ -140,6 +148,9 @@ func New(d Deps) (*Server, error) {
 		// SECURITY.md case 53: as many as stored answers may stream.
 		attached: make(decodeSlots, d.Config.MaxStreams),
 	}
+	if d.Config.WorkerID != "" {
+		s.owner = sessionid.Token(d.Config.WorkerID)
+	}
 	s.createWorkspace = workspace.Create
 	s.starter = kernelStarter{s}
 	s.reserve = (*session.Manager).Begin
@@ -162,6 +173,13 @@ func New(d Deps) (*Server, error) {
 		return nil, err
 	}
 	s.results = store
+	if s.fwd, err = newForwarder(d.Config, d); err != nil {
+		store.Close()
+		return nil, fmt.Errorf("session forwarding: %w", err)
+	}
+	if s.fwd != nil {
+		d.Logger.Info("session forwarding", "peers_source", d.Config.PeersSource, "worker_id", d.Config.WorkerID, "owner_token", s.owner)
+	}
 	s.metrics.registerResults(store.Stats)
 	s.admission = NewAdmission(d.Config.MaxConcurrent, d.Config.MaxQueued, func(running, queued int) {
 		s.metrics.inFlight.Set(float64(running))
@@ -219,7 +237,11 @@ func (s *Server) routes() []route {
 func (s *Server) router() http.Handler {
 	r := httprouter.New()
 	for _, rt := range s.routes() {
-		r.Handle(rt.method, rt.path, rt.handle)
+		h := rt.handle
+		if strings.HasPrefix(rt.path, "/v1/sessions/:id") {
+			h = s.forwarding(h) // another owner's session: to its worker
+		}
+		r.Handle(rt.method, rt.path, h)
 	}
 	r.NotFound = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint")
@@ -228,6 +250,11 @@ func (s *Server) router() http.Handler {
 		writeError(w, http.StatusMethodNotAllowed, "method not allowed")
 	})
 	r.PanicHandler = func(w http.ResponseWriter, r *http.Request, v any) {
+		if v == http.ErrAbortHandler {
+			// A forwarded answer broken midway (forward.go): net/http
+			// drops the connection, so the client sees it cut, not ended.
+			panic(v)
+		}
 		s.log.Error("handler panic", "path", r.URL.Path, "panic", fmt.Sprint(v))
 		writeError(w, http.StatusInternalServerError, "internal error")
 	}
@@ -320,6 +347,7 @@ func (s *Server) openSessions() {
 		MaxBytes:         s.cfg.SessionMaxBytes,
 		MaxFiles:         s.cfg.SessionMaxFiles,
 		SpareVolumes:     s.cfg.SessionSpareVolumes,
+		Owner:            s.owner,
 		UID:              s.sandbox.HostUID(),
 		GID:              s.sandbox.HostGID(),
 	}, s.starter, s.log)
@@ -539,5 +567,6 @@ func SweepOrphans(r *nsjail.Runner, workRoot string, log *slog.Logger) error {
 // has stopped (a request still in flight then gets 503). Stored results stay
 // on disk for the next worker.
 func (s *Server) Close() error {
+	s.fwd.close()
 	return s.results.Close()
 }

@@ -132,7 +132,7 @@ func newUnitEnv(t *testing.T, prepare bool, mod func(*config.Config)) *unitEnv {
 		}
 	}
 	u.testEnv = &testEnv{t: t, srv: srv, cfg: cfg, logs: logs}
-	u.http = serveForTest(t, srv, logs, u.wantNoWorkspaces)
+	u.http = serveForTest(t, srv, logs, u.wantNoWorkspaces, nil)
 	return u
 }
 

@@ -164,7 +164,31 @@ type Config struct {
 	// name, from the downward API); GET /v1/capacity reports it. Empty:
 	// a worker alone.
 	WorkerID string `toml:"worker_id" doc:"this worker's name among several, e.g. its node's (empty: none)"`
+
+	// Session forwarding (server/README.md, "Session forwarding"): with
+	// worker_id set, a session's id names its owner, and a request for a
+	// session another worker owns is forwarded to it. PeersSource says
+	// where the other workers are listed: "" none (no forwarding), static
+	// (Peers), kubernetes (the EndpointSlices of PeersService, listed every
+	// PeersRefresh through the in-cluster API).
+	PeersSource string `toml:"peers_source" doc:"where the other workers are listed for session forwarding: empty (none), static (peers) or kubernetes (peers_service's EndpointSlices)"`
+	// Peers are the workers by worker_id: their base URLs (this worker's
+	// own entry may be there too, so that every worker gets one list).
+	Peers map[string]string `toml:"peers" doc:"static peers: worker_id = base URL http://HOST:PORT (comma-separated id=url in the env)"`
+	// PeersService is the headless Service of the workers (kubernetes).
+	PeersService string `toml:"peers_service" doc:"kubernetes peers: the headless Service listing the workers"`
+	// PeersNamespace is its namespace (empty: the pod's own, read from the
+	// mounted service account).
+	PeersNamespace string `toml:"peers_namespace" doc:"kubernetes peers: the Service's namespace (empty: the pod's)"`
+	// PeersRefresh is how often the EndpointSlices are listed again.
+	PeersRefresh Duration `toml:"peers_refresh" doc:"kubernetes peers: how often the EndpointSlices are listed (Go duration)"`
 }
+
+// Peer sources (PeersSource).
+const (
+	PeersStatic     = "static"
+	PeersKubernetes = "kubernetes"
+)
 
 // DefaultRuntime is the runtime every configuration has: python_image's.
 const DefaultRuntime = "default"
@@ -260,6 +284,9 @@ func Default() Config {
 		SessionMaxBytes:        500 << 20,
 		SessionMaxFiles:        10_000,
 		SessionSpareVolumes:    2,
+
+		PeersService: "sandboxd-workers",
+		PeersRefresh: Duration(5 * time.Second),
 	}
 }
 

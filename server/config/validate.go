@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"net/url"
 	"path/filepath"
 	"regexp"
 	"runtime"
@@ -58,6 +59,7 @@ var checks = []check{
 	{"allowed_env", allowedEnvCheck},
 	{"sessions", sessionsCheck},
 	{"worker_id", workerIDCheck},
+	{"peers", peersCheck},
 }
 
 // Validate rejects values that cannot work, every problem at once, each in
@@ -369,6 +371,68 @@ var workerIDPattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$
 func workerIDCheck(c Config) []error {
 	if c.WorkerID != "" && !workerIDPattern.MatchString(c.WorkerID) {
 		return []error{fmt.Errorf("worker_id must be empty or a DNS name (lower-case letters, digits, '-' and '.', at most 253), got: %q", c.WorkerID)}
+	}
+	return nil
+}
+
+// ValidWorkerID tells whether id is a worker_id (workerIDPattern).
+func ValidWorkerID(id string) bool { return workerIDPattern.MatchString(id) }
+
+// dnsLabel is a Service's name (RFC 1123 label).
+var dnsLabel = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+func peersCheck(c Config) (errs []error) {
+	switch c.PeersSource {
+	case "":
+		if len(c.Peers) > 0 {
+			errs = append(errs, errors.New("peers is read only with peers_source = \"static\", got: peers_source = \"\""))
+		}
+		return errs
+	case PeersStatic, PeersKubernetes:
+	default:
+		return []error{fmt.Errorf("peers_source must be empty, %q or %q, got: %q", PeersStatic, PeersKubernetes, c.PeersSource)}
+	}
+	if c.WorkerID == "" {
+		// The ids name their owner by worker_id's token.
+		errs = append(errs, fmt.Errorf("worker_id must be set when peers_source is set, got: peers_source = %q and no worker_id", c.PeersSource))
+	}
+	if c.PeersSource == PeersKubernetes {
+		if len(c.Peers) > 0 {
+			errs = append(errs, errors.New("peers must be empty with peers_source = \"kubernetes\" (the EndpointSlices list the workers)"))
+		}
+		if !dnsLabel.MatchString(c.PeersService) {
+			errs = append(errs, fmt.Errorf("peers_service must be a Service name (a DNS label), got: %q", c.PeersService))
+		}
+		if c.PeersNamespace != "" && !dnsLabel.MatchString(c.PeersNamespace) {
+			errs = append(errs, fmt.Errorf("peers_namespace must be empty or a namespace name (a DNS label), got: %q", c.PeersNamespace))
+		}
+		if time.Duration(c.PeersRefresh) < time.Second {
+			errs = append(errs, fmt.Errorf("peers_refresh must be >= 1s, got: %s", time.Duration(c.PeersRefresh)))
+		}
+		return errs
+	}
+	if len(c.Peers) == 0 {
+		errs = append(errs, errors.New("peers must list the workers (worker_id = \"http://HOST:PORT\") with peers_source = \"static\""))
+	}
+	for _, id := range slices.Sorted(maps.Keys(c.Peers)) {
+		if !ValidWorkerID(id) {
+			errs = append(errs, fmt.Errorf("peers: %q must be a worker_id (a DNS name)", id))
+		}
+		if err := CheckPeerURL(c.Peers[id]); err != nil {
+			errs = append(errs, fmt.Errorf("peers.%s: %w", id, err))
+		}
+	}
+	return errs
+}
+
+// CheckPeerURL accepts a worker's base URL: http or https, a host and a
+// port, nothing else (no path, query, fragment or user: the forwarded
+// request's path is the client's).
+func CheckPeerURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || u.Port() == "" ||
+		(u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil || u.Opaque != "" {
+		return fmt.Errorf("must be a base URL http://HOST:PORT (or https), got: %q", raw)
 	}
 	return nil
 }

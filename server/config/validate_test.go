@@ -82,6 +82,36 @@ var validateCases = []struct {
 	{"session retention", "sessions", func(c *Config) { c.SessionRetention = Duration(time.Millisecond) }, "session_retention must be >= 1s, got: 1ms"},
 	{"session idle above max", "sessions", func(c *Config) { c.SessionIdleTimeout = Duration(3 * time.Hour) },
 		"session_idle_timeout must be <= session_max_idle_timeout (2h0m0s), got: 3h0m0s"},
+	{"peers source", "peers", func(c *Config) { c.PeersSource = "dns" }, `peers_source must be empty, "static" or "kubernetes", got: "dns"`},
+	{"peers without source", "peers", func(c *Config) { c.Peers = map[string]string{"a": "http://10.0.0.1:3100"} },
+		`peers is read only with peers_source = "static", got: peers_source = ""`},
+	{"peers without worker id", "peers", func(c *Config) {
+		c.PeersSource = "static"
+		c.Peers = map[string]string{"a": "http://10.0.0.1:3100"}
+	}, `worker_id must be set when peers_source is set, got: peers_source = "static" and no worker_id`},
+	{"static peers empty", "peers", func(c *Config) { c.PeersSource, c.WorkerID = "static", "a" },
+		`peers must list the workers (worker_id = "http://HOST:PORT") with peers_source = "static"`},
+	{"static peer id", "peers", func(c *Config) {
+		c.PeersSource, c.WorkerID = "static", "a"
+		c.Peers = map[string]string{"Node_1": "http://10.0.0.1:3100"}
+	}, `peers: "Node_1" must be a worker_id (a DNS name)`},
+	{"static peer url path", "peers", func(c *Config) {
+		c.PeersSource, c.WorkerID = "static", "a"
+		c.Peers = map[string]string{"b": "http://10.0.0.2:3100/v1"}
+	}, `peers.b: must be a base URL http://HOST:PORT (or https), got: "http://10.0.0.2:3100/v1"`},
+	{"static peer url port", "peers", func(c *Config) {
+		c.PeersSource, c.WorkerID = "static", "a"
+		c.Peers = map[string]string{"b": "http://10.0.0.2"}
+	}, `peers.b: must be a base URL http://HOST:PORT (or https), got: "http://10.0.0.2"`},
+	{"kubernetes with peers", "peers", func(c *Config) {
+		c.PeersSource, c.WorkerID = "kubernetes", "a"
+		c.Peers = map[string]string{"b": "http://10.0.0.2:3100"}
+	}, `peers must be empty with peers_source = "kubernetes" (the EndpointSlices list the workers)`},
+	{"kubernetes service", "peers", func(c *Config) { c.PeersSource, c.WorkerID, c.PeersService = "kubernetes", "a", "Workers" },
+		`peers_service must be a Service name (a DNS label), got: "Workers"`},
+	{"kubernetes refresh", "peers", func(c *Config) {
+		c.PeersSource, c.WorkerID, c.PeersRefresh = "kubernetes", "a", Duration(time.Millisecond)
+	}, "peers_refresh must be >= 1s, got: 1ms"},
 	{"env reserved", "allowed_env", func(c *Config) { c.AllowedEnv = []string{"LD_PRELOAD"} }, "allowed_env must not include LD_PRELOAD: the worker sets it"},
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/server/config"
+	"github.com/sandboxd/sandboxd/server/sessionid"
 	"github.com/sandboxd/sandboxd/server/volume"
 	"github.com/sandboxd/sandboxd/server/warmpool"
 )
@@ -298,11 +299,17 @@ func (m *Manager) Create(spec Spec) (Info, error) {
 // its idle timeout.
 func (m *Manager) checkSpec(spec *Spec) (time.Duration, error) {
 	if spec.ID == "" {
-		spec.ID = newID()
+		spec.ID = sessionid.New(m.cfg.Owner)
 	}
 	var errs []error
 	if !inside.ValidID(spec.ID) {
 		errs = append(errs, fmt.Errorf("id must match %s, got: %q", inside.IDRule, spec.ID))
+	} else if owner, ok := sessionid.Owner(spec.ID); ok && owner != m.cfg.Owner {
+		// A client's id of the owned form names the worker that holds the
+		// session: one naming another worker would be forwarded there by
+		// every other worker, and never reach this one's session.
+		errs = append(errs, fmt.Errorf("id %q has the form se-<owner>-… of generated ids and names the owner %s, not this worker (%s): choose an id of another form, or let the worker generate one",
+			spec.ID, owner, cmp.Or(m.cfg.Owner, "none: worker_id is not set")))
 	}
 	if err := checkPolicyName(spec.Policy); err != nil {
 		errs = append(errs, err)

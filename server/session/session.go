@@ -83,6 +83,10 @@ type Config struct {
 	// SpareVolumes is session_spare_volumes: empty volumes kept ready so
 	// that Create need not make one (spares.go); 0: none.
 	SpareVolumes int
+	// Owner is this worker's owner token (sessionid.Token of worker_id;
+	// "": none): generated ids carry it, and a client's id that names
+	// another owner is refused (server/sessionid).
+	Owner string
 
 	// JanitorInterval is how often the janitor looks (DefaultJanitorInterval
 	// when 0); Tidy runs it at once.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"github.com/sandboxd/sandboxd/server/sessionid"
 	"github.com/sandboxd/sandboxd/server/warmpool"
 )
 
@@ -221,6 +222,32 @@ func TestDeleteWhileBusyCancelsAndRemoves(t *testing.T) {
 	}
 	// The id is free again.
 	e.create(Spec{ID: id, Kernel: true})
+}
+
+// TestOwnedIDs: with an owner token, generated ids carry it (sessionid);
+// a client's id of that form is accepted only with this worker's token,
+// and any other id a client chooses stays the worker's own.
+func TestOwnedIDs(t *testing.T) {
+	own, other := sessionid.Token("worker-a"), sessionid.Token("worker-b")
+	e := newEnv(t, func(c *Config) { c.Owner = own })
+	gen := e.create(Spec{})
+	if tok, ok := sessionid.Owner(gen.ID); !ok || tok != own {
+		t.Fatalf("generated id %q: owner %q, %v; want %q", gen.ID, tok, ok, own)
+	}
+	e.create(Spec{ID: "se-" + own + "-mine"})
+	e.create(Spec{ID: "chosen"})
+	_, err := e.m.Create(Spec{ID: "se-" + other + "-theirs", Policy: "p"})
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), other) {
+		t.Fatalf("another owner's id: %v, want ErrInvalid naming %s", err, other)
+	}
+	// Without worker_id, ids have no owner and the owned form is refused.
+	bare := newEnv(t, nil)
+	if id := bare.create(Spec{}).ID; len(id) != len("se-")+20 {
+		t.Fatalf("generated id without an owner: %q", id)
+	}
+	if _, err := bare.m.Create(Spec{ID: "se-" + own + "-x", Policy: "p"}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("an owned id on a worker without worker_id: %v, want ErrInvalid", err)
+	}
 }
 
 func TestCreateChecksTheSpec(t *testing.T) {

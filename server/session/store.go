@@ -357,9 +357,6 @@ func lockRoot(root string) (*os.File, error) {
 	return f, nil
 }
 
-// newID is a generated session id (inside.IDRule).
-func newID() string { return "se-" + volume.RandomHex(10) }
-
 // isEmptyFile says whether p is a regular file of size 0 (not following a
 // link).
 func isEmptyFile(p string) bool {

@@ -55,6 +55,25 @@ type object struct {
 	Kind       string    `yaml:"kind"`
 	Metadata   meta      `yaml:"metadata"`
 	Spec       yaml.Node `yaml:"spec"`
+	// A Role's, a RoleBinding's and a ServiceAccount's fields.
+	Rules []struct {
+		APIGroups []string `yaml:"apiGroups"`
+		Resources []string `yaml:"resources"`
+		Verbs     []string `yaml:"verbs"`
+	} `yaml:"rules"`
+	RoleRef struct {
+		APIGroup string `yaml:"apiGroup"`
+		Kind     string `yaml:"kind"`
+		Name     string `yaml:"name"`
+	} `yaml:"roleRef"`
+	Subjects                     []subject `yaml:"subjects"`
+	AutomountServiceAccountToken *bool     `yaml:"automountServiceAccountToken"`
+}
+
+type subject struct {
+	Kind      string `yaml:"kind"`
+	Name      string `yaml:"name"`
+	Namespace string `yaml:"namespace"`
 }
 
 type selector struct {
@@ -81,6 +100,8 @@ type podSpec struct {
 	Tolerations  []struct {
 		Key, Operator, Value, Effect string
 	} `yaml:"tolerations"`
+	ServiceAccountName            string      `yaml:"serviceAccountName"`
+	AutomountServiceAccountToken  *bool       `yaml:"automountServiceAccountToken"`
 	TerminationGracePeriodSeconds int         `yaml:"terminationGracePeriodSeconds"`
 	Containers                    []container `yaml:"containers"`
 	Volumes                       []volume    `yaml:"volumes"`
@@ -504,11 +525,63 @@ func TestManifests(t *testing.T) {
 	if !subset(pdb.Selector.MatchLabels, labels) || pdb.MaxUnavailable != 1 {
 		t.Errorf("PodDisruptionBudget %+v", pdb)
 	}
+	checkPeers(t, objs, cfg, pod)
+
 	// The image is pinned by digest, never a tag: with IfNotPresent a node
 	// keeps whichever build of a tag it pulled first.
 	if len(k.Images) != 1 || k.Images[0].Name != c.Image || strings.ContainsAny(c.Image, ":@") {
 		t.Errorf("kustomization images %+v do not name the container's image %q (untagged)", k.Images, c.Image)
 	} else if img := k.Images[0]; img.NewTag != "" || !regexp.MustCompile(`^sha256:[0-9a-f]{64}$`).MatchString(img.Digest) {
 		t.Errorf("kustomization image %+v: want a digest (sha256:…), no tag", img)
+	}
+}
+
+// checkPeers: with peers_source = "kubernetes" the workers list the
+// EndpointSlices of the headless Service (server/peers): the pod runs as a
+// ServiceAccount whose token it mounts, bound to a Role that grants get,
+// list and watch on endpointslices and nothing else; peers_service is the
+// headless Service, whose port is named http (the port the workers take).
+func checkPeers(t *testing.T, objs []object, cfg config.Config, pod podSpec) {
+	t.Helper()
+	if cfg.PeersSource != config.PeersKubernetes {
+		t.Fatalf("peers_source = %q, want %q (README.md, Session forwarding)", cfg.PeersSource, config.PeersKubernetes)
+	}
+	var svc serviceSpec
+	find(t, objs, "Service", cfg.PeersService, &svc)
+	if svc.ClusterIP != "None" || len(svc.Ports) != 1 || svc.Ports[0].Name != "http" {
+		t.Errorf("peers_service %s: %+v, want headless with one port named http", cfg.PeersService, svc)
+	}
+	if pod.ServiceAccountName == "" || pod.AutomountServiceAccountToken == nil || !*pod.AutomountServiceAccountToken {
+		t.Fatalf("the pod's serviceAccountName %q, automountServiceAccountToken %v: want an account and its token mounted",
+			pod.ServiceAccountName, pod.AutomountServiceAccountToken)
+	}
+	find(t, objs, "ServiceAccount", pod.ServiceAccountName, &struct{}{})
+	granted := false
+	for _, rb := range objs {
+		if rb.Kind != "RoleBinding" || !slices.ContainsFunc(rb.Subjects, func(s subject) bool {
+			return s.Kind == "ServiceAccount" && s.Name == pod.ServiceAccountName
+		}) {
+			continue
+		}
+		if rb.RoleRef.Kind != "Role" || rb.RoleRef.APIGroup != "rbac.authorization.k8s.io" {
+			t.Errorf("RoleBinding %s binds %+v: want a Role of the namespace, never a ClusterRole", rb.Metadata.Name, rb.RoleRef)
+			continue
+		}
+		role := find(t, objs, "Role", rb.RoleRef.Name, &struct{}{})
+		for _, r := range role.Rules {
+			if !slices.Equal(r.APIGroups, []string{"discovery.k8s.io"}) || !slices.Equal(r.Resources, []string{"endpointslices"}) {
+				t.Errorf("Role %s grants %v on %v: want endpointslices of discovery.k8s.io only", role.Metadata.Name, r.Verbs, r.Resources)
+				continue
+			}
+			for _, v := range r.Verbs {
+				if v != "get" && v != "list" && v != "watch" {
+					t.Errorf("Role %s grants %s on endpointslices: want get, list, watch only", role.Metadata.Name, v)
+				}
+			}
+			granted = granted || slices.Contains(r.Verbs, "list")
+		}
+	}
+	if !granted {
+		t.Errorf("no RoleBinding gives ServiceAccount %s list on endpointslices", pod.ServiceAccountName)
 	}
 }

@@ -1,0 +1,311 @@
+package server
+
+// Session forwarding (server/README.md, "Session forwarding"): a session
+// lives on one worker, and its id names that worker (server/sessionid), so
+// any worker can take any session request and pass it to the owner; a
+// client needs no affinity. The owner's address comes from server/peers.
+//
+//   - The request and the answer stream through (httputil.ReverseProxy,
+//     flushed as they come: event streams and file bodies are never held
+//     whole here).
+//   - The owner authenticates the request as any other: the client's own
+//     Authorization goes with it. The marker Sandboxd-Forwarded grants
+//     nothing; it only stops a forwarded request from being forwarded
+//     again (a loop between two workers whose peer lists disagree).
+//   - The owner gone for good is 410 owner_gone at once; an owner listed
+//     but not ready, or refusing the connection even after its address was
+//     looked up again, is 503 + Retry-After: the client tries again later,
+//     never waits on a timeout.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"sync/atomic"
+	"time"
+
+	"github.com/julienschmidt/httprouter"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"github.com/sandboxd/sandboxd/server/config"
+	"github.com/sandboxd/sandboxd/server/peers"
+	"github.com/sandboxd/sandboxd/server/sessionid"
+)
+
+// ForwardedHeader marks a request a worker forwarded to a session's owner;
+// its value is the forwarding worker's worker_id (for logs only).
+const ForwardedHeader = "Sandboxd-Forwarded"
+
+// forwardDialTimeout bounds the connection to an owner: an address that no
+// longer answers (its node gone) is a 503 within seconds, not a hang.
+const forwardDialTimeout = 3 * time.Second
+
+// Forwarding outcomes, the label of sandboxd_session_forwards_total.
+const (
+	fwdProxied     = "proxied"           // the owner answered (any status)
+	fwdGone        = "owner_gone"        // 410: no worker has the owner token
+	fwdUnavailable = "owner_unavailable" // 503: listed but not ready, or unreachable
+	fwdLoop        = "forward_loop"      // 410: a forwarded request for another owner
+	fwdFailed      = "failed"            // 502: the exchange with the owner broke
+	fwdCancelled   = "cancelled"         // the client left first
+)
+
+// forwarder is the server's forwarding state: nil without peers_source.
+type forwarder struct {
+	peers     peers.Resolver
+	transport *http.Transport
+	stop      context.CancelFunc // the peer list's refresh loop (kubernetes)
+}
+
+// newForwarder builds the peer resolver named by cfg.PeersSource (nil for
+// none) and, for kubernetes, starts its refresh loop (Close stops it).
+func newForwarder(cfg config.Config, d Deps) (*forwarder, error) {
+	f := &forwarder{stop: func() {}}
+	switch cfg.PeersSource {
+	case "":
+		return nil, nil
+	case config.PeersStatic:
+		st, err := peers.NewStatic(cfg.WorkerID, cfg.Peers)
+		if err != nil {
+			return nil, err
+		}
+		f.peers = st
+	case config.PeersKubernetes:
+		k, err := peers.NewKubernetes(peers.KubeOptions{
+			Service: cfg.PeersService, Namespace: cfg.PeersNamespace, Port: cfg.WorkerPort,
+			Refresh: time.Duration(cfg.PeersRefresh), Logger: d.Logger,
+		})
+		if err != nil {
+			return nil, err
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		go k.Run(ctx)
+		f.peers, f.stop = k, cancel
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	// Peers are reached directly, never through an HTTP(S)_PROXY of the
+	// worker's environment, and bodies pass as they are (no gzip added
+	// and removed on the way).
+	tr.Proxy = nil
+	tr.DisableCompression = true
+	tr.DialContext = (&net.Dialer{Timeout: forwardDialTimeout, KeepAlive: 30 * time.Second}).DialContext
+	tr.MaxIdleConnsPerHost = 32
+	f.transport = tr
+	return f, nil
+}
+
+func (f *forwarder) close() {
+	if f != nil {
+		f.stop()
+		f.transport.CloseIdleConnections()
+	}
+}
+
+// forwarding wraps a /v1/sessions/:id… route: a session this worker owns
+// (or an id that names no owner) is served by h; another owner's goes to
+// that owner.
+func (s *Server) forwarding(h httprouter.Handle) httprouter.Handle {
+	return func(w http.ResponseWriter, r *http.Request, ps httprouter.Params) {
+		id := ps.ByName("id")
+		owner, ok := sessionid.Owner(id)
+		// Only an id by the rule is forwarded (SECURITY.md case 46: an id
+		// is never more than a name); the local route refuses the rest.
+		if !ok || owner == s.owner || s.fwd == nil || !inside.ValidID(id) {
+			h(w, r, ps)
+			return
+		}
+		if by := r.Header.Get(ForwardedHeader); by != "" {
+			// Loop defence: the forwarder took this worker for the owner
+			// (its list is stale, or an address was reused): answering
+			// beats passing it on, which could go round for ever.
+			s.forwardRefused(w, &apiError{status: http.StatusGone, reason: fwdLoop, code: fwdLoop, msg: fmt.Sprintf(
+				"session %s is owned by the worker with owner token %s, not this one (%s, token %s); %s forwarded it here: its list of workers is out of date",
+				id, owner, s.cfg.WorkerID, s.owner, clip(by))})
+			return
+		}
+		s.forward(w, r, id, owner)
+	}
+}
+
+// forward passes r to the owner of session id and its answer back.
+func (s *Server) forward(w http.ResponseWriter, r *http.Request, id, owner string) {
+	a := s.fwd.peers.Lookup(owner)
+	if a.Status != peers.Ready {
+		s.forwardRefused(w, lookupRefusal(id, owner, a))
+		return
+	}
+	body := &forwardBody{r: r.Body, w: w}
+	var outcome atomic.Value
+	outcome.Store(fwdProxied)
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(mustParseURL(a.Peer.URL))
+			// The owner's guard accepts localhost: the DNS-rebinding
+			// defence is about browsers, and this request comes from this
+			// worker's own client, not from a page; the token still
+			// authenticates it there.
+			pr.Out.Host = "localhost"
+			pr.Out.Header.Set(ForwardedHeader, s.cfg.WorkerID)
+			if pr.Out.Body != nil {
+				pr.Out.Body = body
+			}
+			// An in-process /mcp call reaches the routes without the
+			// token, which the guard checked on /mcp itself: the owner
+			// gets this worker's own (the same one: the guard admitted
+			// nothing else).
+			if pr.Out.Header.Get("Authorization") == "" && s.cfg.WorkerToken != "" {
+				pr.Out.Header.Set("Authorization", "Bearer "+s.cfg.WorkerToken)
+			}
+		},
+		Transport:     &forwardTransport{s: s, owner: owner, body: body},
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			var le *lookupError
+			var ue *unreachableError
+			switch {
+			case r.Context().Err() != nil:
+				outcome.Store(fwdCancelled)
+			case errors.As(err, &le):
+				outcome.Store("")
+				s.forwardRefused(w, lookupRefusal(id, owner, le.answer))
+			case errors.As(err, &ue) || isDialError(err):
+				outcome.Store("")
+				how := ""
+				if ue != nil {
+					how = " (tried twice, its address looked up in between)"
+				}
+				s.forwardRefused(w, &apiError{status: http.StatusServiceUnavailable, reason: fwdUnavailable, code: fwdUnavailable, retryAfter: "2",
+					msg: fmt.Sprintf("session %s lives on worker %s, which cannot be reached now%s: %v", id, a.Peer.WorkerID, how, err)})
+			default:
+				outcome.Store("")
+				s.forwardRefused(w, &apiError{status: http.StatusBadGateway, reason: fwdFailed, code: "forward_failed",
+					msg: fmt.Sprintf("session %s lives on worker %s; forwarding to it failed: %v", id, a.Peer.WorkerID, err)})
+			}
+		},
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	rp.ServeHTTP(&rearmWriter{ResponseWriter: w, rc: http.NewResponseController(w), timeout: time.Duration(s.cfg.WriteTimeout)}, r)
+	if o := outcome.Load().(string); o != "" {
+		s.metrics.forwards.WithLabelValues(o).Inc()
+	}
+}
+
+// forwardRefused answers a request that could not be forwarded.
+func (s *Server) forwardRefused(w http.ResponseWriter, e *apiError) {
+	s.metrics.forwards.WithLabelValues(e.reason).Inc()
+	s.logReject(e)
+	writeAPIError(w, e)
+}
+
+// lookupRefusal is the answer when the owner is not ready or gone.
+func lookupRefusal(id, owner string, a peers.Answer) *apiError {
+	if a.Status == peers.Gone {
+		return &apiError{status: http.StatusGone, reason: fwdGone, code: fwdGone, msg: fmt.Sprintf(
+			"session %s lives on the worker with owner token %s, which is gone: %s", id, owner, a.Why)}
+	}
+	return &apiError{status: http.StatusServiceUnavailable, reason: fwdUnavailable, code: fwdUnavailable, retryAfter: "2", msg: fmt.Sprintf(
+		"session %s lives on the worker with owner token %s, which cannot take it now: %s", id, owner, a.Why)}
+}
+
+func mustParseURL(s string) *url.URL {
+	u, err := url.Parse(s) // validated: config.CheckPeerURL, or built by peers
+	if err != nil {
+		panic(err)
+	}
+	return u
+}
+
+// lookupError: the owner's address was looked up again and it is no
+// longer ready (or gone).
+type lookupError struct{ answer peers.Answer }
+
+func (e *lookupError) Error() string { return e.answer.Why }
+
+// unreachableError: the owner refused the connection twice.
+type unreachableError struct{ err error }
+
+func (e *unreachableError) Error() string { return e.err.Error() }
+func (e *unreachableError) Unwrap() error { return e.err }
+
+// isDialError: the connection to the owner was not made, so nothing of
+// the request was sent and sending it again is safe.
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// forwardTransport sends the forwarded request, and once more when the
+// first connection could not be made: the owner's address is looked up
+// again first (a restarted pod has a new one).
+type forwardTransport struct {
+	s     *Server
+	owner string
+	body  *forwardBody
+}
+
+func (t *forwardTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	f := t.s.fwd
+	resp, err := f.transport.RoundTrip(req)
+	if err == nil || !isDialError(err) || t.body.n.Load() > 0 || req.Context().Err() != nil {
+		return resp, err
+	}
+	f.peers.Refresh(req.Context())
+	a := f.peers.Lookup(t.owner)
+	if a.Status != peers.Ready {
+		return nil, &lookupError{a}
+	}
+	u := mustParseURL(a.Peer.URL)
+	again := req.Clone(req.Context())
+	again.URL.Scheme, again.URL.Host = u.Scheme, u.Host
+	resp, err = f.transport.RoundTrip(again)
+	if err != nil && isDialError(err) {
+		return nil, &unreachableError{err}
+	}
+	return resp, err
+}
+
+// forwardBody is the forwarded request's body: the client's, which the
+// transport must not close (a second attempt reads it), counted (only an
+// unread body may be sent again), and whose end lifts the read deadline
+// as decodeBody does: the owner may then take as long as the execution
+// does, as when the worker runs it itself (limits.go, deadlines).
+type forwardBody struct {
+	r io.ReadCloser
+	w http.ResponseWriter
+	n atomic.Int64
+}
+
+func (b *forwardBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	b.n.Add(int64(n))
+	if err == io.EOF {
+		liftReadDeadline(b.w)
+	}
+	return n, err
+}
+
+func (b *forwardBody) Close() error { return nil } // the server closes the client's body
+
+// rearmWriter re-arms the write deadline at every write of the owner's
+// answer, as an event stream of this worker's own does (events.go): a long
+// stream through a forwarder is not cut at write_timeout, and a client that
+// stops reading still is.
+type rearmWriter struct {
+	http.ResponseWriter
+	rc      *http.ResponseController
+	timeout time.Duration
+}
+
+func (a *rearmWriter) Write(b []byte) (int, error) {
+	a.rc.SetWriteDeadline(time.Now().Add(a.timeout))
+	return a.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.NewResponseController (the proxy's flushes) reach the
+// connection.
+func (a *rearmWriter) Unwrap() http.ResponseWriter { return a.ResponseWriter }
