@@ -21,13 +21,17 @@ import (
 //
 // So a sandbox that may be frozen holds an anchor: an empty cgroup,
 // frozen, beside the sandboxes in the freezer hierarchy (<own>/<parent>/
-// freezer-anchor), made when the first such sandbox freezes (or the warm
-// pool opens: Hierarchy.AcquireFreezerAnchor) and removed when the last
-// holder lets go. While it exists the key stays on, and a
+// _freezer-anchor: not a valid sandbox id, so never a sandbox's cgroup),
+// made when the first such sandbox freezes (or the worker opens its
+// sessions: Hierarchy.AcquireFreezerAnchor) and removed when the last
+// holder lets go. Only an anchor this process made is used: one that
+// exists already (a killed worker's) is not adopted but left to the
+// start-up sweep, which removes it (the machine's rule: never write to a
+// cgroup we did not create). While it exists the key stays on, and a
 // kernel's thaw and freeze change only its own cgroup. It holds no task
 // and limits nothing; v2's freezer (cgroup.freeze) does not use the key,
 // so there is no anchor on v2.
-const anchorName = "freezer-anchor"
+const anchorName = "_freezer-anchor"
 
 // anchors counts, per anchor directory, the sandboxes of this process that
 // hold it.
@@ -73,8 +77,8 @@ func acquireAnchor(dir string) (release func() error, err error) {
 	anchors.Lock()
 	defer anchors.Unlock()
 	if anchors.held[dir] == 0 {
-		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-			return nil, fmt.Errorf("cgroup freezer anchor: %w", err)
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("cgroup freezer anchor (one left by a killed worker goes with the next start-up sweep): %w", err)
 		}
 		// An empty cgroup is FROZEN as soon as it is asked to be.
 		if err := writeFile(filepath.Join(dir, "freezer.state"), "FROZEN"); err != nil {

@@ -61,11 +61,15 @@ func TestFreezerAnchor(t *testing.T) {
 	if exists() {
 		t.Fatal("anchor left after the last release")
 	}
-	// A killed worker's: frozen, held by nobody in this process.
+	// A killed worker's: frozen, held by nobody in this process. Not
+	// adopted (this process did not make it), removed by the sweep.
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	writeT(t, filepath.Join(dir, "freezer.state"), "FROZEN")
+	if _, err := AcquireFreezerAnchor(a); err == nil {
+		t.Fatal("an anchor this process did not make was adopted")
+	}
 	if err := removeIdleAnchor(parents["freezer"]); err != nil || exists() {
 		t.Fatalf("the sweep left an idle anchor (err %v)", err)
 	}

@@ -105,10 +105,13 @@ type Server struct {
 	prepErr  error
 	pool     *warmpool.Pool // set by Prepare (Size 0 with pool_size 0: cold starts)
 	manager  *session.Manager
-	sessErr  error          // why there is no manager
-	draining bool           // under mu: once set, inFlight gets no new Add
-	inFlight sync.WaitGroup // executions between admission and cleanup
-	cleanups sync.WaitGroup // workspace removals after the response
+	sessErr  error // why there is no manager
+	// releaseAnchor lets go of the freezer anchor held while the session
+	// manager is open (nil: none held).
+	releaseAnchor func() error
+	draining      bool           // under mu: once set, inFlight gets no new Add
+	inFlight      sync.WaitGroup // executions between admission and cleanup
+	cleanups      sync.WaitGroup // workspace removals after the response
 }
 
 // New checks deps and builds a Server. It opens the result store in
@@ -364,6 +367,14 @@ func (s *Server) openSessions() {
 		return
 	}
 	s.manager, s.sessErr = m, nil
+	// Session kernels idle frozen: while they may exist, even a new
+	// kernel's first freeze (on the create + first execution path) flips
+	// no kernel-wide freezer state (cgroup/anchor.go).
+	if release, err := s.sandbox.HoldFreezerAnchor(); err != nil {
+		s.log.Debug("no freezer anchor; freezing session kernels costs more", "error", err)
+	} else {
+		s.releaseAnchor = release
+	}
 	s.log.Info("sessions open", "sessions_dir", s.cfg.SessionsDir, "sessions", len(m.List()))
 }
 
@@ -529,10 +540,16 @@ func (s *Server) Drain(ctx context.Context) int {
 		<-done
 	}
 	s.mu.Lock()
-	pool, m := s.pool, s.manager
+	pool, m, release := s.pool, s.manager, s.releaseAnchor
+	s.releaseAnchor = nil
 	s.mu.Unlock()
 	if m != nil {
 		m.Close()
+	}
+	if release != nil {
+		if err := release(); err != nil {
+			s.log.Warn("unable to release the freezer anchor", "error", err)
+		}
 	}
 	if pool != nil {
 		pool.Close()

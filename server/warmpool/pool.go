@@ -43,8 +43,8 @@ type Sandboxer interface {
 	// WaitForCleanup blocks until every finished sandbox has been removed
 	// (see nsjail.Runner.WaitForCleanup); a drain waits for it.
 	WaitForCleanup()
-	// HoldFreezerAnchor keeps freezing cheap while the pool may hand out
-	// kernels, which idle frozen (see nsjail.Runner.HoldFreezerAnchor).
+	// HoldFreezerAnchor keeps freezing cheap while session kernels, which
+	// idle frozen, may exist (see nsjail.Runner.HoldFreezerAnchor).
 	HoldFreezerAnchor() (release func() error, err error)
 }
 
@@ -105,9 +105,6 @@ type Pool struct {
 	stats     Stats
 	// retiring tracks the retirement of sandboxes found dead at hand-off.
 	retiring sync.WaitGroup
-	// releaseAnchor releases the freezer anchor held while the pool is
-	// open (nil when none is held).
-	releaseAnchor func() error
 }
 
 type templatePool struct {
@@ -178,11 +175,6 @@ func New(sandboxer Sandboxer, cfg Config, templates []Template, log *slog.Logger
 	}
 	if err := os.MkdirAll(cfg.WorkRoot, 0o711); err != nil {
 		return nil, fmt.Errorf("unable to create pool work root: %w", err)
-	}
-	if release, err := sandboxer.HoldFreezerAnchor(); err != nil {
-		log.Debug("warm pool: no freezer anchor; a kernel's first freeze costs more", "error", err)
-	} else {
-		p.releaseAnchor = release
 	}
 	for _, t := range templates {
 		if t.Size == 0 {
@@ -624,9 +616,4 @@ func (p *Pool) Close() {
 		p.retire(w)
 	}
 	p.retiring.Wait()
-	if p.releaseAnchor != nil {
-		if err := p.releaseAnchor(); err != nil {
-			p.log.Warn("warm pool: unable to release the freezer anchor", "error", err)
-		}
-	}
 }
