@@ -25,6 +25,7 @@ import (
 // little).
 func BenchmarkExecTrue(b *testing.B) {
 	r := newRunner(b)
+	b.Setenv("GOMAXPROCS", "1") // as sandboxd does: nsjail.SetInitGOMAXPROCS
 	spec := nsjail.Spec{Rootfs: nsjailtest.BusyboxRootfs(b), Args: []string{"/bin/true"}}
 	durations := make([]time.Duration, 0, b.N)
 	var sandboxCPUMS int64
