@@ -18,6 +18,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 )
 
 // Arch is a native Linux architecture the profile is written for. Only
@@ -194,7 +195,10 @@ func (p *Profile) RuleArches(r *Rule) []Arch {
 	return r.Arches
 }
 
-var syscallName = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+// syscallName is compiled on first use: sandboxd's every sandbox init (the
+// binary re-executed by libcontainer) initialises this package before it
+// hands over, and never validates a profile.
+var syscallName = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z_][a-z0-9_]*$`) })
 
 // Validate rejects a profile that libcontainer would compile into something
 // other than what it says: rules equal to the default action (silently
@@ -227,7 +231,7 @@ func (p *Profile) Validate() error {
 			errs = append(errs, fmt.Errorf("rule %d names no syscall", i))
 		}
 		for _, n := range r.Names {
-			if !syscallName.MatchString(n) {
+			if !syscallName().MatchString(n) {
 				errs = append(errs, fmt.Errorf("%s: %q is not a syscall name", where, n))
 			}
 		}

@@ -147,7 +147,7 @@ func runDirs(t *testing.T, dir string) []string {
 	}
 	var out []string
 	for _, en := range entries {
-		if results.RunPattern.MatchString(en.Name()) {
+		if results.ValidRun(en.Name()) {
 			out = append(out, en.Name())
 		}
 	}

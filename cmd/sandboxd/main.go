@@ -14,7 +14,7 @@ import (
 	"sort"
 	"strings"
 
-	_ "github.com/sandboxd/sandboxd/nsjail" // libcontainer init re-exec
+	"github.com/sandboxd/sandboxd/nsjail" // also libcontainer's init re-exec
 )
 
 // command is one subcommand: run gets the arguments after its name.
@@ -33,6 +33,10 @@ func (e usageError) Error() string { return e.msg }
 func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
 
 func main() {
+	if err := nsjail.SetInitGOMAXPROCS(); err != nil {
+		fmt.Fprintf(os.Stderr, "sandboxd: %v\n", err)
+		os.Exit(1)
+	}
 	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
 		printUsage()
 		if len(os.Args) < 2 {

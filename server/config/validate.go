@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail/inside"
@@ -128,10 +129,20 @@ func pythonImageCheck(c Config) []error {
 // that it is never a path or an image reference (SECURITY.md case 57).
 const RuntimeNameRule = `[a-z][a-z0-9_-]{0,31}`
 
-var runtimeNamePattern = regexp.MustCompile(`^` + RuntimeNameRule + `$`)
+// The patterns of this file are compiled on first use (lazyPattern).
+var runtimeNamePattern = lazyPattern(`^` + RuntimeNameRule + `$`)
+
+// lazyPattern compiles expr on the first call of the function it returns,
+// not when the package is initialised: sandboxd's every sandbox init (the
+// binary re-executed by libcontainer) initialises this package before it
+// hands over, and would pay for patterns it never uses (worker_id's {0,251}
+// alone compiles to ~190 KiB in ~1,200 allocations).
+func lazyPattern(expr string) func() *regexp.Regexp {
+	return sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(expr) })
+}
 
 // ValidRuntimeName reports whether name matches RuntimeNameRule.
-func ValidRuntimeName(name string) bool { return runtimeNamePattern.MatchString(name) }
+func ValidRuntimeName(name string) bool { return runtimeNamePattern().MatchString(name) }
 
 func runtimesCheck(c Config) (errs []error) {
 	if ref, ok := c.Runtimes[DefaultRuntime]; ok && ref != c.PythonImage {
@@ -275,7 +286,7 @@ func (c Config) maxResultBytes() int64 {
 	return c.MaxArtifactsBytes + 6*(c.MaxStdoutBytes+c.MaxStderrBytes) + c.MaxResultBytes + 1<<20
 }
 
-var pythonModulePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$`)
+var pythonModulePattern = lazyPattern(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$`)
 
 // maxTemplateSize bounds a warm template's size: executions and session
 // kernels in use at once. More would only hold memory.
@@ -290,7 +301,7 @@ func poolCheck(c Config) (errs []error) {
 		errs = append(errs, fmt.Errorf("pool_max_idle must be >= 1s, got: %s", time.Duration(c.PoolMaxIdle)))
 	}
 	for _, m := range c.PoolPreload {
-		if !pythonModulePattern.MatchString(m) {
+		if !pythonModulePattern().MatchString(m) {
 			errs = append(errs, fmt.Errorf("pool_preload entries must be Python module names, got: %q", m))
 		}
 	}
@@ -366,10 +377,10 @@ func sessionsCheck(c Config) (errs []error) {
 // workerIDPattern is a DNS subdomain (RFC 1123), what Kubernetes allows
 // for a node's name: worker_id is meant to be one, and is then safe to put
 // in a log line, a header or a host name.
-var workerIDPattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$`)
+var workerIDPattern = lazyPattern(`^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$`)
 
 func workerIDCheck(c Config) []error {
-	if c.WorkerID != "" && !workerIDPattern.MatchString(c.WorkerID) {
+	if c.WorkerID != "" && !workerIDPattern().MatchString(c.WorkerID) {
 		return []error{fmt.Errorf("worker_id must be empty or a DNS name (lower-case letters, digits, '-' and '.', at most 253), got: %q", c.WorkerID)}
 	}
 	return nil

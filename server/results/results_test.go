@@ -161,7 +161,7 @@ func TestRoundTrip(t *testing.T) {
 		t.Errorf("Open(nope) = %v", err)
 	}
 	if _, err := s.Create("b", "../escape", "", nil); err == nil {
-		t.Error("a run name that is not RunPattern was accepted")
+		t.Error("a run name that is not ValidRun was accepted")
 	}
 }
 
@@ -231,7 +231,7 @@ func runDirs(t *testing.T, dir string) []string {
 	}
 	var out []string
 	for _, e := range entries {
-		if RunPattern.MatchString(e.Name()) {
+		if ValidRun(e.Name()) {
 			out = append(out, e.Name())
 		}
 	}
