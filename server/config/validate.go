@@ -387,7 +387,7 @@ func workerIDCheck(c Config) []error {
 }
 
 // ValidWorkerID tells whether id is a worker_id (workerIDPattern).
-func ValidWorkerID(id string) bool { return workerIDPattern.MatchString(id) }
+func ValidWorkerID(id string) bool { return workerIDPattern().MatchString(id) }
 
 // dnsLabel is a Service's name (RFC 1123 label).
 var dnsLabel = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
