@@ -55,16 +55,23 @@ func refusingURL(t *testing.T) string {
 	return "http://" + ln.Addr().String()
 }
 
-// TestForwardRetriesAfterReresolving: the owner's old address refuses the
-// connection; its address is looked up again and the request, body and
-// all, goes to the new one, once, with the owner's Host, the client's
-// token and the marker.
+// TestForwardRetriesAfterReresolving (SECURITY.md case 58): the owner's
+// old address refuses the connection; its address is looked up again and
+// the request, body and all, goes to the new one, once, with Host
+// localhost, the client's token and the marker, and none of the client's
+// X-Forwarded-*/Forwarded or hop-by-hop headers.
 func TestForwardRetriesAfterReresolving(t *testing.T) {
-	type seen struct{ host, auth, marker, body, path string }
+	type seen struct{ host, auth, marker, body, path, smuggled string }
 	got := make(chan seen, 2)
 	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
-		got <- seen{r.Host, r.Header.Get("Authorization"), r.Header.Get(ForwardedHeader), string(b), r.URL.RequestURI()}
+		var smuggled []string
+		for _, h := range []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "Forwarded", "X-Hop"} {
+			if v := r.Header.Get(h); v != "" {
+				smuggled = append(smuggled, h+": "+v)
+			}
+		}
+		got <- seen{r.Host, r.Header.Get("Authorization"), r.Header.Get(ForwardedHeader), string(b), r.URL.RequestURI(), strings.Join(smuggled, ", ")}
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, "from the owner")
 	}))
@@ -77,12 +84,14 @@ func TestForwardRetriesAfterReresolving(t *testing.T) {
 	mp := &movingPeer{url: refusingURL(t), next: owner.URL}
 	u.srv.fwd.peers = mp
 	id := sessionid.New(sessionid.Token("worker-b"))
-	code, _, body := u.do("PUT", "/v1/sessions/"+id+"/files/a%20b.csv?x=1", "col\n1\n")
+	code, _, body := u.do("PUT", "/v1/sessions/"+id+"/files/a%20b.csv?x=1", "col\n1\n",
+		"X-Forwarded-For", "10.0.0.1", "X-Forwarded-Host", "admin.internal", "X-Forwarded-Proto", "https",
+		"Forwarded", "for=10.0.0.1;host=admin.internal", "Connection", "X-Hop", "X-Hop", "1")
 	if code != http.StatusCreated || string(body) != "from the owner" {
 		t.Fatalf("PUT through the forwarder: %d %s\n%s", code, body, u.logs)
 	}
 	s := <-got
-	want := seen{"localhost", "Bearer tok", "worker-a", "col\n1\n", "/v1/sessions/" + id + "/files/a%20b.csv?x=1"}
+	want := seen{"localhost", "Bearer tok", "worker-a", "col\n1\n", "/v1/sessions/" + id + "/files/a%20b.csv?x=1", ""}
 	if s != want {
 		t.Fatalf("the owner got %+v, want %+v", s, want)
 	}
