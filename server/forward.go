@@ -105,8 +105,9 @@ func newForwarder(cfg config.Config, d Deps) (*forwarder, error) {
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	// Peers are reached directly, never through an HTTP(S)_PROXY of the
-	// worker's environment, and bodies pass as they are (no gzip added
-	// and removed on the way).
+	// worker's environment (the client's token goes to listed peers only:
+	// SECURITY.md case 58), and bodies pass as they are (no gzip added and
+	// removed on the way).
 	tr.Proxy = nil
 	tr.DisableCompression = true
 	tr.DialContext = (&net.Dialer{Timeout: forwardDialTimeout, KeepAlive: 30 * time.Second}).DialContext

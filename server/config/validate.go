@@ -428,7 +428,7 @@ func peersCheck(c Config) (errs []error) {
 
 // CheckPeerURL accepts a worker's base URL: http or https, a host and a
 // port (1-65535), nothing else (no path, query, fragment or user: the
-// forwarded request's path is the client's).
+// forwarded request's path is the client's: SECURITY.md case 58).
 func CheckPeerURL(raw string) error {
 	bad := fmt.Errorf("must be a base URL http://HOST:PORT (or https), got: %q", raw)
 	u, err := url.Parse(raw)
