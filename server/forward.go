@@ -12,12 +12,22 @@ package server
 //     Authorization goes with it. The marker Sandboxd-Forwarded grants
 //     nothing; it only stops a forwarded request from being forwarded
 //     again (a loop between two workers whose peer lists disagree).
-//   - The owner gone for good is 410 owner_gone at once; an owner listed
-//     but not ready, or refusing the connection even after its address was
-//     looked up again, is 503 + Retry-After: the client tries again later,
-//     never waits on a timeout.
+//   - The owner gone for good is 410 owner_gone, said only after the list
+//     was read again (a worker's list may be a refresh old); an owner
+//     listed but not ready, not known yet, or refusing the connection even
+//     after its address was looked up again, is 503 + Retry-After: the
+//     client tries again later. The forwarder's own waits are bounded:
+//     a 3 s dial, one list of the peers (up to 10 s), a 3 s dial again, so
+//     about 16 s at worst before the owner's answer or the refusal.
+//   - A session this worker has is served here, whatever its id names (one
+//     restored from before a worker_id rename, or an id a client chose
+//     before owners existed).
+//
+// The defences against a request that would be sent elsewhere are
+// SECURITY.md case 58; against a forged or stale peer list, case 59.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -27,6 +37,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -45,13 +56,18 @@ const ForwardedHeader = "Sandboxd-Forwarded"
 // longer answers (its node gone) is a 503 within seconds, not a hang.
 const forwardDialTimeout = 3 * time.Second
 
+// forwardListTimeout bounds a list of the peers a request asks for (as the
+// Kubernetes resolver's own client does).
+const forwardListTimeout = 10 * time.Second
+
 // Forwarding outcomes, the label of sandboxd_session_forwards_total.
 const (
 	fwdProxied     = "proxied"           // the owner answered (any status)
 	fwdGone        = "owner_gone"        // 410: no worker has the owner token
 	fwdUnavailable = "owner_unavailable" // 503: listed but not ready, or unreachable
-	fwdLoop        = "forward_loop"      // 410: a forwarded request for another owner
-	fwdFailed      = "failed"            // 502: the exchange with the owner broke
+	fwdLoop        = "forward_loop"      // 503: a forwarded request for another owner
+	fwdFailed      = "failed"            // 502: the exchange with the owner broke before its answer
+	fwdCut         = "cut"               // the owner's answer broke midway: the client's is cut
 	fwdCancelled   = "cancelled"         // the client left first
 )
 
@@ -89,8 +105,9 @@ func newForwarder(cfg config.Config, d Deps) (*forwarder, error) {
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	// Peers are reached directly, never through an HTTP(S)_PROXY of the
-	// worker's environment, and bodies pass as they are (no gzip added
-	// and removed on the way).
+	// worker's environment (the client's token goes to listed peers only:
+	// SECURITY.md case 58), and bodies pass as they are (no gzip added and
+	// removed on the way).
 	tr.Proxy = nil
 	tr.DisableCompression = true
 	tr.DialContext = (&net.Dialer{Timeout: forwardDialTimeout, KeepAlive: 30 * time.Second}).DialContext
@@ -106,24 +123,46 @@ func (f *forwarder) close() {
 	}
 }
 
+// lookup finds the owner's worker. Gone is final for the client (410), so
+// it is answered only from a list read now (the resolver spaces them: at
+// most one a second); listed says the list was read for this request.
+func (f *forwarder) lookup(ctx context.Context, owner string) (a peers.Answer, listed bool) {
+	if a = f.peers.Lookup(owner); a.Status != peers.Gone {
+		return a, false
+	}
+	f.refresh(ctx)
+	return f.peers.Lookup(owner), true
+}
+
+// refresh reads the peer list again, on a context of its own: the list is
+// every request's, and a client that leaves must not cut it short (its
+// failure would make every owner not listed "unknown" until the next one).
+func (f *forwarder) refresh(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), forwardListTimeout)
+	defer cancel()
+	f.peers.Refresh(ctx)
+}
+
 // forwarding wraps a /v1/sessions/:id… route: a session this worker owns
-// (or an id that names no owner) is served by h; another owner's goes to
-// that owner.
+// or has (or an id that names no owner) is served by h; another owner's
+// goes to that owner.
 func (s *Server) forwarding(h httprouter.Handle) httprouter.Handle {
 	return func(w http.ResponseWriter, r *http.Request, ps httprouter.Params) {
 		id := ps.ByName("id")
 		owner, ok := sessionid.Owner(id)
-		// Only an id by the rule is forwarded (SECURITY.md case 46: an id
-		// is never more than a name); the local route refuses the rest.
-		if !ok || owner == s.owner || s.fwd == nil || !inside.ValidID(id) {
+		// Only an id by the rule is forwarded (SECURITY.md cases 46 and
+		// 58: an id is never more than a name, and it names an owner
+		// token, never an address); the local route refuses the rest.
+		if !ok || owner == s.owner || s.fwd == nil || !inside.ValidID(id) || s.hasSession(id) {
 			h(w, r, ps)
 			return
 		}
 		if by := r.Header.Get(ForwardedHeader); by != "" {
-			// Loop defence: the forwarder took this worker for the owner
-			// (its list is stale, or an address was reused): answering
-			// beats passing it on, which could go round for ever.
-			s.forwardRefused(w, &apiError{status: http.StatusGone, reason: fwdLoop, code: fwdLoop, msg: fmt.Sprintf(
+			// Loop defence (SECURITY.md case 58): the forwarder took this
+			// worker for the owner (its list is stale, or an address was
+			// reused): answering beats passing it on, which could go
+			// round for ever. Its list will catch up: 503, not 410.
+			s.forwardRefused(w, &apiError{status: http.StatusServiceUnavailable, reason: fwdLoop, code: fwdLoop, retryAfter: "2", msg: fmt.Sprintf(
 				"session %s is owned by the worker with owner token %s, not this one (%s, token %s); %s forwarded it here: its list of workers is out of date",
 				id, owner, s.cfg.WorkerID, s.owner, clip(by))})
 			return
@@ -132,23 +171,55 @@ func (s *Server) forwarding(h httprouter.Handle) httprouter.Handle {
 	}
 }
 
+// hasSession: this worker has session id (a cheap lookup, no disk).
+func (s *Server) hasSession(id string) bool {
+	m, e := s.sessions()
+	return e == nil && m.Has(id)
+}
+
 // forward passes r to the owner of session id and its answer back.
 func (s *Server) forward(w http.ResponseWriter, r *http.Request, id, owner string) {
-	a := s.fwd.peers.Lookup(owner)
+	a, listed := s.fwd.lookup(r.Context(), owner)
 	if a.Status != peers.Ready {
 		s.forwardRefused(w, lookupRefusal(id, owner, a))
 		return
 	}
-	body := &forwardBody{r: r.Body, w: w}
+	u, err := url.Parse(a.Peer.URL)
+	if err != nil {
+		s.forwardRefused(w, &apiError{status: http.StatusBadGateway, reason: fwdFailed, code: "forward_failed",
+			msg: fmt.Sprintf("session %s lives on worker %s, whose address %q cannot be used: %v", id, a.Peer.WorkerID, clip(a.Peer.URL), err)})
+		return
+	}
+	// The client's body, its read deadline paced as a direct upload's
+	// (session_files.go): a large one is not cut at read_timeout.
+	body := &forwardBody{w: w, r: &paced{r: r.Body,
+		pacer: newPacer(http.NewResponseController(w).SetReadDeadline, time.Duration(s.cfg.ReadTimeout))}}
 	var outcome atomic.Value
 	outcome.Store(fwdProxied)
+	defer func() {
+		if v := recover(); v != nil {
+			// The owner's answer broke midway (the proxy panics so that
+			// net/http cuts the client's answer: router's PanicHandler).
+			if v == http.ErrAbortHandler {
+				o := fwdCut
+				if r.Context().Err() != nil {
+					o = fwdCancelled
+				}
+				s.metrics.forwards.WithLabelValues(o).Inc()
+			}
+			panic(v)
+		}
+	}()
 	rp := &httputil.ReverseProxy{
+		// httputil's Rewrite drops the hop-by-hop headers and the
+		// client's X-Forwarded-*/Forwarded, and sends to the listed
+		// address only (SECURITY.md case 58).
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.SetURL(mustParseURL(a.Peer.URL))
+			pr.SetURL(u)
 			// The owner's guard accepts localhost: the DNS-rebinding
 			// defence is about browsers, and this request comes from this
 			// worker's own client, not from a page; the token still
-			// authenticates it there.
+			// authenticates it there (SECURITY.md case 58).
 			pr.Out.Host = "localhost"
 			pr.Out.Header.Set(ForwardedHeader, s.cfg.WorkerID)
 			if pr.Out.Body != nil {
@@ -162,25 +233,29 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, id, owner strin
 				pr.Out.Header.Set("Authorization", "Bearer "+s.cfg.WorkerToken)
 			}
 		},
-		Transport:     &forwardTransport{s: s, owner: owner, body: body},
+		Transport:     &forwardTransport{s: s, owner: owner, body: body, listed: listed},
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			var le *lookupError
 			var ue *unreachableError
 			switch {
+			case body.failed() != nil:
+				// The client's body broke (too slow for its pace:
+				// SECURITY.md case 44; or cut): said as for an upload to
+				// this worker, never net/http's empty 200.
+				outcome.Store(fwdFailed)
+				e := s.uploadError(body.failed())
+				s.logReject(e)
+				writeAPIError(w, e)
 			case r.Context().Err() != nil:
 				outcome.Store(fwdCancelled)
 			case errors.As(err, &le):
 				outcome.Store("")
 				s.forwardRefused(w, lookupRefusal(id, owner, le.answer))
-			case errors.As(err, &ue) || isDialError(err):
+			case errors.As(err, &ue):
 				outcome.Store("")
-				how := ""
-				if ue != nil {
-					how = " (tried twice, its address looked up in between)"
-				}
 				s.forwardRefused(w, &apiError{status: http.StatusServiceUnavailable, reason: fwdUnavailable, code: fwdUnavailable, retryAfter: "2",
-					msg: fmt.Sprintf("session %s lives on worker %s, which cannot be reached now%s: %v", id, a.Peer.WorkerID, how, err)})
+					msg: fmt.Sprintf("session %s lives on worker %s, which cannot be reached now (tried twice, its address looked up in between): %v", id, a.Peer.WorkerID, err)})
 			default:
 				outcome.Store("")
 				s.forwardRefused(w, &apiError{status: http.StatusBadGateway, reason: fwdFailed, code: "forward_failed",
@@ -212,14 +287,6 @@ func lookupRefusal(id, owner string, a peers.Answer) *apiError {
 		"session %s lives on the worker with owner token %s, which cannot take it now: %s", id, owner, a.Why)}
 }
 
-func mustParseURL(s string) *url.URL {
-	u, err := url.Parse(s) // validated: config.CheckPeerURL, or built by peers
-	if err != nil {
-		panic(err)
-	}
-	return u
-}
-
 // lookupError: the owner's address was looked up again and it is no
 // longer ready (or gone).
 type lookupError struct{ answer peers.Answer }
@@ -241,11 +308,14 @@ func isDialError(err error) bool {
 
 // forwardTransport sends the forwarded request, and once more when the
 // first connection could not be made: the owner's address is looked up
-// again first (a restarted pod has a new one).
+// again first (a restarted pod has a new one), from a list read now
+// unless one was read for this request already (listed). Only a request
+// of which nothing was sent is sent again (SECURITY.md case 58).
 type forwardTransport struct {
-	s     *Server
-	owner string
-	body  *forwardBody
+	s      *Server
+	owner  string
+	body   *forwardBody
+	listed bool
 }
 
 func (t *forwardTransport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -254,12 +324,17 @@ func (t *forwardTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	if err == nil || !isDialError(err) || t.body.n.Load() > 0 || req.Context().Err() != nil {
 		return resp, err
 	}
-	f.peers.Refresh(req.Context())
+	if !t.listed {
+		f.refresh(req.Context())
+	}
 	a := f.peers.Lookup(t.owner)
 	if a.Status != peers.Ready {
 		return nil, &lookupError{a}
 	}
-	u := mustParseURL(a.Peer.URL)
+	u, err := url.Parse(a.Peer.URL)
+	if err != nil {
+		return nil, err
+	}
 	again := req.Clone(req.Context())
 	again.URL.Scheme, again.URL.Host = u.Scheme, u.Host
 	resp, err = f.transport.RoundTrip(again)
@@ -271,22 +346,38 @@ func (t *forwardTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 
 // forwardBody is the forwarded request's body: the client's, which the
 // transport must not close (a second attempt reads it), counted (only an
-// unread body may be sent again), and whose end lifts the read deadline
-// as decodeBody does: the owner may then take as long as the execution
-// does, as when the worker runs it itself (limits.go, deadlines).
+// unread body may be sent again), whose end lifts the read deadline as
+// decodeBody does (the owner may then take as long as the execution does,
+// as when the worker runs it itself: limits.go, deadlines), and whose
+// failure is kept for the answer (failed).
 type forwardBody struct {
-	r io.ReadCloser
+	r io.Reader
 	w http.ResponseWriter
 	n atomic.Int64
+
+	mu  sync.Mutex
+	err error // the first error but EOF
 }
 
 func (b *forwardBody) Read(p []byte) (int, error) {
 	n, err := b.r.Read(p)
 	b.n.Add(int64(n))
-	if err == io.EOF {
+	switch {
+	case err == io.EOF:
 		liftReadDeadline(b.w)
+	case err != nil:
+		b.mu.Lock()
+		b.err = cmp.Or(b.err, err)
+		b.mu.Unlock()
 	}
 	return n, err
+}
+
+// failed is the error that broke the client's body, or nil.
+func (b *forwardBody) failed() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.err
 }
 
 func (b *forwardBody) Close() error { return nil } // the server closes the client's body

@@ -6,11 +6,14 @@ package server
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 	"github.com/sandboxd/sandboxd/server/config"
@@ -146,9 +149,10 @@ func TestSessionForwarding(t *testing.T) {
 		t.Fatalf("a down owner's session: %d %v %s", code, h, body)
 	}
 	// A forwarded request for another owner is answered, not forwarded
-	// again; one for this worker's own session is served.
-	code, _, body = b.do("GET", "/v1/sessions/"+id, nil, ForwardedHeader, "worker-a")
-	if eb := decodeErr(t, body); code != http.StatusGone || eb.Code != "forward_loop" {
+	// again (503: the forwarder's list will catch up); one for this
+	// worker's own session is served.
+	code, h, body = b.do("GET", "/v1/sessions/"+id, nil, ForwardedHeader, "worker-a")
+	if eb := decodeErr(t, body); code != http.StatusServiceUnavailable || h.Get("Retry-After") == "" || eb.Code != "forward_loop" {
 		t.Fatalf("a marked request for another owner: %d %s", code, body)
 	}
 	if code, _, body = a.do("GET", "/v1/sessions/"+id, nil, ForwardedHeader, "worker-b"); code != http.StatusOK {
@@ -201,5 +205,32 @@ func TestForwardingKeepsAuthentication(t *testing.T) {
 	code, _, body = a.do("GET", "/v1/sessions/"+id, nil, "Authorization", "", ForwardedHeader, "worker-b")
 	if code != http.StatusUnauthorized {
 		t.Fatalf("the marker without a token on A: %d %s", code, body)
+	}
+}
+
+// TestForwardingServesItsOwnSessions: a session this worker has is served
+// here, whatever owner its id names: one made before a worker_id rename
+// (restored from sessions_dir) is not forwarded away, marked or not.
+func TestForwardingServesItsOwnSessions(t *testing.T) {
+	rootfs := shellRootfs(t)
+	dir := filepath.Join(t.TempDir(), "sessions")
+	old := newEnv(t, rootfs, func(c *config.Config) { c.WorkerID, c.SessionsDir = "worker-old", dir })
+	id := old.createSession(SessionRequest{Kernel: new(bool)}).ID
+	if tok, _ := sessionid.Owner(id); tok != sessionid.Token("worker-old") {
+		t.Fatalf("session id %q does not name worker-old", id)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	old.srv.Drain(ctx)
+	old.http.Close()
+	if err := old.srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	a := newPeers(t, rootfs, []string{"worker-a"}, "", func(_ string, c *config.Config) { c.SessionsDir = dir })["worker-a"]
+	for _, hdr := range [][]string{nil, {ForwardedHeader, "worker-b"}} {
+		if code, _, body := a.do("GET", "/v1/sessions/"+id, nil, hdr...); code != http.StatusOK || !strings.Contains(string(body), `"id":"`+id+`"`) {
+			t.Fatalf("GET %s (renamed from worker-old) on worker-a, %v: %d %s", id, hdr, code, body)
+		}
 	}
 }

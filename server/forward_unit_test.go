@@ -5,14 +5,19 @@ package server
 // that records what reached it.
 
 import (
+	"bytes"
 	"context"
+
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/sandboxd/sandboxd/server/config"
 	"github.com/sandboxd/sandboxd/server/peers"
@@ -50,16 +55,23 @@ func refusingURL(t *testing.T) string {
 	return "http://" + ln.Addr().String()
 }
 
-// TestForwardRetriesAfterReresolving: the owner's old address refuses the
-// connection; its address is looked up again and the request, body and
-// all, goes to the new one, once, with the owner's Host, the client's
-// token and the marker.
+// TestForwardRetriesAfterReresolving (SECURITY.md case 58): the owner's
+// old address refuses the connection; its address is looked up again and
+// the request, body and all, goes to the new one, once, with Host
+// localhost, the client's token and the marker, and none of the client's
+// X-Forwarded-*/Forwarded or hop-by-hop headers.
 func TestForwardRetriesAfterReresolving(t *testing.T) {
-	type seen struct{ host, auth, marker, body, path string }
+	type seen struct{ host, auth, marker, body, path, smuggled string }
 	got := make(chan seen, 2)
 	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
-		got <- seen{r.Host, r.Header.Get("Authorization"), r.Header.Get(ForwardedHeader), string(b), r.URL.RequestURI()}
+		var smuggled []string
+		for _, h := range []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "Forwarded", "X-Hop"} {
+			if v := r.Header.Get(h); v != "" {
+				smuggled = append(smuggled, h+": "+v)
+			}
+		}
+		got <- seen{r.Host, r.Header.Get("Authorization"), r.Header.Get(ForwardedHeader), string(b), r.URL.RequestURI(), strings.Join(smuggled, ", ")}
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, "from the owner")
 	}))
@@ -72,12 +84,14 @@ func TestForwardRetriesAfterReresolving(t *testing.T) {
 	mp := &movingPeer{url: refusingURL(t), next: owner.URL}
 	u.srv.fwd.peers = mp
 	id := sessionid.New(sessionid.Token("worker-b"))
-	code, _, body := u.do("PUT", "/v1/sessions/"+id+"/files/a%20b.csv?x=1", "col\n1\n")
+	code, _, body := u.do("PUT", "/v1/sessions/"+id+"/files/a%20b.csv?x=1", "col\n1\n",
+		"X-Forwarded-For", "10.0.0.1", "X-Forwarded-Host", "admin.internal", "X-Forwarded-Proto", "https",
+		"Forwarded", "for=10.0.0.1;host=admin.internal", "Connection", "X-Hop", "X-Hop", "1")
 	if code != http.StatusCreated || string(body) != "from the owner" {
 		t.Fatalf("PUT through the forwarder: %d %s\n%s", code, body, u.logs)
 	}
 	s := <-got
-	want := seen{"localhost", "Bearer tok", "worker-a", "col\n1\n", "/v1/sessions/" + id + "/files/a%20b.csv?x=1"}
+	want := seen{"localhost", "Bearer tok", "worker-a", "col\n1\n", "/v1/sessions/" + id + "/files/a%20b.csv?x=1", ""}
 	if s != want {
 		t.Fatalf("the owner got %+v, want %+v", s, want)
 	}
@@ -100,7 +114,8 @@ func TestForwardStates(t *testing.T) {
 	}{
 		{"unknown owner", sessionid.New(sessionid.Token("worker-x")), "", http.StatusGone, "owner_gone"},
 		{"owner down", sessionid.New(sessionid.Token("worker-b")), "", http.StatusServiceUnavailable, "owner_unavailable"},
-		{"marked", sessionid.New(sessionid.Token("worker-b")), "worker-c", http.StatusGone, "forward_loop"},
+		// Transient (the forwarder's list is stale): 503, not 410.
+		{"marked", sessionid.New(sessionid.Token("worker-b")), "worker-c", http.StatusServiceUnavailable, "forward_loop"},
 		// Served here: this worker's own token, no owner, a client's name.
 		{"own", sessionid.New(sessionid.Token("worker-a")), "worker-c", http.StatusNotFound, ""},
 		{"no owner", sessionid.New(""), "", http.StatusNotFound, ""},
@@ -123,5 +138,190 @@ func TestForwardStates(t *testing.T) {
 		if c.code != "" && !strings.Contains(eb.Error, c.id) {
 			t.Errorf("%s: the message does not name the session: %s", c.name, eb.Error)
 		}
+	}
+}
+
+// listedPeers answers before until its list is read again, then after;
+// onRefresh, when set, runs in each Refresh.
+type listedPeers struct {
+	before, after peers.Answer
+	onRefresh     func(context.Context)
+	refreshes     atomic.Int64
+}
+
+func (p *listedPeers) Lookup(string) peers.Answer {
+	if p.refreshes.Load() > 0 {
+		return p.after
+	}
+	return p.before
+}
+
+func (p *listedPeers) Refresh(ctx context.Context) {
+	if p.onRefresh != nil {
+		p.onRefresh(ctx)
+	}
+	p.refreshes.Add(1)
+}
+
+// forwardingUnitEnv is a worker-a forwarding to p, with a token.
+func forwardingUnitEnv(t *testing.T, p peers.Resolver, mod func(*config.Config)) *unitEnv {
+	u := newUnitEnv(t, false, func(c *config.Config) {
+		c.WorkerID, c.WorkerToken, c.PeersSource = "worker-a", "tok", config.PeersStatic
+		c.Peers = map[string]string{"worker-b": "http://127.0.0.1:1"}
+		if mod != nil {
+			mod(c)
+		}
+	})
+	u.token = "tok"
+	u.srv.fwd.peers = p
+	return u
+}
+
+func readyAt(url string) peers.Answer {
+	return peers.Answer{Peer: peers.Peer{WorkerID: "worker-b", URL: url, Ready: true}, Status: peers.Ready}
+}
+
+var goneAnswer = peers.Answer{Status: peers.Gone, Why: "not in the list"}
+
+// TestForwardGoneOnlyFromAFreshList: a session of a node newer than the
+// forwarder's list (it is up to peers_refresh old) is forwarded once the
+// list is read again; 410 is answered only from a list read for it.
+func TestForwardGoneOnlyFromAFreshList(t *testing.T) {
+	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "from the new node")
+	}))
+	defer owner.Close()
+	p := &listedPeers{before: goneAnswer, after: readyAt(owner.URL)}
+	u := forwardingUnitEnv(t, p, nil)
+	id := sessionid.New(sessionid.Token("worker-b"))
+	if code, _, body := u.do("GET", "/v1/sessions/"+id, nil); code != http.StatusOK || string(body) != "from the new node" {
+		t.Fatalf("a new node's session: %d %s", code, body)
+	}
+	if n := p.refreshes.Load(); n != 1 {
+		t.Fatalf("%d refreshes, want 1", n)
+	}
+	p = &listedPeers{before: goneAnswer, after: goneAnswer}
+	u.srv.fwd.peers = p
+	code, _, body := u.do("GET", "/v1/sessions/"+id, nil)
+	if eb := decodeErr(t, body); code != http.StatusGone || eb.Code != "owner_gone" || p.refreshes.Load() != 1 {
+		t.Fatalf("gone after a fresh list: %d %s, %d refreshes", code, body, p.refreshes.Load())
+	}
+}
+
+// TestForwardListOutlivesTheClient: the list read for a request is every
+// request's: a client that leaves while it is read does not cut it short.
+func TestForwardListOutlivesTheClient(t *testing.T) {
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	var cut atomic.Value
+	p := &listedPeers{before: goneAnswer, after: goneAnswer, onRefresh: func(ctx context.Context) {
+		close(entered)
+		<-proceed
+		cut.Store(fmt.Sprint(ctx.Err()))
+	}}
+	u := forwardingUnitEnv(t, p, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", u.http.URL+"/v1/sessions/"+sessionid.New(sessionid.Token("worker-b")), nil)
+	req.Header.Set("Authorization", "Bearer tok")
+	done := make(chan error, 1)
+	go func() {
+		resp, err := u.http.Client().Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	<-entered
+	cancel()
+	<-done
+	time.Sleep(200 * time.Millisecond) // the server sees the connection close
+	close(proceed)
+	waitFor(t, func() bool { return p.refreshes.Load() == 1 })
+	if got := cut.Load(); got != "<nil>" {
+		t.Fatalf("the list's context once the client left: %v", got)
+	}
+}
+
+// TestForwardPacesUploads (SECURITY.md case 44): a forwarded upload's read
+// deadline is paced as a direct one's (TestSessionUploadsAreBounded): 8 MiB
+// at a steady pace, longer than read_timeout, passes whole; a trickle is
+// cut with the reason.
+func TestForwardPacesUploads(t *testing.T) {
+	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, err := io.Copy(io.Discard, r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		fmt.Fprint(w, n)
+	}))
+	defer owner.Close()
+	u := forwardingUnitEnv(t, &listedPeers{before: readyAt(owner.URL)}, func(c *config.Config) {
+		c.ReadHeaderTimeout = config.Duration(200 * time.Millisecond)
+		c.ReadTimeout = config.Duration(300 * time.Millisecond)
+	})
+	pr, pw := io.Pipe()
+	go func() {
+		chunk := bytes.Repeat([]byte("p"), 1<<20)
+		for range 8 {
+			pw.Write(chunk)
+			time.Sleep(100 * time.Millisecond)
+		}
+		pw.Close()
+	}()
+	req, _ := http.NewRequest("PUT", u.http.URL+"/v1/sessions/"+sessionid.New(sessionid.Token("worker-b"))+"/files/paced.bin", pr)
+	req.ContentLength = 8 << 20
+	req.Header.Set("Authorization", "Bearer tok")
+	resp, err := u.http.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || string(got) != fmt.Sprint(8<<20) {
+		t.Fatalf("a paced 8 MiB upload through the forwarder = %d %s", resp.StatusCode, got)
+	}
+	// One that trickles is cut once it falls behind, and says so (as a
+	// direct upload does: 408), never an empty 200.
+	c := startUpload(t, u.testEnv, "/v1/sessions/"+sessionid.New(sessionid.Token("worker-b"))+"/files/slow.bin", 10<<20, strings.Repeat("s", 1000))
+	code, body := readResponse(t, c)
+	wantError(t, code, []byte(body), http.StatusRequestTimeout, "upload too slow")
+	wantMetric(t, u.testEnv, `sandboxd_session_forwards_total{outcome="failed"} 1`)
+}
+
+// TestForwardCutAnswer: an owner's answer that breaks midway is cut for
+// the client (never a short answer that looks whole) and counted.
+func TestForwardCutAnswer(t *testing.T) {
+	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
+		c.Close()
+	}))
+	defer owner.Close()
+	u := forwardingUnitEnv(t, &listedPeers{before: readyAt(owner.URL)}, nil)
+	req, _ := http.NewRequest("GET", u.http.URL+"/v1/sessions/"+sessionid.New(sessionid.Token("worker-b"))+"/files/f", nil)
+	req.Header.Set("Authorization", "Bearer tok")
+	resp, err := u.http.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err == nil {
+		t.Fatalf("a cut answer read whole: %d %q", resp.StatusCode, got)
+	}
+	wantMetric(t, u.testEnv, `sandboxd_session_forwards_total{outcome="cut"} 1`)
+}
+
+// TestForwardBadPeerURL: an address the list should never hold is a 502
+// that names it, not a panic.
+func TestForwardBadPeerURL(t *testing.T) {
+	u := forwardingUnitEnv(t, &listedPeers{before: readyAt("http://10.0.0.1:-1")}, nil)
+	code, _, body := u.do("GET", "/v1/sessions/"+sessionid.New(sessionid.Token("worker-b")), nil)
+	if eb := decodeErr(t, body); code != http.StatusBadGateway || eb.Code != "forward_failed" || !strings.Contains(eb.Error, "10.0.0.1:-1") {
+		t.Fatalf("a bad peer URL: %d %s", code, body)
 	}
 }

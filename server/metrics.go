@@ -57,7 +57,7 @@ func newMetrics() *metrics {
 		}),
 		forwards: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sandboxd_session_forwards_total",
-			Help: "Requests for a session another worker owns, by outcome: proxied (the owner answered), owner_gone (410), owner_unavailable (503), forward_loop (410), failed (502), cancelled.",
+			Help: "Requests for a session another worker owns, by outcome: proxied (the owner answered), owner_gone (410), owner_unavailable (503), forward_loop (503), failed (502, or the client's body broke), cut (the owner's answer broke midway), cancelled.",
 		}, []string{"outcome"}),
 	}
 	m.reg.MustRegister(m.executions, m.duration, m.inFlight, m.queued, m.rejected, m.quotaRefusals, m.forwards,

@@ -492,7 +492,11 @@ func startUpload(t *testing.T, e *testEnv, path string, contentLength int, first
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	fmt.Fprintf(c, "PUT %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n%s", path, contentLength, first)
+	auth := ""
+	if e.token != "" {
+		auth = "Authorization: Bearer " + e.token + "\r\n"
+	}
+	fmt.Fprintf(c, "PUT %s HTTP/1.1\r\nHost: 127.0.0.1\r\n%sContent-Length: %d\r\n\r\n%s", path, auth, contentLength, first)
 	return c
 }
 

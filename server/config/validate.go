@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -437,13 +438,17 @@ func peersCheck(c Config) (errs []error) {
 }
 
 // CheckPeerURL accepts a worker's base URL: http or https, a host and a
-// port, nothing else (no path, query, fragment or user: the forwarded
-// request's path is the client's).
+// port (1-65535), nothing else (no path, query, fragment or user: the
+// forwarded request's path is the client's: SECURITY.md case 58).
 func CheckPeerURL(raw string) error {
+	bad := fmt.Errorf("must be a base URL http://HOST:PORT (or https), got: %q", raw)
 	u, err := url.Parse(raw)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || u.Port() == "" ||
+	if err != nil {
+		return bad
+	}
+	if port, _ := strconv.Atoi(u.Port()); (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || port < 1 || port > 65535 ||
 		(u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil || u.Opaque != "" {
-		return fmt.Errorf("must be a base URL http://HOST:PORT (or https), got: %q", raw)
+		return bad
 	}
 	return nil
 }

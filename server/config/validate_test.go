@@ -103,6 +103,10 @@ var validateCases = []struct {
 		c.PeersSource, c.WorkerID = "static", "a"
 		c.Peers = map[string]string{"b": "http://10.0.0.2"}
 	}, `peers.b: must be a base URL http://HOST:PORT (or https), got: "http://10.0.0.2"`},
+	{"static peer url port range", "peers", func(c *Config) {
+		c.PeersSource, c.WorkerID = "static", "a"
+		c.Peers = map[string]string{"b": "http://10.0.0.2:70000"}
+	}, `peers.b: must be a base URL http://HOST:PORT (or https), got: "http://10.0.0.2:70000"`},
 	{"kubernetes with peers", "peers", func(c *Config) {
 		c.PeersSource, c.WorkerID = "kubernetes", "a"
 		c.Peers = map[string]string{"b": "http://10.0.0.2:3100"}

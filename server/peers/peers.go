@@ -31,6 +31,10 @@ type Peer struct {
 	Ready bool
 	// Pod names its pod (Kubernetes only), for messages.
 	Pod string
+	// Ambiguous, when set, says why no one worker can be told to have the
+	// token (two ready endpoints on its node, two nodes sharing it): it
+	// is not forwarded to (503), never one picked (SECURITY.md case 59).
+	Ambiguous string
 }
 
 // Status is what a lookup found.
@@ -44,9 +48,12 @@ const (
 	NotReady
 	// Ready: forward to Peer.URL.
 	Ready
-	// Unknown: the list cannot be read now, so nothing is known to be
-	// gone (503).
+	// Unknown: the list cannot be read now, or has not lacked the token
+	// long enough, so nothing is known to be gone (503).
 	Unknown
+	// Ambiguous: more than one worker claims the token (Peer.Ambiguous
+	// says how); nothing is forwarded (503).
+	Ambiguous
 )
 
 // Answer is a lookup's result: the peer (when listed), its status, and in

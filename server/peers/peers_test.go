@@ -2,6 +2,7 @@ package peers
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -24,7 +25,7 @@ func TestParseEndpointSlices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := ParseEndpointSlices(data, 3100)
+	got, err := ParseEndpointSlices(data, "sandboxd-workers", 3100)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,6 +46,42 @@ func TestParseEndpointSlices(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("got  %+v\nwant %+v", got, want)
 	}
+	// The same slices for another Service: none is its controller's.
+	if got, err := ParseEndpointSlices(data, "other", 3100); err != nil || len(got) != 0 {
+		t.Fatalf("the slices for Service other: %+v %v", got, err)
+	}
+}
+
+// TestParseEndpointSlicesTrust (SECURITY.md case 59): only the
+// EndpointSlice controller's slices of the Service are read: one without
+// its managed-by label, owned by another Service or by anything else, or
+// by nothing, names no worker (each would send node-x, y, z's sessions, or
+// node-a's, to 10.9.9.x). A node with two ready pods is ambiguous, never
+// one picked; an endpoint the controller lists in two slices is one. A
+// port out of range makes no URL.
+func TestParseEndpointSlicesTrust(t *testing.T) {
+	data, err := os.ReadFile("testdata/hostile-endpointslices.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ParseEndpointSlices(data, "sandboxd-workers", 3100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Peer{
+		{WorkerID: "node-a", URL: "http://10.244.1.7:3100", Ready: true, Pod: "sandboxd-4kx8d"},
+		{WorkerID: "node-d", Ambiguous: "node node-d has 2 ready endpoints, http://10.244.4.2:3100 (pod sandboxd-d1d1d) and " +
+			"http://10.244.4.9:3100 (pod sandboxd-d2d2d): which one has the session is not known"},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got  %+v\nwant %+v", got, want)
+	}
+	e := newKubeEnv(t)
+	e.answer.Store(string(data))
+	e.k.list(context.Background(), 0)
+	if a := e.k.Lookup(sessionid.Token("node-d")); a.Status != Ambiguous || a.Why != want[1].Ambiguous {
+		t.Fatalf("node-d: %+v, want Ambiguous", a)
+	}
 }
 
 func TestParseEndpointSlicesRefuses(t *testing.T) {
@@ -54,12 +91,12 @@ func TestParseEndpointSlicesRefuses(t *testing.T) {
 		`{"kind": "EndpointSliceList", "items": [1]}`,
 		`[]`,
 	} {
-		if _, err := ParseEndpointSlices([]byte(in), 3100); err == nil {
+		if _, err := ParseEndpointSlices([]byte(in), "s", 3100); err == nil {
 			t.Errorf("ParseEndpointSlices(%q) took it", in)
 		}
 	}
 	// No slices: no peers, no error.
-	if got, err := ParseEndpointSlices([]byte(`{"kind": "EndpointSliceList", "items": []}`), 3100); err != nil || len(got) != 0 {
+	if got, err := ParseEndpointSlices([]byte(`{"kind": "EndpointSliceList", "items": []}`), "s", 3100); err != nil || len(got) != 0 {
 		t.Fatalf("an empty list: %v, %v", got, err)
 	}
 }
@@ -129,7 +166,7 @@ func newKubeEnv(t *testing.T) *kubeEnv {
 		e.lists.Add(1)
 		e.auth.Store(r.Header.Get("Authorization"))
 		if r.URL.Path != "/apis/discovery.k8s.io/v1/namespaces/sandboxd/endpointslices" ||
-			r.URL.Query().Get("labelSelector") != "kubernetes.io/service-name=sandboxd-workers" {
+			r.URL.Query().Get("labelSelector") != "kubernetes.io/service-name=sandboxd-workers,endpointslice.kubernetes.io/managed-by=endpointslice-controller.k8s.io" {
 			http.Error(w, "wrong path "+r.URL.String(), http.StatusNotFound)
 			return
 		}
@@ -171,7 +208,8 @@ func TestKubernetesStates(t *testing.T) {
 		{"node-a", Ready, "http://10.244.1.7:3100"},
 		{"node-b", NotReady, ""},
 		{"node-c", Ready, "http://10.244.3.11:3100"},
-		{"node-z", Gone, ""},
+		// Never listed, but this worker has listed only now.
+		{"node-z", Unknown, ""},
 	} {
 		a := e.k.Lookup(tok(c.node))
 		if a.Status != c.want || (c.url != "" && a.Peer.URL != c.url) || a.Why == "" {
@@ -180,8 +218,7 @@ func TestKubernetesStates(t *testing.T) {
 	}
 	// node-a's pod goes (the next list has only node-b): not ready for
 	// Grace, then gone.
-	e.answer.Store(`{"kind":"EndpointSliceList","items":[{"addressType":"IPv4","endpoints":[
-		{"addresses":["10.244.2.9"],"conditions":{"ready":true},"nodeName":"node-b"}],"ports":[{"name":"http","port":3100}]}]}`)
+	e.answer.Store(onlyNodeB)
 	e.now = e.now.Add(5 * time.Second)
 	e.k.list(context.Background(), 0)
 	if a := e.k.Lookup(tok("node-a")); a.Status != NotReady || !strings.Contains(a.Why, "node-a") {
@@ -195,6 +232,9 @@ func TestKubernetesStates(t *testing.T) {
 	if a := e.k.Lookup(tok("node-a")); a.Status != Gone || !strings.Contains(a.Why, "sandboxd/sandboxd-workers") {
 		t.Fatalf("node-a after the grace: %+v, want Gone", a)
 	}
+	if a := e.k.Lookup(tok("node-z")); a.Status != Gone {
+		t.Fatalf("node-z, never listed in over %s of lists: %+v, want Gone", Grace, a)
+	}
 	// The API fails: the known worker is still forwarded to; nothing
 	// unknown is called gone.
 	e.status.Store(http.StatusForbidden)
@@ -207,6 +247,94 @@ func TestKubernetesStates(t *testing.T) {
 	if a := e.k.Lookup(tok("node-a")); a.Status != Unknown || !strings.Contains(a.Why, "403") {
 		t.Fatalf("node-a with the API failing: %+v, want Unknown", a)
 	}
+}
+
+// onlyNodeB is the workers' list once every node but node-b lost its pod.
+const onlyNodeB = `{"kind":"EndpointSliceList","items":[{
+	"metadata":{"labels":{"kubernetes.io/service-name":"sandboxd-workers","endpointslice.kubernetes.io/managed-by":"endpointslice-controller.k8s.io"},
+		"ownerReferences":[{"apiVersion":"v1","kind":"Service","name":"sandboxd-workers"}]},
+	"addressType":"IPv4","endpoints":[{"addresses":["10.244.2.9"],"conditions":{"ready":true},"nodeName":"node-b"}],
+	"ports":[{"name":"http","port":3100}]}]}`
+
+// TestKubernetesJustStarted: a worker's first list lacks node-a, whose pod
+// is between endpoints: what this worker never saw is not gone until the
+// lists have lacked it for Grace.
+func TestKubernetesJustStarted(t *testing.T) {
+	e := newKubeEnv(t)
+	e.answer.Store(onlyNodeB)
+	e.k.list(context.Background(), 0)
+	e.now = e.now.Add(Grace)
+	e.k.list(context.Background(), 0)
+	if a := e.k.Lookup(sessionid.Token("node-a")); a.Status != Unknown || !strings.Contains(a.Why, "called gone after") {
+		t.Fatalf("node-a %s after this worker's first list: %+v, want Unknown", Grace, a)
+	}
+	e.now = e.now.Add(time.Second)
+	if a := e.k.Lookup(sessionid.Token("node-a")); a.Status != Gone {
+		t.Fatalf("node-a after %s of lists: %+v, want Gone", Grace, a)
+	}
+}
+
+// TestKubernetesAfterAnOutage: the API cannot be read for longer than
+// Grace, in which node-a's pod moves; the first list after it lacks node-a
+// (between endpoints). What happened in the outage was not seen: node-a is
+// not gone until the lists after it have lacked it for Grace.
+func TestKubernetesAfterAnOutage(t *testing.T) {
+	e := newKubeEnv(t)
+	e.k.list(context.Background(), 0) // node-a ready
+	e.status.Store(http.StatusServiceUnavailable)
+	e.now = e.now.Add(5 * time.Second)
+	e.k.list(context.Background(), 0)
+	e.now = e.now.Add(2 * Grace)
+	e.k.list(context.Background(), 0)
+	if a := e.k.Lookup(sessionid.Token("node-a")); a.Status != Ready {
+		t.Fatalf("node-a, known before the outage: %+v, want Ready", a)
+	}
+	e.status.Store(http.StatusOK)
+	e.answer.Store(onlyNodeB)
+	e.k.list(context.Background(), 0)
+	for _, node := range []string{"node-a", "node-z"} {
+		if a := e.k.Lookup(sessionid.Token(node)); a.Status == Gone || a.Status == Ready {
+			t.Fatalf("%s right after the outage: %+v, want 503 (NotReady or Unknown)", node, a)
+		}
+	}
+	e.now = e.now.Add(Grace + time.Second)
+	e.k.list(context.Background(), 0)
+	for _, node := range []string{"node-a", "node-z"} {
+		if a := e.k.Lookup(sessionid.Token(node)); a.Status != Gone {
+			t.Fatalf("%s after %s of lists since the outage: %+v, want Gone", node, Grace, a)
+		}
+	}
+}
+
+// TestKubernetesTokenCollision: two nodes whose names share an owner token
+// make it ambiguous (503, logged), neither forwarded to.
+func TestKubernetesTokenCollision(t *testing.T) {
+	x, y := collidingNames(t)
+	e := newKubeEnv(t)
+	logs := &strings.Builder{}
+	e.k.opts.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	e.answer.Store(strings.ReplaceAll(strings.ReplaceAll(string(mustRead(t, "testdata/endpointslices.json")),
+		`"node-a"`, `"`+x+`"`), `"node-d"`, `"`+y+`"`))
+	e.k.list(context.Background(), 0)
+	a := e.k.Lookup(sessionid.Token(x))
+	if a.Status != Ambiguous || !strings.Contains(a.Why, x+" and "+y) || !strings.Contains(logs.String(), "ambiguous owner token") {
+		t.Fatalf("%s and %s: %+v\nlog: %s", x, y, a, logs)
+	}
+	// Logged once, not at every list.
+	e.now = e.now.Add(time.Minute)
+	e.k.list(context.Background(), 0)
+	if n := strings.Count(logs.String(), "ambiguous owner token"); n != 1 {
+		t.Fatalf("logged %d times, want once:\n%s", n, logs)
+	}
+}
+
+func mustRead(t *testing.T, name string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
 }
 
 // TestKubernetesRefreshIsSpaced: refused connections ask for lists; at

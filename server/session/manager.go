@@ -410,6 +410,14 @@ func (m *Manager) Get(id string) (Info, error) {
 	return m.info(s), nil
 }
 
+// Has tells whether session id is here, without reading its volume.
+func (m *Manager) Has(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, err := m.lookupLocked(id)
+	return err == nil
+}
+
 // List is every session, by id.
 func (m *Manager) List() []Info {
 	m.mu.Lock()
