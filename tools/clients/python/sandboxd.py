@@ -21,7 +21,7 @@ agent, or put its directory on sys.path.
             print(ev.text, end="")
 
 Every call returns typed results (dataclasses), raises one exception class
-per HTTP refusal (BadRequest, NotFound, SessionBusy, TooManyRequests, ...)
+per HTTP refusal (BadRequest, NotFound, SessionBusy, Gone, TooManyRequests, ...)
 carrying the server's message, and retries 429/503 refusals honouring
 Retry-After (bounded, with jitter). server/README.md in the sandboxd
 repository describes the API; README.md next to this file describes the
@@ -59,7 +59,7 @@ __all__ = [
     "StdoutEvent", "StderrEvent", "FigureEvent", "DisplayEvent", "ResultEvent", "ToolResult",
     "SandboxdError", "TransportError", "ProtocolError", "WaitTimeout", "ExecutionFailed",
     "APIError", "ClientError", "BadRequest", "Unauthorized", "Forbidden", "NotFound",
-    "RequestTimeout", "Conflict", "SessionBusy", "NotRunning", "PayloadTooLarge",
+    "RequestTimeout", "Conflict", "SessionBusy", "NotRunning", "Gone", "PayloadTooLarge",
     "UnsupportedMediaType", "RangeNotSatisfiable", "Unprocessable", "TooManyRequests",
     "ServerError", "ServiceUnavailable", "InsufficientStorage",
     "TOOL_SCHEMAS", "RUN_PYTHON_SCHEMA", "tool_definitions",
@@ -173,6 +173,13 @@ class NotRunning(Conflict):
     """409 not_running: interrupt while no execution runs."""
 
 
+class Gone(ClientError):
+    """410 owner_gone: the session lives on a worker that has left the
+    cluster (its files stay on that node); not retried. A session's owner
+    that is only restarting is a 503 instead, which is retried."""
+    status = 410
+
+
 class PayloadTooLarge(ClientError):
     """413: the code, input, files or upload is over a limit or the
     session's quota."""
@@ -214,7 +221,7 @@ class InsufficientStorage(ServerError):
 
 
 _BY_STATUS = {c.status: c for c in (BadRequest, Unauthorized, Forbidden, NotFound, RequestTimeout, Conflict,
-                                    PayloadTooLarge, UnsupportedMediaType, RangeNotSatisfiable, Unprocessable,
+                                    Gone, PayloadTooLarge, UnsupportedMediaType, RangeNotSatisfiable, Unprocessable,
                                     TooManyRequests, ServiceUnavailable, InsufficientStorage)}
 _BY_CODE = {"session_busy": SessionBusy, "not_running": NotRunning}
 

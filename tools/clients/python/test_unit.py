@@ -175,7 +175,7 @@ class ErrorTest(StubCase):
     def test_each_status_has_its_class(self):
         for status, cls in [(400, sandboxd.BadRequest), (401, sandboxd.Unauthorized), (403, sandboxd.Forbidden),
                             (404, sandboxd.NotFound), (408, sandboxd.RequestTimeout), (409, sandboxd.Conflict),
-                            (413, sandboxd.PayloadTooLarge), (415, sandboxd.UnsupportedMediaType),
+                            (410, sandboxd.Gone), (413, sandboxd.PayloadTooLarge), (415, sandboxd.UnsupportedMediaType),
                             (416, sandboxd.RangeNotSatisfiable), (422, sandboxd.Unprocessable),
                             (429, sandboxd.TooManyRequests), (500, sandboxd.ServerError),
                             (503, sandboxd.ServiceUnavailable), (507, sandboxd.InsufficientStorage),
