@@ -111,7 +111,7 @@ func (s *Server) answerDetached(w http.ResponseWriter, r *http.Request, p *plan,
 		// wait here for its end.
 		p.code, p.input, p.files = "", nil, nil
 		if mode == answerAsync {
-			writeAccepted(w, p.id)
+			writeAccepted(w, p)
 			return
 		}
 		if e := s.serveEvents(w, r, p.id, 0); e != nil {
@@ -136,7 +136,7 @@ func (s *Server) answerDetached(w http.ResponseWriter, r *http.Request, p *plan,
 		sse := s.startEvents(w)
 		s.writeResult(sse, rd, 0)
 	case mode == answerAsync:
-		writeAccepted(w, p.id)
+		writeAccepted(w, p)
 	default:
 		s.streamHub(w, r, p.id, p.hub, 0)
 	}
@@ -180,10 +180,17 @@ type accepted struct {
 	Status string `json:"status"`
 }
 
-func writeAccepted(w http.ResponseWriter, id string) {
-	w.Header().Set("Location", "/v1/executions/"+id)
+// writeAccepted answers 202 for p. A session's execution is located under
+// its session, a route forwarded to the session's owner (any worker can
+// answer it behind a load balancer, as /v1/executions/{id} cannot).
+func writeAccepted(w http.ResponseWriter, p *plan) {
+	loc := "/v1/executions/" + p.id
+	if p.session != "" {
+		loc = "/v1/sessions/" + p.session + "/executions/" + p.id
+	}
+	w.Header().Set("Location", loc)
 	w.Header().Set("Preference-Applied", "respond-async")
-	writeJSON(w, http.StatusAccepted, accepted{ID: id, Status: StatusRunning})
+	writeJSON(w, http.StatusAccepted, accepted{ID: p.id, Status: StatusRunning})
 }
 
 // writeRefusal answers GET for an execution refused after its client was

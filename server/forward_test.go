@@ -234,3 +234,78 @@ func TestForwardingServesItsOwnSessions(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionExecutionForwarding: a session execution's detached answer
+// and the resume of its events, through a worker that is not its owner,
+// by the session-scoped routes (which /v1/executions/{id} cannot give
+// there); and a session's URL never reaches another session's execution.
+func TestSessionExecutionForwarding(t *testing.T) {
+	w := newPeers(t, nsjailtest.RuntimeRootfs(t), []string{"worker-a", "worker-b"}, "", nil)
+	a, b := w["worker-a"], w["worker-b"]
+	id := a.createSession(SessionRequest{}).ID
+	other := b.createSession(SessionRequest{}).ID
+
+	// Submitted through B, answered 202 with a Location under the session.
+	code, h, body := b.do("POST", "/v1/sessions/"+id+"/executions", SessionExecutionRequest{
+		Code: "import os, sys, time\nsys.stdout.write('first\\n'); sys.stdout.flush()\n" +
+			"while not os.path.exists('go'):\n    time.sleep(0.02)\nprint('second')\n"}, "Prefer", "respond-async")
+	var acc accepted
+	if code != http.StatusAccepted || json.Unmarshal(body, &acc) != nil {
+		t.Fatalf("respond-async through B: %d %s", code, body)
+	}
+	loc := h.Get("Location")
+	if loc != "/v1/sessions/"+id+"/executions/"+acc.ID {
+		t.Fatalf("Location %q", loc)
+	}
+	// Polled through B (the old route there knows nothing of it).
+	code, _, body = b.do("GET", loc, nil)
+	if code != http.StatusOK || !strings.Contains(string(body), `"id":"`+acc.ID+`"`) {
+		t.Fatalf("GET %s through B: %d %s", loc, code, body)
+	}
+	if code, _, _ = b.do("GET", "/v1/executions/"+acc.ID, nil); code != http.StatusNotFound {
+		t.Fatalf("GET /v1/executions/{id} through B, not the owner: %d", code)
+	}
+	// Its events through B, then resumed through B after the first.
+	s := b.openEvents("GET", loc+"/events", nil)
+	first := s.want("stdout", "first\n")
+	s.close()
+	s = b.openEvents("GET", loc+"/events", nil, "Last-Event-ID", first.id)
+	if code, body := b.put(id, "go", nil); code >= 300 {
+		t.Fatalf("PUT go through B: %d %s", code, body)
+	}
+	texts, r := s.rest()
+	s.end()
+	if texts["stdout"] != "second\n" || r.ID != acc.ID || r.Status != "succeeded" || r.Stdout != "first\nsecond\n" {
+		t.Fatalf("resumed through B: events %q, result %+v", texts, r)
+	}
+	code, _, body = b.do("GET", loc, nil)
+	if code != http.StatusOK || !strings.Contains(string(body), `"status":"succeeded"`) {
+		t.Fatalf("GET %s through B once done: %d %s", loc, code, body)
+	}
+
+	// Cancelled through B.
+	code, h, body = b.do("POST", "/v1/sessions/"+id+"/executions", SessionExecutionRequest{
+		Code: "import time\nwhile True:\n    time.sleep(0.05)\n"}, "Prefer", "respond-async")
+	if code != http.StatusAccepted {
+		t.Fatalf("a second respond-async through B: %d %s", code, body)
+	}
+	code, _, body = b.do("DELETE", h.Get("Location"), nil)
+	if code != http.StatusOK || !strings.Contains(string(body), `"status":"cancelled"`) {
+		t.Fatalf("DELETE %s through B: %d %s", h.Get("Location"), code, body)
+	}
+
+	// Another session's execution is not found under this session's URL,
+	// on its worker or on the owner of the session named.
+	mine := b.sessionExec(other, SessionExecutionRequest{Code: "print(1)"})
+	for _, path := range []string{
+		"/v1/sessions/" + other + "/executions/" + acc.ID, // A's execution under B's session
+		"/v1/sessions/" + id + "/executions/" + mine.ID,   // B's execution under A's session, forwarded to A
+	} {
+		for _, suffix := range []string{"", "/events"} {
+			code, _, body := b.do("GET", path+suffix, nil)
+			if code != http.StatusNotFound || !strings.Contains(string(body), "in session") {
+				t.Errorf("GET %s: %d %s", path+suffix, code, body)
+			}
+		}
+	}
+}

@@ -226,6 +226,12 @@ func (s *Server) routes() []route {
 		{http.MethodDelete, "/v1/sessions/:id", s.handleDeleteSession},
 		{http.MethodPost, "/v1/sessions/:id/executions", s.handleSessionExecute},
 		{http.MethodPost, "/v1/sessions/:id/interrupt", s.handleInterrupt},
+		// A session's execution by the routes above, checked to be the
+		// session's: forwarded to its owner (session_executions.go).
+		{http.MethodGet, "/v1/sessions/:id/executions/:eid", s.sessionExecution(s.handleGet)},
+		{http.MethodGet, "/v1/sessions/:id/executions/:eid/events", s.sessionExecution(s.handleEvents)},
+		{http.MethodGet, "/v1/sessions/:id/executions/:eid/artifacts/*name", s.sessionExecution(s.handleGetArtifact)},
+		{http.MethodDelete, "/v1/sessions/:id/executions/:eid", s.sessionExecution(s.handleCancel)},
 		// httprouter takes a route and a catch-all below it: /files lists,
 		// /files/*path is a file (GET with ?profile=1: its profile).
 		{http.MethodGet, "/v1/sessions/:id/files", s.handleListFiles},

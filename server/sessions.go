@@ -307,6 +307,7 @@ func (s *Server) validateSessionExecution(sid string, req *SessionExecutionReque
 		return nil, e
 	}
 	p.session, p.runtime = sid, info.Runtime
+	p.hub.Scope = sid // not yet in the registry (claim adds it)
 	pol, err := s.policies.Apply(info.Type, req.TimeoutMS)
 	if err != nil {
 		return nil, badRequest("%v", err)

@@ -115,12 +115,14 @@ func (t *liveTable) cancelAll() int {
 	return len(t.recs)
 }
 
-// pendingInfo is what the result store keeps of a pending execution for
-// the interrupted answer.
+// pendingInfo is what the result store keeps of an execution, pending and
+// final: its type, runtime and policy for the interrupted answer, and the
+// session it ran in (the session-scoped routes check it: inSession).
 type pendingInfo struct {
 	Type    string `json:"type"`
 	Runtime string `json:"runtime,omitempty"`
 	Policy  Policy `json:"policy"`
+	Session string `json:"session,omitempty"`
 }
 
 // claim registers p as live and records it, pending, in the result store.
@@ -135,7 +137,7 @@ func (s *Server) claim(p *plan, cancel context.CancelFunc) (*record, error) {
 	}
 	s.live.recs[p.id] = r
 	s.live.mu.Unlock()
-	info, _ := json.Marshal(pendingInfo{Type: p.policy.Name, Runtime: p.runtime, Policy: p.policy})
+	info, _ := json.Marshal(pendingInfo{Type: p.policy.Name, Runtime: p.runtime, Policy: p.policy, Session: p.session})
 	if _, err := s.results.Create(p.id, p.run, p.hash, info); err != nil {
 		s.live.remove(r)
 		if errors.Is(err, results.ErrExists) {

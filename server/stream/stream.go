@@ -87,6 +87,10 @@ var DefaultLimits = Limits{MaxEvents: 4096, MaxBytes: 1 << 20, MaxChunk: 64 << 1
 // client; Next never blocks the producer.
 type Hub struct {
 	lim Limits
+	// Scope is what the hub's execution belongs to (the server's session
+	// id; empty for none). Set before the hub is added to a Registry and
+	// never changed after: read without the lock.
+	Scope string
 
 	mu sync.Mutex
 	// ring holds the events in id order: ring[first:] (ring[:first] are

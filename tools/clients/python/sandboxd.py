@@ -53,7 +53,7 @@ from typing import Any, BinaryIO, Dict, Iterator, List, Mapping, Optional, Seque
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "Session", "Execution", "ExecutionError", "TracebackFrame", "Artifact", "Omitted",
+    "Client", "Session", "Execution", "ExecutionId", "ExecutionError", "TracebackFrame", "Artifact", "Omitted",
     "Display", "Usage", "Policy", "SessionExecInfo", "SessionKernel", "SessionWorkspace",
     "FileEntry", "FileList", "FileInfo", "Profile", "EventStream", "Event", "OutputEvent",
     "StdoutEvent", "StderrEvent", "FigureEvent", "DisplayEvent", "ResultEvent", "ToolResult",
@@ -633,8 +633,12 @@ class Session:
     def stream(self, code: str, **kw: Any) -> "EventStream":
         return self._c().stream(code, session=self.id, **kw)
 
-    def submit(self, code: str, **kw: Any) -> str:
+    def submit(self, code: str, **kw: Any) -> "ExecutionId":
         return self._c().submit(code, session=self.id, **kw)
+
+    def wait(self, execution_id: str, timeout: Optional[float] = None, poll: float = 0.2) -> Execution:
+        """Wait for an execution of this session (Client.wait)."""
+        return self._c().wait(execution_id, timeout, poll, session=self.id)
 
     def interrupt(self) -> None:
         self._c().interrupt(self.id)
@@ -774,13 +778,16 @@ class EventStream:
     that closes the connection). streaming is False when the server
     answered with plain JSON (it does not stream): the iterator then yields
     one ResultEvent. A dropped connection is resumed from the last event
-    id (GET /v1/executions/{id}/events with Last-Event-ID), up to the
-    client's retries in a row. result is the Execution once the result
-    event has arrived."""
+    id (GET /v1/executions/{id}/events with Last-Event-ID; a session's
+    execution by its session's route, which any worker forwards to the
+    session's owner), up to the client's retries in a row. result is the
+    Execution once the result event has arrived."""
 
-    def __init__(self, client: "Client", execution_id: str, resp: http.client.HTTPResponse, conn: Any):
+    def __init__(self, client: "Client", execution_id: str, resp: http.client.HTTPResponse, conn: Any,
+                 session: Optional[str] = None):
         self.client = client
         self.execution_id = execution_id
+        self.session = session
         self.last_event_id: Optional[str] = None
         self.result: Optional[Execution] = None
         self.reconnects = 0
@@ -826,7 +833,7 @@ class EventStream:
         headers = {"Accept": "text/event-stream"}
         if self.last_event_id is not None:
             headers["Last-Event-ID"] = self.last_event_id
-        path = f"/v1/executions/{_q(self.execution_id)}/events"
+        path = _exec_path(self.execution_id, self.session) + "/events"
         self._resp, self._conn = self.client._send("GET", path, headers=headers, idempotent=True,
                                                    read_timeout=self.client._stream_timeout)
         ctype = (self._resp.getheader("Content-Type") or "").split(";")[0].strip().lower()
@@ -870,6 +877,32 @@ class _UnixConnection(http.client.HTTPConnection):
 
 def _q(segment: str) -> str:
     return urllib.parse.quote(segment, safe="")
+
+
+class ExecutionId(str):
+    """An execution's id (a str) that remembers the session it runs in:
+    submit(session=...) returns one, and wait, get_execution, cancel and
+    events then use the session's routes for it."""
+
+    session: Optional[str]
+
+    def __new__(cls, value: str, session: Optional[str] = None) -> "ExecutionId":
+        self = super().__new__(cls, value)
+        self.session = session
+        return self
+
+
+def _exec_path(execution_id: str, session: Optional[str] = None) -> str:
+    """An execution's route. A session's execution is asked for under its
+    session (/v1/sessions/{sid}/executions/{id}): any worker forwards that
+    to the session's owner, which /v1/executions/{id} is not (only the
+    worker it lands on answers it). session defaults to the id's own
+    (ExecutionId)."""
+    if session is None:
+        session = getattr(execution_id, "session", None)
+    if session is None:
+        return f"/v1/executions/{_q(execution_id)}"
+    return f"/v1/sessions/{_q(session)}/executions/{_q(execution_id)}"
 
 
 def _qpath(path: str) -> str:
@@ -1203,47 +1236,56 @@ class Client:
         resp, conn = self._send("POST", path, json_body=req, idempotent=True,
                                 headers={"Accept": "text/event-stream"},
                                 read_timeout=self._exec_timeout(timeout_ms))
-        return EventStream(self, exec_id, resp, conn)
+        return EventStream(self, exec_id, resp, conn, session=session)
 
-    def events(self, execution_id: str, last_event_id: Optional[str] = None) -> EventStream:
+    def events(self, execution_id: str, last_event_id: Optional[str] = None, *,
+               session: Optional[str] = None) -> EventStream:
         """Attach to the events of a running or finished execution (after
-        last_event_id when given)."""
+        last_event_id when given). session: the session it runs in (an
+        ExecutionId knows its own), whose route reaches it through any
+        worker."""
+        session = session if session is not None else getattr(execution_id, "session", None)
         headers = {"Accept": "text/event-stream"}
         if last_event_id is not None:
             headers["Last-Event-ID"] = last_event_id
-        resp, conn = self._send("GET", f"/v1/executions/{_q(execution_id)}/events", headers=headers,
+        resp, conn = self._send("GET", _exec_path(execution_id, session) + "/events", headers=headers,
                                 idempotent=True, read_timeout=self._stream_timeout)
-        es = EventStream(self, execution_id, resp, conn)
+        es = EventStream(self, execution_id, resp, conn, session=session)
         es.last_event_id = last_event_id
         return es
 
     def submit(self, code: str, *, session: Optional[str] = None, id: Optional[str] = None,
                type: Optional[str] = None, input: Any = None, files: Any = None,
                timeout_ms: Optional[int] = None, env: Optional[Mapping[str, str]] = None,
-               **extra: Any) -> str:
+               **extra: Any) -> ExecutionId:
         """Start code without waiting (Prefer: respond-async) and return the
-        execution id, for wait() or get_execution(). A server that does not
-        answer asynchronously runs it to the end first; wait() works the
-        same."""
+        execution id, for wait() or get_execution(): an ExecutionId (a str)
+        that knows its session, so that they ask any worker for it. A
+        server that does not answer asynchronously runs it to the end
+        first; wait() works the same."""
         path, exec_id, req = self._exec_request(code, session=session, id=id, type=type, input=input, files=files,
                                                 timeout_ms=timeout_ms, env=env, extra=extra)
         doc = self._call("POST", path, json_body=req, idempotent=True, want=(200, 202),
                          headers={"Prefer": "respond-async"}, read_timeout=self._exec_timeout(timeout_ms))
-        return _dict(doc).get("id") or exec_id
+        return ExecutionId(_dict(doc).get("id") or exec_id, session)
 
-    def get_execution(self, execution_id: str) -> Execution:
+    def get_execution(self, execution_id: str, *, session: Optional[str] = None) -> Execution:
         """The execution: its live view while queued or running (status
-        queued|running), then its result."""
-        return Execution.from_json(self._call("GET", f"/v1/executions/{_q(execution_id)}", idempotent=True,
+        queued|running), then its result. session: the session it runs in
+        (an ExecutionId knows its own), whose route reaches it through any
+        worker."""
+        return Execution.from_json(self._call("GET", _exec_path(execution_id, session), idempotent=True,
                                               read_timeout=self._stream_timeout))
 
-    def wait(self, execution_id: str, timeout: Optional[float] = None, poll: float = 0.2) -> Execution:
+    def wait(self, execution_id: str, timeout: Optional[float] = None, poll: float = 0.2, *,
+             session: Optional[str] = None) -> Execution:
         """Poll until the execution has finished and return it; after
-        timeout seconds raise WaitTimeout (it goes on running)."""
+        timeout seconds raise WaitTimeout (it goes on running). session: as
+        for get_execution."""
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = poll
         while True:
-            ex = self.get_execution(execution_id)
+            ex = self.get_execution(execution_id, session=session)
             if ex.finished:
                 return ex
             if deadline is not None and time.monotonic() + delay > deadline:
@@ -1251,10 +1293,11 @@ class Client:
             self._sleep(delay)
             delay = min(delay * 1.5, 2.0)
 
-    def cancel(self, execution_id: str) -> Execution:
+    def cancel(self, execution_id: str, *, session: Optional[str] = None) -> Execution:
         """Cancel an execution (the sandbox is killed); answers it, with
-        status cancelled, or its live view if it has not ended yet."""
-        return Execution.from_json(self._call("DELETE", f"/v1/executions/{_q(execution_id)}",
+        status cancelled, or its live view if it has not ended yet.
+        session: as for get_execution."""
+        return Execution.from_json(self._call("DELETE", _exec_path(execution_id, session),
                                               want=(200, 202), read_timeout=self._stream_timeout))
 
     def policies(self) -> Dict[str, Policy]:

@@ -240,6 +240,27 @@ class StreamTest(StubCase):
         self.assertEqual(headers.get("Last-Event-ID"), "2")
         self.assertEqual(headers.get("Accept"), "text/event-stream")
 
+    def test_a_session_stream_resumes_under_its_session(self):
+        # A session's execution is resumed by its session's route, which any
+        # worker forwards to the session's owner (/v1/executions/{id} is
+        # answered only where it lands).
+        def first(h):
+            self.sse_start(h)
+            h.wfile.write(b'id: 1\nevent: stdout\ndata: {"text": "a\\n"}\n\n')
+            h.close_connection = True
+
+        def second(h):
+            self.sse_start(h)
+            h.wfile.write(b'id: 2\nevent: result\ndata: ' + json.dumps(result_doc("ex3", "a\n")).encode() + b'\n\n')
+            h.close_connection = True
+
+        self.srv.steps = [first, second]
+        es = self.client(retries=2).session("se-1").stream("print('a')", id="ex3")
+        self.assertEqual([e.type for e in es], ["stdout", "result"])
+        self.assertEqual([r[:2] for r in self.srv.requests],
+                         [("POST", "/v1/sessions/se-1/executions"), ("GET", "/v1/sessions/se-1/executions/ex3/events")])
+        self.assertEqual(self.srv.requests[1][2].get("Last-Event-ID"), "1")
+
     def test_a_server_that_does_not_stream(self):
         self.srv.steps = [lambda h: h.reply(200, result_doc(stdout="1\n"))]
         es = self.client().stream("print(1)")
@@ -268,6 +289,47 @@ class StreamTest(StubCase):
         lines = [b"event: a\r\n", b"data: 1\r\n", b"data: 2\r\n", b"\r\n", b"data:x\n", b"\n", b"retry: 5\n",
                  b"event: unfinished\n"]
         self.assertEqual(list(sandboxd.parse_sse(iter(lines))), [("a", None, "1\n2"), ("message", None, "x")])
+
+
+class SessionExecutionTest(StubCase):
+    def test_submit_then_wait_cancel_and_events_under_the_session(self):
+        running = {"id": "ex4", "type": "dynamic", "status": "running", "started_at": None,
+                   "policy": {"timeout_ms": 30000, "memory_mb": 1024, "cpus": 1, "pids": 128}}
+        self.srv.steps = [
+            lambda h: h.reply(202, {"id": "ex4", "status": "running"},
+                              {"Location": "/v1/sessions/se-1/executions/ex4"}),
+            lambda h: h.reply(200, running),
+            lambda h: h.reply(200, result_doc("ex4")),
+            lambda h: h.reply(200, result_doc("ex4", status="cancelled")),
+        ]
+        c = self.client()
+        eid = c.session("se-1").submit("x", id="ex4")
+        self.assertIsInstance(eid, str)
+        self.assertEqual((eid, eid.session), ("ex4", "se-1"))
+        self.assertEqual(c.wait(eid).status, "succeeded")
+        self.assertEqual(c.cancel(eid).status, "cancelled")
+        self.assertEqual([r[:2] for r in self.srv.requests], [
+            ("POST", "/v1/sessions/se-1/executions"),
+            ("GET", "/v1/sessions/se-1/executions/ex4"),
+            ("GET", "/v1/sessions/se-1/executions/ex4"),
+            ("DELETE", "/v1/sessions/se-1/executions/ex4"),
+        ])
+
+    def test_explicit_session_and_plain_ids(self):
+        self.srv.steps = [lambda h: h.reply(200, result_doc("a/b")), lambda h: h.reply(200, result_doc("ex5")),
+                          lambda h: h.reply(200, result_doc("ex6")), lambda h: h.reply(200, result_doc("ex6"))]
+        c = self.client()
+        c.get_execution("a/b", session="se 2")
+        c.session("se-3").wait("ex5")
+        c.wait("ex6")  # a plain id: the execution's own route
+        sub = c.submit("x", id="ex6")  # not a session's: no session
+        self.assertIsNone(sub.session)
+        self.assertEqual([r[:2] for r in self.srv.requests], [
+            ("GET", "/v1/sessions/se%202/executions/a%2Fb"),
+            ("GET", "/v1/sessions/se-3/executions/ex5"),
+            ("GET", "/v1/executions/ex6"),
+            ("POST", "/v1/executions"),
+        ])
 
 
 class TypesTest(unittest.TestCase):
