@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -189,7 +190,7 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	f.calls = append(f.calls, r.Method+" "+r.URL.Path)
 	f.mu.Unlock()
 	switch {
-	case r.Method == "POST" && r.URL.Path == "/v1/executions":
+	case r.Method == "POST" && (r.URL.Path == "/v1/executions" || strings.HasPrefix(r.URL.Path, "/v1/sessions/") && strings.HasSuffix(r.URL.Path, "/executions")):
 		var body map[string]any
 		json.NewDecoder(r.Body).Decode(&body)
 		if f.post != nil {
@@ -375,28 +376,42 @@ func TestRemoteRetriesHonourRetryAfter(t *testing.T) {
 }
 
 // A call the client cancels cancels its execution (DELETE by the id the
-// POST named), as the run would otherwise outlive its connection.
+// POST named), as the run would otherwise outlive its connection; a
+// session's execution by its session route, which reaches the session's
+// owner through any worker (forwarding).
 func TestCancelledCallCancelsExecution(t *testing.T) {
-	posted := make(chan string, 1)
-	api := &fakeAPI{post: func(w http.ResponseWriter, r *http.Request, body map[string]any) {
-		posted <- body["id"].(string)
-		<-r.Context().Done()
-	}}
-	cs := connect(t, InProcess(api))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		_, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "import time; time.sleep(60)"}})
-		done <- err
-	}()
-	id := <-posted
-	cancel()
-	<-done
-	want := "DELETE /v1/executions/" + id
-	for deadline := time.Now().Add(10 * time.Second); !slices.Contains(api.seen(), want); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("calls %v, want %s", api.seen(), want)
-		}
+	for _, c := range []struct {
+		name, prefix string
+		args         map[string]any
+	}{
+		{"single-shot", "/v1/executions/", map[string]any{}},
+		{"session", "/v1/sessions/se-1/executions/", map[string]any{"session_id": "se-1"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			posted := make(chan string, 1)
+			api := &fakeAPI{post: func(w http.ResponseWriter, r *http.Request, body map[string]any) {
+				posted <- body["id"].(string)
+				<-r.Context().Done()
+			}}
+			cs := connect(t, InProcess(api))
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			args := map[string]any{"code": "import time; time.sleep(60)"}
+			maps.Copy(args, c.args)
+			go func() {
+				_, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: "run_python", Arguments: args})
+				done <- err
+			}()
+			id := <-posted
+			cancel()
+			<-done
+			want := "DELETE " + c.prefix + id
+			for deadline := time.Now().Add(10 * time.Second); !slices.Contains(api.seen(), want); time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("calls %v, want %s", api.seen(), want)
+				}
+			}
+		})
 	}
 }
 

@@ -213,7 +213,10 @@ func (t tools) execute(ctx context.Context, path string, body []byte, id string)
 		// client. (Once it has finished, the DELETE is a harmless 409.)
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		if resp, derr := t.b.do(cctx, http.MethodDelete, "/v1/executions/"+url.PathEscape(id), nil, nil); derr == nil {
+		// path + "/" + id is the execution's own route: under its
+		// session for a session's (forwarded to the session's owner
+		// like the POST, which /v1/executions/{id} would not be).
+		if resp, derr := t.b.do(cctx, http.MethodDelete, path+"/"+url.PathEscape(id), nil, nil); derr == nil {
 			resp.Body.Close()
 		}
 		return nil, ctx.Err()

@@ -900,7 +900,7 @@ def _exec_path(execution_id: str, session: Optional[str] = None) -> str:
     (ExecutionId)."""
     if session is None:
         session = getattr(execution_id, "session", None)
-    if session is None:
+    if not session:
         return f"/v1/executions/{_q(execution_id)}"
     return f"/v1/sessions/{_q(session)}/executions/{_q(execution_id)}"
 
