@@ -74,6 +74,14 @@ func BenchmarkAPIGroupby(b *testing.B) {
 // on (one per policy) and sessions, served over loopback HTTP as a client
 // sees it; the pool is full when it returns.
 func benchSessionServer(b *testing.B) (*Server, *http.Client, string) {
+	srv, hs := benchServe(b, nil, nil)
+	return srv, hs.Client(), hs.URL
+}
+
+// benchServe starts benchSessionServer's server, its config changed by
+// with (nil: as it is), served on ln (nil: a new loopback port); the pool
+// is full when it returns, and the server drained and closed after b.
+func benchServe(b *testing.B, ln net.Listener, with func(*config.Config)) (*Server, *httptest.Server) {
 	rootfs := nsjailtest.RuntimeRootfs(b)
 	nsjailtest.RequireRoot(b)
 	cfg := config.Default()
@@ -83,9 +91,11 @@ func benchSessionServer(b *testing.B) (*Server, *http.Client, string) {
 	cfg.StateRoot = testStateRoot
 	cfg.PythonImage = "dir:" + rootfs
 	cfg.PoolSize = 1
+	if with != nil {
+		with(&cfg)
+	}
 	r := nsjailtest.NewRunner(b, nsjail.Options{StateRoot: cfg.StateRoot, CgroupParent: testCgroupParent, Logger: quietLog})
-	srv, err := New(Deps{Config: cfg, Sandbox: r, Logger: quietLog,
-		ResolveRootfs: dirRootfs(rootfs)})
+	srv, err := New(Deps{Config: cfg, Sandbox: r, Logger: quietLog, ResolveRootfs: dirRootfs(rootfs)})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -93,6 +103,10 @@ func benchSessionServer(b *testing.B) (*Server, *http.Client, string) {
 		b.Fatal(err)
 	}
 	hs := httptest.NewUnstartedServer(nil)
+	if ln != nil {
+		hs.Listener.Close()
+		hs.Listener = ln
+	}
 	hs.Config = srv.HTTPServer(nil)
 	hs.Start()
 	b.Cleanup(func() {
@@ -103,7 +117,7 @@ func benchSessionServer(b *testing.B) (*Server, *http.Client, string) {
 		srv.Close()
 	})
 	waitBenchPool(b, srv)
-	return srv, hs.Client(), hs.URL
+	return srv, hs
 }
 
 // waitBenchPool waits until a warm sandbox is ready for every policy.
@@ -197,7 +211,7 @@ func reportBenchLatency(b *testing.B, lat []time.Duration) {
 // worker-b, each knowing the other (peers_source = "static"), with the
 // warm pool on and sessions, served over loopback HTTP; their base URLs.
 func benchPeerServers(b *testing.B) (c *http.Client, urlA, urlB string) {
-	rootfs := nsjailtest.RuntimeRootfs(b)
+	nsjailtest.RuntimeRootfs(b) // skips before anything is opened
 	nsjailtest.RequireRoot(b)
 	ids := []string{"worker-a", "worker-b"}
 	lns := map[string]net.Listener{}
@@ -210,35 +224,9 @@ func benchPeerServers(b *testing.B) (c *http.Client, urlA, urlB string) {
 		lns[id], list[id] = ln, "http://"+ln.Addr().String()
 	}
 	for _, id := range ids {
-		cfg := config.Default()
-		cfg.WorkRoot = filepath.Join(b.TempDir(), "work")
-		cfg.ResultsDir = filepath.Join(b.TempDir(), "results")
-		cfg.SessionsDir = filepath.Join(b.TempDir(), "sessions")
-		cfg.StateRoot = testStateRoot
-		cfg.PythonImage = "dir:" + rootfs
-		cfg.PoolSize = 1
-		cfg.WorkerID, cfg.PeersSource, cfg.Peers = id, config.PeersStatic, list
-		r := nsjailtest.NewRunner(b, nsjail.Options{StateRoot: cfg.StateRoot, CgroupParent: testCgroupParent, Logger: quietLog})
-		srv, err := New(Deps{Config: cfg, Sandbox: r, Logger: quietLog, ResolveRootfs: dirRootfs(rootfs)})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := srv.Prepare(context.Background()); err != nil {
-			b.Fatal(err)
-		}
-		hs := httptest.NewUnstartedServer(nil)
-		hs.Listener.Close()
-		hs.Listener = lns[id]
-		hs.Config = srv.HTTPServer(nil)
-		hs.Start()
-		b.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			srv.Drain(ctx)
-			hs.Close()
-			srv.Close()
+		benchServe(b, lns[id], func(cfg *config.Config) {
+			cfg.WorkerID, cfg.PeersSource, cfg.Peers = id, config.PeersStatic, list
 		})
-		waitBenchPool(b, srv)
 	}
 	return &http.Client{}, list["worker-a"], list["worker-b"]
 }
