@@ -5,7 +5,6 @@ package server
 // that records what reached it.
 
 import (
-	"bytes"
 	"context"
 
 	"fmt"
@@ -259,15 +258,7 @@ func TestForwardPacesUploads(t *testing.T) {
 		c.ReadHeaderTimeout = config.Duration(200 * time.Millisecond)
 		c.ReadTimeout = config.Duration(300 * time.Millisecond)
 	})
-	pr, pw := io.Pipe()
-	go func() {
-		chunk := bytes.Repeat([]byte("p"), 1<<20)
-		for range 8 {
-			pw.Write(chunk)
-			time.Sleep(100 * time.Millisecond)
-		}
-		pw.Close()
-	}()
+	pr := pacedBody()
 	req, _ := http.NewRequest("PUT", u.http.URL+"/v1/sessions/"+sessionid.New(sessionid.Token("worker-b"))+"/files/paced.bin", pr)
 	req.ContentLength = 8 << 20
 	req.Header.Set("Authorization", "Bearer tok")

@@ -388,3 +388,19 @@ func dirRootfs(dir string) func(context.Context, string, string) (rootfs.Image, 
 		return rootfs.Image{RootfsPath: dir, Labels: map[string]string{}}, nil
 	}
 }
+
+// pacedBody is an 8 MiB upload body sent at a steady pace, 1 MiB every
+// 100 ms: longer than a short read_timeout, but never behind the pace
+// uploads must keep (1 MiB/s).
+func pacedBody() io.Reader {
+	pr, pw := io.Pipe()
+	go func() {
+		chunk := bytes.Repeat([]byte("p"), 1<<20)
+		for range 8 {
+			pw.Write(chunk)
+			time.Sleep(100 * time.Millisecond)
+		}
+		pw.Close()
+	}()
+	return pr
+}

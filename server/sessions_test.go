@@ -535,15 +535,7 @@ func TestSessionUploadsAreBounded(t *testing.T) {
 	}
 
 	// 8 MiB at a steady pace takes longer than read_timeout: not cut.
-	pr, pw := io.Pipe()
-	go func() {
-		chunk := bytes.Repeat([]byte("p"), 1<<20)
-		for range 8 {
-			pw.Write(chunk)
-			time.Sleep(100 * time.Millisecond)
-		}
-		pw.Close()
-	}()
+	pr := pacedBody()
 	req, _ := http.NewRequest("PUT", e.http.URL+"/v1/sessions/up/files/paced.bin", pr)
 	req.ContentLength = 8 << 20
 	resp, err := e.http.Client().Do(req)
