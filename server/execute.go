@@ -526,16 +526,18 @@ func (x *execution) finish() (*ExecutionResponse, *results.Reader, *apiError) {
 		if x.started {
 			// Still pending in the store: the id stays taken, and
 			// the next worker answers it interrupted.
-			s.streams.Finish(p.id, x.rec.hub)
 			s.live.remove(x.rec)
+			s.streams.Finish(p.id, x.rec.hub)
 		} else {
 			s.forget(x.rec)
 		}
 		return nil, nil, e
 	}
-	// The result event's clients open the stored answer: stored first.
-	s.streams.Finish(p.id, x.rec.hub)
+	// The result event's clients open the stored answer: stored first,
+	// and out of the live table before the event, or a GET sent on the
+	// event could still be answered "running".
 	s.live.remove(x.rec)
+	s.streams.Finish(p.id, x.rec.hub)
 	log.Info("execution finished", "status", resp.Status, "exit_code", resp.ExitCode,
 		"duration_ms", resp.DurationMS, "limits_hit", resp.LimitsHit, "artifacts", len(resp.Artifacts),
 		"artifacts_omitted", len(resp.ArtifactsOmitted))
