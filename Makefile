@@ -249,9 +249,10 @@ worker-image-repro: worker-image
 # build/k8s/pause.tar (docker-archive, `ctr -n k8s.io images import`; also
 # build/k8s/pause.oci), all from the Go module proxy: the versions are
 # tools/deploy/kubernetes/cluster/components/go.mod's. That module is not in
-# go.work (its hundreds of dependencies would join the product's build
-# list), hence GOWORK=off. Cold: ~15 min on 2 cores, 3.3 GB RAM; a no-op
-# once built (README.md there, Components).
+# go.work (its 266 modules would join the product's build list), hence
+# GOWORK=off. Cold: ~7 min on 2 cores, 800 CPU-s, 3.2 GB RAM; a relink
+# (~7 s) when main.go changes, a no-op when nothing did (README.md there,
+# Components).
 K8S_MOD      := tools/deploy/kubernetes/cluster/components
 K8S_OUT      := $(BUILD)/k8s
 K8S_BIN      := $(K8S_OUT)/bin

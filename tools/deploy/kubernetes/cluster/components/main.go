@@ -5,7 +5,7 @@
 // k8s.io/kubernetes (and k8s.io/kubectl) builds it, with the same blank
 // imports, so one binary behaves as the six upstream ones; linking them
 // together shares one copy of client-go, apimachinery and the API types
-// (155 MB instead of 514 MB for six binaries, and one link instead of six).
+// (155 MB instead of ~514 MB for six binaries, and one link instead of six).
 // README.md (Components) says how it is built.
 package main
 
