@@ -241,3 +241,68 @@ worker-image-repro: worker-image
 	cmp $(BUILD)/worker-repro/1.digest $(BUILD)/worker-repro/2.digest
 	cmp $(BUILD)/worker-repro/1/sandboxd-worker.tar $(BUILD)/worker-repro/2/sandboxd-worker.tar
 	@echo "worker image reproducible: $$(cat $(BUILD)/worker-repro/1.digest)"
+
+# --- Kubernetes components for the test cluster (tools/deploy/kubernetes/cluster) ---
+# k8s-components: build/k8s/bin/kube (kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubelet, kube-proxy and kubectl in one binary, with a
+# symlink by each name), build/k8s/bin/etcd, build/k8s/bin/pause and
+# build/k8s/pause.tar (docker-archive, `ctr -n k8s.io images import`; also
+# build/k8s/pause.oci), all from the Go module proxy: the versions are
+# tools/deploy/kubernetes/cluster/components/go.mod's. That module is not in
+# go.work (its 266 modules would join the product's build list), hence
+# GOWORK=off. Cold: ~7 min on 2 cores, 800 CPU-s, 3.2 GB RAM; a relink
+# (~7 s) when main.go changes, a no-op when nothing did (README.md there,
+# Components).
+K8S_MOD      := tools/deploy/kubernetes/cluster/components
+K8S_OUT      := $(BUILD)/k8s
+K8S_BIN      := $(K8S_OUT)/bin
+K8S_MOD_SRC  := $(K8S_MOD)/go.mod $(K8S_MOD)/go.sum
+K8S_COMMANDS := kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl
+# The version stamped into the binaries is the module's own (go.mod).
+K8S_VERSION   = $$(cd $(K8S_MOD) && GOWORK=off $(GO) list -m -f '{{.Version}}' k8s.io/kubernetes)
+K8S_GO        = cd $(K8S_MOD) && GOWORK=off CGO_ENABLED=0 $(GO) build -trimpath
+.PHONY: k8s-components
+k8s-components: $(K8S_BIN)/kube $(addprefix $(K8S_BIN)/,$(K8S_COMMANDS)) $(K8S_BIN)/etcd $(K8S_BIN)/pause $(K8S_OUT)/pause.tar
+
+$(K8S_BIN)/kube: $(K8S_MOD_SRC) $(K8S_MOD)/main.go
+	@mkdir -p $(K8S_BIN)
+	v=$(K8S_VERSION); major=$${v#v}; major=$${major%%.*}; minor=$${v#v*.}; minor=$${minor%%.*}; \
+	x="-X k8s.io/component-base/version.gitVersion=$$v -X k8s.io/component-base/version.gitMajor=$$major \
+	   -X k8s.io/component-base/version.gitMinor=$$minor -X k8s.io/component-base/version.gitCommit= \
+	   -X k8s.io/client-go/pkg/version.gitVersion=$$v -X k8s.io/client-go/pkg/version.gitMajor=$$major \
+	   -X k8s.io/client-go/pkg/version.gitMinor=$$minor -X k8s.io/client-go/pkg/version.gitCommit="; \
+	$(K8S_GO) -ldflags "-s -w $$x" -o $(abspath $@).tmp .
+	mv $@.tmp $@
+
+# A symlink's mtime is its target's to make: once made, it stays done.
+$(addprefix $(K8S_BIN)/,$(K8S_COMMANDS)): $(K8S_BIN)/kube
+	ln -sfn kube $@
+
+$(K8S_BIN)/etcd: $(K8S_MOD_SRC)
+	@mkdir -p $(K8S_BIN)
+	$(K8S_GO) -ldflags "-s -w" -o $(abspath $@).tmp go.etcd.io/etcd/server/v3
+	mv $@.tmp $@
+
+# The pod sandbox's program is upstream's own pause.c from the
+# k8s.io/kubernetes module (build/pause/linux), built as its Makefile builds
+# it (gcc -Os -static, stripped; gcc and libc6-dev are the build group's): the image
+# then runs exactly what registry.k8s.io/pause runs, under the tag of that
+# Makefile. A Go rewrite would be a second implementation of its signal and
+# zombie handling to keep right, and ten times its size.
+$(K8S_BIN)/pause: $(K8S_MOD_SRC)
+	@$(DEPS) build
+	@mkdir -p $(K8S_BIN)
+	dir=$$(cd $(K8S_MOD) && GOWORK=off $(GO) mod download k8s.io/kubernetes && GOWORK=off $(GO) list -m -f '{{.Dir}}' k8s.io/kubernetes) && \
+	tag=$$(awk '$$1 == "TAG" && $$2 == "?=" {print $$3}' $$dir/build/pause/Makefile) && test -n "$$tag" && \
+	gcc -Os -Wall -Werror -static -s -DVERSION=v$$tag -o $@.tmp $$dir/build/pause/linux/pause.c && \
+	printf '%s\n' "$$tag" >$(K8S_OUT)/pause.version
+	mv $@.tmp $@
+
+# SOURCE_DATE_EPOCH (default: the time of the last commit of the module's
+# go.mod, which fixes pause.c's version; HEAD's while it has none) sets
+# every timestamp. The tag is the one of upstream's pause Makefile.
+$(K8S_OUT)/pause.tar: $(K8S_BIN)/pause tools/deploy/kubernetes/cluster/pauseimage/main.go
+	epoch=$${SOURCE_DATE_EPOCH:-$$(git log -1 --format=%ct -- $(K8S_MOD)/go.mod)}; \
+	$(GO) run ./tools/deploy/kubernetes/cluster/pauseimage -pause $(K8S_BIN)/pause \
+		-tag registry.k8s.io/pause:$$(cat $(K8S_OUT)/pause.version) \
+		-epoch $${epoch:-$$(git log -1 --format=%ct)} -oci $(K8S_OUT)/pause.oci -archive $@
