@@ -111,6 +111,36 @@ func TestPrepareParentV2Delegates(t *testing.T) {
 	}
 }
 
+// `sandboxd supervise` (pid 1 of the worker image) calls PrepareParent
+// before it starts serve, so serve starts in the leaf beside it and finds
+// <own> empty: serve's own PrepareParent succeeds, moves nothing, and both
+// see the same sandboxes' parent, which the supervisor sweeps after a
+// killed serve (SECURITY.md case 60).
+func TestPrepareParentV2UnderSupervise(t *testing.T) {
+	_, own, sup := v2Tree(t, "delegated")
+	if err := sup.PrepareParent("sandboxd"); err != nil {
+		t.Fatal(err)
+	}
+	// What the kernel then shows: the supervisor (4242 here) and its
+	// serve child (this process) in the leaf, nothing left in <own>.
+	leaf := filepath.Join(own, "supervisor")
+	procs := "4242\n" + strconv.Itoa(os.Getpid()) + "\n"
+	writeT(t, filepath.Join(own, "cgroup.procs"), "")
+	writeT(t, filepath.Join(leaf, "cgroup.procs"), procs)
+	serve := &Hierarchy{Mode: Unified, Own: Paths{"": leaf}}
+	if err := serve.PrepareParent("sandboxd"); err != nil {
+		t.Fatalf("serve under supervise: %v", err)
+	}
+	if got := readT(t, filepath.Join(leaf, "cgroup.procs")); got != procs {
+		t.Errorf("leaf's cgroup.procs rewritten: %q", got)
+	}
+	a, errA := sup.ParentDirs("sandboxd")
+	b, errB := serve.ParentDirs("sandboxd")
+	if errA != nil || errB != nil || !reflect.DeepEqual(a, b) || a[""] != filepath.Join(own, "sandboxd") {
+		t.Errorf("parents: supervisor %v (%v), serve %v (%v)", a, errA, b, errB)
+	}
+}
+
 func TestPrepareParentV2Refuses(t *testing.T) {
 	t.Run("undelegated", func(t *testing.T) {
 		_, own, h := v2Tree(t, "undelegated")

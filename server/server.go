@@ -586,6 +586,25 @@ func SweepOrphans(r *nsjail.Runner, workRoot string, log *slog.Logger) error {
 	return nil
 }
 
+// ClaimAndSweep is a worker's start before it serves: it claims the
+// runner's state root and cgroup parent (Runner.Claim: a second worker on
+// them fails here, and nothing of the live one is touched), then clears
+// what a worker killed with SIGKILL left (SweepOrphans). `sandboxd serve`
+// calls it on start and holds the claim until it exits; `sandboxd
+// supervise` calls it after its serve child died without draining, and
+// releases it at once (SECURITY.md case 60).
+func ClaimAndSweep(r *nsjail.Runner, workRoot string, log *slog.Logger) (release func(), err error) {
+	release, err = r.Claim()
+	if err != nil {
+		return nil, err
+	}
+	if err := SweepOrphans(r, workRoot, log); err != nil {
+		release()
+		return nil, err
+	}
+	return release, nil
+}
+
 // Close closes the result store; call it after Drain, once the HTTP server
 // has stopped (a request still in flight then gets 503). Stored results stay
 // on disk for the next worker.

@@ -32,6 +32,12 @@ func (e usageError) Error() string { return e.msg }
 
 func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
 
+// exitStatus is a command's own exit status (supervise exits with its
+// child's): main exits with it and prints nothing; 0 is success.
+type exitStatus int
+
+func (e exitStatus) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
+
 func main() {
 	if err := nsjail.SetInitGOMAXPROCS(); err != nil {
 		fmt.Fprintf(os.Stderr, "sandboxd: %v\n", err)
@@ -49,7 +55,12 @@ func main() {
 		fmt.Fprintf(os.Stderr, "sandboxd: unknown command %q (see sandboxd --help)\n", os.Args[1])
 		os.Exit(2)
 	}
-	if err := cmd.run(os.Args[2:]); err != nil {
+	err := cmd.run(os.Args[2:])
+	var status exitStatus
+	if errors.As(err, &status) {
+		os.Exit(int(status))
+	}
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "sandboxd %s: %s\n", os.Args[1], oneLine(err))
 		var ue usageError
 		if errors.As(err, &ue) {

@@ -33,22 +33,33 @@ func init() {
 	}
 }
 
-func cmdServe(args []string) error {
+// serveConfig parses serve's arguments and loads the config they name,
+// with the environment on top, validated: serve's, and supervise's for
+// the serve it runs.
+func serveConfig(args []string) (config.Config, error) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	path := fs.String("config", "", "TOML config file (EXECUTION_* variables override it)")
 	if err := fs.Parse(args); err != nil {
-		return usagef("%v", err)
+		return config.Config{}, usagef("%v", err)
 	}
 	if fs.NArg() > 0 {
-		return usagef("unexpected arguments: %v", fs.Args())
+		return config.Config{}, usagef("unexpected arguments: %v", fs.Args())
 	}
 	cfg, _, err := config.Load(*path, os.Environ())
 	if err != nil {
-		return err
+		return config.Config{}, err
 	}
 	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("invalid config: %w", err)
+		return config.Config{}, fmt.Errorf("invalid config: %w", err)
+	}
+	return cfg, nil
+}
+
+func cmdServe(args []string) error {
+	cfg, err := serveConfig(args)
+	if err != nil {
+		return err
 	}
 	// On a terminal the first unpack draws a status line; log records go
 	// through the meter so that they never land in the middle of it.
@@ -62,18 +73,15 @@ func cmdServe(args []string) error {
 	if err != nil {
 		return err
 	}
-	// The sweep below treats every sandbox under the state root and cgroup
+	// The sweep treats every sandbox under the state root and cgroup
 	// parent as an orphan: refuse to start beside a live worker using them.
-	release, err := runner.Claim()
+	// A previous worker killed with SIGKILL left sandboxes and workspaces
+	// behind (SECURITY.md case 22): clear them before serving.
+	release, err := server.ClaimAndSweep(runner, cfg.WorkRoot, log)
 	if err != nil {
 		return err
 	}
 	defer release()
-	// A previous worker killed with SIGKILL left sandboxes and workspaces
-	// behind (SECURITY.md case 22): clear them before serving.
-	if err := server.SweepOrphans(runner, cfg.WorkRoot, log); err != nil {
-		return err
-	}
 
 	resolve, releaseImage := resolveRootfs(cfg, log, meter)
 	defer releaseImage()

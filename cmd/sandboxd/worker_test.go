@@ -52,6 +52,13 @@ func (b *lockedBuffer) String() string {
 // running when the test ends is killed; a failed test logs its stderr.
 func startWorker(t *testing.T, name, rootfs string, env ...string) *worker {
 	t.Helper()
+	return startWorkerCmd(t, name, rootfs, func(bin string) *exec.Cmd { return exec.Command(bin, "serve") }, env...)
+}
+
+// startWorkerCmd is startWorker with the command that runs serve made by
+// command from the built binary's path (a wrapper, another subcommand).
+func startWorkerCmd(t *testing.T, name, rootfs string, command func(bin string) *exec.Cmd, env ...string) *worker {
+	t.Helper()
 	w := &worker{
 		port:   freePort(t),
 		state:  fmt.Sprintf("/run/sandboxd-test-%d/%s-state", os.Getpid(), name),
@@ -62,7 +69,7 @@ func startWorker(t *testing.T, name, rootfs string, env ...string) *worker {
 	}
 	w.base = fmt.Sprintf("http://127.0.0.1:%d", w.port)
 	t.Cleanup(func() { os.RemoveAll(filepath.Dir(w.state)) })
-	w.cmd = exec.Command(buildCLI(t), "serve")
+	w.cmd = command(buildCLI(t))
 	w.cmd.Env = append(os.Environ(), "EXECUTION_PYTHON_IMAGE=dir:"+rootfs, "EXECUTION_WORK_ROOT="+w.work,
 		"EXECUTION_RESULTS_DIR="+filepath.Join(t.TempDir(), "results"), "EXECUTION_SESSIONS_DIR="+filepath.Join(t.TempDir(), "sessions"),
 		"EXECUTION_STATE_ROOT="+w.state,

@@ -112,7 +112,7 @@ func build(o options, versions map[string]string) (v1.Image, error) {
 
 	labels := map[string]string{
 		"org.opencontainers.image.title":       "sandboxd-worker",
-		"org.opencontainers.image.description": "sandboxd serve: one worker per node (tools/deploy/kubernetes); the python runtime image comes from the node (python_image)",
+		"org.opencontainers.image.description": "sandboxd supervise serve: one worker per node (tools/deploy/kubernetes); the python runtime image comes from the node (python_image)",
 		"org.opencontainers.image.created":     created.Format(time.RFC3339),
 		"org.opencontainers.image.base.name":   "debian packages unpacked by tools/deploy/image/build.sh (no base image)",
 	}
@@ -128,7 +128,10 @@ func build(o options, versions map[string]string) (v1.Image, error) {
 		Config: v1.Config{
 			Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 			Entrypoint: []string{"/" + BinaryPath},
-			Cmd:        []string{"serve", "--config", "/etc/sandboxd/sandboxd.toml"},
+			// pid 1 is the supervisor, serve its child: a serve killed by
+			// a signal must not leave frozen session kernels that keep the
+			// container from stopping (SECURITY.md case 60).
+			Cmd:        []string{"supervise", "serve", "--config", "/etc/sandboxd/sandboxd.toml"},
 			WorkingDir: "/",
 			Labels:     labels,
 		},

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -113,7 +114,7 @@ func checkContents(t *testing.T, o options) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cf.Config.Entrypoint[0] != "/"+BinaryPath || cf.Config.Labels["org.debian.packages"] != "e2fsprogs=1.47.0-2 libseccomp2=2.5.4-1+deb12u1" ||
+	if cf.Config.Entrypoint[0] != "/"+BinaryPath || !slices.Equal(cf.Config.Cmd[:2], []string{"supervise", "serve"}) || cf.Config.Labels["org.debian.packages"] != "e2fsprogs=1.47.0-2 libseccomp2=2.5.4-1+deb12u1" ||
 		cf.Config.Labels["org.opencontainers.image.revision"] != "abc123" || cf.Created.Unix() != testEpoch {
 		t.Fatalf("config %+v", cf)
 	}

@@ -366,8 +366,10 @@ func TestManifests(t *testing.T) {
 			configPath = filepath.Join(mountOf(v.Name), "sandboxd.toml")
 		}
 	}
-	if i := slices.Index(c.Args, "--config"); configPath == "" || i < 0 || i+1 >= len(c.Args) || c.Args[i+1] != configPath {
-		t.Fatalf("args %v, want serve --config %s (the ConfigMap's file)", c.Args, configPath)
+	// pid 1 is the supervisor, serve its child (SECURITY.md case 60).
+	if i := slices.Index(c.Args, "--config"); configPath == "" || i != 2 || len(c.Args) != 4 || c.Args[i+1] != configPath ||
+		!slices.Equal(c.Args[:2], []string{"supervise", "serve"}) {
+		t.Fatalf("args %v, want supervise serve --config %s (the ConfigMap's file)", c.Args, configPath)
 	}
 	env := podEnv(t, c)
 	if unknown := config.UnknownEnv(env); len(unknown) > 0 {
