@@ -71,7 +71,7 @@ func writeLayout(dir string, img v1.Image, tag name.Tag) error {
 	}
 	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{
 		"org.opencontainers.image.ref.name": tag.TagStr(),
-		"io.containerd.image.name":          tag.Name(),
+		"io.containerd.image.name":          ContainerdName(tag),
 	})); err != nil {
 		return fmt.Errorf("oci layout: %w", err)
 	}
@@ -79,6 +79,19 @@ func writeLayout(dir string, img v1.Image, tag name.Tag) error {
 		return err
 	}
 	return os.Rename(tmp, dir)
+}
+
+// ContainerdName is the name containerd gives tag: Docker Hub's registry
+// spelled docker.io, as containerd's reference normalisation spells it, not
+// go-containerregistry's index.docker.io. An image imported under the
+// latter is found by the kubelet (by digest) but not by containerd's CRI
+// when it creates the container ("image docker.io/library/NAME:TAG not
+// found"), seen on containerd 1.6 in make test-k8s.
+func ContainerdName(tag name.Tag) string {
+	if tag.RegistryStr() == name.DefaultRegistry {
+		return "docker.io/" + tag.RepositoryStr() + ":" + tag.TagStr()
+	}
+	return tag.Name()
 }
 
 func writeArchive(path string, img v1.Image, tag name.Tag) error {

@@ -57,3 +57,22 @@ func TestReadPackages(t *testing.T) {
 		t.Errorf("a line without a tab: %v", err)
 	}
 }
+
+// The layout names an image as containerd does: docker.io, not
+// go-containerregistry's index.docker.io (CRI looks the image up by it).
+func TestContainerdName(t *testing.T) {
+	for in, want := range map[string]string{
+		"sandboxd-worker:latest":         "docker.io/library/sandboxd-worker:latest",
+		"example/worker:v1":              "docker.io/example/worker:v1",
+		"registry.example:5000/w:abc":    "registry.example:5000/w:abc",
+		"index.docker.io/library/x:tag1": "docker.io/library/x:tag1",
+	} {
+		tag, err := name.NewTag(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := ContainerdName(tag); got != want {
+			t.Errorf("%s: %s, want %s", in, got, want)
+		}
+	}
+}
