@@ -14,6 +14,11 @@
 #           the agent loop example's (tools/examples)
 #   v2vm    the cgroup v2 VM harness: qemu-system-x86, cpio, busybox-static;
 #           and apt lists that know the kernel package it downloads
+#   k8s     the test cluster (tools/deploy/kubernetes/cluster): iproute2
+#           (ip netns, veth, bridge), iptables (kube-proxy), util-linux
+#           (nsenter, unshare), python3 (the Python client's saturation
+#           run); containerd, runc and the CNI plugins are unpacked, not
+#           installed (debs.sh)
 #
 # As root, missing packages are installed with apt-get (after one
 # `apt-get update`); otherwise it names the exact command and fails. Nothing
@@ -25,11 +30,12 @@ declare -A groups=(
 	[image]="mmdebstrap debian-archive-keyring ca-certificates"
 	[test]="busybox-static python3"
 	[v2vm]="qemu-system-x86 cpio busybox-static"
+	[k8s]="iproute2 iptables util-linux python3"
 )
 
 want=()
 for g in "$@"; do
-	[ -n "${groups[$g]+x}" ] || { echo "deps: unknown group '$g' (build, image, test, v2vm)" >&2; exit 2; }
+	[ -n "${groups[$g]+x}" ] || { echo "deps: unknown group '$g' (build, image, test, v2vm, k8s)" >&2; exit 2; }
 	# shellcheck disable=SC2206
 	want+=(${groups[$g]})
 done
