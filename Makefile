@@ -306,3 +306,18 @@ $(K8S_OUT)/pause.tar: $(K8S_BIN)/pause tools/deploy/kubernetes/cluster/pauseimag
 	$(GO) run ./tools/deploy/kubernetes/cluster/pauseimage -pause $(K8S_BIN)/pause \
 		-tag registry.k8s.io/pause:$$(cat $(K8S_OUT)/pause.version) \
 		-epoch $${epoch:-$$(git log -1 --format=%ct)} -oci $(K8S_OUT)/pause.oci -archive $@
+
+# --- the test cluster (tools/deploy/kubernetes/cluster/README.md) ---
+# test-k8s: a real Kubernetes with three nodes on this machine (each a
+# network and mount namespace of its own), the worker image and manifests
+# deployed, the e2e steps run, everything torn down and the host compared
+# with what it was before; as root. Measurements: build/k8s/measurements.txt.
+# k8s-debs: Debian's containerd, runc and CNI plugins, unpacked (not
+# installed) into build/k8s/root.
+.PHONY: test-k8s k8s-debs
+k8s-debs:
+	tools/deploy/kubernetes/cluster/debs.sh $(K8S_OUT)/root
+
+test-k8s: k8s-components k8s-debs worker-image $(RUNTIME_OCI)/index.json
+	@$(DEPS) k8s
+	K8S=$(abspath $(K8S_OUT)) RUNTIME_OCI=$(abspath $(RUNTIME_OCI)) tools/deploy/kubernetes/cluster/test.sh
