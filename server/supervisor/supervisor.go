@@ -113,8 +113,16 @@ func Run(opts Options) (Status, error) {
 	}
 	// Registered before the start, so that no SIGCHLD and no SIGTERM is
 	// lost in between (a SIGTERM then is forwarded once the child runs).
+	// Two channels: the signal package drops what a full channel cannot
+	// take, and a burst of orphans' SIGCHLDs must never crowd out the
+	// kubelet's SIGTERM (its loss would leave the worker undrained until
+	// the SIGKILL of pid 1, SECURITY.md case 60). SIGCHLDs coalesce: one
+	// pending is enough, as every reap collects all that exited.
+	chld := make(chan os.Signal, 1)
+	signal.Notify(chld, unix.SIGCHLD)
+	defer signal.Stop(chld)
 	sigs := make(chan os.Signal, 16)
-	signal.Notify(sigs, append([]os.Signal{unix.SIGCHLD}, forwarded...)...)
+	signal.Notify(sigs, forwarded...)
 	defer signal.Stop(sigs)
 
 	child, err := os.StartProcess(opts.Path, opts.Args, &os.ProcAttr{
@@ -138,7 +146,9 @@ func Run(opts Options) (Status, error) {
 		if st, done = reap(child.Pid, log); done {
 			break
 		}
-		if sig := <-sigs; sig != unix.SIGCHLD {
+		select {
+		case <-chld:
+		case sig := <-sigs:
 			log.Info("forwarding signal", "signal", sig.String(), "pid", child.Pid)
 			if err := child.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
 				log.Warn("unable to forward signal", "signal", sig.String(), "error", err)
