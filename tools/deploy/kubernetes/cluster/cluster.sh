@@ -12,15 +12,22 @@
 #   cluster.sh kubectl ARGS...   kubectl against it (the admin kubeconfig)
 #   cluster.sh stop-node N       node N fails: its processes and pods killed
 #   cluster.sh kill-worker N     SIGKILL node N's worker process
-#   cluster.sh exec N CMD...     run CMD in node N's network namespace
+#   cluster.sh exec N CMD...     run CMD in node N's network namespace (nsenter:
+#                                the host's /sys, cgroups included, stays visible)
+#   cluster.sh state             print the state directory
+#
+# One cluster per machine (the namespace names are global): up, deploy and
+# down take /run/lock/sbxk8s.lock, or refuse (test.sh holds it for a whole
+# run and says so in SBXK8S_LOCK_HELD).
 #
 # What it leaves on the host while up, and removes on down: network
 # namespaces sbxk8s-* (the node's interfaces are in them: the host's network
 # is not touched), cgroups below the caller's own (kubelet's cgroupRoot),
 # processes it started (found again by PID, by the node's mount namespace
-# and by those cgroups), and $STATE. The host's sysctls are never written:
-# what kubelet would rewrite is bound read-only with kubelet's values in each
-# node's private mount namespace.
+# and by those cgroups), and $STATE. The host's sysctls are never written
+# (ip_forward is written per network namespace, inside them): what kubelet
+# would rewrite is bound read-only with kubelet's values in each node's
+# private mount namespace.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -50,6 +57,24 @@ NS=sbxk8s # the prefix of every network namespace
 log() { printf '%s cluster: %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "$*"; exit 1; }
 
+LOCK=/run/lock/sbxk8s.lock
+# lock: this machine's one cluster, ours until we exit (fd 9, closed for
+# the processes we start, so a leftover cluster does not hold it).
+lock() {
+	[ -z "${SBXK8S_LOCK_HELD:-}" ] || return 0
+	exec 9>"$LOCK"
+	flock -n 9 || die "another test cluster is being set up, used or torn down on this machine ($LOCK)"
+}
+
+# Process identity: PID and start time (field 22 of /proc/PID/stat), so a
+# recorded PID reused by another process after a crash or a reboot is
+# never signalled.
+ident() { [ -r "/proc/$1/stat" ] && echo "$1 $(awk '{print $22}' "/proc/$1/stat")"; }
+alive() { # alive "PID START": that very process still runs
+	local pid=${1%% *}
+	[ "$(ident "$pid" 2>/dev/null)" = "$1" ]
+}
+
 # From the control plane's namespace: the host's own has no route to it.
 kubectl_() { nsenter --net=/run/netns/$NS-cp "$BIN/kubectl" --kubeconfig "$STATE/pki/admin.kubeconfig" "$@"; }
 
@@ -71,8 +96,9 @@ wait_for() {
 # we did not create): the longest of our own paths, when the others are its
 # ancestors (as under a container or a systemd unit with one delegated
 # controller); otherwise we refuse, naming the paths.
-# The hybrid layout's unified line (0::, no controllers) is not kubelet's
-# on v1 and is left out; a v2-only host is not supported here yet.
+# The hybrid layout's unified line (0::, no controllers) names no v1
+# hierarchy and does not choose the path; a v2-only host is not supported
+# here yet.
 cgroup_base() {
 	local longest="" path v1
 	v1=$(grep -v '^0::' /proc/self/cgroup || true)
@@ -80,9 +106,10 @@ cgroup_base() {
 	while IFS=: read -r _ _ path; do
 		[ ${#path} -gt ${#longest} ] && longest=$path
 	done <<<"$v1"
+	# The unified hierarchy too: runc mirrors a container's path there.
 	while IFS=: read -r _ ctrls path; do
 		case "${longest%/}/" in "${path%/}/"*) ;; *) die "own cgroups are not nested ($ctrls:$path vs $longest): no path is below all of them" ;; esac
-	done <<<"$v1"
+	done </proc/self/cgroup
 	echo "${longest%/}/sandboxd-k8s"
 }
 
@@ -138,15 +165,20 @@ kill_tree() {
 	done
 }
 
-# kill_cgroups: kill_tree on every cgroup make_cgroup made, then those
-# removed in reverse order of creation.
+# kill_cgroups: kill_tree on our leaf (sandboxd-k8s) in every hierarchy,
+# the only cgroups whose name is ours alone; then the directories
+# make_cgroup made on the way to it (an ancestor's name, such as the
+# caller's own in a hierarchy where the caller is at the root, may be
+# shared: removed only when empty, nothing in them ever killed), deepest
+# first.
 kill_cgroups() {
 	[ -s "$STATE/cgroups" ] || return 0
-	local dirs
-	mapfile -t dirs <"$STATE/cgroups"
+	local m dirs=() root
+	root=$(cat "$STATE/cgroot")
+	for m in $(cgroup_mounts); do dirs+=("$m$root"); done
 	kill_tree "${dirs[@]}"
 	tac "$STATE/cgroups" | while read -r dir; do
-		[ -d "$dir" ] && { rmdir "$dir" || log "could not remove cgroup $dir"; }
+		[ -d "$dir" ] && { rmdir "$dir" 2>/dev/null || log "cgroup $dir not removed (not empty: someone else's now)"; }
 	done
 	rm -f "$STATE/cgroups"
 }
@@ -199,31 +231,37 @@ remove_network() {
 # mounts a new /sys for the namespace, without /sys/fs/cgroup below it.
 #
 # start NAME NETNS CMD...: CMD in the background in NETNS, its own session,
-# output to $STATE/log/NAME.log, its PID in $STATE/pids/NAME.
+# output to $STATE/log/NAME.log, its identity in $STATE/pids/NAME.
 start() {
 	local name=$1 netns=$2
 	shift 2
-	setsid nsenter --net="/run/netns/$netns" "$@" >"$STATE/log/$name.log" 2>&1 </dev/null &
-	echo $! >"$STATE/pids/$name"
+	setsid nsenter --net="/run/netns/$netns" "$@" >"$STATE/log/$name.log" 2>&1 </dev/null 9>&- &
+	ident $! >"$STATE/pids/$name"
 }
 
-# stop_pid FILE: TERM, then KILL after 10 s, the process named in FILE.
+# stop_pid FILE: TERM, then KILL after 10 s, the process named in FILE, if
+# it is still that process.
 stop_pid() {
-	local f=$1 pid
+	local f=$1 id pid
 	[ -f "$f" ] || return 0
-	pid=$(cat "$f")
-	if kill -TERM "$pid" 2>/dev/null; then
-		for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-		kill -KILL "$pid" 2>/dev/null || true
+	id=$(cat "$f") pid=${id%% *}
+	if alive "$id" && kill -TERM "$pid" 2>/dev/null; then
+		for _ in $(seq 100); do alive "$id" || break; sleep 0.1; done
+		alive "$id" && kill -KILL "$pid" 2>/dev/null
 	fi
 	rm -f "$f"
 }
 
-# kill_mntns INODE: SIGKILL every process in the mount namespace INODE (a
-# node's: its containerd, shims, kubelet and kube-proxy; the containers have
-# namespaces of their own and are in the node's cgroups instead).
+# kill_mntns PIN: SIGKILL every process in the mount namespace PIN holds
+# (a node's: its containerd, shims, kubelet and kube-proxy; the containers
+# have namespaces of their own and are in the node's cgroups instead). PIN
+# is a bind mount of the namespace made when the node started: while it is
+# mounted the namespace lives, so its inode cannot name another; a PIN that
+# is not mounted (a reboot since) names nothing, and nothing is killed.
 kill_mntns() {
-	local ns=$1 p
+	local pin=$1 ns p
+	[ "$(stat -f -c %T "$pin" 2>/dev/null)" = nsfs ] || { log "$pin pins no namespace: nothing to kill there"; return 0; }
+	ns=$(stat -L -c %i "$pin")
 	for _ in $(seq 50); do
 		local found=0
 		for p in /proc/[0-9]*; do
@@ -396,22 +434,30 @@ start_node() {
 	node_configs "$n" "$CGROOT/n$n"
 	make_cgroup "$CGROOT/n$n"
 	setsid nsenter --net="/run/netns/$NS-n$n" unshare -m --propagation private -- "$0" node "$n" \
-		>"$STATE/log/node-n$n.log" 2>&1 </dev/null &
-	echo $! >"$STATE/pids/node-n$n"
-	local end=$((SECONDS + 10))
-	until [ "$(stat -L -c %i "/proc/$!/ns/mnt" 2>/dev/null)" != "$(stat -L -c %i /proc/self/ns/mnt)" ]; do
+		>"$STATE/log/node-n$n.log" 2>&1 </dev/null 9>&- &
+	local pid=$! end=$((SECONDS + 10))
+	ident $pid >"$STATE/pids/node-n$n"
+	until [ "$(stat -L -c %i "/proc/$pid/ns/mnt" 2>/dev/null)" != "$(stat -L -c %i /proc/self/ns/mnt)" ]; do
 		[ $SECONDS -lt $end ] || die "node $n did not start (see $STATE/log/node-n$n.log)"
 		sleep 0.05
 	done
-	stat -L -c %i "/proc/$!/ns/mnt" >"$STATE/n$n/mntns"
+	# Pinned (kill_mntns): the node's processes are found by it later.
+	touch "$STATE/n$n/mntns"
+	mount --bind "/proc/$pid/ns/mnt" "$STATE/n$n/mntns"
 }
 
 # stop_node N: the node's processes, then its pods (they keep running
 # without their shims), its cgroups stay for kill_cgroups.
 stop_node() {
 	local n=$1 d=$STATE/n$1
-	[ -f "$d/mntns" ] && kill_mntns "$(cat "$d/mntns")"
-	rm -f "$STATE/pids/node-n$n" "$d/mntns"
+	if [ -e "$d/mntns" ]; then
+		kill_mntns "$d/mntns"
+		umount "$d/mntns" 2>/dev/null || true
+	fi
+	# A node whose namespace was never pinned: its script, if it is still
+	# that process (it started nothing else yet).
+	stop_pid "$STATE/pids/node-n$n"
+	rm -f "$d/mntns"
 }
 
 # stop-node N: node N gone, as a machine that fails: its processes, then
@@ -435,10 +481,16 @@ kill_worker() {
 		[ -z "$pid" ] || break
 	done
 	[ -n "$pid" ] || die "node $n: no running sandboxd container"
-	if tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q ' supervise '; then
-		child=$(cat "/proc/$pid/task/$pid/children")
-		[ -n "$child" ] || die "node $n: the supervisor $pid has no child"
-		pid=${child%% *}
+	local cmdline
+	cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline")
+	if [[ $cmdline == *" supervise "* ]]; then
+		# Its child serve: listed under whichever of its threads forked it.
+		child=
+		for c in $(cat /proc/"$pid"/task/*/children); do
+			[[ $(tr '\0' ' ' <"/proc/$c/cmdline" 2>/dev/null) == *" serve "* ]] && child=$c
+		done
+		[ -n "$child" ] || die "node $n: the supervisor $pid has no serve child"
+		pid=$child
 	fi
 	kill -KILL "$pid"
 	log "node $n: worker pid $pid killed"
@@ -486,7 +538,7 @@ deploy() {
 	rm -rf "$STATE/overlay"
 	cp -r "$HERE/overlay" "$STATE/overlay"
 	# kustomize takes a base only by a relative path.
-	sed -i "s|BASE|$(realpath --relative-to="$STATE/overlay" "$base")|; s|DIGEST|$digest|" "$STATE/overlay/kustomization.yaml"
+	sed -i "s|@BASE@|$(realpath --relative-to="$STATE/overlay" "$base")|; s|@DIGEST@|$digest|" "$STATE/overlay/kustomization.yaml"
 	kubectl_ apply -f "$base/namespace.yaml" >/dev/null
 	if ! kubectl_ -n sandboxd get secret sandboxd-token >/dev/null 2>&1; then
 		head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$STATE/token"
@@ -496,8 +548,8 @@ deploy() {
 	kubectl_ apply -k "$STATE/overlay"
 	# rollout status alone can answer before the DaemonSet has counted its
 	# nodes (0 of 0 rolled out): every node's worker available, awaited.
-	kubectl_ -n sandboxd rollout status ds/sandboxd --timeout 600s >/dev/null
-	wait_for 600 "$NODES workers available" workers_available
+	kubectl_ -n sandboxd rollout status ds/sandboxd --timeout 300s >/dev/null
+	wait_for 300 "$NODES workers available" workers_available
 	log "deployed $digest in $((SECONDS - t0)) s"
 }
 
@@ -511,9 +563,9 @@ nodes_ready() {
 
 down() {
 	[ -d "$STATE" ] || return 0
-	local n
-	for n in $(seq 9); do
-		[ -d "$STATE/n$n" ] && stop_node "$n"
+	local d
+	for d in "$STATE"/n[0-9]*; do
+		[ -d "$d" ] && stop_node "${d##*/n}"
 	done
 	kill_cgroups
 	local f
@@ -531,13 +583,14 @@ down() {
 }
 
 case "${1:-}" in
-up) up ;;
-deploy) deploy ;;
-down) down ;;
+up) lock; up ;;
+deploy) lock; deploy ;;
+down) lock; down ;;
+state) echo "$STATE" ;;
 node) node "$2" ;;
 kubectl) shift; kubectl_ "$@" ;;
 stop-node) stop_node_all "$2" ;;
 kill-worker) kill_worker "$2" ;;
-exec) n=$2; shift 2; exec ip netns exec "$NS-n$n" "$@" ;;
-*) echo "usage: $0 up | down | kubectl ARGS... | exec N CMD..." >&2; exit 2 ;;
+exec) n=$2; shift 2; exec nsenter --net="/run/netns/$NS-n$n" "$@" ;;
+*) echo "usage: $0 up | deploy | down | state | kubectl ARGS... | stop-node N | kill-worker N | exec N CMD..." >&2; exit 2 ;;
 esac

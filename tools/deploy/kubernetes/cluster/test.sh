@@ -7,9 +7,15 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../../../.." && pwd)
-K8S=${K8S:-$REPO/build/k8s}
-export K8S STATE=${STATE:-$K8S/cluster}
 cluster=$HERE/cluster.sh
+STATE=$("$cluster" state)
+K8S=$(dirname "$STATE")
+
+# One cluster per machine: held for the whole run (cluster.sh's own calls
+# are told so); the processes of the cluster never inherit it.
+exec 9>/run/lock/sbxk8s.lock
+flock -n 9 || { echo "test-k8s: another test cluster runs on this machine (/run/lock/sbxk8s.lock)" >&2; exit 1; }
+export SBXK8S_LOCK_HELD=1
 
 # The host as the cluster must leave it: values, not counters.
 volatile='^(fs\.(dentry-state|file-nr|inode-nr|inode-state|aio-nr|quota\.)|kernel\.(random\.|ns_last_pid|pty\.nr|sched_domain)|net\.netfilter\.nf_conntrack_count|vm\.(stat|nr_)|dev\.cdrom)'
@@ -27,20 +33,27 @@ snapshot() {
 		iptables-save 2>/dev/null | grep -Ev '^#|^:' | sort
 		echo "## netns"
 		ip netns list | sort
+		echo "## loop devices"
+		losetup -l -n -O NAME,BACK-FILE 2>/dev/null | sort
+		echo "## mounts the cluster's programs would make"
+		awk '{print $5}' /proc/self/mountinfo | { grep -E 'kube|sandboxd|k8s|containerd|netns|cni' || true; } | sort
+		echo "## modules"
+		awk '{print $1}' /proc/modules 2>/dev/null | sort
 		echo "## cgroups"
 		# The cgroups the cluster's programs would name (cluster.sh's
 		# sandboxd-k8s, kubelet's, containerd's and runc's, the
 		# workers'), in every hierarchy: others come and go with the
 		# machine's own services.
 		find /sys/fs/cgroup -mindepth 1 -type d 2>/dev/null |
-			grep -E 'kube|pod[0-9a-f_-]{30,}|sandboxd|k8s|containerd|cri-' | sort
+			{ grep -E 'kube|pod[0-9a-f_-]{30,}|sandboxd|k8s|containerd|cri-' || true; } | sort
 	}
 }
 
+# A snapshot that cannot be taken fails the run, saying so.
 before=$(mktemp) after=$(mktemp)
 trap 'rm -f "$before" "$after"' EXIT
 "$cluster" down # a run killed before its teardown
-snapshot >"$before"
+snapshot >"$before" || { echo "test-k8s: the host's snapshot failed" >&2; exit 1; }
 
 status=0
 (
@@ -55,8 +68,8 @@ status=0
 	go test -c -o "$STATE/e2e.test" ./tools/deploy/kubernetes/cluster/e2e
 	cd "$REPO/tools/deploy/kubernetes/cluster/e2e"
 	failed=
-	nsenter --net=/run/netns/sbxk8s-n1 env SANDBOXD_TEST_K8S="$STATE" SANDBOXD_TEST_K8S_BIN="$K8S/bin" \
-		"$STATE/e2e.test" -test.v -test.timeout 45m 2>&1 | tee "$K8S/e2e.log" || failed=1
+	"$cluster" exec 1 env SANDBOXD_TEST_K8S="$STATE" SANDBOXD_TEST_K8S_BIN="$K8S/bin" \
+		"$STATE/e2e.test" -test.v -test.timeout 15m 2>&1 | tee "$K8S/e2e.log" || failed=1
 	grep '^MEASURE' "$K8S/e2e.log" >>"$K8S/measurements.txt" || true
 	[ -z "$failed" ] || exit 1
 	t2=$SECONDS
@@ -64,7 +77,7 @@ status=0
 	echo "MEASURE teardown_s $((SECONDS - t2))" | tee -a "$K8S/measurements.txt"
 ) || status=$?
 
-snapshot >"$after"
+snapshot >"$after" || { echo "test-k8s: the host's snapshot failed" >&2; exit 1; }
 if ! diff -u "$before" "$after"; then
 	echo "test-k8s: the host differs from before the cluster (above)" >&2
 	status=1
