@@ -13,6 +13,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,6 +29,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 type cluster struct {
@@ -37,8 +41,13 @@ type cluster struct {
 	repo    string
 	token   string
 	service string // http://CLUSTER-IP:3100
-	mark    string // this run's mark in execution ids: a rerun on the same cluster names new ones
-	http    *http.Client
+	// byNameURL is the Service by its name (byName resolves it).
+	byNameURL string
+	port      string // the Service's (and the pods') port
+	slots     int    // max_concurrent per worker, from the deployed config
+	sandboxd  string // the sandboxd binary: its MCP bridge
+	mark      string // this run's mark in execution ids: a rerun on the same cluster names new ones
+	http      *http.Client
 	// viaService is the client of requests to the Service: a connection
 	// each, as kube-proxy balances connections, not requests (kept-alive
 	// connections would pin each client to the worker it drew first).
@@ -88,8 +97,31 @@ func newCluster(t *testing.T, state string) *cluster {
 	if c.bin == "" {
 		c.bin = filepath.Join(filepath.Dir(state), "bin")
 	}
-	ip := strings.TrimSpace(c.kubectl(t, "-n", "sandboxd", "get", "service", "sandboxd", "-o", "jsonpath={.spec.clusterIP}"))
-	c.service = "http://" + ip + ":3100"
+	if nodes := strings.Fields(c.kubectl(t, "get", "nodes", "-o", "name")); len(nodes) != 3 {
+		t.Fatalf("the steps are written for 3 nodes (cluster.sh NODES=3), the cluster has %v", nodes)
+	}
+	svc := strings.Fields(c.kubectl(t, "-n", "sandboxd", "get", "service", "sandboxd", "-o", "jsonpath={.spec.clusterIP} {.spec.ports[0].port}"))
+	if len(svc) != 2 {
+		t.Fatalf("service sandboxd: %v", svc)
+	}
+	c.port = svc[1]
+	c.service = "http://" + svc[0] + ":" + c.port
+	c.byNameURL = "http://sandboxd.sandboxd.svc:" + c.port
+	cfg, err := os.ReadFile(filepath.Join(state, "overlay/sandboxd.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(cfg), "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok && strings.TrimSpace(k) == "max_concurrent" {
+			c.slots, _ = strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	if c.slots == 0 {
+		t.Fatalf("no max_concurrent in the deployed overlay/sandboxd.toml")
+	}
+	if c.sandboxd = os.Getenv("SANDBOXD_TEST_K8S_SANDBOXD"); c.sandboxd == "" {
+		c.sandboxd = filepath.Join(repo, "bin/sandboxd-worker") // make worker-image's
+	}
 	return c
 }
 
@@ -113,7 +145,7 @@ type worker struct {
 	Restarts      int
 }
 
-func (w worker) url() string { return "http://" + w.IP + ":3100" }
+func (w worker) url(c *cluster) string { return "http://" + w.IP + ":" + c.port }
 
 func (c *cluster) workers(t *testing.T) []worker {
 	t.Helper()
@@ -332,7 +364,7 @@ func (c *cluster) run(base, id, code string) (execution, int, error) {
 // metric sums the samples of a counter on one worker's /metrics.
 func (c *cluster) metric(t *testing.T, w worker, name string) float64 {
 	t.Helper()
-	a := c.must(t, w.url(), "GET", "/metrics", nil, http.StatusOK)
+	a := c.must(t, w.url(c), "GET", "/metrics", nil, http.StatusOK)
 	sum := 0.0
 	for _, line := range strings.Split(string(a.Body), "\n") {
 		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
@@ -345,6 +377,34 @@ func (c *cluster) metric(t *testing.T, w worker, name string) float64 {
 		}
 	}
 	return sum
+}
+
+// frozenKernel says whether a cgroup with processes in it is frozen below
+// node's cgroups (cluster.sh's cgroupRoot), on the v1 freezer hierarchy.
+func (c *cluster) frozenKernel(t *testing.T, node string) bool {
+	t.Helper()
+	root, err := os.ReadFile(filepath.Join(c.state, "cgroot"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	filepath.WalkDir(filepath.Join("/sys/fs/cgroup/freezer", strings.TrimSpace(string(root)), node), func(p string, d os.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return nil
+		}
+		state, _ := os.ReadFile(filepath.Join(p, "freezer.state"))
+		procs, _ := os.ReadFile(filepath.Join(p, "cgroup.procs"))
+		if strings.TrimSpace(string(state)) == "FROZEN" && len(bytes.TrimSpace(procs)) > 0 {
+			found = true
+		}
+		return nil
+	})
+	return found
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 func measure(t *testing.T, name string, format string, args ...any) {
@@ -426,28 +486,28 @@ func (c *cluster) sessionAcrossWorkers(t *testing.T) {
 	var s struct {
 		ID string `json:"id"`
 	}
-	c.must(t, owner.url(), "POST", "/v1/sessions", map[string]any{}, http.StatusCreated).json(t, &s)
-	defer c.do(owner.url(), "DELETE", "/v1/sessions/"+s.ID, nil)
-	c.must(t, other.url(), "PUT", "/v1/sessions/"+s.ID+"/files/data.csv", []byte("x,y\n1,2\n3,4\n"), http.StatusOK)
+	c.must(t, owner.url(c), "POST", "/v1/sessions", map[string]any{}, http.StatusCreated).json(t, &s)
+	defer c.do(owner.url(c), "DELETE", "/v1/sessions/"+s.ID, nil)
+	c.must(t, other.url(c), "PUT", "/v1/sessions/"+s.ID+"/files/data.csv", []byte("x,y\n1,2\n3,4\n"), http.StatusOK)
 	var e execution
-	c.must(t, other.url(), "POST", "/v1/sessions/"+s.ID+"/executions",
+	c.must(t, other.url(c), "POST", "/v1/sessions/"+s.ID+"/executions",
 		map[string]any{"code": "import pandas as pd\ndf = pd.read_csv('data.csv')\ndf['y'].sum()"}, http.StatusOK).json(t, &e)
 	if e.Status != "succeeded" {
 		t.Fatalf("first execution through %s: %+v", other.Node, e)
 	}
-	c.must(t, third.url(), "POST", "/v1/sessions/"+s.ID+"/executions",
+	c.must(t, third.url(c), "POST", "/v1/sessions/"+s.ID+"/executions",
 		map[string]any{"code": "open('sum.txt', 'w').write(str(df['x'].sum()))\nprint(len(df))"}, http.StatusOK).json(t, &e)
 	if e.Status != "succeeded" || e.Stdout != "2\n" || e.Session == nil || e.Session.State != "preserved" {
 		t.Fatalf("second execution through %s (the kernel's state kept?): %+v", third.Node, e)
 	}
-	if a := c.must(t, other.url(), "GET", "/v1/sessions/"+s.ID+"/files/sum.txt", nil, http.StatusOK); string(a.Body) != "4" {
+	if a := c.must(t, other.url(c), "GET", "/v1/sessions/"+s.ID+"/files/sum.txt", nil, http.StatusOK); string(a.Body) != "4" {
 		t.Fatalf("sum.txt through %s: %q", other.Node, a.Body)
 	}
 	// The session lives on its owner only: its list has it, the others' not.
-	if a := c.must(t, owner.url(), "GET", "/v1/sessions", nil, http.StatusOK); !bytes.Contains(a.Body, []byte(s.ID)) {
+	if a := c.must(t, owner.url(c), "GET", "/v1/sessions", nil, http.StatusOK); !bytes.Contains(a.Body, []byte(s.ID)) {
 		t.Fatalf("the owner %s does not list %s: %s", owner.Node, s.ID, a.Body)
 	}
-	if a := c.must(t, other.url(), "GET", "/v1/sessions", nil, http.StatusOK); bytes.Contains(a.Body, []byte(s.ID)) {
+	if a := c.must(t, other.url(c), "GET", "/v1/sessions", nil, http.StatusOK); bytes.Contains(a.Body, []byte(s.ID)) {
 		t.Fatalf("%s lists %s, owned by %s", other.Node, s.ID, owner.Node)
 	}
 	// The forwarding hop: the same calls direct and through another worker,
@@ -460,12 +520,12 @@ func (c *cluster) sessionAcrossWorkers(t *testing.T) {
 		*into = append(*into, time.Since(t0))
 	}
 	for range n {
-		timed(&get, owner.url(), "GET", "/v1/sessions/"+s.ID, nil)
-		timed(&getFwd, other.url(), "GET", "/v1/sessions/"+s.ID, nil)
+		timed(&get, owner.url(c), "GET", "/v1/sessions/"+s.ID, nil)
+		timed(&getFwd, other.url(c), "GET", "/v1/sessions/"+s.ID, nil)
 	}
 	for range n / 4 {
-		timed(&exe, owner.url(), "POST", "/v1/sessions/"+s.ID+"/executions", map[string]any{"code": "print(1)"})
-		timed(&exeFwd, other.url(), "POST", "/v1/sessions/"+s.ID+"/executions", map[string]any{"code": "print(1)"})
+		timed(&exe, owner.url(c), "POST", "/v1/sessions/"+s.ID+"/executions", map[string]any{"code": "print(1)"})
+		timed(&exeFwd, other.url(c), "POST", "/v1/sessions/"+s.ID+"/executions", map[string]any{"code": "print(1)"})
 	}
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	measure(t, "forward_get_session_ms", "p50 %.2f direct %.2f (+%.2f), p99 %.2f direct %.2f (+%.2f)",
@@ -476,17 +536,22 @@ func (c *cluster) sessionAcrossWorkers(t *testing.T) {
 		ms(percentile(exeFwd, .99)), ms(percentile(exe, .99)), ms(percentile(exeFwd, .99)-percentile(exe, .99)))
 }
 
-// Three times the cluster's capacity at once, through the Python client
-// (which retries 429 with Retry-After): every execution completes, and the
-// workers did refuse some (so the retries were exercised).
+// Three times the cluster's capacity at once, through the clients agents
+// use, both of which retry 429 after its Retry-After: the Python client
+// (12 executions, one thread each) and the MCP bridge (`sandboxd mcp`, 6
+// bridges with one run_python call each). Every execution completes, and
+// the workers did refuse some (so the retries were exercised).
 func (c *cluster) saturation(t *testing.T) {
 	ws := c.readyWorkers(t, 3, time.Minute)
+	c.routed(t, 3)
 	rejected := 0.0
 	for _, w := range ws {
 		rejected -= c.metric(t, w, "sandboxd_requests_rejected_total")
 	}
-	// max_concurrent = 2 per worker (overlay/sandboxd.toml): 6 slots.
-	const requests = 3 * 6
+	// 3x the cluster's slots: two thirds through the Python client, one
+	// third through MCP bridges.
+	slots := 3 * c.slots
+	python, bridges := 2*slots, slots
 	script := `
 import sys, threading, sandboxd
 base, token, n, run = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
@@ -506,29 +571,85 @@ for th in threads: th.join()
 print("\n".join(failures))
 sys.exit(1 if failures else 0)
 `
-	// The client reaches the Service by its name, as in a pod (the workers
-	// accept only their allowed Host names): no cluster DNS here, so an
-	// /etc/hosts naming the ClusterIP, bound in a mount namespace of its own.
-	hosts := filepath.Join(t.TempDir(), "hosts")
-	ip := strings.TrimSuffix(strings.TrimPrefix(c.service, "http://"), ":3100")
-	if err := os.WriteFile(hosts, []byte(ip+" sandboxd.sandboxd.svc\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("unshare", "-m", "--", "sh", "-c", `mount --bind "$0" /etc/hosts && exec python3 -c "$@"`,
-		hosts, script, "http://sandboxd.sandboxd.svc:3100", c.token, strconv.Itoa(requests), c.mark)
-	cmd.Env = append(os.Environ(), "PYTHONPATH="+filepath.Join(c.repo, "tools/clients/python"))
 	t0 := time.Now()
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("saturation: %v\n%s", err, out)
+	var wg sync.WaitGroup
+	errs := make(chan error, 1+bridges)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		cmd := c.byName(t, "python3", "-c", script, c.byNameURL, c.token, strconv.Itoa(python), c.mark)
+		cmd.Env = append(os.Environ(), "PYTHONPATH="+filepath.Join(c.repo, "tools/clients/python"))
+		if out, err := cmd.CombinedOutput(); err != nil {
+			errs <- fmt.Errorf("python client: %v\n%s", err, out)
+		}
+	}()
+	for i := range bridges {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.bridgeRun(t, fmt.Sprintf("import time\ntime.sleep(2)\nprint('mcp-%d')", i), fmt.Sprintf("mcp-%d", i)); err != nil {
+				errs <- fmt.Errorf("MCP bridge %d: %v", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if t.Failed() {
+		t.FailNow()
 	}
 	for _, w := range ws {
 		rejected += c.metric(t, w, "sandboxd_requests_rejected_total")
 	}
-	measure(t, "saturation", "%d executions of 2 s on 6 slots in %.1f s, %v refusals retried, 0 failed", requests, time.Since(t0).Seconds(), rejected)
+	measure(t, "saturation", "%d executions of 2 s (%d by the Python client, %d by MCP bridges) on %d slots in %.1f s, %v refusals retried, 0 failed",
+		python+bridges, python, bridges, slots, time.Since(t0).Seconds(), rejected)
 	if rejected == 0 {
 		t.Fatalf("no request was refused: the cluster was not saturated, the retries not exercised")
 	}
+}
+
+// byName is a command run where the Service's name resolves, as in a pod:
+// the clients reach the workers by it (the workers accept only their
+// allowed Host names), and there is no cluster DNS here, so an /etc/hosts
+// naming the ClusterIP is bound in a mount namespace of the command's own.
+func (c *cluster) byName(t *testing.T, name string, args ...string) *exec.Cmd {
+	t.Helper()
+	hosts := filepath.Join(c.state, "e2e-hosts")
+	ip := strings.TrimSuffix(strings.TrimPrefix(c.service, "http://"), ":"+c.port)
+	if err := os.WriteFile(hosts, []byte(ip+" sandboxd.sandboxd.svc\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return exec.Command("unshare", append([]string{"-m", "--", "sh", "-c", `mount --bind "$0" /etc/hosts && exec "$@"`, hosts, name}, args...)...)
+}
+
+// bridgeRun runs code through a `sandboxd mcp` bridge of its own (stdio,
+// the go-sdk's client) pointed at the Service, and checks its stdout.
+func (c *cluster) bridgeRun(t *testing.T, code, want string) error {
+	cmd := c.byName(t, c.sandboxd, "mcp", "--url", c.byNameURL)
+	cmd.Env = append(os.Environ(), "EXECUTION_WORKER_TOKEN="+c.token)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cs, err := sdk.NewClient(&sdk.Implementation{Name: "sandboxd-e2e", Version: "1"}, nil).Connect(ctx, &sdk.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		return err
+	}
+	defer cs.Close()
+	res, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": code}})
+	if err != nil {
+		return err
+	}
+	var text []string
+	for _, c := range res.Content {
+		if tc, ok := c.(*sdk.TextContent); ok {
+			text = append(text, tc.Text)
+		}
+	}
+	if res.IsError || !strings.Contains(strings.Join(text, "\n"), want) {
+		return fmt.Errorf("isError %v, text %q", res.IsError, text)
+	}
+	return nil
 }
 
 // The worker process of one node killed (as the OOM killer would) during an
@@ -540,18 +661,18 @@ func (c *cluster) killedWorker(t *testing.T) {
 	var s struct {
 		ID string `json:"id"`
 	}
-	c.must(t, w.url(), "POST", "/v1/sessions", map[string]any{}, http.StatusCreated).json(t, &s)
-	c.must(t, w.url(), "PUT", "/v1/sessions/"+s.ID+"/files/keep.txt", []byte("kept"), http.StatusOK)
-	c.must(t, w.url(), "POST", "/v1/sessions/"+s.ID+"/executions", map[string]any{"code": "x = 1"}, http.StatusOK)
+	c.must(t, w.url(c), "POST", "/v1/sessions", map[string]any{}, http.StatusCreated).json(t, &s)
+	c.must(t, w.url(c), "PUT", "/v1/sessions/"+s.ID+"/files/keep.txt", []byte("kept"), http.StatusOK)
+	c.must(t, w.url(c), "POST", "/v1/sessions/"+s.ID+"/executions", map[string]any{"code": "x = 1"}, http.StatusOK)
 	killed := "killed-" + c.mark
 	done := make(chan answer, 1)
 	go func() {
-		a, _ := c.do(w.url(), "POST", "/v1/executions", map[string]any{"id": killed, "code": "import time\nprint('started', flush=True)\ntime.sleep(60)"})
+		a, _ := c.do(w.url(c), "POST", "/v1/executions", map[string]any{"id": killed, "code": "import time\nprint('started', flush=True)\ntime.sleep(60)"})
 		done <- a
 	}()
 	end := time.Now().Add(30 * time.Second)
 	for {
-		a, err := c.do(w.url(), "GET", "/v1/executions/"+killed, nil)
+		a, err := c.do(w.url(c), "GET", "/v1/executions/"+killed, nil)
 		if err == nil && a.Status == http.StatusOK && bytes.Contains(a.Body, []byte(`"running"`)) {
 			break
 		}
@@ -559,6 +680,11 @@ func (c *cluster) killedWorker(t *testing.T) {
 			t.Fatalf("%s not running after 30 s: %v %d %s", killed, err, a.Status, a.Body)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	// The session's kernel idles frozen (the case the supervisor is for:
+	// on cgroup v1 a frozen task cannot die, and would hold the container).
+	if !c.frozenKernel(t, w.Node) {
+		t.Fatalf("no frozen cgroup with processes below %s's cgroups: the session's kernel is not idling frozen", w.Node)
 	}
 	out, err := exec.Command(c.script, "kill-worker", strings.TrimPrefix(w.Node, "n")).CombinedOutput()
 	if err != nil {
@@ -585,22 +711,28 @@ func (c *cluster) killedWorker(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 	}
 	measure(t, "worker_restart_s", "%.1f (SIGKILL to ready again)", time.Since(t0).Seconds())
+	// The supervisor (pid 1) swept what serve left, the frozen kernel
+	// included, before the container ended.
+	prev := c.kubectl(t, "-n", "sandboxd", "logs", back.Pod, "--previous")
+	if !strings.Contains(prev, "worker ended without its drain") || !regexp.MustCompile(`"msg":"swept orphans"[^\n]*"sandboxes":[1-9]`).MatchString(prev) {
+		t.Fatalf("the previous container's log shows no sweep of serve's sandboxes by the supervisor:\n%s", lastLines(prev, 20))
+	}
 	var e execution
-	c.must(t, back.url(), "GET", "/v1/executions/"+killed, nil, http.StatusOK).json(t, &e)
+	c.must(t, back.url(c), "GET", "/v1/executions/"+killed, nil, http.StatusOK).json(t, &e)
 	if e.Status != "interrupted" {
 		t.Fatalf("%s after the restart: %+v", killed, e)
 	}
-	if a := c.must(t, back.url(), "GET", "/v1/sessions/"+s.ID+"/files/keep.txt", nil, http.StatusOK); string(a.Body) != "kept" {
+	if a := c.must(t, back.url(c), "GET", "/v1/sessions/"+s.ID+"/files/keep.txt", nil, http.StatusOK); string(a.Body) != "kept" {
 		t.Fatalf("keep.txt after the restart: %q", a.Body)
 	}
 	// Through another worker too (the session's owner is in its id); it
 	// answers 503 owner_unavailable + Retry-After until its list of
 	// peers has the restarted owner ready, and clients retry that.
-	c.retry503(t, ws[0].url(), "POST", "/v1/sessions/"+s.ID+"/executions", map[string]any{"code": "print(open('keep.txt').read())"}, http.StatusOK).json(t, &e)
+	c.retry503(t, ws[0].url(c), "POST", "/v1/sessions/"+s.ID+"/executions", map[string]any{"code": "print(open('keep.txt').read())"}, http.StatusOK).json(t, &e)
 	if e.Status != "succeeded" || e.Stdout != "kept\n" || e.Session == nil || e.Session.State != "restarted" {
 		t.Fatalf("the session after the restart: %+v", e)
 	}
-	c.must(t, back.url(), "DELETE", "/v1/sessions/"+s.ID, nil, http.StatusNoContent)
+	c.must(t, back.url(c), "DELETE", "/v1/sessions/"+s.ID, nil, http.StatusNoContent)
 }
 
 // A rolling update of the DaemonSet while executions run through the
@@ -689,8 +821,8 @@ func (c *cluster) nodeRemoved(t *testing.T) {
 	var s struct {
 		ID string `json:"id"`
 	}
-	c.must(t, gone.url(), "POST", "/v1/sessions", map[string]any{}, http.StatusCreated).json(t, &s)
-	c.must(t, asked.url(), "GET", "/v1/sessions/"+s.ID, nil, http.StatusOK)
+	c.must(t, gone.url(c), "POST", "/v1/sessions", map[string]any{}, http.StatusCreated).json(t, &s)
+	c.must(t, asked.url(c), "GET", "/v1/sessions/"+s.ID, nil, http.StatusOK)
 	out, err := exec.Command(c.script, "stop-node", strings.TrimPrefix(gone.Node, "n")).CombinedOutput()
 	if err != nil {
 		t.Fatalf("stop-node: %v\n%s", err, out)
@@ -698,8 +830,10 @@ func (c *cluster) nodeRemoved(t *testing.T) {
 	c.kubectl(t, "delete", "node", gone.Node, "--wait=true")
 	t0 := time.Now()
 	var last answer
-	for time.Since(t0) < 3*time.Minute {
-		last, err = c.do(asked.url(), "GET", "/v1/sessions/"+s.ID, nil)
+	// The worker's 60 s of absence, after the node's pod is gone (the pod
+	// GC follows the node's deletion), on a loaded machine: 5 minutes.
+	for time.Since(t0) < 5*time.Minute {
+		last, err = c.do(asked.url(c), "GET", "/v1/sessions/"+s.ID, nil)
 		if err == nil && last.Status == http.StatusGone {
 			break
 		}
