@@ -141,7 +141,12 @@ df["s"] = df["s"].astype("string[pyarrow]")
 buf = io.BytesIO(); df.to_parquet(buf); back = pd.read_parquet(buf)
 assert back["s"].tolist()[:2] == ["a", "ü"] and back["s"].isna().tolist() == [False, False, True], back
 assert list(back["t"]) == list(df["t"]) and str(back["t"].dt.tz) == "Europe/Berlin", back["t"]
-assert str(pd.Series([1, 2], dtype="int64[pyarrow]").dtype) == "int64[pyarrow]"'
+assert str(pd.Series([1, 2], dtype="int64[pyarrow]").dtype) == "int64[pyarrow]"
+# Ended as the runner ends every execution (flush, then os._exit): a
+# parquet read from a file object can leave Arrow thread-pool work that
+# deadlocks the interpreter'"'"'s own shutdown (apache/arrow#33975, #50482;
+# hung 2 builds of 3 here on 2026-12-02). Executions never meet it.
+import os, sys; sys.stdout.flush(); os._exit(0)'
 fi
 
 # The geo variant: a GeoDataFrame, CRS transforms checked against the
