@@ -220,10 +220,23 @@ make_network() {
 }
 
 remove_network() {
-	local n
+	local n before
 	for n in $(ip netns list | awk '{print $1}' | grep "^$NS-" || true); do
 		ip netns del "$n"
 	done
+	# The first `ip netns add` on a host makes /run/netns a mount point (a
+	# shared bind of itself): left as it was found (net_state), unless
+	# someone else's namespaces are in it by now.
+	before=$(cat "$STATE/run-netns" 2>/dev/null || echo mounted)
+	if [ "$before" != mounted ] && [ -z "$(ls -A /run/netns 2>/dev/null)" ]; then
+		while mountpoint -q /run/netns; do umount /run/netns; done
+		[ "$before" = dir ] || rmdir /run/netns
+	fi
+}
+
+# net_state: what /run/netns was before the cluster (remove_network).
+net_state() {
+	if mountpoint -q /run/netns; then echo mounted; elif [ -d /run/netns ]; then echo dir; else echo none; fi
 }
 
 # --- processes -------------------------------------------------------------
@@ -516,6 +529,7 @@ up() {
 		-sans "$CP_IP,$API_SERVICE_IP,kubernetes,kubernetes.default,kubernetes.default.svc,kubernetes.default.svc.cluster.local" \
 		-nodes "$(seq -s, -f 'n%g' "$NODES")"
 	log "network"
+	net_state >"$STATE/run-netns"
 	make_network
 	log "control plane"
 	control_plane
