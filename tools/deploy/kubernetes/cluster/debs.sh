@@ -7,6 +7,11 @@
 set -euo pipefail
 root=${1:?usage: debs.sh ROOT}
 pkgs=(containerd runc containernetworking-plugins)
+# A fresh VM's apt may not have read its lists yet: read once, as root.
+policy=$(apt-cache policy "${pkgs[@]}" 2>/dev/null || true)
+if [ "$(id -u)" = 0 ] && [ "$(grep -c 'Candidate: [0-9]' <<<"$policy")" -lt ${#pkgs[@]} ]; then
+	apt-get update -qq
+fi
 want=$(for p in "${pkgs[@]}"; do
 	v=$(apt-cache policy "$p" | awk '/Candidate:/ {print $2}')
 	[ -n "$v" ] && [ "$v" != "(none)" ] || { echo "debs: apt does not know $p: apt-get update" >&2; exit 1; }
