@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,7 +25,8 @@ import (
 const soakGrowthMiB = 32
 
 // soakWorkloads are the mixed executions of the soak, each with the status
-// it must end in: everything an agent's code does to a worker, in turn.
+// it must end in (or one of them, "|"-separated): everything an agent's
+// code does to a worker, in turn.
 var soakWorkloads = []struct {
 	name, code, status string
 	timeoutMS          int
@@ -36,7 +38,11 @@ var soakWorkloads = []struct {
 	{"error", "raise ValueError('soak')", "failed", 0},
 	{"timeout", "while True: pass", "timeout", 300},
 	{"oom", "b = []\nwhile True: b.append(bytearray(64 << 20))", "oom", 0},
-	{"forkbomb", "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass", "timeout", 1500},
+	// Held by the pids limit until its timeout, or ended by the memory
+	// limit first: 128 forks of the image's Python, each dirtying its
+	// copy-on-write pages, can pass 256 MiB (seen once in CI). Either is
+	// the bomb contained; the worker's health is what the soak checks.
+	{"forkbomb", "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass", "timeout|oom", 1500},
 	{"output", "import sys\nsys.stdout.write('x' * 3_000_000)", "succeeded", 0},
 }
 
@@ -128,7 +134,7 @@ func TestServeSoakMixed(t *testing.T) {
 
 	for _, w := range soakWorkloads {
 		for status, count := range statuses[w.name] {
-			if status != w.status {
+			if !slices.Contains(strings.Split(w.status, "|"), status) {
 				t.Errorf("%s: %d ended %q, want %q", w.name, count, status, w.status)
 			}
 		}
