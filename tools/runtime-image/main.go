@@ -24,8 +24,6 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/sandboxd/sandboxd/internal/progress"
@@ -153,20 +151,8 @@ func buildImage(layer v1.Layer, versions map[string]string, o options, created t
 			Labels:     labels,
 		},
 	}
-	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
-	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
-	img, err := mutate.ConfigFile(img, cfg)
-	if err != nil {
-		return nil, err
-	}
-	return mutate.Append(img, mutate.Addendum{
-		Layer: layer,
-		History: v1.History{
-			Created:   v1.Time{Time: created},
-			CreatedBy: "tools/runtime-image/build.sh (mmdebstrap " + o.suite + ")",
-		},
-		MediaType: types.OCILayer,
-	})
+	return ociout.Image(cfg, ociout.Layer{Layer: layer,
+		CreatedBy: "tools/runtime-image/build.sh (mmdebstrap " + o.suite + ")"})
 }
 
 type layerStats struct {

@@ -17,7 +17,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -28,10 +27,6 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
-	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/sandboxd/sandboxd/tools/internal/ociout"
 )
 
@@ -136,12 +131,7 @@ func build(o options, versions map[string]string) (v1.Image, error) {
 			Labels:     labels,
 		},
 	}
-	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
-	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
-	img, err = mutate.ConfigFile(img, cfg)
-	if err != nil {
-		return nil, err
-	}
+	var layers []ociout.Layer
 	for _, l := range []struct {
 		l  *layer
 		by string
@@ -150,18 +140,13 @@ func build(o options, versions map[string]string) (v1.Image, error) {
 		if err != nil {
 			return nil, err
 		}
-		tl, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(gz)), nil },
-			tarball.WithMediaType(types.OCILayer))
+		tl, err := ociout.GzipLayer(gz)
 		if err != nil {
 			return nil, err
 		}
-		img, err = mutate.Append(img, mutate.Addendum{Layer: tl, MediaType: types.OCILayer,
-			History: v1.History{Created: v1.Time{Time: created}, CreatedBy: l.by}})
-		if err != nil {
-			return nil, err
-		}
+		layers = append(layers, ociout.Layer{Layer: tl, CreatedBy: l.by})
 	}
-	return img, nil
+	return ociout.Image(cfg, layers...)
 }
 
 // layer is a tar stream built in lexical order of its entries' names.

@@ -1,6 +1,7 @@
 // Package ociout is what the image tools (tools/runtime-image,
-// tools/deploy/image) share once they have built an image in memory: the
-// package list they label it with, and writing it as an OCI image layout
+// tools/deploy/image, the test cluster's pauseimage) share: assembling the
+// image from its config and layers (Image), the package list they label it
+// with, and writing it as an OCI image layout
 // and a docker-archive, each beside its final name and renamed into place
 // (a failed build never leaves a half-written image that make takes as
 // done), then read back and checked. Nothing here changes the image: its

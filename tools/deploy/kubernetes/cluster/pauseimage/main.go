@@ -15,16 +15,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
-	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/sandboxd/sandboxd/tools/internal/ociout"
 )
 
@@ -92,9 +87,7 @@ func build(pause []byte, created time.Time) (v1.Image, error) {
 	if err := zw.Close(); err != nil {
 		return nil, err
 	}
-	gz := buf.Bytes()
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(gz)), nil },
-		tarball.WithMediaType(types.OCILayer))
+	layer, err := ociout.GzipLayer(buf.Bytes())
 	if err != nil {
 		return nil, err
 	}
@@ -115,11 +108,5 @@ func build(pause []byte, created time.Time) (v1.Image, error) {
 			},
 		},
 	}
-	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
-	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
-	if img, err = mutate.ConfigFile(img, cfg); err != nil {
-		return nil, err
-	}
-	return mutate.Append(img, mutate.Addendum{Layer: layer, MediaType: types.OCILayer,
-		History: v1.History{Created: v1.Time{Time: created}, CreatedBy: "tools/deploy/kubernetes/cluster/pauseimage: /pause"}})
+	return ociout.Image(cfg, ociout.Layer{Layer: layer, CreatedBy: "tools/deploy/kubernetes/cluster/pauseimage: /pause"})
 }
