@@ -76,6 +76,11 @@ func (m *PeakMeter) Read() (int64, error) {
 	return v, nil
 }
 
+// PerFile says the mark since Reset can be read only through the meter
+// (v2: the reset is the open file's); on v1 the cgroup's own
+// memory.max_usage_in_bytes, which ReadStats reads, is that mark.
+func (m *PeakMeter) PerFile() bool { return m.f != nil }
+
 // Close releases the meter (the v2 file).
 func (m *PeakMeter) Close() error {
 	if m.f != nil {

@@ -45,6 +45,17 @@ func TestReadStatsV1Live(t *testing.T) {
 		{ head -c 64M /dev/zero | tail >/dev/null; } 2>/dev/null
 		(i=0; while [ $i -lt 20 ]; do sleep 0.1 & i=$((i+1)); done) 2>/dev/null
 		exit 0`
+	// Counters opened before the scenario must read its values after it:
+	// a cgroup file read again from offset 0 shows the counter's current
+	// value (what a session kernel's executions rely on).
+	open, err := OpenCounters(paths)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close()
+	if s, err := open.Read(); err != nil || s.CPUUsageNS != 0 || s.OOMKills != 0 || s.PidsPeak != 0 {
+		t.Fatalf("fresh cgroup: %+v, %v", s, err)
+	}
 	cmd := startIn(t, []string{paths["memory"], paths["pids"], paths["cpu"], paths["cpuacct"]}, script)
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("scenario: %v", err)
@@ -54,6 +65,20 @@ func TestReadStatsV1Live(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%+v", s)
+	again, err := open.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The scenario's last sleeps may still run: what is in use now may
+	// change between the two reads, CPU time only grow; the rest are
+	// counters and marks of a scenario that is over.
+	if again.CPUUsageNS < s.CPUUsageNS {
+		t.Errorf("CPU time held open %d < %d read just before", again.CPUUsageNS, s.CPUUsageNS)
+	}
+	again.MemoryCurrentBytes, again.PidsCurrent, again.CPUUsageNS = s.MemoryCurrentBytes, s.PidsCurrent, s.CPUUsageNS
+	if again != s {
+		t.Errorf("counters held open read %+v, want what ReadStats reads: %+v", again, s)
+	}
 	if s.OOMKills < 1 {
 		t.Errorf("OOMKills = %d, want ≥ 1 (tail over the 32 MiB limit)", s.OOMKills)
 	}

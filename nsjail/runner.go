@@ -195,10 +195,12 @@ type Sandbox struct {
 	// Freeze took (cgroup.AcquireFreezerAnchor); nil when none is held.
 	releaseAnchor func() error
 	// peak follows the memory high-water mark from ResetMemoryPeak on
-	// (peakReset: a reset succeeded); under peakMu.
+	// (peakReset: a reset succeeded); counters are the cgroup's counter
+	// files, opened by the first Stats; both under peakMu.
 	peakMu    sync.Mutex
 	peak      *cgroup.PeakMeter
 	peakReset bool
+	counters  *cgroup.Counters
 }
 
 // ID is the sandbox's id (its container, cgroup and state directory name).

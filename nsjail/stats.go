@@ -27,13 +27,20 @@ func (s *Sandbox) Stats() (cgroup.Stats, error) {
 	if s.cgroupPaths == nil {
 		return cgroup.Stats{}, errors.New("the sandbox's cgroup paths are unknown")
 	}
-	st, err := cgroup.ReadStats(s.cgroupPaths)
+	s.peakMu.Lock()
+	defer s.peakMu.Unlock()
+	if s.counters == nil {
+		c, err := cgroup.OpenCounters(s.cgroupPaths)
+		if err != nil {
+			return cgroup.Stats{}, err
+		}
+		s.counters = c
+	}
+	st, err := s.counters.Read()
 	if err != nil {
 		return st, err
 	}
-	s.peakMu.Lock()
-	defer s.peakMu.Unlock()
-	if s.peakReset {
+	if s.peakReset && s.peak.PerFile() {
 		if st.MemoryPeakBytes, err = s.peak.Read(); err != nil {
 			return st, err
 		}
@@ -67,12 +74,17 @@ func (s *Sandbox) ResetMemoryPeak() error {
 	return nil
 }
 
-// closePeak releases the peak meter, before the cgroup is removed.
+// closePeak releases the peak meter and the counter files, before the
+// cgroup is removed.
 func (s *Sandbox) closePeak() {
 	s.peakMu.Lock()
 	defer s.peakMu.Unlock()
 	if s.peak != nil {
 		s.peak.Close()
 		s.peak, s.peakReset = nil, false
+	}
+	if s.counters != nil {
+		s.counters.Close()
+		s.counters = nil
 	}
 }
