@@ -657,6 +657,38 @@ def _patch_pyplot(plt):
     _figure_savefig = original_savefig
 
 
+def pyplot_patch_state():
+    """What _install_pyplot_hook changes, for restore_pyplot_patch_state
+    (the zygote's rehearsal puts it back)."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    figure = sys.modules.get("matplotlib.figure")
+    return {
+        "meta_path": list(sys.meta_path),
+        "plt": plt,
+        "patched": plt is not None and getattr(plt, "_sandboxd_patched", False),
+        "show": getattr(plt, "show", None),
+        "savefig": getattr(getattr(figure, "Figure", None), "savefig", None),
+        "figure_savefig": _figure_savefig,
+    }
+
+
+def restore_pyplot_patch_state(state):
+    """Undo what _install_pyplot_hook did since pyplot_patch_state."""
+    global _figure_savefig
+    sys.meta_path[:] = state["meta_path"]
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None or state["patched"] or not getattr(plt, "_sandboxd_patched", False):
+        return
+    if plt is not state["plt"]:
+        raise RuntimeError("runner: pyplot was imported during a rehearsal")
+    from matplotlib.figure import Figure
+
+    plt.show = state["show"]
+    Figure.savefig = state["savefig"]
+    del plt._sandboxd_patched
+    _figure_savefig = state["figure_savefig"]
+
+
 def _is_artifact_target(target):
     """savefig's target is a file under ARTIFACTS_DIR: a path, or a file
     object opened by path (its name)."""
