@@ -42,6 +42,11 @@ func gated() (*gatedStarter, func(*Server)) {
 }
 
 func (g *gatedStarter) StartKernel(ctx context.Context, policy, runtime, ws string, o warmpool.KernelOptions) (session.Kernel, error) {
+	if o.WarmOnly {
+		// No kernel is started ahead at Create: these tests gate the
+		// start an execution makes.
+		return nil, warmpool.ErrNoWarmSandbox
+	}
 	select {
 	case g.entered <- ctx:
 	case <-ctx.Done():

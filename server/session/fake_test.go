@@ -120,9 +120,23 @@ type fakeStarter struct {
 	memory  int64
 	// hook, when set, runs in StartKernel before the kernel is returned.
 	hook func(ctx context.Context)
+	// warm is how many warm sandboxes there are for WarmOnly starts (a
+	// session's kernel started ahead, at its creation); none by default.
+	warm int
 }
 
 func (st *fakeStarter) StartKernel(ctx context.Context, policy, runtime, workspace string, o warmpool.KernelOptions) (Kernel, error) {
+	if o.WarmOnly {
+		st.mu.Lock()
+		none := st.warm == 0
+		if !none {
+			st.warm--
+		}
+		st.mu.Unlock()
+		if none {
+			return nil, warmpool.ErrNoWarmSandbox
+		}
+	}
 	if st.hook != nil {
 		st.hook(ctx)
 	}

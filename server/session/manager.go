@@ -72,8 +72,11 @@ type session struct {
 	// removes the volume a request reads or writes (SECURITY.md case 49).
 	// Added to only under Manager.mu while !gone and !closed.
 	lent sync.WaitGroup
-	// starting / executing: the Run is starting a kernel / running code.
+	// starting / executing: a kernel is starting / the Run runs code.
 	starting, executing bool
+	// ahead is the kernel Create started ahead of the first execution,
+	// until that execution takes it (Run.kernel).
+	ahead *aheadKernel
 	// cancel cancels the running execution's context (Delete).
 	cancel context.CancelFunc
 	// kernel is the live kernel, if any.
@@ -254,6 +257,10 @@ func (m *Manager) Create(spec Spec) (Info, error) {
 	s.next = ExecInfo{State: StateNew, Reason: ReasonFirst}
 	if !spec.Kernel {
 		s.next.Reason = ReasonNoKernel
+	} else {
+		// The kernel started ahead (startAhead), recorded in the first
+		// record.
+		s.rec.Generation = 1
 	}
 	// Reserve the id (and a place under max_sessions) while the volume is
 	// made outside the lock.
@@ -290,9 +297,20 @@ func (m *Manager) Create(spec Spec) (Info, error) {
 	go m.syncCreated(s)
 	m.mu.Lock()
 	s.gone = false
+	var ahead *aheadKernel
+	if spec.Kernel {
+		ahead = &aheadKernel{done: make(chan struct{})}
+		s.ahead, s.starting = ahead, true // as Create answers
+		s.active.Add(1)
+		m.ops.Add(1)
+	}
 	m.mu.Unlock()
 	m.log.Info("session created", "session", s.id, "policy", spec.Policy, "kernel", spec.Kernel)
-	return m.info(s), nil
+	info := m.info(s)
+	if ahead != nil {
+		go m.startAhead(s, ahead)
+	}
+	return info, nil
 }
 
 // checkSpec validates spec, generates its id if it has none, and returns
@@ -761,6 +779,10 @@ type Run struct {
 	s      *session
 	execed bool // guarded by m.mu
 	ended  bool
+	// durable, when set, is waited for before the answer: the session's
+	// creation on disk, when the code ran in a kernel started ahead
+	// (startAhead) before it was done.
+	durable <-chan struct{}
 }
 
 // Volume is the session's volume, for the request's files and artifacts.
@@ -813,6 +835,10 @@ func (r *Run) Exec(ctx context.Context, e warmpool.KernelExec) (*warmpool.Kernel
 		if err != nil {
 			return nil, info, fmt.Errorf("session %s: %w", s.id, err)
 		}
+		if r.durable != nil {
+			// Answered only once the session is on disk (startAhead).
+			<-r.durable
+		}
 		return res, info, nil
 	}
 }
@@ -823,6 +849,20 @@ func (r *Run) Exec(ctx context.Context, e warmpool.KernelExec) (*warmpool.Kernel
 func (r *Run) kernel(ctx context.Context) (Kernel, ExecInfo, error) {
 	m, s := r.m, r.s
 	m.mu.Lock()
+	// A kernel being started ahead (startAhead) is waited for: the code
+	// runs in it, never in a second one.
+	for s.ahead != nil && s.ahead.done != nil {
+		done := s.ahead.done
+		m.mu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return nil, ExecInfo{ID: s.id}, ctx.Err()
+		}
+		m.mu.Lock()
+	}
+	ahead := s.ahead
+	s.ahead = nil
 	if k := s.kernel; k != nil && ended(k) {
 		s.kernel = nil
 		s.setEndedLocked(k.EndReason())
@@ -833,11 +873,31 @@ func (r *Run) kernel(ctx context.Context) (Kernel, ExecInfo, error) {
 	if k := s.kernel; k != nil {
 		s.executing = true
 		info := ExecInfo{ID: s.id, KernelGeneration: s.rec.Generation, State: StatePreserved}
+		if ahead != nil && ahead.kernel == k {
+			// Started ahead: this is its first execution.
+			info.State, info.Reason = ahead.info.State, ahead.info.Reason
+			r.durable = s.durable
+		}
 		m.mu.Unlock()
 		return k, info, nil
 	}
 	info := s.next
 	info.ID = s.id
+	k, err := m.startKernelLocked(ctx, s)
+	if err != nil {
+		m.mu.Unlock()
+		return nil, info, err
+	}
+	info.KernelGeneration = s.rec.Generation
+	s.executing = true
+	m.mu.Unlock()
+	return k, info, nil
+}
+
+// startKernelLocked starts s's kernel and records the start (s.next says
+// which kind it is); on success it is s.kernel. Called and returning with
+// m.mu held, which it releases meanwhile.
+func (m *Manager) startKernelLocked(ctx context.Context, s *session) (Kernel, error) {
 	s.starting = true
 	policy, runtime, path := s.rec.Policy, s.rec.runtime(), s.ws.Path()
 	// The start is recorded on disk before the code runs, not coalesced:
@@ -870,7 +930,9 @@ func (r *Run) kernel(ctx context.Context) (Kernel, ExecInfo, error) {
 	m.mu.Unlock()
 
 	k, err := m.starter.StartKernel(ctx, policy, runtime, path, warmpool.KernelOptions{})
-	saveErr := <-saved
+	if saveErr := <-saved; saveErr != nil {
+		m.log.Error("session's kernel start not saved", "session", s.id, "err", saveErr)
+	}
 	m.mu.Lock()
 	s.starting = false
 	if persist && (err != nil || s.gone || m.closed) {
@@ -887,27 +949,85 @@ func (r *Run) kernel(ctx context.Context) (Kernel, ExecInfo, error) {
 		if k != nil {
 			k.Close()
 		}
+		m.mu.Lock()
 		if gone {
-			return nil, info, ErrNotFound
+			return nil, ErrNotFound
 		}
-		return nil, info, ErrClosed
+		return nil, ErrClosed
 	}
 	if err != nil {
-		m.mu.Unlock()
-		return nil, info, fmt.Errorf("session %s: start kernel: %w", s.id, err)
+		return nil, fmt.Errorf("session %s: start kernel: %w", s.id, err)
 	}
 	if !persist {
 		s.rec.Generation++
 		s.dirty = true
 	}
-	m.starts[info.State+"/"+info.Reason]++
-	info.KernelGeneration = s.rec.Generation
-	s.kernel, s.executing = k, true
-	m.mu.Unlock()
-	if saveErr != nil {
-		m.log.Error("session's kernel start not saved", "session", s.id, "err", saveErr)
+	m.starts[s.next.State+"/"+s.next.Reason]++
+	s.kernel = k
+	return k, nil
+}
+
+// aheadKernel is a new session's kernel started ahead of its first
+// execution (startAhead): in flight while done is open, then the kernel
+// (nil if none was started) and what its first execution says.
+type aheadKernel struct {
+	done   chan struct{}
+	kernel Kernel
+	info   ExecInfo
+}
+
+// startAhead starts a new session's kernel as Create answers, so that its
+// hand-off is done, or under way, when the first execution comes (issue
+// 12: create + first print(1)). Only from a warm sandbox (WarmOnly): without
+// one the first execution starts it, as it would have, under admission;
+// this moves work the pool did already and never starts a cold sandbox
+// outside max_concurrent (SECURITY.md case 61). Create counted the start
+// in the record it wrote (generation 1, made durable with the session by
+// syncCreated), so nothing is written here unless the start fails: then
+// the generation is taken back, durably, before the first execution may
+// start one itself. The code may run before syncCreated is done; its
+// answer waits for it (Run.durable).
+func (m *Manager) startAhead(s *session, a *aheadKernel) {
+	defer m.ops.Done()
+	defer s.active.Done()
+	m.mu.Lock()
+	a.info = s.next
+	policy, runtime, path := s.rec.Policy, s.rec.runtime(), s.ws.Path()
+	var k Kernel
+	err := ErrNotFound
+	if !s.gone && !m.closed {
+		m.mu.Unlock()
+		k, err = m.starter.StartKernel(s.ctx, policy, runtime, path, warmpool.KernelOptions{WarmOnly: true})
+		m.mu.Lock()
 	}
-	return k, info, nil
+	if k != nil && (s.gone || m.closed) {
+		// Deleted or closed meanwhile: this kernel with it.
+		m.mu.Unlock()
+		k.Close()
+		m.mu.Lock()
+		k, err = nil, ErrNotFound
+	}
+	if err == nil {
+		m.starts[a.info.State+"/"+a.info.Reason]++
+		s.kernel, a.kernel = k, k
+	} else {
+		s.rec.Generation--
+		s.dirty = true
+		if !s.gone && !m.closed {
+			m.mu.Unlock()
+			if ferr := m.flush(s, true); ferr != nil {
+				m.log.Error("session's record not saved", "session", s.id, "err", ferr)
+			}
+			m.mu.Lock()
+		}
+	}
+	s.starting = false
+	close(a.done)
+	a.done = nil
+	m.mu.Unlock()
+	if err != nil && !errors.Is(err, warmpool.ErrNoWarmSandbox) && !errors.Is(err, ErrNotFound) {
+		m.log.Warn("session's kernel not started ahead; its first execution starts it", "session", s.id, "err", err)
+	}
 }
 
 // after records what an execution in k left (res nil when nothing ran;

@@ -460,10 +460,11 @@ func TestKernelStartIsWrittenAtOnce(t *testing.T) {
 		}
 		return rec.Generation
 	}
-	e.starter.hook = func(context.Context) {
-		if g := read(); g != 0 {
-			t.Errorf("generation %d on disk before the start", g)
-		}
+	// No warm sandbox: no kernel started ahead, and the generation Create
+	// wrote for one taken back.
+	waitFor(t, func() bool { info, _ := e.m.Get(id); return info.Kernel.State == KernelNone })
+	if g := read(); g != 0 {
+		t.Fatalf("generation %d on disk before the start", g)
 	}
 	r, err := e.m.Begin(id)
 	if err != nil {
@@ -656,5 +657,109 @@ func TestNothingIsAnsweredBeforeTheCreateIsDurable(t *testing.T) {
 	}
 	if execs, _, _ := e.starter.last().counts(); execs != 1 {
 		t.Fatalf("executions after the sync: %d, want 1", execs)
+	}
+}
+
+// A session's kernel is started ahead, as Create answers, when a warm
+// sandbox is ready (issue 12: create + first print(1)): the first
+// execution runs in it and says new/first as if it had started it, and
+// the start counts once. Without a warm sandbox nothing starts ahead (no
+// cold start outside admission) and the first execution starts it.
+func TestKernelStartedAhead(t *testing.T) {
+	e := newEnv(t, nil)
+	e.starter.warm = 1
+	created := e.create(Spec{Kernel: true})
+	if created.Kernel.State != KernelStarting {
+		t.Fatalf("kernel state as Create answers: %q, want %q", created.Kernel.State, KernelStarting)
+	}
+	id := created.ID
+	waitFor(t, func() bool { info, _ := e.m.Get(id); return info.Kernel.State == KernelIdle })
+	ahead := e.starter.last()
+	if info, _ := e.m.Get(id); info.Kernel.Generation != 1 {
+		t.Fatalf("generation after the start ahead: %d, want 1", info.Kernel.Generation)
+	}
+	e.wantExec(id, "x = 1", ExecInfo{KernelGeneration: 1, State: StateNew, Reason: ReasonFirst})
+	e.wantExec(id, "x", ExecInfo{KernelGeneration: 1, State: StatePreserved})
+	if e.starter.last() != ahead || len(e.starter.kernels) != 1 {
+		t.Fatalf("%d kernels started, want the one started ahead", len(e.starter.kernels))
+	}
+	if execs, _, _ := ahead.counts(); execs != 2 {
+		t.Fatalf("the kernel started ahead ran %d executions, want 2", execs)
+	}
+	if st := e.m.Stats(); st.KernelStarts[StateNew+"/"+ReasonFirst] != 1 {
+		t.Fatalf("kernel starts %v", st.KernelStarts)
+	}
+
+	// No warm sandbox left: nothing starts ahead.
+	id2 := e.create(Spec{Kernel: true}).ID
+	waitFor(t, func() bool { info, _ := e.m.Get(id2); return info.Kernel.State == KernelNone })
+	if len(e.starter.kernels) != 1 {
+		t.Fatalf("%d kernels, want none started without a warm sandbox", len(e.starter.kernels))
+	}
+	e.wantExec(id2, "x = 1", ExecInfo{KernelGeneration: 1, State: StateNew, Reason: ReasonFirst})
+	// A kernel: false session never starts one ahead.
+	e.starter.warm = 1
+	id3 := e.create(Spec{Kernel: false}).ID
+	if info, _ := e.m.Get(id3); info.Kernel.State != KernelNone || len(e.starter.kernels) != 2 {
+		t.Fatalf("kernel: false session: %+v, %d kernels", info.Kernel, len(e.starter.kernels))
+	}
+}
+
+// The first execution that comes while the kernel is being started ahead
+// waits for it and runs there: one kernel, never two. A Delete during the
+// start ahead closes the kernel it makes and waits for it.
+func TestKernelStartedAheadRaces(t *testing.T) {
+	e := newEnv(t, nil)
+	e.starter.warm = 2
+	release := make(chan struct{})
+	e.starter.hook = func(context.Context) { <-release }
+	id := e.create(Spec{Kernel: true}).ID
+	r, err := e.m.Begin(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan ExecInfo)
+	go func() {
+		_, info, err := r.Exec(context.Background(), warmpool.KernelExec{Code: "x = 1"})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- info
+	}()
+	select {
+	case info := <-done:
+		t.Fatalf("the execution ran before the kernel started ahead: %+v", info)
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(release)
+	if info := <-done; info.State != StateNew || info.Reason != ReasonFirst || info.KernelGeneration != 1 {
+		t.Fatalf("first execution %+v", info)
+	}
+	r.End()
+	if len(e.starter.kernels) != 1 {
+		t.Fatalf("%d kernels started, want 1", len(e.starter.kernels))
+	}
+
+	started := make(chan struct{})
+	e.starter.hook = func(ctx context.Context) { close(started); <-ctx.Done() }
+	id2 := e.create(Spec{Kernel: true}).ID
+	<-started
+	if err := e.m.Delete(id2); err != nil {
+		t.Fatal(err)
+	}
+	// The start saw its context cancelled (a real one fails then; the
+	// fake's kernel is made anyway): whatever it made is closed.
+	k := e.starter.last()
+	if _, closes, _ := k.counts(); len(e.starter.kernels) != 2 || closes != 1 {
+		t.Fatalf("%d kernels; the one started for the deleted session closed %d times, want 1", len(e.starter.kernels), closes)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10 s")
+		}
 	}
 }

@@ -55,7 +55,15 @@ type KernelOptions struct {
 	// runs the worker's code on the session's files, which must not
 	// import a module the session planted (SECURITY.md case 45).
 	ReadOnly bool
+	// WarmOnly starts the kernel only from a warm sandbox, else fails
+	// with ErrNoWarmSandbox: a session's kernel started ahead of its
+	// first execution (at its creation) only moves work the pool did
+	// already, never starts a cold sandbox outside admission.
+	WarmOnly bool
 }
+
+// ErrNoWarmSandbox: StartKernel with WarmOnly found no warm sandbox ready.
+var ErrNoWarmSandbox = errors.New("no warm sandbox ready")
 
 // KernelExec is one execution in a kernel.
 type KernelExec struct {
@@ -229,6 +237,9 @@ func (p *Pool) StartKernel(ctx context.Context, spec nsjail.Spec, o KernelOption
 			p.mu.Unlock()
 			log.Warn("warm sandbox found dead at a kernel's hand-off; starting the kernel cold", "error", err)
 		}
+	}
+	if o.WarmOnly {
+		return nil, ErrNoWarmSandbox
 	}
 	return p.startColdKernel(ctx, spec, o)
 }
