@@ -40,6 +40,9 @@ func TestMain(m *testing.M) {
 	}
 	code := nsjailtest.RunAndCheck(m, [2]string{crashStateRoot, crashCgroupParent})
 	removeTestRuntimes()
+	if shDir != "" {
+		os.RemoveAll(shDir)
+	}
 	os.Exit(code)
 }
 

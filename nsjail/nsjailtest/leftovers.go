@@ -166,6 +166,7 @@ func dying(pid string) bool {
 // os.Exit(nsjailtest.RunAndCheck(m)) in TestMain.
 func RunAndCheck(m *testing.M, extra ...[2]string) int {
 	code := m.Run()
+	RemoveRootfsCopies()
 	if os.Geteuid() != 0 {
 		return code
 	}

@@ -165,6 +165,17 @@ func WritePythonShim(dir, codePath string) error {
 	return os.WriteFile(filepath.Join(dir, "usr/bin/python"), []byte(shim), 0o755)
 }
 
+// RemoveRootfsCopies removes the rootfs copies BusyboxRootfs and
+// ProbeRootfs made in the temporary directory (RunAndCheck calls it after
+// the suite; a package whose TestMain does not, calls it itself).
+func RemoveRootfsCopies() {
+	for _, dir := range []string{busyboxDir, probeDir} {
+		if dir != "" {
+			os.RemoveAll(dir)
+		}
+	}
+}
+
 var (
 	probeOnce sync.Once
 	probeDir  string
