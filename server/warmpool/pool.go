@@ -567,6 +567,9 @@ func (p *Pool) launch(ctx context.Context, stop <-chan struct{}, spec nsjail.Spe
 			p.log.Warn("warm pool: unable to lower the preload's priority", "sandbox", pending.ID(), "error", err)
 		}
 	}
+	if err := pending.OpenCounters(); err != nil {
+		p.log.Debug("warm pool: counters not opened ahead (the hand-off opens them)", "sandbox", pending.ID(), "error", err)
+	}
 	w := &warmSandbox{pending: pending, workspace: spec.Workspace, control: ctl, peer: ctlPeer, exit: readExitReport(statusR)}
 	got := make(chan error, 1)
 	go func() { got <- readReady(readyR) }()
