@@ -160,7 +160,7 @@ func OpenCounters(paths Paths) (*Counters, error) {
 func (c *Counters) Read() (Stats, error) {
 	var s Stats
 	r := statReader{}
-	var buf [512]byte
+	var buf [4096]byte // every counter file fits: one read, never torn
 	for _, cf := range c.files {
 		text, err := preadAll(cf.f, buf[:0])
 		if err != nil {
@@ -173,7 +173,9 @@ func (c *Counters) Read() (Stats, error) {
 
 // preadAll reads f whole from offset 0, into buf when it fits: one
 // pread(2) for a counter file (os.File.ReadAt would make a second one to
-// see the end).
+// see the end). A file larger than buf is read in parts, each of which
+// the kernel generates anew: Read's buffer keeps every file it reads
+// within one part.
 func preadAll(f *os.File, buf []byte) (string, error) {
 	rc, err := f.SyscallConn()
 	if err != nil {

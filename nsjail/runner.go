@@ -201,6 +201,9 @@ type Sandbox struct {
 	peak      *cgroup.PeakMeter
 	peakReset bool
 	counters  *cgroup.Counters
+	// countersClosed: closePeak ran (the cgroup is about to go); Stats
+	// opens nothing again.
+	countersClosed bool
 }
 
 // ID is the sandbox's id (its container, cgroup and state directory name).

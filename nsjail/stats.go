@@ -29,6 +29,11 @@ func (s *Sandbox) Stats() (cgroup.Stats, error) {
 	}
 	s.peakMu.Lock()
 	defer s.peakMu.Unlock()
+	if s.countersClosed {
+		// A late reader (a memory metric) must not reopen the files of a
+		// cgroup being removed: they would pin it until the GC ran.
+		return cgroup.Stats{}, errors.New("the sandbox's cgroup is being removed")
+	}
 	if s.counters == nil {
 		c, err := cgroup.OpenCounters(s.cgroupPaths)
 		if err != nil {
@@ -87,4 +92,5 @@ func (s *Sandbox) closePeak() {
 		s.counters.Close()
 		s.counters = nil
 	}
+	s.countersClosed = true
 }

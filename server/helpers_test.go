@@ -40,9 +40,7 @@ func TestMain(m *testing.M) {
 	}
 	code := nsjailtest.RunAndCheck(m, [2]string{crashStateRoot, crashCgroupParent})
 	removeTestRuntimes()
-	if shDir != "" {
-		os.RemoveAll(shDir)
-	}
+	nsjailtest.RemoveUnmounted(shDir)
 	os.Exit(code)
 }
 

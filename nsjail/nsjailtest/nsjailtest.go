@@ -170,10 +170,28 @@ func WritePythonShim(dir, codePath string) error {
 // the suite; a package whose TestMain does not, calls it itself).
 func RemoveRootfsCopies() {
 	for _, dir := range []string{busyboxDir, probeDir} {
-		if dir != "" {
-			os.RemoveAll(dir)
+		RemoveUnmounted(dir)
+	}
+}
+
+// RemoveUnmounted removes dir (a test's temporary copy) unless something
+// is mounted on or under it: os.RemoveAll would descend into a mount a
+// test leaked and delete what it holds.
+func RemoveUnmounted(dir string) {
+	if dir == "" {
+		return
+	}
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(string(mi), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
+			fmt.Fprintf(os.Stderr, "nsjailtest: %s not removed: %s is mounted\n", dir, f[4])
+			return
 		}
 	}
+	os.RemoveAll(dir)
 }
 
 var (

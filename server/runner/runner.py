@@ -657,6 +657,18 @@ def _patch_pyplot(plt):
     _figure_savefig = original_savefig
 
 
+def open_figure_count():
+    """How many pyplot figures are open (0 while pyplot is not imported)."""
+    if sys.modules.get("matplotlib.pyplot") is None:
+        return 0
+    try:
+        from matplotlib._pylab_helpers import Gcf
+
+        return len(Gcf.get_all_fig_managers())
+    except BaseException:
+        return 0
+
+
 def pyplot_patch_state():
     """What _install_pyplot_hook changes, for restore_pyplot_patch_state
     (the zygote's rehearsal puts it back)."""

@@ -35,7 +35,7 @@ type Manager struct {
 	sessions map[string]*session // also those being created or deleted (gone)
 	closed   bool
 	starts   map[string]uint64 // kernel starts by "state/reason"
-	ops      sync.WaitGroup    // Deletes and kernel stops in flight: Close waits
+	ops      sync.WaitGroup    // Creates (their syncs, starts ahead), Deletes and kernel stops in flight: Close waits
 	spares   []spare           // ready spare volumes (spares.go)
 
 	stopJanitor chan struct{}
@@ -72,7 +72,8 @@ type session struct {
 	// removes the volume a request reads or writes (SECURITY.md case 49).
 	// Added to only under Manager.mu while !gone and !closed.
 	lent sync.WaitGroup
-	// starting / executing: a kernel is starting / the Run runs code.
+	// starting / executing: a kernel is starting (for the Run, or ahead
+	// of it: startAhead) / the Run runs code.
 	starting, executing bool
 	// ahead is the kernel Create started ahead of the first execution,
 	// until that execution takes it (Run.kernel).
@@ -92,7 +93,9 @@ type session struct {
 	endReason string
 	// active counts the Run's Exec and the janitor's kernel stops in
 	// flight: Delete waits for them before removing the volume a kernel
-	// has bound. Added to only under Manager.mu while !gone and !closed.
+	// has bound (and a start ahead). Added to only under Manager.mu while
+	// !gone and !closed (or by Create, which holds an m.ops count that
+	// Close waits for).
 	active sync.WaitGroup
 }
 
@@ -680,6 +683,9 @@ func (m *Manager) Close() {
 		if s.cancel != nil {
 			s.cancel()
 		}
+		if s.ahead != nil && s.ahead.cancel != nil {
+			s.ahead.cancel() // a start ahead ends now, not at its own timeout
+		}
 		if s.kernel != nil {
 			kernels = append(kernels, s.kernel)
 			s.kernel = nil
@@ -779,10 +785,6 @@ type Run struct {
 	s      *session
 	execed bool // guarded by m.mu
 	ended  bool
-	// durable, when set, is waited for before the answer: the session's
-	// creation on disk, when the code ran in a kernel started ahead
-	// (startAhead) before it was done.
-	durable <-chan struct{}
 }
 
 // Volume is the session's volume, for the request's files and artifacts.
@@ -816,7 +818,10 @@ func (r *Run) Exec(ctx context.Context, e warmpool.KernelExec) (*warmpool.Kernel
 	defer s.active.Done()
 	defer func() {
 		m.mu.Lock()
-		s.cancel, s.starting, s.executing = nil, false, false
+		s.cancel, s.executing = nil, false
+		if s.ahead == nil || s.ahead.done == nil { // else startAhead clears it
+			s.starting = false
+		}
 		m.mu.Unlock()
 	}()
 	// At most twice: a kernel found alive may end before it gets the code
@@ -835,10 +840,6 @@ func (r *Run) Exec(ctx context.Context, e warmpool.KernelExec) (*warmpool.Kernel
 		if err != nil {
 			return nil, info, fmt.Errorf("session %s: %w", s.id, err)
 		}
-		if r.durable != nil {
-			// Answered only once the session is on disk (startAhead).
-			<-r.durable
-		}
 		return res, info, nil
 	}
 }
@@ -850,19 +851,46 @@ func (r *Run) kernel(ctx context.Context) (Kernel, ExecInfo, error) {
 	m, s := r.m, r.s
 	m.mu.Lock()
 	// A kernel being started ahead (startAhead) is waited for: the code
-	// runs in it, never in a second one.
+	// runs in it, never in a second one; and, as in any kernel, only once
+	// the session is on disk (syncCreated, which a kernel started ahead
+	// may have overtaken).
 	for s.ahead != nil && s.ahead.done != nil {
 		done := s.ahead.done
 		m.mu.Unlock()
 		select {
 		case <-done:
 		case <-ctx.Done():
-			return nil, ExecInfo{ID: s.id}, ctx.Err()
 		}
 		m.mu.Lock()
+		if err := m.goneLocked(s); err != nil {
+			m.mu.Unlock()
+			return nil, ExecInfo{ID: s.id}, err
+		}
+		if ctx.Err() != nil {
+			m.mu.Unlock()
+			return nil, ExecInfo{ID: s.id}, ctx.Err()
+		}
 	}
 	ahead := s.ahead
 	s.ahead = nil
+	if ahead != nil && ahead.kernel != nil {
+		m.mu.Unlock()
+		select {
+		case <-s.durable:
+		case <-ctx.Done():
+		}
+		m.mu.Lock()
+		if err := m.goneLocked(s); err != nil {
+			m.mu.Unlock()
+			return nil, ExecInfo{ID: s.id}, err
+		}
+		if ctx.Err() != nil {
+			// Nothing ran: the next execution finds it as its first.
+			s.ahead = ahead
+			m.mu.Unlock()
+			return nil, ExecInfo{ID: s.id}, ctx.Err()
+		}
+	}
 	if k := s.kernel; k != nil && ended(k) {
 		s.kernel = nil
 		s.setEndedLocked(k.EndReason())
@@ -876,7 +904,6 @@ func (r *Run) kernel(ctx context.Context) (Kernel, ExecInfo, error) {
 		if ahead != nil && ahead.kernel == k {
 			// Started ahead: this is its first execution.
 			info.State, info.Reason = ahead.info.State, ahead.info.Reason
-			r.durable = s.durable
 		}
 		m.mu.Unlock()
 		return k, info, nil
@@ -967,11 +994,24 @@ func (m *Manager) startKernelLocked(ctx context.Context, s *session) (Kernel, er
 	return k, nil
 }
 
+// goneLocked is ErrNotFound for a session being deleted, ErrClosed once
+// the manager is closing, else nil.
+func (m *Manager) goneLocked(s *session) error {
+	switch {
+	case s.gone:
+		return ErrNotFound
+	case m.closed:
+		return ErrClosed
+	}
+	return nil
+}
+
 // aheadKernel is a new session's kernel started ahead of its first
 // execution (startAhead): in flight while done is open, then the kernel
 // (nil if none was started) and what its first execution says.
 type aheadKernel struct {
 	done   chan struct{}
+	cancel context.CancelFunc // ends the start (Delete, Close)
 	kernel Kernel
 	info   ExecInfo
 }
@@ -984,9 +1024,9 @@ type aheadKernel struct {
 // outside max_concurrent (SECURITY.md case 61). Create counted the start
 // in the record it wrote (generation 1, made durable with the session by
 // syncCreated), so nothing is written here unless the start fails: then
-// the generation is taken back, durably, before the first execution may
-// start one itself. The code may run before syncCreated is done; its
-// answer waits for it (Run.durable).
+// the generation is taken back (and written durably). The first
+// execution waits for the start and, as in any kernel, runs its code only
+// once the session is durable (Run.kernel).
 func (m *Manager) startAhead(s *session, a *aheadKernel) {
 	defer m.ops.Done()
 	defer s.active.Done()
@@ -996,9 +1036,12 @@ func (m *Manager) startAhead(s *session, a *aheadKernel) {
 	var k Kernel
 	err := ErrNotFound
 	if !s.gone && !m.closed {
+		ctx, cancel := context.WithCancel(s.ctx)
+		a.cancel = cancel
 		m.mu.Unlock()
-		k, err = m.starter.StartKernel(s.ctx, policy, runtime, path, warmpool.KernelOptions{WarmOnly: true})
+		k, err = m.starter.StartKernel(ctx, policy, runtime, path, warmpool.KernelOptions{WarmOnly: true})
 		m.mu.Lock()
+		cancel()
 	}
 	if k != nil && (s.gone || m.closed) {
 		// Deleted or closed meanwhile: this kernel with it.
@@ -1013,18 +1056,20 @@ func (m *Manager) startAhead(s *session, a *aheadKernel) {
 	} else {
 		s.rec.Generation--
 		s.dirty = true
-		if !s.gone && !m.closed {
-			m.mu.Unlock()
-			if ferr := m.flush(s, true); ferr != nil {
-				m.log.Error("session's record not saved", "session", s.id, "err", ferr)
-			}
-			m.mu.Lock()
-		}
 	}
 	s.starting = false
 	close(a.done)
 	a.done = nil
+	flush := err != nil && !s.gone && !m.closed
 	m.mu.Unlock()
+	if flush {
+		// The generation taken back, on disk; a start the first execution
+		// makes meanwhile writes its own (flush writes the record as it is
+		// then, under writeMu).
+		if ferr := m.flush(s, true); ferr != nil {
+			m.log.Error("session's record not saved", "session", s.id, "err", ferr)
+		}
+	}
 	if err != nil && !errors.Is(err, warmpool.ErrNoWarmSandbox) && !errors.Is(err, ErrNotFound) {
 		m.log.Warn("session's kernel not started ahead; its first execution starts it", "session", s.id, "err", err)
 	}

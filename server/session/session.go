@@ -46,7 +46,7 @@ var (
 // Kernel states (Info.Kernel.State).
 const (
 	KernelNone     = "none"     // no kernel: not started yet, stopped (files kept), or kernel: false
-	KernelStarting = "starting" // being started for an execution
+	KernelStarting = "starting" // being started, for an execution or ahead of the first (startAhead)
 	KernelIdle     = "idle"     // alive, waiting
 	KernelBusy     = "busy"     // running an execution
 )

@@ -608,6 +608,14 @@ func TestKernelStartIsSavedBeforeTheCodeRuns(t *testing.T) {
 // and its volume is not lent until the sync is done. A host crash in
 // between loses the session and its 201, never a file or a result.
 func TestNothingIsAnsweredBeforeTheCreateIsDurable(t *testing.T) {
+	// Without and with a kernel started ahead (which is there before the
+	// sync is done).
+	for _, warm := range []int{0, 1} {
+		t.Run(fmt.Sprintf("warm %d", warm), func(t *testing.T) { testNothingIsAnsweredBeforeTheCreateIsDurable(t, warm) })
+	}
+}
+
+func testNothingIsAnsweredBeforeTheCreateIsDurable(t *testing.T, warm int) {
 	release := make(chan struct{})
 	syncCreatedRecord = func(dir string) error {
 		<-release
@@ -615,7 +623,11 @@ func TestNothingIsAnsweredBeforeTheCreateIsDurable(t *testing.T) {
 	}
 	t.Cleanup(func() { syncCreatedRecord = syncNewRecord })
 	e := newEnv(t, nil)
+	e.starter.warm = warm
 	id := e.create(Spec{Kernel: true}).ID // returns while the sync is held
+	if warm > 0 {
+		waitFor(t, func() bool { info, _ := e.m.Get(id); return info.Kernel.State == KernelIdle })
+	}
 
 	lent := make(chan error, 1)
 	go func() {
@@ -635,7 +647,9 @@ func TestNothingIsAnsweredBeforeTheCreateIsDurable(t *testing.T) {
 		execd <- err
 	}()
 	// Held back: neither can have answered, nor the code run. (Checked
-	// once, now: a bug shows as a failure, never the other way round.)
+	// once, after a moment: a bug shows as a failure, never the other way
+	// round.)
+	time.Sleep(20 * time.Millisecond)
 	select {
 	case err := <-lent:
 		t.Fatalf("Lend answered before the session was durable: %v", err)
@@ -761,5 +775,46 @@ func waitFor(t *testing.T, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatal("condition not met within 10 s")
 		}
+	}
+}
+
+// A Delete while the first execution waits for the kernel started ahead
+// answers that execution ErrNotFound (404), never a failed start; a Close
+// ends a start ahead at once instead of waiting for its own timeout.
+func TestKernelStartedAheadEndsWithTheSession(t *testing.T) {
+	e := newEnv(t, nil)
+	e.starter.warm = 2
+	started := make(chan struct{}, 2)
+	e.starter.hook = func(ctx context.Context) { started <- struct{}{}; <-ctx.Done() }
+	id := e.create(Spec{Kernel: true}).ID
+	<-started
+	r, err := e.m.Begin(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	execd := make(chan error, 1)
+	go func() {
+		_, _, err := r.Exec(context.Background(), warmpool.KernelExec{Code: "x = 1"})
+		execd <- err
+	}()
+	time.Sleep(10 * time.Millisecond) // waiting for the start ahead
+	deleted := make(chan error, 1)
+	go func() { deleted <- e.m.Delete(id) }()
+	if err := <-execd; !errors.Is(err, ErrNotFound) {
+		t.Fatalf("execution during the Delete: %v, want ErrNotFound", err)
+	}
+	r.End()
+	if err := <-deleted; err != nil {
+		t.Fatal(err)
+	}
+
+	e.create(Spec{Kernel: true})
+	<-started
+	closed := make(chan struct{})
+	go func() { e.m.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close waited for a start ahead")
 	}
 }

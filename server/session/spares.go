@@ -93,11 +93,12 @@ func (m *Manager) refillSpares() {
 			return
 		case <-m.spareWake:
 		}
-		// Woken by a Create that took a spare: its session's kernel start
-		// and first execution come next, on the same cores. Making the
-		// next spare (mkfs, a loop device, a mount: ~13 ms of CPU and I/O)
-		// waits until they are likely done (create + first print(1) is
-		// ~5 ms); a burst of creates meanwhile makes its own volumes.
+		// Woken (mostly) by a Create that took a spare: its session's
+		// kernel start and first execution come next, on the same cores.
+		// Making the next spare (mkfs, a loop device, a mount: ~13 ms of
+		// CPU and I/O) waits until they are likely done (create + first
+		// print(1) is ~5 ms); a burst of creates meanwhile makes its own
+		// volumes. The janitor's retry waits as long, which costs nothing.
 		select {
 		case <-m.spareStop:
 			return
@@ -106,10 +107,10 @@ func (m *Manager) refillSpares() {
 	}
 }
 
-// makeSpare makes one spare volume, complete and mounted.
 // spareRefillDelay is how long a wake of the refill waits (refillSpares).
-var spareRefillDelay = 100 * time.Millisecond
+const spareRefillDelay = 100 * time.Millisecond
 
+// makeSpare makes one spare volume, complete and mounted.
 func (m *Manager) makeSpare() (spare, error) {
 	dir := filepath.Join(m.cfg.Root, sparePrefix+volume.RandomHex(spareHexLen/2))
 	// 0711 as a session's directory: the spare's becomes one's path.

@@ -229,7 +229,8 @@ def _rehearse():
     already dumpable and has the handlers back). Put back afterwards, so a
     single-shot run or a kernel starts as without it: fds 1 and 2, the
     streams, the SIGINT handler, the kernel's cell sources and linecache,
-    the interrupt flag. A failure here is the runner's or the zygote's bug:
+    the interrupt flag, and what the figure capture patched (pyplot's show
+    and Figure.savefig, sys.meta_path). A failure here is the runner's or the zygote's bug:
     it is raised, and the sandbox never becomes ready."""
     import ctypes
     import linecache
@@ -242,7 +243,9 @@ def _rehearse():
     # (an unrehearsed capture cost a first cell ~70 page copies and 3 ms of
     # CPU): what that patches into pyplot or adds to sys.meta_path is put
     # back below, so that a request without figure capture finds them as a
-    # cold run would.
+    # cold run would. Not when a preload left figures open: the capture
+    # would save them into the workspace and close them.
+    figures = _runner.open_figure_count() == 0
     saved_pyplot = _runner.pyplot_patch_state()
     saved_sigint = signal.getsignal(signal.SIGINT)
     saved_interrupt = _interrupt_pending
@@ -268,7 +271,7 @@ def _rehearse():
         seq, code, env, display, _, _ = decode_request(msg)
         main = types.ModuleType("__main__")
         main.__builtins__ = __builtins__
-        _execute(main, seq, code, env, fds, ctypes.CDLL(None), display, True)
+        _execute(main, seq, code, env, fds, ctypes.CDLL(None), display, figures)
         theirs.sendall(encode_reply(seq, 0))
     finally:
         os.dup2(saved_fds[0], 1)
