@@ -55,6 +55,11 @@ type Runner struct {
 	swapAccounting bool
 	// cleanups counts this Runner's sandboxes whose removal is under way.
 	cleanups sync.WaitGroup
+	// shellProg is the seccomp program the first shell's init held, and
+	// shellProgSum its SHA-256 (Runner.sameProgram); under shellProgMu.
+	shellProgMu  sync.Mutex
+	shellProg    seccomp.Program
+	shellProgSum [32]byte
 }
 
 // NewRunner checks that this host can run sandboxes and prepares the state
@@ -212,6 +217,25 @@ func (r *Runner) Start(spec Spec) (*Sandbox, error) { return r.start(spec, spec.
 
 // start is Start, passing extraFiles to the command as fds 3, 4, ...
 func (r *Runner) start(spec Spec, extraFiles []*os.File) (*Sandbox, error) {
+	return r.startWith(spec, startOptions{extraFiles: extraFiles})
+}
+
+// startOptions are what differs between a cold sandbox (the zero value
+// but for extraFiles) and a template's (template.go).
+type startOptions struct {
+	// extraFiles are passed to the command as fds 3, 4, ...
+	extraFiles []*os.File
+	// tune, when set, changes buildConfig's config before the container
+	// is created.
+	tune func(*configs.Config)
+	// asRoot runs the command as uid/gid 0 of the sandbox's user
+	// namespace instead of inside.UID/GID.
+	asRoot bool
+}
+
+// startWith is start with o.
+func (r *Runner) startWith(spec Spec, o startOptions) (*Sandbox, error) {
+	extraFiles := o.extraFiles
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
@@ -234,6 +258,9 @@ func (r *Runner) start(spec Spec, extraFiles []*os.File) (*Sandbox, error) {
 	cfg, err := r.buildConfig(id, &spec, lim)
 	if err != nil {
 		return fail("unable to build sandbox config: %w", err)
+	}
+	if o.tune != nil {
+		o.tune(cfg)
 	}
 	// Marked before its state directory or any cgroup exists (SECURITY.md
 	// case 29: Sweep removes only what carries the marker), so a worker
@@ -272,12 +299,16 @@ func (r *Runner) start(spec Spec, extraFiles []*os.File) (*Sandbox, error) {
 	if cwd == "" {
 		cwd = "/"
 	}
+	uid, gid := inside.UID, inside.GID
+	if o.asRoot {
+		uid, gid = 0, 0
+	}
 	proc := &libcontainer.Process{
 		Args:       spec.Args,
 		Env:        env,
 		Cwd:        cwd,
-		UID:        inside.UID,
-		GID:        inside.GID,
+		UID:        uid,
+		GID:        gid,
 		Stdin:      spec.Stdin,
 		Stdout:     outW,
 		Stderr:     errW,

@@ -1,0 +1,601 @@
+package nsjail
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/opencontainers/runc/libcontainer"
+	"github.com/opencontainers/runc/libcontainer/configs"
+	"github.com/sandboxd/sandboxd/cgroup"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"github.com/sandboxd/sandboxd/seccomp"
+	"golang.org/x/sys/unix"
+)
+
+// A shell (issue 17, server/warmpool/TEMPLATE.md section 3 steps 3-6) is
+// what libcontainer makes of a cold sandbox for one fork of a template,
+// minus the process: nsjail's own buildConfig for the execution's Spec,
+// except that the user and pid namespaces are joined from the fork's
+// process G (pid 1 of its own pid namespace, root of its own user
+// namespace, both children of the template's) instead of created, and the
+// cgroup is a child of the template's. libcontainer's init sets everything
+// up and blocks on its exec fifo; StartShell then takes the namespaces it
+// made (as fds) and the seccomp program the kernel holds for it, and
+// SIGKILLs and reaps it before it ever execs. G later joins those
+// namespaces, moves into the shell's cgroup (v1: MoveG) and loads the
+// program.
+
+// ShellNamespaces are the namespaces a shell's init makes, in the order of
+// Shell.NamespaceFiles.
+var ShellNamespaces = []string{"mnt", "net", "ipc", "uts", "cgroup"}
+
+// Shell is a started shell. Destroy must be called on it.
+type Shell struct {
+	r   *Runner
+	id  string
+	tpl *Template
+	c   *libcontainer.Container
+	log *slog.Logger
+	// g is a pidfd of G (a duplicate of the one StartShell was given) and
+	// gpid its host pid: StartShell checked that g is G's.
+	g    *os.File
+	gpid int
+	// ns are the shell's namespaces, in ShellNamespaces order, until
+	// CloseNamespaces or Destroy.
+	nsMu sync.Mutex
+	ns   []*os.File
+	prog seccomp.Program
+	// cgroupPaths are the shell's cgroup directories, children of the
+	// template's.
+	cgroupPaths cgroup.Paths
+	destroyOnce sync.Once
+	destroyErr  error
+}
+
+// StartShell makes the shell for fork G of template t: g is a pidfd of G
+// (G sent it; G's pid is read from the pidfd, never taken from a message).
+// spec is the execution's (rootfs, workspace, hostname, limits; Args[0] is
+// looked up by libcontainer's init, which fails the start if it is
+// missing, and never executed; Env and Cwd are G's business, Stdin and
+// ExtraFiles are not allowed).
+//
+// Before anything is created StartShell checks that G is a fork of t:
+// G's user namespace is a child of t's (U_F of U_T), its pid namespace is a
+// child of t's and G is its pid 1, and its uid and gid maps, as the host
+// sees them, are a cold sandbox's. Every one of those reads goes through a
+// /proc/<G's pid> directory fd that is known to be G's because G's pidfd
+// still referred to a live process after it was opened (a pid is not
+// reused while its process lives, zombie included: SECURITY.md case 41's
+// pattern). A template that sent the pidfd of anything else (itself, F,
+// another fork's G, a process of another template) gets an error, and
+// nothing joins that process's namespaces. G's oom_score_adj is then
+// reset to a cold process's (resetOOMScoreAdj).
+//
+// libcontainer joins the user and pid namespaces by the paths
+// /proc/<worker pid>/fd/N of the fds opened then, never by
+// /proc/<G's pid>/ns/..., which runc's init opens later, when the pid
+// could be another process's.
+func (r *Runner) StartShell(t *Template, spec Spec, g *os.File) (*Shell, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	if len(spec.ExtraFiles) > 0 || spec.Stdin != nil {
+		return nil, errors.New("a shell runs no command: it takes no stdin or extra files")
+	}
+	if g == nil {
+		return nil, errors.New("a shell needs G's pidfd")
+	}
+	lim := spec.Limits.withDefaults()
+	id := spec.ID
+	if id == "" {
+		id = newID()
+	}
+	log := r.log
+	if spec.Logger != nil {
+		log = spec.Logger
+	}
+	log = log.With("sandbox", id, "template", t.ID())
+	fail := func(format string, a ...any) (*Shell, error) {
+		err := &StartError{ID: id, At: time.Now(), Err: fmt.Errorf(format, a...)}
+		log.Error("shell start failed", "error", err.Error())
+		return nil, err
+	}
+
+	gfd, err := unix.FcntlInt(g.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return fail("unable to duplicate G's pidfd: %w", err)
+	}
+	gfile := os.NewFile(uintptr(gfd), "pidfd-G")
+	keepG := false
+	defer func() {
+		if !keepG {
+			gfile.Close()
+		}
+	}()
+	gpid, userNS, pidNS, err := r.openFork(t, gfd)
+	if err != nil {
+		return fail("not a fork of template %s: %w", t.ID(), err)
+	}
+	defer userNS.Close()
+	defer pidNS.Close()
+
+	cfg, err := r.buildConfig(id, &spec, lim)
+	if err != nil {
+		return fail("unable to build sandbox config: %w", err)
+	}
+	self := os.Getpid()
+	for i := range cfg.Namespaces {
+		switch cfg.Namespaces[i].Type {
+		case configs.NEWUSER:
+			cfg.Namespaces[i].Path = fmt.Sprintf("/proc/%d/fd/%d", self, userNS.Fd())
+		case configs.NEWPID:
+			cfg.Namespaces[i].Path = fmt.Sprintf("/proc/%d/fd/%d", self, pidNS.Fd())
+		}
+	}
+	// A child of the template's cgroup: G moves (v1) only within the
+	// subtree it was forked in.
+	cfg.Cgroups.Path = path.Join(t.cgroupRel, id)
+
+	// Marked before its state directory or any cgroup exists (SECURITY.md
+	// case 29), as for a cold sandbox.
+	if _, err := os.Lstat(r.stateDir(id)); !errors.Is(err, os.ErrNotExist) {
+		return fail("unable to create shell: state directory %s exists (%v)", r.stateDir(id), err)
+	}
+	if err := r.markOwned(id); err != nil {
+		return fail("unable to mark the shell as sandboxd's: %w", err)
+	}
+	c, err := libcontainer.Create(r.opts.StateRoot, id, cfg)
+	if err != nil {
+		if uerr := r.unmarkOwned(id); uerr != nil {
+			log.Error("unable to remove the owner marker", "error", uerr)
+		}
+		return fail("unable to create shell: %w", err)
+	}
+	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		r.destroy(c, log)
+		return fail("unable to open %s: %w", os.DevNull, err)
+	}
+	env := spec.Env
+	if !hasEnv(env, "PATH") {
+		env = append(env[:len(env):len(env)], "PATH="+inside.DefaultPath)
+	}
+	proc := &libcontainer.Process{Args: spec.Args, Env: env, Cwd: "/", UID: inside.UID, GID: inside.GID,
+		Stdin: devnull, Stdout: devnull, Stderr: devnull, Init: true}
+	// `runc create`: the init sets up every namespace, mount and limit,
+	// drops to the sandbox user, loads the seccomp filter (before the fifo:
+	// no_new_privs is set) and blocks on its exec fifo. Container.Exec,
+	// which would let it exec, is never called.
+	err = c.Start(proc)
+	devnull.Close()
+	if err != nil {
+		r.destroy(c, log)
+		return fail("unable to start shell: %w", err)
+	}
+	initPid, err := proc.Pid()
+	if err != nil {
+		// Start succeeded, so the process exists; without its pid it can
+		// only be killed through the cgroup, which Destroy does.
+		r.destroy(c, log)
+		return fail("unable to read the shell init's pid: %w", err)
+	}
+	s := &Shell{r: r, id: id, tpl: t, c: c, log: log, g: gfile, gpid: gpid}
+	// Everything below reads the init through its pid: it is our child and
+	// not reaped until killInit, so the pid is its own.
+	killInit := func() {
+		_ = unix.Kill(initPid, unix.SIGKILL)
+		_, _ = proc.Wait()
+	}
+	if err := s.takeInit(initPid, userNS, pidNS); err != nil {
+		killInit()
+		r.destroy(c, log)
+		s.closeNamespaces()
+		return fail("%w", err)
+	}
+	// The init dies before it ever execs: no process but G's will be in
+	// the sandbox, and no unfiltered one (SECURITY.md section "Template
+	// forks"). It must be reaped too: G, pid 1 of PID_F, cannot finish
+	// exiting while any process of PID_F is unreaped (E4).
+	killInit()
+	keepG = true
+	return s, nil
+}
+
+// takeInit reads what the worker keeps of the shell's init: its cgroup
+// paths, its namespaces as fds, and the seccomp program the kernel holds
+// for it, after checking that it runs in G's user and pid namespaces.
+func (s *Shell) takeInit(initPid int, userNS, pidNS *os.File) error {
+	state, err := s.c.State()
+	if err != nil {
+		return fmt.Errorf("unable to read the shell's state: %w", err)
+	}
+	s.cgroupPaths = state.CgroupPaths
+	for _, want := range []struct {
+		name string
+		f    *os.File
+	}{{"user", userNS}, {"pid", pidNS}} {
+		if err := sameNamespace(fmt.Sprintf("/proc/%d/ns/%s", initPid, want.name), want.f); err != nil {
+			return fmt.Errorf("the shell's init is not in G's %s namespace: %w", want.name, err)
+		}
+	}
+	for _, n := range ShellNamespaces {
+		f, err := os.Open(fmt.Sprintf("/proc/%d/ns/%s", initPid, n))
+		if err != nil {
+			return fmt.Errorf("unable to open the shell's %s namespace: %w", n, err)
+		}
+		s.ns = append(s.ns, f)
+	}
+	prog, err := seccomp.LoadedProgram(initPid)
+	if err != nil {
+		return fmt.Errorf("unable to read the shell init's seccomp program: %w", err)
+	}
+	if s.prog, err = s.r.sameProgram(prog); err != nil {
+		return err
+	}
+	return nil
+}
+
+// sameProgram returns the seccomp program every shell of this Runner
+// loads: the first shell's, read from the kernel. A later shell's must be
+// the same (the program depends only on the Runner's profile), which is
+// checked by its length and SHA-256; a difference is an error (the
+// kernel, libcontainer or the profile changed under a running worker),
+// never a second program.
+func (r *Runner) sameProgram(p seccomp.Program) (seccomp.Program, error) {
+	r.shellProgMu.Lock()
+	defer r.shellProgMu.Unlock()
+	if r.shellProg == nil {
+		r.shellProg, r.shellProgSum = p, p.Sum()
+		return p, nil
+	}
+	if len(p) != len(r.shellProg) || p.Sum() != r.shellProgSum {
+		return nil, fmt.Errorf("the shell init's seccomp program (%d instructions) differs from the one this worker read before (%d instructions)",
+			p.Len(), r.shellProg.Len())
+	}
+	return r.shellProg, nil
+}
+
+// openFork opens G's user and pid namespaces and checks that G is a fork
+// of t (see StartShell). G's pid is read from gfd's fdinfo; /proc/<pid> is
+// opened as a directory, and gfd's process found alive after that open:
+// the directory is then G's for good (a /proc/<pid> fd stays bound to the
+// process it was opened for, and reads through it fail once that process
+// is gone, whatever reuses the pid), and every later read goes through it.
+// It also resets G's oom_score_adj (see resetOOMScoreAdj).
+func (r *Runner) openFork(t *Template, gfd int) (gpid int, userNS, pidNS *os.File, err error) {
+	gpid, err = pidfdPid(gfd)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	dirfd, err := unix.Open(fmt.Sprintf("/proc/%d", gpid), unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	defer unix.Close(dirfd)
+	if err := unix.PidfdSendSignal(gfd, 0, nil, 0); err != nil {
+		return 0, nil, nil, fmt.Errorf("G (pid %d) is gone: %w", gpid, err)
+	}
+	open := func(name string) (*os.File, error) {
+		fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("open /proc/%d/%s: %w", gpid, name, err)
+		}
+		return os.NewFile(uintptr(fd), fmt.Sprintf("/proc/%d/%s", gpid, name)), nil
+	}
+	read := func(name string) (string, error) {
+		f, err := open(name)
+		if err != nil {
+			return "", err
+		}
+		defer f.Close()
+		b, err := io.ReadAll(f)
+		return string(b), err
+	}
+	closeAll := func() {
+		for _, f := range []*os.File{userNS, pidNS} {
+			if f != nil {
+				f.Close()
+			}
+		}
+	}
+	if userNS, err = open("ns/user"); err != nil {
+		return 0, nil, nil, err
+	}
+	if pidNS, err = open("ns/pid"); err != nil {
+		closeAll()
+		return 0, nil, nil, err
+	}
+	uidMap, err1 := read("uid_map")
+	gidMap, err2 := read("gid_map")
+	status, err3 := read("status")
+	if err := errors.Join(err1, err2, err3); err != nil {
+		closeAll()
+		return 0, nil, nil, err
+	}
+	var errs []error
+	if err := isChildNamespace(userNS, t.userNS); err != nil {
+		errs = append(errs, fmt.Errorf("user namespace: %w", err))
+	}
+	if err := isChildNamespace(pidNS, t.pidNS); err != nil {
+		errs = append(errs, fmt.Errorf("pid namespace: %w", err))
+	}
+	base := r.opts.HostIDBase
+	for _, m := range []struct {
+		name, got string
+		id        int
+	}{{"uid_map", uidMap, inside.UID}, {"gid_map", gidMap, inside.GID}} {
+		// As the host sees it: inside id, host id, count.
+		want := fmt.Sprintf("0 %d 1\n%d %d 1", base, m.id, base+m.id)
+		if normalizeMap(m.got) != want {
+			errs = append(errs, fmt.Errorf("%s is %q, want a cold sandbox's %q", m.name, normalizeMap(m.got), want))
+		}
+	}
+	if nspid := statusField(status, "NSpid"); len(nspid) < 2 || nspid[len(nspid)-1] != "1" {
+		errs = append(errs, fmt.Errorf("G is not pid 1 of its own pid namespace (NSpid %v)", nspid))
+	}
+	if err := errors.Join(errs...); err != nil {
+		closeAll()
+		return 0, nil, nil, err
+	}
+	if err := resetOOMScoreAdj(dirfd); err != nil {
+		closeAll()
+		return 0, nil, nil, err
+	}
+	return gpid, userNS, pidNS, nil
+}
+
+// resetOOMScoreAdj gives G, through its /proc directory fd, the worker's
+// own oom_score_adj, which is what a cold sandbox's process inherits. G
+// inherited the template's -1000 (templateOOMScoreAdj) and, with it, the
+// template's oom_score_adj_min of -1000, which the kernel sets whenever a
+// privileged process writes the value: left so, the code in G could lower
+// its own oom_score_adj back to -1000 without any privilege (the kernel
+// lets a process go down to its min), make itself unkillable by the OOM
+// killer, and turn its cgroup's memory limit into a stuck OOM (cgroup v1
+// under_oom) or the host's OOM killer's problem. Written by the worker
+// (CAP_SYS_RESOURCE), it sets both the value and the min, as for a cold
+// process.
+func resetOOMScoreAdj(dirfd int) error {
+	own, err := os.ReadFile("/proc/self/oom_score_adj")
+	if err != nil {
+		return err
+	}
+	fd, err := unix.Openat(dirfd, "oom_score_adj", unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("unable to open G's oom_score_adj: %w", err)
+	}
+	defer unix.Close(fd)
+	if _, err := unix.Write(fd, []byte(strings.TrimSpace(string(own)))); err != nil {
+		return fmt.Errorf("unable to reset G's oom_score_adj: %w", err)
+	}
+	return nil
+}
+
+// pidfdPid is the host pid of the process pidfd fd refers to, from its
+// fdinfo; an error when fd is not a pidfd or its process is gone.
+func pidfdPid(fd int) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", fd))
+	if err != nil {
+		return 0, err
+	}
+	f := statusField(string(b), "Pid")
+	if len(f) != 1 {
+		return 0, errors.New("not a pidfd")
+	}
+	pid, err := strconv.Atoi(f[0])
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("the pidfd's process is gone or not visible (Pid: %s)", f[0])
+	}
+	return pid, nil
+}
+
+// statusField is the whitespace-separated value of key in a
+// /proc/.../status or fdinfo text, nil when absent.
+func statusField(text, key string) []string {
+	for _, line := range strings.Split(text, "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && k == key {
+			return strings.Fields(v)
+		}
+	}
+	return nil
+}
+
+// normalizeMap is an id map's lines with single spaces.
+func normalizeMap(m string) string {
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(m), "\n") {
+		lines = append(lines, strings.Join(strings.Fields(l), " "))
+	}
+	return strings.Join(lines, "\n")
+}
+
+// nsGetParent is NS_GET_PARENT (linux/nsfs.h, _IO(0xb7, 0x2)): an fd of
+// the parent of a user or pid namespace.
+const nsGetParent = 0xb7<<8 | 0x2
+
+// isChildNamespace checks that namespace child's parent is parent.
+func isChildNamespace(child, parent *os.File) error {
+	pfd, _, errno := unix.Syscall(unix.SYS_IOCTL, child.Fd(), nsGetParent, 0)
+	if errno != 0 {
+		return fmt.Errorf("NS_GET_PARENT: %w", errno)
+	}
+	defer unix.Close(int(pfd))
+	got, err := nsIDOf(int(pfd))
+	if err != nil {
+		return err
+	}
+	want, err := nsIDOf(int(parent.Fd()))
+	if err != nil {
+		return err
+	}
+	if got != want {
+		return errors.New("not a child of the template's")
+	}
+	return nil
+}
+
+// sameNamespace checks that the namespace at path is f's.
+func sameNamespace(path string, f *os.File) error {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return err
+	}
+	want, err := nsIDOf(int(f.Fd()))
+	if err != nil {
+		return err
+	}
+	if (nsID{uint64(st.Dev), st.Ino}) != want {
+		return errors.New("a different namespace")
+	}
+	return nil
+}
+
+// ID is the shell's id (its container, cgroup and state directory name).
+func (s *Shell) ID() string { return s.id }
+
+// GPid is G's host pid, as read from its pidfd. It is G's only while G
+// lives: signal G through GPidfd.
+func (s *Shell) GPid() int { return s.gpid }
+
+// GPidfd is the shell's pidfd of G, valid until Destroy.
+func (s *Shell) GPidfd() *os.File { return s.g }
+
+// NamespaceFiles are the shell's namespaces, in ShellNamespaces order, for
+// G to join (setns); nil once CloseNamespaces or Destroy closed them. They
+// keep the namespaces alive while no process is in them.
+func (s *Shell) NamespaceFiles() []*os.File {
+	s.nsMu.Lock()
+	defer s.nsMu.Unlock()
+	return slices.Clone(s.ns)
+}
+
+// CloseNamespaces closes the namespace fds once G holds the namespaces.
+func (s *Shell) CloseNamespaces() { s.closeNamespaces() }
+
+func (s *Shell) closeNamespaces() {
+	s.nsMu.Lock()
+	defer s.nsMu.Unlock()
+	for _, f := range s.ns {
+		f.Close()
+	}
+	s.ns = nil
+}
+
+// SeccompProgram is the program G loads: the one the kernel held for the
+// shell's init, i.e. a cold sandbox's (the same for every shell of this
+// Runner). It must not be modified.
+func (s *Shell) SeccompProgram() seccomp.Program { return s.prog }
+
+// CgroupPaths are the shell's cgroup directories, one per hierarchy,
+// children of the template's.
+func (s *Shell) CgroupPaths() cgroup.Paths { return s.cgroupPaths }
+
+// MoveG moves G into the shell's cgroup on cgroup v1 (no CLONE_INTO_CGROUP
+// there; TEMPLATE.md section 4): G was forked in the template's cgroup,
+// and the shell's is a child of it, so G never leaves the subtree it
+// started in. It moves only G (the pidfd StartShell checked), only from
+// the template's own cgroup (or the shell's: moving twice is a no-op), and
+// only into the shell's: a directory that is not a child of the
+// template's, or a G found anywhere else, is an error and nothing more is
+// written. The pid is written to cgroup.procs (v1 has no way to move by
+// pidfd): G's pidfd must refer to a live process before the membership
+// checks and after the writes, so the pid written was G's. If G is gone
+// after a write, an error says so, and the caller must Destroy the shell
+// (which kills whatever its cgroup holds: by the membership check, at most
+// a process of the template's cgroup that took G's pid in between). On v2
+// it refuses: G is born in its cgroup there, and a move between the
+// template's leaf and the shell's would be one between siblings.
+func (s *Shell) MoveG() error {
+	if _, v2 := s.cgroupPaths.V2(); v2 {
+		return errors.New("cgroup v2: G must be forked into the shell's cgroup (CLONE_INTO_CGROUP), not moved")
+	}
+	type move struct{ from, to string }
+	var moves []move
+	seen := map[string]bool{}
+	for ctrl, dir := range s.cgroupPaths {
+		if dir == "" || seen[dir] {
+			continue
+		}
+		seen[dir] = true
+		tdir := s.tpl.s.cgroupPaths[ctrl]
+		if tdir == "" || filepath.Dir(dir) != tdir || filepath.Base(dir) != s.id {
+			return fmt.Errorf("cgroup %s (%s) is not the shell's child of the template's %q", dir, ctrl, tdir)
+		}
+		moves = append(moves, move{tdir, dir})
+	}
+	slices.SortFunc(moves, func(a, b move) int { return strings.Compare(a.to, b.to) })
+	alive := func() error {
+		if err := unix.PidfdSendSignal(int(s.g.Fd()), 0, nil, 0); err != nil {
+			return fmt.Errorf("G (pid %d) is gone: %w", s.gpid, err)
+		}
+		return nil
+	}
+	if err := alive(); err != nil {
+		return err
+	}
+	pid := strconv.Itoa(s.gpid)
+	for _, m := range moves {
+		inFrom, err1 := inCgroup(m.from, pid)
+		inTo, err2 := inCgroup(m.to, pid)
+		if err := errors.Join(err1, err2); err != nil {
+			return err
+		}
+		if inTo {
+			continue
+		}
+		if !inFrom {
+			return fmt.Errorf("G (pid %d) is not in the template's cgroup %s: not moved", s.gpid, m.from)
+		}
+		if err := os.WriteFile(filepath.Join(m.to, "cgroup.procs"), []byte(pid), 0); err != nil {
+			return fmt.Errorf("unable to move G into %s: %w", m.to, err)
+		}
+	}
+	return alive()
+}
+
+// inCgroup tells whether pid is listed in dir's cgroup.procs.
+func inCgroup(dir, pid string) (bool, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return false, err
+	}
+	return slices.Contains(strings.Fields(string(b)), pid), nil
+}
+
+// Destroy ends the shell: it kills every process in its cgroup (G and what
+// G started, once G moved in; F, G's parent, is in the template's cgroup
+// and reaps it), removes the cgroup, the state directory and the owner
+// marker, and closes the namespace fds and G's pidfd. Idempotent; what
+// could not be removed keeps its marker, for Sweep.
+func (s *Shell) Destroy() error {
+	s.destroyOnce.Do(func() {
+		s.closeNamespaces()
+		var errs []error
+		if err := cgroup.KillAll(s.cgroupPaths); err != nil {
+			errs = append(errs, err)
+		}
+		// libcontainer's destroy of a container in a joined pid namespace
+		// also kills what its cgroup holds, then removes it.
+		if err := s.c.Destroy(); err != nil {
+			errs = append(errs, err)
+		} else if err := s.r.unmarkOwned(s.id); err != nil {
+			errs = append(errs, err)
+		}
+		s.g.Close()
+		s.destroyErr = errors.Join(errs...)
+		if s.destroyErr != nil {
+			s.log.Error("unable to destroy shell", "error", s.destroyErr)
+		}
+	})
+	return s.destroyErr
+}

@@ -1,0 +1,507 @@
+package nsjail_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/cgroup"
+	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+	"github.com/sandboxd/sandboxd/seccomp"
+	"golang.org/x/sys/unix"
+)
+
+// The template forks of issue 17 (server/warmpool/TEMPLATE.md; experiment
+// E4 on the production API). testdata/templatefork.py is the template's
+// side: T forks F, F makes U_F and PID_F and forks G; the worker makes a
+// shell for G (Runner.StartShell), moves G into its cgroup (Shell.MoveG)
+// and hands G the shell's namespace fds and seccomp program; G joins,
+// drops and prints what it sees, which must be what a cold sandbox's
+// process sees.
+
+// forkViewKeys are the fields of the inside view that a fork must share
+// with a cold run: all of them but the template-only ones.
+var forkViewKeys = []string{"seccomp_filters", "unshare_user", "mount_syscall", "uid", "gid", "groups", "caps",
+	"no_new_privs", "seccomp", "uid_map", "gid_map", "cgroup", "oom_score_adj", "hostname", "mounts",
+	"root_mount_options", "net", "cwd", "procs", "pid", "ppid", "fds", "rootfs_write", "oom_lower"}
+
+// templateLab is one running template of testdata/templatefork.py.
+type templateLab struct {
+	t     *testing.T
+	r     *nsjail.Runner
+	tpl   *nsjail.Template
+	ctl   *net.UnixConn
+	lines chan string // the template's stdout (its forks' views), by line
+}
+
+func startTemplateLab(t *testing.T, r *nsjail.Runner, rootfs, src string) *templateLab {
+	t.Helper()
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours, theirs := os.NewFile(uintptr(pair[0]), "ctl"), os.NewFile(uintptr(pair[1]), "ctl-peer")
+	conn, err := net.FileConn(ours)
+	ours.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lab := &templateLab{t: t, r: r, ctl: conn.(*net.UnixConn), lines: make(chan string, 64)}
+	var mu sync.Mutex
+	var pending, stderr bytes.Buffer
+	out := func(stream string, chunk []byte) {
+		mu.Lock()
+		defer mu.Unlock()
+		if stream != nsjail.StreamStdout {
+			stderr.Write(chunk)
+			return
+		}
+		pending.Write(chunk)
+		for {
+			line, err := pending.ReadString('\n')
+			if err != nil {
+				pending.WriteString(line)
+				return
+			}
+			select {
+			case lab.lines <- line:
+			default: // the test reads every line it asks for; never block the capture
+			}
+		}
+	}
+	tpl, err := r.StartTemplate(nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "-B", "-P", "-c", src, "--template"},
+		Env: []string{"HOME=/tmp"}, Output: out}, theirs)
+	theirs.Close()
+	if err != nil {
+		lab.ctl.Close()
+		t.Fatalf("StartTemplate: %v", err)
+	}
+	lab.tpl = tpl
+	t.Cleanup(func() {
+		_, _ = lab.ctl.Write([]byte("quit\n"))
+		lab.ctl.Close()
+		res := tpl.Stop(10 * time.Second)
+		mu.Lock()
+		defer mu.Unlock()
+		if res.Status != nsjail.StatusSucceeded {
+			t.Errorf("template ended %s (exit %d): %s\nstderr: %s", res.Status, res.ExitCode, res.Error, stderr.String())
+		}
+	})
+	// Nothing here may hang the test: a read past this is a failure.
+	_ = lab.ctl.SetDeadline(time.Now().Add(5 * time.Minute))
+	return lab
+}
+
+// line is the template's next line of stdout.
+func (l *templateLab) line() map[string]any {
+	l.t.Helper()
+	select {
+	case s := <-l.lines:
+		var v map[string]any
+		if err := json.Unmarshal([]byte(s), &v); err != nil {
+			l.t.Fatalf("template output %q: %v", s, err)
+		}
+		return v
+	case <-time.After(5 * time.Minute):
+		l.t.Fatal("no output from the template")
+		return nil
+	}
+}
+
+// recv reads one line from the control socket with the fds sent with it.
+func (l *templateLab) recv() (string, []int) {
+	l.t.Helper()
+	buf := make([]byte, 1)
+	oob := make([]byte, unix.CmsgSpace(8*4))
+	var line []byte
+	var fds []int
+	for !bytes.HasSuffix(line, []byte("\n")) {
+		n, oobn, _, _, err := l.ctl.ReadMsgUnix(buf, oob)
+		if err != nil || n == 0 {
+			l.t.Fatalf("control socket: %v (read %q)", err, line)
+		}
+		line = append(line, buf[:n]...)
+		if oobn > 0 {
+			msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+			if err != nil {
+				l.t.Fatal(err)
+			}
+			for _, m := range msgs {
+				got, err := unix.ParseUnixRights(&m)
+				if err != nil {
+					l.t.Fatal(err)
+				}
+				fds = append(fds, got...)
+			}
+		}
+	}
+	return string(line), fds
+}
+
+func (l *templateLab) send(msg string, files ...*os.File) {
+	l.t.Helper()
+	var oob []byte
+	if len(files) > 0 {
+		fds := make([]int, len(files))
+		for i, f := range files {
+			fds[i] = int(f.Fd())
+		}
+		oob = unix.UnixRights(fds...)
+	}
+	if _, _, err := l.ctl.WriteMsgUnix([]byte(msg), oob, nil); err != nil {
+		l.t.Fatal(err)
+	}
+}
+
+// fork asks the template for a fork and returns G's pidfd.
+func (l *templateLab) fork() *os.File {
+	l.t.Helper()
+	uidMap, gidMap := l.tpl.ForkIDMap()
+	maps, _ := json.Marshal(map[string]string{"uid_map": uidMap, "gid_map": gidMap})
+	l.send("fork " + string(maps) + "\n")
+	msg, fds := l.recv()
+	if msg != "G\n" || len(fds) != 1 {
+		l.t.Fatalf("want G's pidfd, got %q with %d fds", msg, len(fds))
+	}
+	return os.NewFile(uintptr(fds[0]), "pidfd-G")
+}
+
+// place joins G into shell sh, hands it the program and returns G's view
+// and, once G ended, its wait status as F reported it.
+func (l *templateLab) place(sh *nsjail.Shell, mode string) (view map[string]any, status string) {
+	l.t.Helper()
+	if err := sh.MoveG(); err != nil {
+		l.t.Fatalf("MoveG: %v", err)
+	}
+	l.send("join\n", sh.NamespaceFiles()...)
+	if msg, _ := l.recv(); msg != "joined\n" {
+		l.t.Fatalf("want joined, got %q", msg)
+	}
+	sh.CloseNamespaces()
+	l.send(fmt.Sprintf("%s %x\n", mode, []byte(sh.SeccompProgram())))
+	view = l.line()
+	status, _ = l.recv()
+	if forked, _ := l.recv(); forked != "forked\n" {
+		l.t.Fatalf("want forked, got %q", forked)
+	}
+	return view, strings.TrimSpace(status)
+}
+
+func templateSource(t *testing.T) string {
+	t.Helper()
+	src, err := os.ReadFile("testdata/templatefork.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(src)
+}
+
+// TestTemplateForkMatchesCold: a fork placed in a shell sees what a cold
+// sandbox's process sees (ids, maps, capabilities, no_new_privs, seccomp
+// mode and filter count, the answers of denied syscalls, cgroups,
+// hostname, mounts and their options, interfaces, pids, cwd, fds); a
+// memory bomb in a fork is OOM-killed in the shell's own cgroup, not the
+// template's; the seccomp program a shell hands over is the one the kernel
+// holds for a cold sandbox's process, the same for every shell; a pidfd
+// of anything but a fork of the template is refused; and nothing is left
+// (RunAndCheck).
+func TestTemplateForkMatchesCold(t *testing.T) {
+	r := newRunner(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	src := templateSource(t)
+	ws := t.TempDir()
+	if err := os.Chmod(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	viewArgs := []string{"python3", "-B", "-P", "-c", src, "--view"}
+
+	// The cold view, and the program the kernel holds for a cold
+	// sandbox's process.
+	cold := run(t, r, nsjail.Spec{Rootfs: rootfs, Args: viewArgs, Workspace: ws, WorkspaceReadOnly: true})
+	wantStatus(t, cold, nsjail.StatusSucceeded)
+	var coldView map[string]any
+	if err := json.Unmarshal(cold.Stdout, &coldView); err != nil {
+		t.Fatalf("cold view %q: %v", cold.Stdout, err)
+	}
+	coldProg := coldProgram(t, r, rootfs)
+
+	lab := startTemplateLab(t, r, rootfs, src)
+	shellSpec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}, Workspace: ws, WorkspaceReadOnly: true,
+		Limits: nsjail.Limits{MemoryBytes: 256 << 20}}
+
+	// Refused: the template's own pidfd, and F's (G's parent): neither is
+	// a fork's pid 1 in namespaces that are children of the template's.
+	tpid, err := lab.tpl.Pid()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := lab.fork()
+	gpid := pidfdPid(t, g)
+	fpid := ppid(t, gpid)
+	for who, pid := range map[string]int{"the template": tpid, "F": fpid} {
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := os.NewFile(uintptr(fd), "pidfd")
+		sh, err := r.StartShell(lab.tpl, shellSpec, f)
+		f.Close()
+		if err == nil {
+			sh.Destroy()
+			t.Fatalf("StartShell accepted %s's pidfd", who)
+		}
+		if !strings.Contains(err.Error(), "not a fork") {
+			t.Errorf("StartShell with %s's pidfd: %v, want a \"not a fork\" refusal", who, err)
+		}
+	}
+
+	var firstProg seccomp.Program
+	for i, mode := range []string{"go", "oom", "go"} {
+		if i > 0 {
+			g = lab.fork()
+		}
+		sh, err := r.StartShell(lab.tpl, shellSpec, g)
+		g.Close()
+		if err != nil {
+			t.Fatalf("fork %d: StartShell: %v", i, err)
+		}
+		if got := sh.CgroupPaths()["memory"]; filepath.Dir(got) != lab.tpl.CgroupPaths()["memory"] {
+			t.Errorf("the shell's memory cgroup %s is not a child of the template's %s", got, lab.tpl.CgroupPaths()["memory"])
+		}
+		// The shell's init is gone: nothing of the sandbox runs but G.
+		if ps := procsOf(t, sh.CgroupPaths()); len(ps) != 0 {
+			t.Errorf("fork %d: processes in the shell's cgroup before G moved in: %v", i, ps)
+		}
+		prog := sh.SeccompProgram()
+		if i == 0 {
+			firstProg = prog
+			if !bytes.Equal(prog, coldProg) {
+				t.Errorf("the shell's seccomp program (%d instructions) is not the cold sandbox's (%d)", prog.Len(), coldProg.Len())
+			}
+		} else if !bytes.Equal(prog, firstProg) {
+			t.Errorf("fork %d: seccomp program differs from the first shell's", i)
+		}
+		view, status := lab.place(sh, mode)
+		if ps := procsOf(t, sh.CgroupPaths()); len(ps) != 0 {
+			t.Errorf("fork %d: processes left in the shell's cgroup after G ended: %v", i, ps)
+		}
+		shellStats, err := cgroup.ReadStats(sh.CgroupPaths())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sh.Destroy(); err != nil {
+			t.Errorf("fork %d: Destroy: %v", i, err)
+		}
+		for _, d := range sh.CgroupPaths() {
+			if _, err := os.Stat(d); !os.IsNotExist(err) {
+				t.Errorf("fork %d: shell cgroup %s still there after Destroy (%v)", i, d, err)
+			}
+		}
+		t.Logf("fork %d (%s): G's wait status %q, shell cgroup OOM kills %d, seccomp program %d instructions",
+			i, mode, status, shellStats.OOMKills, prog.Len())
+		for _, k := range forkViewKeys {
+			a, _ := json.Marshal(coldView[k])
+			b, _ := json.Marshal(view[k])
+			if !bytes.Equal(a, b) {
+				t.Errorf("fork %d: %s differs from a cold run's:\ncold %s\nfork %s", i, k, a, b)
+			}
+		}
+		switch mode {
+		case "oom":
+			if status != fmt.Sprintf("status %d", unix.SIGKILL) {
+				t.Errorf("the memory bomb was not killed: G's wait status %q", status)
+			}
+			if shellStats.OOMKills == 0 {
+				t.Errorf("the memory bomb's OOM kill was not counted in the shell's cgroup")
+			}
+			tplStats, err := cgroup.ReadStats(lab.tpl.CgroupPaths())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tplStats.OOMKills != 0 {
+				t.Errorf("the template's cgroup counted %d OOM kills", tplStats.OOMKills)
+			}
+		default:
+			if status != "status 0" {
+				t.Errorf("fork %d: G's wait status %q, want 0", i, status)
+			}
+		}
+	}
+}
+
+// TestTemplateSandbox: the template's process has what TEMPLATE.md
+// section 2 gives it and nothing more: CAP_SETUID, CAP_SETGID and
+// CAP_SETFCAP (all five sets), root of U_T = host HostIDBase+1 with the
+// sandbox's two host ids mapped to themselves, no_new_privs,
+// oom_score_adj -1000, a read-only rootfs and no workspace; its cgroup is
+// tpl-<id> under the Runner's parent, with no memory limit of its own.
+func TestTemplateSandbox(t *testing.T) {
+	r := newRunner(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	if _, err := r.StartTemplate(nsjail.Spec{Rootfs: rootfs, Args: []string{"true"}, Workspace: t.TempDir()}); err == nil {
+		t.Fatal("StartTemplate accepted a workspace")
+	}
+	lab := startTemplateLab(t, r, rootfs, templateSource(t))
+	lab.send("view\n")
+	v := lab.line()
+	base := r.HostUID() - 10001
+	caps := fmt.Sprintf("%016x", 1<<unix.CAP_SETGID|1<<unix.CAP_SETUID|1<<unix.CAP_SETFCAP)
+	idMap := fmt.Sprintf("0 %d 1\n%d %d 1\n%d %d 1", base+1, base, base, base+10001, base+10001)
+	want := map[string]any{
+		"uid": []any{0.0, 0.0, 0.0}, "gid": []any{0.0, 0.0, 0.0},
+		"caps":         map[string]any{"CapInh": "0000000000000000", "CapPrm": caps, "CapEff": caps, "CapBnd": caps, "CapAmb": "0000000000000000"},
+		"no_new_privs": "1", "oom_score_adj": "-1000", "pid": 1.0,
+		"rootfs_write": "EROFS", "seccomp": "0",
+	}
+	if !hasCap(t, unix.CAP_SYS_RESOURCE) {
+		t.Log("no CAP_SYS_RESOURCE here: the template's oom_score_adj cannot be lowered, not checked")
+		delete(want, "oom_score_adj")
+	}
+	for k, w := range want {
+		a, _ := json.Marshal(w)
+		b, _ := json.Marshal(v[k])
+		if !bytes.Equal(a, b) {
+			t.Errorf("template %s = %s, want %s", k, b, a)
+		}
+	}
+	for _, k := range []string{"uid_map", "gid_map"} {
+		if got, _ := v[k].(string); normalize(got) != idMap {
+			t.Errorf("template %s = %q, want %q", k, got, idMap)
+		}
+	}
+	for _, m := range v["mounts"].([]any) {
+		if m == "/workspace" {
+			t.Error("the template sees a workspace")
+		}
+	}
+	if opts := fmt.Sprint(v["root_mount_options"]); !strings.Contains(opts, "ro") {
+		t.Errorf("the template's root is mounted %s, want ro", opts)
+	}
+	paths := lab.tpl.CgroupPaths()
+	if filepath.Base(paths["memory"]) != lab.tpl.ID() || !strings.HasPrefix(lab.tpl.ID(), "tpl-") {
+		t.Errorf("template cgroup %s, id %s: want tpl-<id>", paths["memory"], lab.tpl.ID())
+	}
+	if b, err := os.ReadFile(filepath.Join(paths["memory"], "memory.limit_in_bytes")); err == nil {
+		if n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); n < 1<<50 {
+			t.Errorf("the template's cgroup has a memory limit of its own: %d", n)
+		}
+	}
+}
+
+// coldProgram is the seccomp program the kernel holds for a cold
+// sandbox's process.
+func coldProgram(t *testing.T, r *nsjail.Runner, rootfs string) seccomp.Program {
+	t.Helper()
+	rd, wr, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	defer wr.Close()
+	// The command waits on fd 3 until wr is closed.
+	p, err := r.Prestart(nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "-c", "import os; os.read(3, 1)"}}, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := p.Pid()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prog, err := seccomp.LoadedProgram(pid)
+	wr.Close()
+	p.Retire(10 * time.Second)
+	if err != nil {
+		t.Fatalf("the cold sandbox's program: %v", err)
+	}
+	return prog
+}
+
+func pidfdPid(t *testing.T, f *os.File) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", f.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Pid:"); ok {
+			pid, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return pid
+		}
+	}
+	t.Fatalf("no Pid in fdinfo: %s", b)
+	return 0
+}
+
+func ppid(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "PPid:"); ok {
+			p, _ := strconv.Atoi(strings.TrimSpace(v))
+			return p
+		}
+	}
+	t.Fatalf("no PPid in status of %d", pid)
+	return 0
+}
+
+// procsOf lists the pids in a cgroup's directories.
+func procsOf(t *testing.T, paths cgroup.Paths) []string {
+	t.Helper()
+	var out []string
+	seen := map[string]bool{}
+	for _, d := range paths {
+		if seen[d] {
+			continue
+		}
+		seen[d] = true
+		b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		out = append(out, strings.Fields(string(b))...)
+	}
+	return out
+}
+
+func normalize(m string) string {
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(m), "\n") {
+		lines = append(lines, strings.Join(strings.Fields(l), " "))
+	}
+	return strings.Join(lines, "\n")
+}
+
+// hasCap tells whether this process has capability c in its effective set.
+func hasCap(t *testing.T, c int) bool {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
+			mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return mask&(1<<c) != 0
+		}
+	}
+	return false
+}
