@@ -1,15 +1,19 @@
 package nsjail_test
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -34,16 +38,36 @@ var forkViewKeys = []string{"seccomp_filters", "unshare_user", "mount_syscall", 
 	"no_new_privs", "seccomp", "uid_map", "gid_map", "cgroup", "oom_score_adj", "hostname", "mounts",
 	"root_mount_options", "net", "cwd", "procs", "pid", "ppid", "fds", "rootfs_write", "oom_lower"}
 
+// labT is what templateLab needs of a test: a *testing.T, or panicT in
+// a crashy worker.
+type labT interface {
+	Helper()
+	Fatal(...any)
+	Fatalf(string, ...any)
+	Errorf(string, ...any)
+	Cleanup(func())
+}
+
+// panicT is a labT outside a test: it panics on failure and cleans
+// nothing up (the crashy worker is SIGKILLed).
+type panicT struct{}
+
+func (panicT) Helper()                   {}
+func (panicT) Fatal(a ...any)            { panic(fmt.Sprint(a...)) }
+func (panicT) Fatalf(f string, a ...any) { panic(fmt.Sprintf(f, a...)) }
+func (panicT) Errorf(f string, a ...any) { panic(fmt.Sprintf(f, a...)) }
+func (panicT) Cleanup(func())            {}
+
 // templateLab is one running template of testdata/templatefork.py.
 type templateLab struct {
-	t     *testing.T
+	t     labT
 	r     *nsjail.Runner
 	tpl   *nsjail.Template
 	ctl   *net.UnixConn
 	lines chan string // the template's stdout (its forks' views), by line
 }
 
-func startTemplateLab(t *testing.T, r *nsjail.Runner, rootfs, src string) *templateLab {
+func startTemplateLab(t labT, r *nsjail.Runner, rootfs, src string, args ...string) *templateLab {
 	t.Helper()
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -78,7 +102,7 @@ func startTemplateLab(t *testing.T, r *nsjail.Runner, rootfs, src string) *templ
 			}
 		}
 	}
-	tpl, err := r.StartTemplate(nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "-B", "-P", "-c", src, "--template"},
+	tpl, err := r.StartTemplate(nsjail.Spec{Rootfs: rootfs, Args: append([]string{"python3", "-B", "-P", "-c", src, "--template"}, args...),
 		Env: []string{"HOME=/tmp"}, Output: out}, theirs)
 	theirs.Close()
 	if err != nil {
@@ -196,7 +220,7 @@ func (l *templateLab) place(sh *nsjail.Shell, mode string) (view map[string]any,
 	return view, strings.TrimSpace(status)
 }
 
-func templateSource(t *testing.T) string {
+func templateSource(t labT) string {
 	t.Helper()
 	src, err := os.ReadFile("testdata/templatefork.py")
 	if err != nil {
@@ -504,4 +528,90 @@ func hasCap(t *testing.T, c int) bool {
 		}
 	}
 	return false
+}
+
+// crashyTemplateWorker is this test binary re-executed as a worker that
+// starts a template and one shell with G joined, reports their ids and
+// then waits to be SIGKILLed.
+func crashyTemplateWorker() {
+	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: os.Getenv("CRASHY_STATE"), CgroupParent: os.Getenv("CRASHY_CGROUP")})
+	if err != nil {
+		panic(err)
+	}
+	rootfs := os.Getenv("CRASHY_ROOTFS")
+	lab := startTemplateLab(panicT{}, r, rootfs, templateSource(panicT{}), os.Getenv("CRASHY_MARK"), "--linger")
+	g := lab.fork()
+	sh, err := r.StartShell(lab.tpl, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}, g)
+	if err != nil {
+		panic(err)
+	}
+	if err := sh.MoveG(); err != nil {
+		panic(err)
+	}
+	lab.send("join\n", sh.NamespaceFiles()...)
+	if msg, _ := lab.recv(); msg != "joined\n" {
+		panic(msg)
+	}
+	os.Stdout.WriteString("started " + lab.tpl.ID() + " " + sh.ID() + "\n")
+	select {}
+}
+
+// SECURITY.md case 29 for template forks: a worker SIGKILLed while a
+// template and a shell with its G exist leaves both marked, and Sweep on
+// restart removes both (processes, the nested cgroups, state directories,
+// markers), and nothing else.
+func TestSweepAfterTemplateWorkerCrash(t *testing.T) {
+	nsjailtest.RequireRoot(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	mark := fmt.Sprintf("crashy-template-%d", os.Getpid())
+	self, _ := os.Executable()
+	cmd := exec.Command(self, "-test.run=^$")
+	cmd.Env = append(os.Environ(), "CRASHY_WORKER=template", "CRASHY_STATE="+testStateRoot,
+		"CRASHY_CGROUP="+testCgroupParent, "CRASHY_ROOTFS="+rootfs, "CRASHY_MARK="+mark)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	f := strings.Fields(line)
+	if err != nil || len(f) != 3 || f[0] != "started" {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatalf("crashy worker: %q %v", line, err)
+	}
+	ids := f[1:]
+	for _, id := range ids {
+		if _, err := os.Stat(filepath.Join(testStateRoot, id)); err != nil {
+			t.Fatalf("no state dir for %s: %v", id, err)
+		}
+	}
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	_ = cmd.Wait()
+	// The template, F and G linger (the template's init gets no
+	// parent-death signal, see testSweepAfterWorkerCrash): T, F, and G.
+	if pids := nsjailtest.ProcessesMatching(mark); len(pids) != 3 {
+		t.Errorf("want the template, F and G alive before the sweep, found %v", pids)
+	}
+
+	r := newRunner(t)
+	removed, err := r.Sweep()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(removed)
+	slices.Sort(ids)
+	if !slices.Equal(removed, ids) {
+		t.Fatalf("swept %v, want %v", removed, ids)
+	}
+	if pids := nsjailtest.ProcessesMatching(mark); len(pids) > 0 {
+		t.Fatalf("the template's processes survived the sweep: %v", pids)
+	}
+	r.WaitForCleanup()
+	if err := nsjailtest.CheckNoLeftovers(testStateRoot, testCgroupParent); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -20,7 +20,9 @@
 #                    memory limit. F sends "status N\n" (G's wait status);
 #                    the template, once F is reaped, "forked\n".
 #   quit          -> exits 0
-import json, os, socket, sys
+# With --linger among its args, a process that finds the worker gone (EOF)
+# stays (for a sweep test to kill) instead of exiting.
+import json, os, socket, sys, time
 
 SOCK = None
 
@@ -86,6 +88,9 @@ def readline():
     while not line.endswith(b"\n"):
         b = SOCK.recv(1)
         if not b:
+            # The worker is gone. --linger: stay, for Sweep to kill.
+            while "--linger" in sys.argv:
+                time.sleep(3600)
             os._exit(1)
         line += b
     return line.decode().strip()
@@ -188,6 +193,7 @@ def f_main(r, w):
 
 
 if __name__ == "__main__":
+    # Args after --template only name the process (for a test to find it).
     if sys.argv[1:] == ["--view"]:
         print(json.dumps(inside_view()))
         sys.exit(0)
