@@ -575,8 +575,9 @@ func inCgroup(dir, pid string) (bool, error) {
 // Destroy ends the shell: it kills every process in its cgroup (G and what
 // G started, once G moved in; F, G's parent, is in the template's cgroup
 // and reaps it), removes the cgroup, the state directory and the owner
-// marker, and closes the namespace fds and G's pidfd. Idempotent; what
-// could not be removed keeps its marker, for Sweep.
+// marker, and closes the namespace fds and G's pidfd. A G that never moved
+// in is not killed: it is still the template's. Idempotent; what could not
+// be removed keeps its marker, for Sweep.
 func (s *Shell) Destroy() error {
 	s.destroyOnce.Do(func() {
 		s.closeNamespaces()

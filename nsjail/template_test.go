@@ -237,8 +237,10 @@ func templateSource(t labT) string {
 // template's; the seccomp program a shell hands over is the one the kernel
 // holds for a cold sandbox's process, the same for every shell; a pidfd
 // of anything but a fork of the template is refused; and nothing is left
-// (RunAndCheck).
+// (RunAndCheck). SANDBOXD_TEMPLATE_PRELOAD=numpy,pandas,matplotlib.pyplot
+// makes the template import those first, as a real one would.
 func TestTemplateForkMatchesCold(t *testing.T) {
+	skipOnV2(t)
 	r := newRunner(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	src := templateSource(t)
@@ -258,7 +260,12 @@ func TestTemplateForkMatchesCold(t *testing.T) {
 	}
 	coldProg := coldProgram(t, r, rootfs)
 
-	lab := startTemplateLab(t, r, rootfs, src)
+	var tplArgs []string
+	if preload := os.Getenv("SANDBOXD_TEMPLATE_PRELOAD"); preload != "" {
+		// e.g. numpy,pandas,matplotlib.pyplot: fork a real template (E4)
+		tplArgs = append(tplArgs, "--preload="+preload)
+	}
+	lab := startTemplateLab(t, r, rootfs, src, tplArgs...)
 	shellSpec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}, Workspace: ws, WorkspaceReadOnly: true,
 		Limits: nsjail.Limits{MemoryBytes: 256 << 20}}
 
@@ -293,7 +300,9 @@ func TestTemplateForkMatchesCold(t *testing.T) {
 		if i > 0 {
 			g = lab.fork()
 		}
+		t0 := time.Now()
 		sh, err := r.StartShell(lab.tpl, shellSpec, g)
+		shellTime := time.Since(t0)
 		g.Close()
 		if err != nil {
 			t.Fatalf("fork %d: StartShell: %v", i, err)
@@ -330,8 +339,8 @@ func TestTemplateForkMatchesCold(t *testing.T) {
 				t.Errorf("fork %d: shell cgroup %s still there after Destroy (%v)", i, d, err)
 			}
 		}
-		t.Logf("fork %d (%s): G's wait status %q, shell cgroup OOM kills %d, seccomp program %d instructions",
-			i, mode, status, shellStats.OOMKills, prog.Len())
+		t.Logf("fork %d (%s): StartShell %v; G's wait status %q, shell cgroup OOM kills %d, seccomp program %d instructions",
+			i, mode, shellTime.Round(time.Millisecond), status, shellStats.OOMKills, prog.Len())
 		for _, k := range forkViewKeys {
 			a, _ := json.Marshal(coldView[k])
 			b, _ := json.Marshal(view[k])
@@ -369,6 +378,7 @@ func TestTemplateForkMatchesCold(t *testing.T) {
 // oom_score_adj -1000, a read-only rootfs and no workspace; its cgroup is
 // tpl-<id> under the Runner's parent, with no memory limit of its own.
 func TestTemplateSandbox(t *testing.T) {
+	skipOnV2(t)
 	r := newRunner(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	if _, err := r.StartTemplate(nsjail.Spec{Rootfs: rootfs, Args: []string{"true"}, Workspace: t.TempDir()}); err == nil {
@@ -562,6 +572,7 @@ func crashyTemplateWorker() {
 // markers), and nothing else.
 func TestSweepAfterTemplateWorkerCrash(t *testing.T) {
 	nsjailtest.RequireRoot(t)
+	skipOnV2(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	mark := fmt.Sprintf("crashy-template-%d", os.Getpid())
 	self, _ := os.Executable()
@@ -613,5 +624,14 @@ func TestSweepAfterTemplateWorkerCrash(t *testing.T) {
 	r.WaitForCleanup()
 	if err := nsjailtest.CheckNoLeftovers(testStateRoot, testCgroupParent); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// skipOnV2 skips template tests on cgroup v2, where template forks are not
+// built yet (TEMPLATE.md plan step 6; StartTemplate refuses).
+func skipOnV2(t *testing.T) {
+	t.Helper()
+	if cgroup.DetectMode().V2() {
+		t.Skip("template forks are cgroup v1 only for now (TEMPLATE.md plan step 6)")
 	}
 }

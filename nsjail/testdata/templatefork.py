@@ -20,6 +20,7 @@
 #                    memory limit. F sends "status N\n" (G's wait status);
 #                    the template, once F is reaped, "forked\n".
 #   quit          -> exits 0
+# --preload=numpy,pandas imports those first (what a real template holds).
 # With --linger among its args, a process that finds the worker gone (EOF)
 # stays (for a sweep test to kill) instead of exiting.
 import json, os, socket, sys, time
@@ -197,6 +198,12 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--view"]:
         print(json.dumps(inside_view()))
         sys.exit(0)
+    for arg in sys.argv[1:]:
+        if arg.startswith("--preload="):  # a real template's imports
+            for name in arg[len("--preload="):].split(","):
+                __import__(name)
+            import gc
+            gc.freeze()
     SOCK = socket.socket(fileno=3)
     while True:
         cmd, _, arg = readline().partition(" ")
