@@ -31,12 +31,15 @@ var templateCaps = []string{"CAP_SETUID", "CAP_SETGID", "CAP_SETFCAP"}
 
 // templateOOMScoreAdj keeps the kernel's OOM killer off the template
 // (TEMPLATE.md section 4): it is pid 1 of the pid namespace every fork's
-// lives in, so its death kills every execution made from it. Written by
-// the worker once the template's process runs (lowering it needs
-// CAP_SYS_RESOURCE in the host's user namespace, which libcontainer's
-// nsexec no longer has when it writes configs.Config.OomScoreAdj: EACCES).
-// Every fork inherits it, and its oom_score_adj_min with it: StartShell
-// resets G's (resetOOMScoreAdj).
+// lives in, so its death kills every execution made from it. Lowering it
+// needs CAP_SYS_RESOURCE in the host's user namespace. It is written by the
+// worker once the template's process runs, not through
+// configs.Config.OomScoreAdj: libcontainer's nsexec writes that with the
+// worker's privileges too, but fails the whole start when the worker lacks
+// the capability (some container runtimes drop it; the development VM's
+// root has it dropped), where a template without the protection still
+// works. Every fork inherits the value, and its oom_score_adj_min with it:
+// StartShell resets G's (resetOOMScoreAdj).
 const templateOOMScoreAdj = -1000
 
 // Template is a started template sandbox. Stop must be called on it.
