@@ -206,6 +206,9 @@ func (l *templateLab) place(sh *nsjail.Shell, mode string) (view map[string]any,
 	if err := sh.MoveG(); err != nil {
 		l.t.Fatalf("MoveG: %v", err)
 	}
+	if err := sh.MoveG(); err != nil { // already there: nothing to do
+		l.t.Fatalf("MoveG again: %v", err)
+	}
 	l.send("join\n", sh.NamespaceFiles()...)
 	if msg, _ := l.recv(); msg != "joined\n" {
 		l.t.Fatalf("want joined, got %q", msg)
@@ -371,6 +374,57 @@ func TestTemplateForkMatchesCold(t *testing.T) {
 	}
 }
 
+// TestShellMoveGOnlyFromTheTemplate: Shell.MoveG moves G only out of the
+// template's own cgroup: a G already in one shell's cgroup is refused by
+// another shell of the same template (the move would take it out of the
+// subtree it is in), and the refused shell's Destroy leaves G alone.
+func TestShellMoveGOnlyFromTheTemplate(t *testing.T) {
+	skipOnV2(t)
+	r := newRunner(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	lab := startTemplateLab(t, r, rootfs, templateSource(t))
+	spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}
+	g := lab.fork()
+	defer g.Close()
+	a, err := r.StartShell(lab.tpl, spec, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Destroy()
+	if err := a.MoveG(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := r.StartShell(lab.tpl, spec, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.MoveG(); err == nil || !strings.Contains(err.Error(), "not in the template's cgroup") {
+		t.Errorf("MoveG of a G in another shell's cgroup: %v, want a refusal", err)
+	}
+	if ps := procsOf(t, b.CgroupPaths()); len(ps) != 0 {
+		t.Errorf("processes in the refused shell's cgroup: %v", ps)
+	}
+	if err := b.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.PidfdSendSignal(int(g.Fd()), 0, nil, 0); err != nil {
+		t.Errorf("G did not survive the other shell's Destroy: %v", err)
+	}
+	if ps := procsOf(t, a.CgroupPaths()); len(ps) != 1 || ps[0] != strconv.Itoa(a.GPid()) {
+		t.Errorf("shell a's cgroup holds %v, want G (%d) alone", ps, a.GPid())
+	}
+	// Destroying a kills G; F reports it, then the template is done.
+	if err := a.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if status, _ := lab.recv(); status != fmt.Sprintf("status %d\n", unix.SIGKILL) {
+		t.Errorf("G's wait status after its shell's Destroy: %q", status)
+	}
+	if forked, _ := lab.recv(); forked != "forked\n" {
+		t.Errorf("want forked, got %q", forked)
+	}
+}
+
 // TestTemplateSandbox: the template's process has what TEMPLATE.md
 // section 2 gives it and nothing more: CAP_SETUID, CAP_SETGID and
 // CAP_SETFCAP (all five sets), root of U_T = host HostIDBase+1 with the
@@ -494,21 +548,20 @@ func ppid(t *testing.T, pid int) int {
 	return 0
 }
 
-// procsOf lists the pids in a cgroup's directories.
+// procsOf lists the pids in a cgroup's directories, each once.
 func procsOf(t *testing.T, paths cgroup.Paths) []string {
 	t.Helper()
 	var out []string
-	seen := map[string]bool{}
 	for _, d := range paths {
-		if seen[d] {
-			continue
-		}
-		seen[d] = true
 		b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
 		if err != nil && !os.IsNotExist(err) {
 			t.Fatal(err)
 		}
-		out = append(out, strings.Fields(string(b))...)
+		for _, p := range strings.Fields(string(b)) {
+			if !slices.Contains(out, p) {
+				out = append(out, p)
+			}
+		}
 	}
 	return out
 }
