@@ -191,9 +191,15 @@ func (r *Runner) StartShell(t *Template, spec Spec, g *os.File) (*Shell, error) 
 	}
 	s := &Shell{r: r, id: id, tpl: t, c: c, log: log, g: gfile, gpid: gpid}
 	// Everything below reads the init through its pid: it is our child and
-	// not reaped until killInit, so the pid is its own.
+	// not reaped until killInit (LoadedProgram never reaps), so the pid is
+	// its own, zombie included. killInit signals it through libcontainer's
+	// process handle, which holds a pidfd of the init (os.FindProcess, Go
+	// 1.23+), never by pid: G, root of the init's user namespace, can
+	// SIGKILL the init at any moment, and a kill(2) by pid after anything
+	// had reaped it would be a SIGKILL, as root, of whatever host process
+	// took the pid next.
 	killInit := func() {
-		_ = unix.Kill(initPid, unix.SIGKILL)
+		_ = proc.Signal(unix.SIGKILL)
 		_, _ = proc.Wait()
 	}
 	if err := s.takeInit(initPid, userNS, pidNS); err != nil {

@@ -47,15 +47,28 @@ func EncodeProgram(prog []unix.SockFilter) Program {
 	return out
 }
 
+// cldTrapped is si_code CLD_TRAPPED (asm-generic/siginfo.h): waitid's
+// report of a ptrace stop.
+const cldTrapped = 4
+
 // LoadedProgram reads, with PTRACE_SECCOMP_GET_FILTER, the one seccomp
-// filter the kernel holds for thread tid (needs CAP_SYS_ADMIN; the worker
-// is root). It fails when tid has no filter or more than one: a cold
-// sandbox's process has exactly the one libcontainer loaded, and a program
-// read from a process with a stack of filters would be only the last of
-// them. tid is attached (PTRACE_SEIZE), interrupted, read and detached; the
-// caller must make sure tid is the process it means (its own unreaped
-// child, so the pid cannot be reused) and that nothing else waits for it
-// meanwhile.
+// filter the kernel holds for thread tid. It fails when tid has no filter
+// or more than one: a cold sandbox's process has exactly the one
+// libcontainer loaded, and a program read from a process with a stack of
+// filters would be only the last of them. tid is attached (PTRACE_SEIZE),
+// interrupted, read and detached; the caller must make sure tid is the
+// process it means (its own unreaped child, so the pid cannot be reused)
+// and that nothing else waits for it meanwhile.
+//
+// LoadedProgram never reaps tid: it waits for the ptrace stop with
+// waitid(WNOWAIT), which leaves an exited tid a zombie. A tid that dies
+// between the attach and the stop (a template fork's G, root of the user
+// namespace the shell's init runs in, can SIGKILL that init at any time)
+// is an error, and its pid stays the caller's child's until the caller
+// reaps it: were it reaped here, the caller's later kill of "its child"
+// would be a SIGKILL, as root, of whatever host process took the freed
+// pid.
+
 func LoadedProgram(tid int) (Program, error) {
 	// ptrace requests must come from the thread that attached.
 	runtime.LockOSThread()
@@ -74,12 +87,20 @@ func LoadedProgram(tid int) (Program, error) {
 	if _, err := pt(unix.PTRACE_INTERRUPT, tid, 0, 0); err != nil {
 		return nil, fmt.Errorf("PTRACE_INTERRUPT: %w", err)
 	}
-	var ws unix.WaitStatus
-	if _, err := unix.Wait4(tid, &ws, unix.WALL, nil); err != nil {
-		return nil, fmt.Errorf("wait4 for the ptrace stop: %w", err)
+	var info unix.Siginfo
+	for {
+		// WNOWAIT: see the doc comment (never reap tid).
+		err := unix.Waitid(unix.P_PID, tid, &info, unix.WSTOPPED|unix.WEXITED|unix.WNOWAIT|unix.WALL, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("waitid for the ptrace stop: %w", err)
+		}
+		break
 	}
-	if !ws.Stopped() {
-		return nil, fmt.Errorf("thread %d did not stop for ptrace (wait status %#x)", tid, uint32(ws))
+	if info.Code != cldTrapped {
+		return nil, fmt.Errorf("thread %d did not stop for ptrace (waitid si_code %d, signal %d)", tid, info.Code, info.Signo)
 	}
 	n, err := pt(unix.PTRACE_SECCOMP_GET_FILTER, tid, 0, 0)
 	if err != nil {
