@@ -23,11 +23,15 @@ import (
 
 // templateCaps are the only capabilities the template's process holds, in
 // its own user namespace U_T only: CAP_SETUID and CAP_SETGID to write each
-// fork's id maps, CAP_SETFCAP because writing a map that maps uid 0 needs
-// it in the parent namespace (Linux 5.12+, verify_root_map). None of them
-// reaches the host's namespaces or a cold sandbox's: U_T is a child of the
-// host's, and a cold sandbox's user namespace is not U_T's descendant.
-var templateCaps = []string{"CAP_SETUID", "CAP_SETGID", "CAP_SETFCAP"}
+// fork's id maps. No CAP_SETFCAP: the kernel asks for it (Linux 5.12+,
+// verify_root_map) only for a map with an extent onto uid 0 of the parent
+// namespace, and ForkIDMap maps onto HostIDBase and HostIDBase+inside.UID
+// of U_T, never onto U_T's 0; one capability less for a compromised
+// template to use (it would let T give files capabilities that count in
+// U_T). None of them reaches the host's namespaces or a cold sandbox's:
+// U_T is a child of the host's, and a cold sandbox's user namespace is not
+// U_T's descendant.
+var templateCaps = []string{"CAP_SETUID", "CAP_SETGID"}
 
 // templateOOMScoreAdj keeps the kernel's OOM killer off the template
 // (TEMPLATE.md section 4): it is pid 1 of the pid namespace every fork's
@@ -63,8 +67,8 @@ type Template struct {
 // sandbox's) and in which the sandbox's two host ids, HostIDBase and
 // HostIDBase+inside.UID, map to themselves, so that the user namespace each
 // fork makes can map 0 and inside.UID onto them (ForkIDMap) and reads, from
-// inside, as a cold sandbox's. Its capabilities are CAP_SETUID, CAP_SETGID
-// and CAP_SETFCAP in U_T only; no_new_privs; oom_score_adj -1000; its own
+// inside, as a cold sandbox's. Its capabilities are CAP_SETUID and
+// CAP_SETGID in U_T only; no_new_privs; oom_score_adj -1000; its own
 // pid, mount (the read-only rootfs, no workspace: spec.Workspace must be
 // empty), net (loopback), ipc, uts and cgroup namespaces, as buildConfig
 // makes them; its cgroup is tpl-<id> under the Runner's cgroup parent,

@@ -426,8 +426,8 @@ func TestShellMoveGOnlyFromTheTemplate(t *testing.T) {
 }
 
 // TestTemplateSandbox: the template's process has what TEMPLATE.md
-// section 2 gives it and nothing more: CAP_SETUID, CAP_SETGID and
-// CAP_SETFCAP (all five sets), root of U_T = host HostIDBase+1 with the
+// section 2 gives it and nothing more: CAP_SETUID and CAP_SETGID (all
+// five sets), root of U_T = host HostIDBase+1 with the
 // sandbox's two host ids mapped to themselves, no_new_privs,
 // oom_score_adj -1000, a read-only rootfs and no workspace; its cgroup is
 // tpl-<id> under the Runner's parent, with no memory limit of its own.
@@ -442,7 +442,7 @@ func TestTemplateSandbox(t *testing.T) {
 	lab.send("view\n")
 	v := lab.line()
 	base := r.HostUID() - 10001
-	caps := fmt.Sprintf("%016x", 1<<unix.CAP_SETGID|1<<unix.CAP_SETUID|1<<unix.CAP_SETFCAP)
+	caps := fmt.Sprintf("%016x", 1<<unix.CAP_SETGID|1<<unix.CAP_SETUID)
 	idMap := fmt.Sprintf("0 %d 1\n%d %d 1\n%d %d 1", base+1, base, base, base+10001, base+10001)
 	want := map[string]any{
 		"uid": []any{0.0, 0.0, 0.0}, "gid": []any{0.0, 0.0, 0.0},

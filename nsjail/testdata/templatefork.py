@@ -2,7 +2,7 @@
 # experiment E4 of server/warmpool/TEMPLATE.md, on the production API:
 # Runner.StartTemplate, Runner.StartShell, Shell.MoveG). Run as
 # `python3 -B -P -c SOURCE --template` in the template's sandbox (root of
-# its user namespace U_T, CAP_SETUID/SETGID/SETFCAP only), or
+# its user namespace U_T, CAP_SETUID/SETGID only), or
 # `... --view` in a cold sandbox, which prints what its process sees.
 #
 # The template serves requests on fd 3, one at a time:
