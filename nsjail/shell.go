@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -513,14 +514,35 @@ func (s *Shell) CgroupPaths() cgroup.Paths { return s.cgroupPaths }
 // the template's own cgroup (or the shell's: moving twice is a no-op), and
 // only into the shell's: a directory that is not a child of the
 // template's, or a G found anywhere else, is an error and nothing more is
-// written. The pid is written to cgroup.procs (v1 has no way to move by
-// pidfd): G's pidfd must refer to a live process before the membership
-// checks and after the writes, so the pid written was G's. If G is gone
-// after a write, an error says so, and the caller must Destroy the shell
-// (which kills whatever its cgroup holds: by the membership check, at most
-// a process of the template's cgroup that took G's pid in between). On v2
-// it refuses: G is born in its cgroup there, and a move between the
-// template's leaf and the shell's would be one between siblings.
+// written. On v2 it refuses: G is born in its cgroup there, and a move
+// between the template's leaf and the shell's would be one between
+// siblings.
+//
+// v1 has no way to move by pidfd: G's pid is written to cgroup.procs. The
+// attack this defends against: G dies between the membership check and
+// the write, F (its parent, template code) reaps it at once, a host
+// process takes the freed pid, and the write moves that host process into
+// the shell's cgroup (out of the subtree it started in), where the
+// caller's Destroy would then SIGKILL it. Two rules close it:
+//
+//   - Protocol (TEMPLATE.md section 11, step 4): F never reaps G until the
+//     worker has finished MoveG. F waits for G with
+//     waitid(WEXITED|WNOWAIT), which leaves G a zombie, and reaps it only
+//     on the worker's go-ahead; a zombie's pid is not reused.
+//   - The worker does not rely on F (template code, which a compromised
+//     template controls): MoveG holds G's pid itself for the whole check
+//     and write (pinG: it ptrace-attaches G, and a traced process that
+//     dies stays a zombie its parent cannot reap until the tracer lets it
+//     go), and attaches only after it found G's pidfd alive, so the pid
+//     attached is G's. A G it cannot attach (already traced, say) is an
+//     error, with nothing written.
+//
+// So the only pid MoveG ever writes is G's (a zombie G's write moves
+// nothing), and after a failed MoveG the shell's cgroup holds at most G and
+// what G forked there, all of them forks of the template: Destroy's kill of
+// everything in it kills nothing else. After the writes MoveG checks, G
+// still pinned, that G is listed in every one of the shell's cgroups, and
+// fails if it is not (G died).
 func (s *Shell) MoveG() error {
 	if _, v2 := s.cgroupPaths.V2(); v2 {
 		return errors.New("cgroup v2: G must be forked into the shell's cgroup (CLONE_INTO_CGROUP), not moved")
@@ -540,33 +562,119 @@ func (s *Shell) MoveG() error {
 		moves = append(moves, move{tdir, dir})
 	}
 	slices.SortFunc(moves, func(a, b move) int { return strings.Compare(a.to, b.to) })
-	alive := func() error {
-		if err := unix.PidfdSendSignal(int(s.g.Fd()), 0, nil, 0); err != nil {
-			return fmt.Errorf("G (pid %d) is gone: %w", s.gpid, err)
+	pid := strconv.Itoa(s.gpid)
+	return pinG(s.gpid, s.g, s.log, func() error {
+		for _, m := range moves {
+			inFrom, err1 := inCgroup(m.from, pid)
+			inTo, err2 := inCgroup(m.to, pid)
+			if err := errors.Join(err1, err2); err != nil {
+				return err
+			}
+			if inTo {
+				continue
+			}
+			if !inFrom {
+				return fmt.Errorf("G (pid %d) is not in the template's cgroup %s: not moved", s.gpid, m.from)
+			}
+			if err := os.WriteFile(filepath.Join(m.to, "cgroup.procs"), []byte(pid), 0); err != nil {
+				return fmt.Errorf("unable to move G into %s: %w", m.to, err)
+			}
+		}
+		// A G that died (a zombie: pinned, not reaped) is listed nowhere.
+		for _, m := range moves {
+			in, err := inCgroup(m.to, pid)
+			if err != nil {
+				return err
+			}
+			if !in {
+				return fmt.Errorf("G (pid %d) is not in %s after the move: it died", s.gpid, m.to)
+			}
+		}
+		return nil
+	})
+}
+
+// pinReleaseGrace is how long pinG waits for G's ptrace stop when it lets
+// G go before it SIGKILLs G (a G that does not stop is in a killable-only
+// wait, a vfork's say, which template code never needs before its
+// hand-off: a template that does it is broken or hostile).
+const pinReleaseGrace = 10 * time.Second
+
+// pinG runs f while the worker holds pid, G's, so that it cannot be reused:
+// it ptrace-attaches pid (PTRACE_SEIZE: G does not stop, and is not
+// otherwise disturbed) and checks G's pidfd after the attach: alive (a
+// zombie included), the pid attached was G's. While attached, a G that
+// dies stays a zombie that only the tracer can see: F cannot reap it, and
+// its pid cannot be reused. Afterwards G is let go: interrupted and
+// detached, or, when it died, waited for as its tracer, which hands the
+// zombie (and its exit status) back to F. A G that does not reach its stop
+// within pinReleaseGrace is SIGKILLed through its pidfd. ptrace needs what
+// seccomp.LoadedProgram needs (CAP_SYS_PTRACE; yama's ptrace_scope below
+// 3).
+func pinG(pid int, pidfd *os.File, log *slog.Logger, f func() error) error {
+	// ptrace requests and the tracer's waits must come from the thread
+	// that attached.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	pt := func(req int, data uintptr) error {
+		_, _, e := unix.Syscall6(unix.SYS_PTRACE, uintptr(req), uintptr(pid), 0, data, 0, 0)
+		if e != 0 {
+			return e
 		}
 		return nil
 	}
-	if err := alive(); err != nil {
-		return err
+	if err := pt(unix.PTRACE_SEIZE, 0); err != nil {
+		return fmt.Errorf("unable to pin G (pid %d) with ptrace: %w", pid, err)
 	}
-	pid := strconv.Itoa(s.gpid)
-	for _, m := range moves {
-		inFrom, err1 := inCgroup(m.from, pid)
-		inTo, err2 := inCgroup(m.to, pid)
-		if err := errors.Join(err1, err2); err != nil {
-			return err
-		}
-		if inTo {
+	defer releaseG(pid, pidfd, log, pt)
+	if err := unix.PidfdSendSignal(int(pidfd.Fd()), 0, nil, 0); err != nil {
+		return fmt.Errorf("G (pid %d) is gone: %w", pid, err)
+	}
+	return f()
+}
+
+// releaseG lets G go after pinG (see there). It runs on pinG's locked
+// thread.
+func releaseG(pid int, pidfd *os.File, log *slog.Logger, pt func(int, uintptr) error) {
+	// ESRCH: G is a zombie (or the attach was someone else's pid, then
+	// already gone): the wait below handles both.
+	_ = pt(unix.PTRACE_INTERRUPT, 0)
+	timer := time.AfterFunc(pinReleaseGrace, func() {
+		log.Error("G did not stop to be released from its pin: killed", "pid", pid)
+		_ = unix.PidfdSendSignal(int(pidfd.Fd()), unix.SIGKILL, nil, 0)
+	})
+	defer timer.Stop()
+	for {
+		// As G's tracer, not its parent: reaping a dead G here only
+		// detaches it and hands the zombie, with its exit status, to F.
+		var ws unix.WaitStatus
+		_, err := unix.Wait4(pid, &ws, unix.WALL, nil)
+		if err == unix.EINTR {
 			continue
 		}
-		if !inFrom {
-			return fmt.Errorf("G (pid %d) is not in the template's cgroup %s: not moved", s.gpid, m.from)
+		if err != nil {
+			// ECHILD: not (or no longer) our tracee; nothing to release.
+			if err != unix.ECHILD {
+				log.Error("unable to release G from its pin", "pid", pid, "error", err)
+			}
+			return
 		}
-		if err := os.WriteFile(filepath.Join(m.to, "cgroup.procs"), []byte(pid), 0); err != nil {
-			return fmt.Errorf("unable to move G into %s: %w", m.to, err)
+		if !ws.Stopped() {
+			return // exited or killed: handed to F
 		}
+		// A stop with no ptrace event is a signal-delivery stop (a signal
+		// G got while pinned, before the interrupt's stop): detaching
+		// delivers that signal, as if G had never been traced. Any other
+		// stop (the interrupt's, a group stop) detaches with none.
+		var sig uintptr
+		if int(ws)>>16 == 0 {
+			sig = uintptr(ws.StopSignal())
+		}
+		if err := pt(unix.PTRACE_DETACH, sig); err != nil {
+			log.Error("unable to detach from G", "pid", pid, "error", err)
+		}
+		return
 	}
-	return alive()
 }
 
 // inCgroup tells whether pid is listed in dir's cgroup.procs.

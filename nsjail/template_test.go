@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -208,6 +209,9 @@ func (l *templateLab) place(sh *nsjail.Shell, mode string) (view map[string]any,
 	}
 	if err := sh.MoveG(); err != nil { // already there: nothing to do
 		l.t.Fatalf("MoveG again: %v", err)
+	}
+	if tracer := statusOf(l.t, sh.GPid(), "TracerPid"); tracer != "0" {
+		l.t.Fatalf("G is traced by %s after MoveG", tracer)
 	}
 	l.send("join\n", sh.NamespaceFiles()...)
 	if msg, _ := l.recv(); msg != "joined\n" {
@@ -423,6 +427,86 @@ func TestShellMoveGOnlyFromTheTemplate(t *testing.T) {
 	if forked, _ := lab.recv(); forked != "forked\n" {
 		t.Errorf("want forked, got %q", forked)
 	}
+}
+
+// TestShellMoveGPinsG: MoveG holds G's pid with ptrace while it checks and
+// writes, so that a G dying meanwhile cannot be reaped by F and its pid
+// reused by a host process the write would then move (and Destroy kill):
+// a G it cannot attach, because something else traces it, is refused
+// with nothing moved; once moved, G is traced by nobody.
+func TestShellMoveGPinsG(t *testing.T) {
+	skipOnV2(t)
+	r := newRunner(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	lab := startTemplateLab(t, r, rootfs, templateSource(t))
+	g := lab.fork()
+	defer g.Close()
+	sh, err := r.StartShell(lab.tpl, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sh.Destroy()
+	gpid := sh.GPid()
+	func() {
+		// ptrace requests come from the thread that attached.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := unix.PtraceSeize(gpid); err != nil {
+			t.Fatalf("PTRACE_SEIZE of G: %v", err)
+		}
+		defer func() {
+			if err := unix.PtraceInterrupt(gpid); err != nil {
+				t.Fatalf("PTRACE_INTERRUPT of G: %v", err)
+			}
+			var ws unix.WaitStatus
+			if _, err := unix.Wait4(gpid, &ws, unix.WALL, nil); err != nil || !ws.Stopped() {
+				t.Fatalf("G's ptrace stop: %v (status %#x)", err, uint32(ws))
+			}
+			if err := unix.PtraceDetach(gpid); err != nil {
+				t.Fatalf("PTRACE_DETACH of G: %v", err)
+			}
+		}()
+		if err := sh.MoveG(); err == nil || !strings.Contains(err.Error(), "unable to pin G") {
+			t.Errorf("MoveG of a G traced by another: %v, want a refusal", err)
+		}
+		if ps := procsOf(t, sh.CgroupPaths()); len(ps) != 0 {
+			t.Errorf("processes in the shell's cgroup after a refused MoveG: %v", ps)
+		}
+	}()
+	if err := sh.MoveG(); err != nil {
+		t.Fatal(err)
+	}
+	if tracer := statusOf(t, gpid, "TracerPid"); tracer != "0" {
+		t.Errorf("G is traced by %s after MoveG", tracer)
+	}
+	if ps := procsOf(t, sh.CgroupPaths()); len(ps) != 1 || ps[0] != strconv.Itoa(gpid) {
+		t.Errorf("the shell's cgroup holds %v, want G (%d) alone", ps, gpid)
+	}
+	if err := sh.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if status, _ := lab.recv(); status != fmt.Sprintf("status %d\n", unix.SIGKILL) {
+		t.Errorf("G's wait status after its shell's Destroy: %q", status)
+	}
+	if forked, _ := lab.recv(); forked != "forked\n" {
+		t.Errorf("want forked, got %q", forked)
+	}
+}
+
+// statusOf is field key of /proc/<pid>/status.
+func statusOf(t labT, pid int, key string) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, key+":"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	t.Fatalf("no %s in the status of %d", key, pid)
+	return ""
 }
 
 // TestTemplateSandbox: the template's process has what TEMPLATE.md
