@@ -72,8 +72,10 @@ type Shell struct {
 //
 // Before anything is created StartShell checks that G is a fork of t:
 // G's user namespace is a child of t's (U_F of U_T), its pid namespace is a
-// child of t's and G is its pid 1, and its uid and gid maps, as the host
-// sees them, are a cold sandbox's. Every one of those reads goes through a
+// child of t's and G is its pid 1, its uid and gid maps, as the host sees
+// them, are a cold sandbox's, and G has no shell yet: it is still the
+// template's root with every capability of its user namespace, in the
+// template's own cgroup (isUnplacedFork). Every one of those reads goes through a
 // /proc/<G's pid> directory fd that is known to be G's because G's pidfd
 // still referred to a live process after it was opened (a pid is not
 // reused while its process lives, zombie included: SECURITY.md case 41's
@@ -325,7 +327,8 @@ func (r *Runner) openFork(t *Template, gfd int) (gpid int, userNS, pidNS *os.Fil
 	uidMap, err1 := read("uid_map")
 	gidMap, err2 := read("gid_map")
 	status, err3 := read("status")
-	if err := errors.Join(err1, err2, err3); err != nil {
+	cgroups, err4 := read("cgroup")
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		closeAll()
 		return 0, nil, nil, err
 	}
@@ -350,6 +353,15 @@ func (r *Runner) openFork(t *Template, gfd int) (gpid int, userNS, pidNS *os.Fil
 	if nspid := statusField(status, "NSpid"); len(nspid) < 2 || nspid[len(nspid)-1] != "1" {
 		errs = append(errs, fmt.Errorf("G is not pid 1 of its own pid namespace (NSpid %v)", nspid))
 	}
+	// A fork that has not been placed yet: still the template's root, with
+	// every capability of U_F, in the template's own cgroup. Without this a
+	// template could send the pidfd of a G that already has a shell (moved
+	// into that shell's cgroup, maybe dropped and running an execution's
+	// code) and get a second shell's namespace fds handed to it, or have
+	// the worker reset that execution's oom_score_adj.
+	if err := isUnplacedFork(status, cgroups, t, base); err != nil {
+		errs = append(errs, err)
+	}
 	if err := errors.Join(errs...); err != nil {
 		closeAll()
 		return 0, nil, nil, err
@@ -359,6 +371,58 @@ func (r *Runner) openFork(t *Template, gfd int) (gpid int, userNS, pidNS *os.Fil
 		return 0, nil, nil, err
 	}
 	return gpid, userNS, pidNS, nil
+}
+
+// isUnplacedFork checks, from G's /proc status and cgroup files, that G is
+// as a fork is before it has a shell: all its uids and gids the template
+// root's (host HostIDBase+1, as the worker sees them), every capability in
+// its effective set (U_F's root: a dropped G has none), and in the
+// template's own cgroup in every hierarchy the template has (a G already
+// moved into a shell's is in tpl-<id>/sbx-<id>).
+func isUnplacedFork(status, cgroups string, t *Template, base int) error {
+	root := strconv.Itoa(base + 1)
+	for _, k := range []string{"Uid", "Gid"} {
+		f := statusField(status, k)
+		if len(f) != 4 || slices.IndexFunc(f, func(s string) bool { return s != root }) >= 0 {
+			return fmt.Errorf("G's %s is %v, want the template root's %s (a G that changed its ids is not a fresh fork)", k, f, root)
+		}
+	}
+	b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap")
+	if err != nil {
+		return err
+	}
+	last, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return fmt.Errorf("cap_last_cap: %w", err)
+	}
+	full := uint64(1)<<(last+1) - 1
+	if f := statusField(status, "CapEff"); len(f) != 1 {
+		return fmt.Errorf("G's CapEff is %v", f)
+	} else if eff, err := strconv.ParseUint(f[0], 16, 64); err != nil || eff != full {
+		return fmt.Errorf("G's CapEff is %s, want every capability (%x): a G that dropped any is not a fresh fork", f[0], full)
+	}
+	// v1 lines are "id:controllers:path", the path relative to the
+	// worker's cgroup namespace; the template's directories end with it.
+	lines := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(cgroups), "\n") {
+		parts := strings.SplitN(l, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			lines[c] = parts[2]
+		}
+	}
+	for ctrl, tdir := range t.s.cgroupPaths {
+		if tdir == "" {
+			continue
+		}
+		p, ok := lines[ctrl]
+		if !ok || !strings.HasPrefix(p, "/") || path.Base(p) != t.ID() || !strings.HasSuffix(tdir, p) {
+			return fmt.Errorf("G's %s cgroup is %q, not the template's own %s", ctrl, p, tdir)
+		}
+	}
+	return nil
 }
 
 // resetOOMScoreAdj gives G, through its /proc directory fd, the worker's

@@ -379,9 +379,10 @@ func TestTemplateForkMatchesCold(t *testing.T) {
 }
 
 // TestShellMoveGOnlyFromTheTemplate: Shell.MoveG moves G only out of the
-// template's own cgroup: a G already in one shell's cgroup is refused by
-// another shell of the same template (the move would take it out of the
-// subtree it is in), and the refused shell's Destroy leaves G alone.
+// template's own cgroup: of two shells made for the same G, the second to
+// move it is refused once the first has (the move would take G out of the
+// subtree it is in), and the refused shell's Destroy leaves G alone;
+// StartShell refuses a G that is already in a shell's cgroup.
 func TestShellMoveGOnlyFromTheTemplate(t *testing.T) {
 	skipOnV2(t)
 	r := newRunner(t)
@@ -395,12 +396,18 @@ func TestShellMoveGOnlyFromTheTemplate(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.Destroy()
-	if err := a.MoveG(); err != nil {
-		t.Fatal(err)
-	}
 	b, err := r.StartShell(lab.tpl, spec, g)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if err := a.MoveG(); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := r.StartShell(lab.tpl, spec, g); err == nil {
+		c.Destroy()
+		t.Error("StartShell accepted a G already in another shell's cgroup")
+	} else if !strings.Contains(err.Error(), "not the template's own") {
+		t.Errorf("StartShell of a G in another shell's cgroup: %v, want a cgroup refusal", err)
 	}
 	if err := b.MoveG(); err == nil || !strings.Contains(err.Error(), "not in the template's cgroup") {
 		t.Errorf("MoveG of a G in another shell's cgroup: %v, want a refusal", err)
