@@ -72,7 +72,7 @@ type Shell struct {
 //
 // Before anything is created StartShell checks that G is a fork of t:
 // G's user namespace is a child of t's (U_F of U_T), its pid namespace is a
-// child of t's and G is its pid 1, its uid and gid maps, as the host sees
+// child of t's, owned by G's user namespace, and G is its pid 1, its uid and gid maps, as the host sees
 // them, are a cold sandbox's, and G has no shell yet: it is still the
 // template's root with every capability of its user namespace, in the
 // template's own cgroup (isUnplacedFork). Every one of those reads goes through a
@@ -339,6 +339,15 @@ func (r *Runner) openFork(t *Template, gfd int) (gpid int, userNS, pidNS *os.Fil
 	if err := isChildNamespace(pidNS, t.pidNS); err != nil {
 		errs = append(errs, fmt.Errorf("pid namespace: %w", err))
 	}
+	// PID_F must be owned by U_F, as a cold sandbox's pid namespace is by
+	// its user namespace. A template whose F unshared the pid namespace
+	// before the user namespace makes one owned by U_T: privilege over it
+	// (its /proc mount, ns_last_pid, signalling its init) then belongs to
+	// U_T's root, the template, and to nothing of the sandbox, a shape
+	// no test covers; refused.
+	if err := isOwnedBy(pidNS, userNS); err != nil {
+		errs = append(errs, fmt.Errorf("pid namespace: %w", err))
+	}
 	base := r.opts.HostIDBase
 	for _, m := range []struct {
 		name, got string
@@ -493,6 +502,31 @@ func normalizeMap(m string) string {
 // nsGetParent is NS_GET_PARENT (linux/nsfs.h, _IO(0xb7, 0x2)): an fd of
 // the parent of a user or pid namespace.
 const nsGetParent = 0xb7<<8 | 0x2
+
+// nsGetUserNS is NS_GET_USERNS (linux/nsfs.h, _IO(0xb7, 0x1)): an fd of
+// the user namespace that owns a namespace.
+const nsGetUserNS = 0xb7<<8 | 0x1
+
+// isOwnedBy checks that namespace ns is owned by user namespace owner.
+func isOwnedBy(ns, owner *os.File) error {
+	ufd, _, errno := unix.Syscall(unix.SYS_IOCTL, ns.Fd(), nsGetUserNS, 0)
+	if errno != 0 {
+		return fmt.Errorf("NS_GET_USERNS: %w", errno)
+	}
+	defer unix.Close(int(ufd))
+	got, err := nsIDOf(int(ufd))
+	if err != nil {
+		return err
+	}
+	want, err := nsIDOf(int(owner.Fd()))
+	if err != nil {
+		return err
+	}
+	if got != want {
+		return errors.New("not owned by G's user namespace")
+	}
+	return nil
+}
 
 // isChildNamespace checks that namespace child's parent is parent.
 func isChildNamespace(child, parent *os.File) error {
