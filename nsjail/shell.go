@@ -1,6 +1,7 @@
 package nsjail
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -88,7 +89,10 @@ type Shell struct {
 // /proc/<worker pid>/fd/N of the fds opened then, never by
 // /proc/<G's pid>/ns/..., which runc's init opens later, when the pid
 // could be another process's.
-func (r *Runner) StartShell(t *Template, spec Spec, g *os.File) (*Shell, error) {
+//
+// ctx bounds the start: at its end the shell's cgroup (the init, nothing
+// else) is killed and StartShell fails (see the comment at Start).
+func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.File) (*Shell, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
@@ -175,6 +179,29 @@ func (r *Runner) StartShell(t *Template, spec Spec, g *os.File) (*Shell, error) 
 	}
 	proc := &libcontainer.Process{Args: spec.Args, Env: env, Cwd: "/", UID: inside.UID, GID: inside.GID,
 		Stdin: devnull, Stdout: devnull, Stderr: devnull, Init: true}
+	// The deadline: G, root of U_F, holds CAP_KILL over the shell's init
+	// from the moment it joins PID_F, and can SIGSTOP it; libcontainer's
+	// Start would then wait for the init's next sync message forever, and
+	// so would the worker's refill. At ctx's end every process of the
+	// shell's cgroup is killed: the init's stages, which libcontainer puts
+	// there before the first of them clones, and nothing else (G is still
+	// in the template's cgroup: isUnplacedFork, and MoveG cannot be called
+	// on a shell not yet returned). Start then fails on the closed sync
+	// pipe. The paths are read now: State waits for the container's lock,
+	// which Start holds.
+	state, err := c.State()
+	if err != nil || len(state.CgroupPaths) == 0 {
+		devnull.Close()
+		r.destroy(c, log)
+		return fail("unable to read the shell's cgroup paths before its start (%v)", err)
+	}
+	stopWatch := context.AfterFunc(ctx, func() {
+		log.Error("shell start past its deadline: killing the shell's cgroup")
+		if err := cgroup.KillAll(state.CgroupPaths); err != nil {
+			log.Error("unable to kill the shell's cgroup", "error", err)
+		}
+	})
+	defer stopWatch()
 	// `runc create`: the init sets up every namespace, mount and limit,
 	// drops to the sandbox user, loads the seccomp filter (before the fifo:
 	// no_new_privs is set) and blocks on its exec fifo. Container.Exec,
@@ -183,7 +210,8 @@ func (r *Runner) StartShell(t *Template, spec Spec, g *os.File) (*Shell, error) 
 	devnull.Close()
 	if err != nil {
 		r.destroy(c, log)
-		return fail("unable to start shell: %w", err)
+		reapInitZombies(pidNS, log)
+		return fail("unable to start shell: %w", errors.Join(err, ctx.Err()))
 	}
 	initPid, err := proc.Pid()
 	if err != nil {
@@ -216,8 +244,71 @@ func (r *Runner) StartShell(t *Template, spec Spec, g *os.File) (*Shell, error) 
 	// forks"). It must be reaped too: G, pid 1 of PID_F, cannot finish
 	// exiting while any process of PID_F is unreaped (E4).
 	killInit()
+	if !stopWatch() {
+		// The deadline came (its kill may have hit the init at any step
+		// above): whatever was read is not to be trusted.
+		r.destroy(c, log)
+		s.closeNamespaces()
+		return fail("shell start past its deadline: %w", ctx.Err())
+	}
 	keepG = true
 	return s, nil
+}
+
+// reapInitZombies reaps the worker's exited children that were in pidNS
+// (G's, PID_F): what a failed libcontainer Start leaves when the init dies
+// mid-start (killed by G, which holds CAP_KILL over it, or by the
+// deadline's kill): libcontainer learns the final init's pid from the
+// init itself and may fail before it keeps a handle to wait for it, and
+// the init is the worker's child (CLONE_PARENT). Left unreaped, it keeps G,
+// pid 1 of PID_F, from ever finishing its exit (E4), so F never reports.
+// Each candidate is pinned by a pidfd opened before its /proc files are
+// read and found alive (a zombie is) after: a zombie child of the worker
+// in PID_F is a shell's init and nothing else (no other child of the
+// worker is ever in a fork's pid namespace), so no other sandbox's exit
+// status is taken.
+func reapInitZombies(pidNS *os.File, log *slog.Logger) {
+	want, err := nsIDOf(int(pidNS.Fd()))
+	if err != nil {
+		return
+	}
+	self := strconv.Itoa(os.Getpid())
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			continue
+		}
+		func() {
+			defer unix.Close(fd)
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+			if err != nil {
+				return
+			}
+			if pp := statusField(string(b), "PPid"); len(pp) != 1 || pp[0] != self {
+				return
+			}
+			if st := statusField(string(b), "State"); len(st) == 0 || st[0] != "Z" {
+				return
+			}
+			var st unix.Stat_t
+			if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/pid", pid), &st); err != nil ||
+				(nsID{uint64(st.Dev), st.Ino}) != want {
+				return
+			}
+			if err := unix.PidfdSendSignal(fd, 0, nil, 0); err != nil {
+				return
+			}
+			var info unix.Siginfo
+			if err := unix.Waitid(unix.P_PIDFD, fd, &info, unix.WEXITED|unix.WNOHANG, nil); err == nil {
+				log.Warn("reaped a shell init libcontainer left behind", "pid", pid)
+			}
+		}()
+	}
 }
 
 // takeInit reads what the worker keeps of the shell's init: its cgroup

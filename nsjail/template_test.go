@@ -3,6 +3,7 @@ package nsjail_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -188,10 +189,17 @@ func (l *templateLab) send(msg string, files ...*os.File) {
 }
 
 // fork asks the template for a fork and returns G's pidfd.
-func (l *templateLab) fork() *os.File {
+func (l *templateLab) fork() *os.File { return l.forkWith(nil) }
+
+// forkWith is fork with more keys for the fork request (templatefork.py).
+func (l *templateLab) forkWith(extra map[string]any) *os.File {
 	l.t.Helper()
 	uidMap, gidMap := l.tpl.ForkIDMap()
-	maps, _ := json.Marshal(map[string]string{"uid_map": uidMap, "gid_map": gidMap})
+	req := map[string]any{"uid_map": uidMap, "gid_map": gidMap}
+	for k, v := range extra {
+		req[k] = v
+	}
+	maps, _ := json.Marshal(req)
 	l.send("fork " + string(maps) + "\n")
 	msg, fds := l.recv()
 	if msg != "G\n" || len(fds) != 1 {
@@ -291,7 +299,7 @@ func TestTemplateForkMatchesCold(t *testing.T) {
 			t.Fatal(err)
 		}
 		f := os.NewFile(uintptr(fd), "pidfd")
-		sh, err := r.StartShell(lab.tpl, shellSpec, f)
+		sh, err := r.StartShell(context.Background(), lab.tpl, shellSpec, f)
 		f.Close()
 		if err == nil {
 			sh.Destroy()
@@ -308,7 +316,7 @@ func TestTemplateForkMatchesCold(t *testing.T) {
 			g = lab.fork()
 		}
 		t0 := time.Now()
-		sh, err := r.StartShell(lab.tpl, shellSpec, g)
+		sh, err := r.StartShell(context.Background(), lab.tpl, shellSpec, g)
 		shellTime := time.Since(t0)
 		g.Close()
 		if err != nil {
@@ -391,19 +399,19 @@ func TestShellMoveGOnlyFromTheTemplate(t *testing.T) {
 	spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}
 	g := lab.fork()
 	defer g.Close()
-	a, err := r.StartShell(lab.tpl, spec, g)
+	a, err := r.StartShell(context.Background(), lab.tpl, spec, g)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Destroy()
-	b, err := r.StartShell(lab.tpl, spec, g)
+	b, err := r.StartShell(context.Background(), lab.tpl, spec, g)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := a.MoveG(); err != nil {
 		t.Fatal(err)
 	}
-	if c, err := r.StartShell(lab.tpl, spec, g); err == nil {
+	if c, err := r.StartShell(context.Background(), lab.tpl, spec, g); err == nil {
 		c.Destroy()
 		t.Error("StartShell accepted a G already in another shell's cgroup")
 	} else if !strings.Contains(err.Error(), "not the template's own") {
@@ -448,7 +456,7 @@ func TestShellMoveGPinsG(t *testing.T) {
 	lab := startTemplateLab(t, r, rootfs, templateSource(t))
 	g := lab.fork()
 	defer g.Close()
-	sh, err := r.StartShell(lab.tpl, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}, g)
+	sh, err := r.StartShell(context.Background(), lab.tpl, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}, g)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -498,6 +506,85 @@ func TestShellMoveGPinsG(t *testing.T) {
 	if forked, _ := lab.recv(); forked != "forked\n" {
 		t.Errorf("want forked, got %q", forked)
 	}
+}
+
+// TestShellStartDeadline: StartShell ends at its context's end, whatever G
+// does to the shell's init: a G that SIGSTOPs the init (it holds CAP_KILL
+// over it) cannot hang the worker, and a start past its deadline leaves
+// nothing behind and G unharmed, still a fork a later shell can take.
+func TestShellStartDeadline(t *testing.T) {
+	skipOnV2(t)
+	r := newRunner(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	lab := startTemplateLab(t, r, rootfs, templateSource(t))
+	spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}
+	shells := func() []string {
+		var out []string
+		for _, d := range lab.tpl.CgroupPaths() {
+			entries, _ := os.ReadDir(d)
+			for _, e := range entries {
+				if e.IsDir() && strings.HasPrefix(e.Name(), "sbx-") && !slices.Contains(out, e.Name()) {
+					out = append(out, e.Name())
+				}
+			}
+		}
+		return out
+	}
+
+	// G is still a fork a shell can take; it ends with its shell.
+	finish := func(g *os.File) {
+		t.Helper()
+		sh, err := r.StartShell(context.Background(), lab.tpl, spec, g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sh.MoveG(); err != nil {
+			t.Fatal(err)
+		}
+		if err := sh.Destroy(); err != nil {
+			t.Fatal(err)
+		}
+		if status, _ := lab.recv(); status != fmt.Sprintf("status %d\n", unix.SIGKILL) {
+			t.Errorf("G's wait status after its shell's Destroy: %q", status)
+		}
+		if forked, _ := lab.recv(); forked != "forked\n" {
+			t.Errorf("want forked, got %q", forked)
+		}
+	}
+
+	// A context already ended: refused, whichever step its kill hits.
+	g := lab.fork()
+	defer g.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if sh, err := r.StartShell(ctx, lab.tpl, spec, g); err == nil {
+		sh.Destroy()
+		t.Error("StartShell with an ended context succeeded")
+	}
+	if left := shells(); len(left) != 0 {
+		t.Errorf("shell cgroups left after a start past its deadline: %v", left)
+	}
+	finish(g)
+
+	// G, hostile, stops the init at once: the start would wait forever.
+	h := lab.forkWith(map[string]any{"stop_init": true})
+	defer h.Close()
+	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if sh, err := r.StartShell(ctx, lab.tpl, spec, h); err == nil {
+		// The stop came after the start was done (a loaded machine): the
+		// shell is whole, the init was killed and reaped all the same.
+		t.Log("G's SIGSTOP reached the init only after its start")
+		if err := sh.Destroy(); err != nil {
+			t.Error(err)
+		}
+	} else if !strings.Contains(err.Error(), "deadline") {
+		t.Errorf("StartShell with the init stopped: %v, want its deadline", err)
+	}
+	if left := shells(); len(left) != 0 {
+		t.Errorf("shell cgroups left after a start past its deadline: %v", left)
+	}
+	finish(h)
 }
 
 // statusOf is field key of /proc/<pid>/status.
@@ -695,7 +782,7 @@ func crashyTemplateWorker() {
 	rootfs := os.Getenv("CRASHY_ROOTFS")
 	lab := startTemplateLab(panicT{}, r, rootfs, templateSource(panicT{}), os.Getenv("CRASHY_MARK"), "--linger")
 	g := lab.fork()
-	sh, err := r.StartShell(lab.tpl, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}, g)
+	sh, err := r.StartShell(context.Background(), lab.tpl, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}, g)
 	if err != nil {
 		panic(err)
 	}

@@ -8,7 +8,9 @@
 # The template serves requests on fd 3, one at a time:
 #   view          -> its own view (no probes), one JSON line on fd 1
 #   fork MAPS     -> forks F, which unshares a user namespace U_F (the
-#                    template writes MAPS, JSON {"uid_map", "gid_map"}),
+#                    template writes MAPS, JSON {"uid_map", "gid_map"};
+#                    with "stop_init": true, G SIGSTOPs the shell's init
+#                    as soon as it exists),
 #                    then a pid namespace PID_F, and forks G, PID_F's pid 1.
 #                    G sends the worker a pidfd of itself ("G\n"), gets the
 #                    shell's namespace fds ("join\n"), joins them, says
@@ -97,11 +99,20 @@ def readline():
     return line.decode().strip()
 
 
-def g_main():
+def g_main(stop_init):
     # G: pid 1 of PID_F, root of U_F, in the template's other namespaces.
     me = os.pidfd_open(os.getpid())
     socket.send_fds(SOCK, [b"G\n"], [me])  # the worker reads G's host pid from it
     os.close(me)
+    if stop_init:
+        # A hostile G: SIGSTOP the shell's init (pid 2 of PID_F, which G
+        # holds CAP_KILL over) as soon as it exists.
+        while True:
+            try:
+                os.kill(2, 19)  # SIGSTOP
+                break
+            except ProcessLookupError:
+                pass
     msg, fds, _, _ = socket.recv_fds(SOCK, 5, 8)
     if msg != b"join\n" or len(fds) != 5:
         os._exit(2)
@@ -161,14 +172,14 @@ def fork(maps):
         return
     # F: runs no request code; it only makes PID_F, forks G and reports.
     try:
-        f_main(r, w)
+        f_main(r, w, maps)
     except BaseException:
         import traceback
         traceback.print_exc()
     os._exit(4)
 
 
-def f_main(r, w):
+def f_main(r, w, maps):
     os.close(r)
     os.unshare(os.CLONE_NEWUSER)
     os.write(w, b"u")
@@ -183,7 +194,7 @@ def f_main(r, w):
     g = os.fork()
     if g == 0:
         try:
-            g_main()
+            g_main(maps.get("stop_init", False))
         except BaseException:
             import traceback
             traceback.print_exc()
