@@ -102,20 +102,10 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 	if g == nil {
 		return nil, errors.New("a shell needs G's pidfd")
 	}
-	lim := spec.Limits.withDefaults()
-	id := spec.ID
-	if id == "" {
-		id = newID()
-	}
-	log := r.log
-	if spec.Logger != nil {
-		log = spec.Logger
-	}
-	log = log.With("sandbox", id, "template", t.ID())
+	id, lim, log := r.prepare(&spec)
+	log = log.With("template", t.ID())
 	fail := func(format string, a ...any) (*Shell, error) {
-		err := &StartError{ID: id, At: time.Now(), Err: fmt.Errorf(format, a...)}
-		log.Error("shell start failed", "error", err.Error())
-		return nil, err
+		return nil, startFailed(id, log, "shell start failed", format, a...)
 	}
 
 	gfd, err := unix.FcntlInt(g.Fd(), unix.F_DUPFD_CLOEXEC, 0)
@@ -153,19 +143,9 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 	// subtree it was forked in.
 	cfg.Cgroups.Path = path.Join(t.cgroupRel, id)
 
-	// Marked before its state directory or any cgroup exists (SECURITY.md
-	// case 29), as for a cold sandbox.
-	if _, err := os.Lstat(r.stateDir(id)); !errors.Is(err, os.ErrNotExist) {
-		return fail("unable to create shell: state directory %s exists (%v)", r.stateDir(id), err)
-	}
-	if err := r.markOwned(id); err != nil {
-		return fail("unable to mark the shell as sandboxd's: %w", err)
-	}
-	c, err := libcontainer.Create(r.opts.StateRoot, id, cfg)
+	// Marked as a cold sandbox is (SECURITY.md case 29).
+	c, err := r.createMarked(id, cfg, log)
 	if err != nil {
-		if uerr := r.unmarkOwned(id); uerr != nil {
-			log.Error("unable to remove the owner marker", "error", uerr)
-		}
 		return fail("unable to create shell: %w", err)
 	}
 	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
@@ -173,11 +153,7 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 		r.destroy(c, log)
 		return fail("unable to open %s: %w", os.DevNull, err)
 	}
-	env := spec.Env
-	if !hasEnv(env, "PATH") {
-		env = append(env[:len(env):len(env)], "PATH="+inside.DefaultPath)
-	}
-	proc := &libcontainer.Process{Args: spec.Args, Env: env, Cwd: "/", UID: inside.UID, GID: inside.GID,
+	proc := &libcontainer.Process{Args: spec.Args, Env: withPath(spec.Env), Cwd: "/", UID: inside.UID, GID: inside.GID,
 		Stdin: devnull, Stdout: devnull, Stderr: devnull, Init: true}
 	// The deadline: G, root of U_F, holds CAP_KILL over the shell's init
 	// from the moment it joins PID_F, and can SIGSTOP it; libcontainer's
