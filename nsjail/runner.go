@@ -55,11 +55,10 @@ type Runner struct {
 	swapAccounting bool
 	// cleanups counts this Runner's sandboxes whose removal is under way.
 	cleanups sync.WaitGroup
-	// shellProg is the seccomp program the first shell's init held, and
-	// shellProgSum its SHA-256 (Runner.sameProgram); under shellProgMu.
-	shellProgMu  sync.Mutex
-	shellProg    seccomp.Program
-	shellProgSum [32]byte
+	// shellProg is the seccomp program the first shell's init held
+	// (Runner.sameProgram); under shellProgMu.
+	shellProgMu sync.Mutex
+	shellProg   seccomp.Program
 }
 
 // NewRunner checks that this host can run sandboxes and prepares the state

@@ -1,6 +1,7 @@
 package nsjail
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -323,18 +324,18 @@ func (s *Shell) takeInit(initPid int, userNS, pidNS *os.File) error {
 
 // sameProgram returns the seccomp program every shell of this Runner
 // loads: the first shell's, read from the kernel. A later shell's must be
-// the same (the program depends only on the Runner's profile), which is
-// checked by its length and SHA-256; a difference is an error (the
-// kernel, libcontainer or the profile changed under a running worker),
-// never a second program.
+// the same (the program depends only on the Runner's profile), byte for
+// byte (a few KiB: a comparison costs less than a hash); a difference is
+// an error (the kernel, libcontainer or the profile changed under a
+// running worker), never a second program.
 func (r *Runner) sameProgram(p seccomp.Program) (seccomp.Program, error) {
 	r.shellProgMu.Lock()
 	defer r.shellProgMu.Unlock()
 	if r.shellProg == nil {
-		r.shellProg, r.shellProgSum = p, p.Sum()
+		r.shellProg = p
 		return p, nil
 	}
-	if len(p) != len(r.shellProg) || p.Sum() != r.shellProgSum {
+	if !bytes.Equal(p, r.shellProg) {
 		return nil, fmt.Errorf("the shell init's seccomp program (%d instructions) differs from the one this worker read before (%d instructions)",
 			p.Len(), r.shellProg.Len())
 	}

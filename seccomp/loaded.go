@@ -1,7 +1,6 @@
 package seccomp
 
 import (
-	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -22,9 +21,6 @@ type Program []byte
 
 // Len is the number of instructions.
 func (p Program) Len() int { return len(p) / 8 }
-
-// Sum is the program's SHA-256, for comparing programs cheaply.
-func (p Program) Sum() [32]byte { return sha256.Sum256(p) }
 
 // Instructions decodes p.
 func (p Program) Instructions() []unix.SockFilter {
