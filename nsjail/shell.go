@@ -38,9 +38,17 @@ import (
 // namespaces, moves into the shell's cgroup (v1: MoveG) and loads the
 // program.
 
-// ShellNamespaces are the namespaces a shell's init makes, in the order of
-// Shell.NamespaceFiles.
-var ShellNamespaces = []string{"mnt", "net", "ipc", "uts", "cgroup"}
+// shellNamespaces are the namespaces a shell's init makes, in the order of
+// Shell.NamespaceFiles. An array, and unexported: G joins the fds in this
+// order (setns with the type each must be), so nothing may reorder it.
+var shellNamespaces = [...]string{"mnt", "net", "ipc", "uts", "cgroup"}
+
+// ShellNamespaces are the namespaces a shell's init makes (/proc/PID/ns
+// names), in the order of Shell.NamespaceFiles; a fresh copy.
+func ShellNamespaces() []string {
+	ns := shellNamespaces // the array copied: the slice is the caller's
+	return ns[:]
+}
 
 // Shell is a started shell. Destroy must be called on it.
 type Shell struct {
@@ -305,7 +313,7 @@ func (s *Shell) takeInit(initPid int, userNS, pidNS *os.File) error {
 			return fmt.Errorf("the shell's init is not in G's %s namespace: %w", want.name, err)
 		}
 	}
-	for _, n := range ShellNamespaces {
+	for _, n := range shellNamespaces {
 		f, err := os.Open(fmt.Sprintf("/proc/%d/ns/%s", initPid, n))
 		if err != nil {
 			return fmt.Errorf("unable to open the shell's %s namespace: %w", n, err)
