@@ -31,6 +31,16 @@ import (
 // U_T). None of them reaches the host's namespaces or a cold sandbox's:
 // U_T is a child of the host's, and a cold sandbox's user namespace is not
 // U_T's descendant.
+//
+// These two are not the limit of T's power: T is in the parent of every
+// fork's user namespace U_F and its euid owns each (F made U_F with T's
+// creds), and the kernel (cap_capable) gives such a process every
+// capability in that namespace and in every namespace it owns (PID_F,
+// each shell's mount, net, ipc, uts and cgroup namespaces). T could ptrace,
+// signal or join any fork of its own as far as its seccomp filter allows:
+// the template seccomp profile (below) is a requirement before the pool
+// uses forks (TEMPLATE.md plan step 5), not an option (SECURITY.md,
+// "Template forks").
 var templateCaps = []string{"CAP_SETUID", "CAP_SETGID"}
 
 // templateOOMScoreAdj keeps the kernel's OOM killer off the template
@@ -84,7 +94,8 @@ type Template struct {
 // Seccomp: none yet. The design's template profile (the execution
 // allowlist plus unshare, setns, the id changes and the keyring call F and
 // G need, TEMPLATE.md section 6) is not written; until it is, the template
-// runs without a filter, as experiment E4 did.
+// runs without a filter, as experiment E4 did, and the pool must not use
+// forks (see templateCaps for why).
 //
 // files are passed to the command as fds FirstFileFD, ... (its control
 // socket). Errors are Start's.
