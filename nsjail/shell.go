@@ -50,7 +50,16 @@ func ShellNamespaces() []string {
 	return ns[:]
 }
 
-// Shell is a started shell. Destroy must be called on it.
+// Shell is a started shell. Destroy must be called on it, and its
+// container must only ever be killed and removed: never Exec or Run it,
+// and never libcontainer.Load it for anything else (Sweep's Load,
+// Signal(SIGKILL), which kills through the cgroup, and Destroy join no
+// namespace). Its state.json records the user and pid
+// namespaces as the paths it joined them by, /proc/<worker pid>/fd/N, fds
+// StartShell closed on return: a runc exec (or a worker restarted under
+// another pid, or any later holder of those fd numbers, another shell's
+// namespace fds say) would make libcontainer join whatever those paths
+// name then, i.e. another execution's namespaces or none of the sandbox's.
 type Shell struct {
 	r   *Runner
 	id  string

@@ -198,6 +198,13 @@ func (t *Template) ForkIDMap() (uidMap, gidMap string) {
 // wrote) and removes its sandbox and cgroup, as Wait does. Destroy the
 // template's shells first: their containers are the caller's. Stop is
 // idempotent.
+//
+// No StartShell may run concurrently with or after Stop: Stop closes the
+// template's namespace fds, and a concurrent StartShell's parentage checks
+// (isChildNamespace) would read fd numbers that may by then name another
+// file, another template's namespace included, and accept a fork of
+// another template. The caller (the pool) serialises them; nothing here
+// guards it.
 func (t *Template) Stop(grace time.Duration) *Result {
 	t.stopOnce.Do(func() {
 		t.s.lim.Timeout = max(grace, time.Nanosecond)

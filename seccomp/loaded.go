@@ -64,7 +64,14 @@ const cldTrapped = 4
 // reaps it: were it reaped here, the caller's later kill of "its child"
 // would be a SIGKILL, as root, of whatever host process took the freed
 // pid.
-
+//
+// Requirements (the worker meets them as root, outside any seccomp
+// filter): CAP_SYS_PTRACE over tid (PTRACE_SEIZE of a process of another
+// user, and of a non-dumpable one such as runc's init), CAP_SYS_ADMIN in
+// the initial user namespace (PTRACE_SECCOMP_GET_FILTER), a
+// kernel.yama.ptrace_scope below 3 (3 forbids every attach, root's
+// included), and a caller not under a seccomp filter that denies ptrace
+// (sandboxd's own profile is for sandboxes, never for the worker).
 func LoadedProgram(tid int) (Program, error) {
 	// ptrace requests must come from the thread that attached.
 	runtime.LockOSThread()
