@@ -429,7 +429,9 @@ func (r *Runner) openFork(t *Template, gfd int) (gpid int, userNS, pidNS *os.Fil
 	// before the user namespace makes one owned by U_T: privilege over it
 	// (its /proc mount, ns_last_pid, signalling its init) then belongs to
 	// U_T's root, the template, and to nothing of the sandbox, a shape
-	// no test covers; refused.
+	// no test covers; refused. (That unshare needs CAP_SYS_ADMIN in U_T,
+	// which templateCaps leave out today; the check keeps the shape out
+	// whatever the template's capabilities become.)
 	if err := isOwnedBy(pidNS, userNS); err != nil {
 		errs = append(errs, fmt.Errorf("pid namespace: %w", err))
 	}
