@@ -55,6 +55,10 @@ type Runner struct {
 	swapAccounting bool
 	// cleanups counts this Runner's sandboxes whose removal is under way.
 	cleanups sync.WaitGroup
+	// shellProg is the seccomp program the first shell's init held
+	// (Runner.sameProgram); under shellProgMu.
+	shellProgMu sync.Mutex
+	shellProg   seccomp.Program
 }
 
 // NewRunner checks that this host can run sandboxes and prepares the state
@@ -217,44 +221,42 @@ func (r *Runner) Start(spec Spec) (*Sandbox, error) { return r.start(spec, spec.
 
 // start is Start, passing extraFiles to the command as fds 3, 4, ...
 func (r *Runner) start(spec Spec, extraFiles []*os.File) (*Sandbox, error) {
+	return r.startWith(spec, startOptions{extraFiles: extraFiles})
+}
+
+// startOptions are what differs between a cold sandbox (the zero value
+// but for extraFiles) and a template's (template.go).
+type startOptions struct {
+	// extraFiles are passed to the command as fds 3, 4, ...
+	extraFiles []*os.File
+	// tune, when set, changes buildConfig's config before the container
+	// is created.
+	tune func(*configs.Config)
+	// asRoot runs the command as uid/gid 0 of the sandbox's user
+	// namespace instead of inside.UID/GID.
+	asRoot bool
+}
+
+// startWith is start with o.
+func (r *Runner) startWith(spec Spec, o startOptions) (*Sandbox, error) {
+	extraFiles := o.extraFiles
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
-	lim := spec.Limits.withDefaults()
-	id := spec.ID
-	if id == "" {
-		id = newID()
-	}
-	log := r.log
-	if spec.Logger != nil {
-		log = spec.Logger
-	}
-	log = log.With("sandbox", id)
+	id, lim, log := r.prepare(&spec)
 	fail := func(format string, a ...any) (*Sandbox, error) {
-		err := &StartError{ID: id, At: time.Now(), Err: fmt.Errorf(format, a...)}
-		log.Error("sandbox start failed", "error", err.Error())
-		return nil, err
+		return nil, startFailed(id, log, "sandbox start failed", format, a...)
 	}
 
 	cfg, err := r.buildConfig(id, &spec, lim)
 	if err != nil {
 		return fail("unable to build sandbox config: %w", err)
 	}
-	// Marked before its state directory or any cgroup exists (SECURITY.md
-	// case 29: Sweep removes only what carries the marker), so a worker
-	// killed at any point leaves nothing unmarked. A directory already
-	// there is someone else's: never marked.
-	if _, err := os.Lstat(r.stateDir(id)); !errors.Is(err, os.ErrNotExist) {
-		return fail("unable to create sandbox: state directory %s exists (%v)", r.stateDir(id), err)
+	if o.tune != nil {
+		o.tune(cfg)
 	}
-	if err := r.markOwned(id); err != nil {
-		return fail("unable to mark the sandbox as sandboxd's: %w", err)
-	}
-	c, err := libcontainer.Create(r.opts.StateRoot, id, cfg)
+	c, err := r.createMarked(id, cfg, log)
 	if err != nil {
-		if uerr := r.unmarkOwned(id); uerr != nil {
-			log.Error("unable to remove the owner marker", "error", uerr)
-		}
 		return fail("unable to create sandbox: %w", err)
 	}
 	outR, outW, err := os.Pipe()
@@ -269,20 +271,21 @@ func (r *Runner) start(spec Spec, extraFiles []*os.File) (*Sandbox, error) {
 		outW.Close()
 		return fail("unable to create stderr pipe: %w", err)
 	}
-	env := spec.Env
-	if !hasEnv(env, "PATH") {
-		env = append(env[:len(env):len(env)], "PATH="+inside.DefaultPath)
-	}
+	env := withPath(spec.Env)
 	cwd := spec.Cwd
 	if cwd == "" {
 		cwd = "/"
+	}
+	uid, gid := inside.UID, inside.GID
+	if o.asRoot {
+		uid, gid = 0, 0
 	}
 	proc := &libcontainer.Process{
 		Args:       spec.Args,
 		Env:        env,
 		Cwd:        cwd,
-		UID:        inside.UID,
-		GID:        inside.GID,
+		UID:        uid,
+		GID:        gid,
 		Stdin:      spec.Stdin,
 		Stdout:     outW,
 		Stderr:     errW,
@@ -322,6 +325,59 @@ func (r *Runner) start(spec Spec, extraFiles []*os.File) (*Sandbox, error) {
 		stderr:    newCapture(errR, lim.StderrBytes, spec.Output.ForStream(StreamStderr)),
 		startedAt: startedAt, log: log, cgroupPaths: cgroupPaths,
 	}, nil
+}
+
+// prepare is what every start (a sandbox's, a shell's) takes from its
+// spec first: its id (a new one unless the spec names it), its limits with
+// the defaults filled in, and its logger.
+func (r *Runner) prepare(spec *Spec) (id string, lim Limits, log *slog.Logger) {
+	lim = spec.Limits.withDefaults()
+	id = spec.ID
+	if id == "" {
+		id = newID()
+	}
+	log = r.log
+	if spec.Logger != nil {
+		log = spec.Logger
+	}
+	return id, lim, log.With("sandbox", id)
+}
+
+// startFailed logs and returns a start's StartError.
+func startFailed(id string, log *slog.Logger, msg, format string, a ...any) error {
+	err := &StartError{ID: id, At: time.Now(), Err: fmt.Errorf(format, a...)}
+	log.Error(msg, "error", err.Error())
+	return err
+}
+
+// createMarked creates container id from cfg, marked as sandboxd's before
+// its state directory or any cgroup exists (SECURITY.md case 29: Sweep
+// removes only what carries the marker), so a worker killed at any point
+// leaves nothing unmarked. A state directory already there is someone
+// else's: never marked, an error.
+func (r *Runner) createMarked(id string, cfg *configs.Config, log *slog.Logger) (*libcontainer.Container, error) {
+	if _, err := os.Lstat(r.stateDir(id)); !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("state directory %s exists (%v)", r.stateDir(id), err)
+	}
+	if err := r.markOwned(id); err != nil {
+		return nil, fmt.Errorf("unable to mark it as sandboxd's: %w", err)
+	}
+	c, err := libcontainer.Create(r.opts.StateRoot, id, cfg)
+	if err != nil {
+		if uerr := r.unmarkOwned(id); uerr != nil {
+			log.Error("unable to remove the owner marker", "error", uerr)
+		}
+		return nil, err
+	}
+	return c, nil
+}
+
+// withPath is env with the sandbox's default PATH added when it has none.
+func withPath(env []string) []string {
+	if hasEnv(env, "PATH") {
+		return env
+	}
+	return append(env[:len(env):len(env)], "PATH="+inside.DefaultPath)
 }
 
 func hasEnv(env []string, key string) bool {

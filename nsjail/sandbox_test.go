@@ -33,8 +33,12 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv("CRASHY_WORKER") == "1" {
+	switch os.Getenv("CRASHY_WORKER") {
+	case "1":
 		crashyWorker()
+		return
+	case "template":
+		crashyTemplateWorker()
 		return
 	}
 	os.Exit(nsjailtest.RunAndCheck(m))

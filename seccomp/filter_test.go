@@ -15,7 +15,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"unsafe"
 
 	runcseccomp "github.com/opencontainers/runc/libcontainer/seccomp"
 	"golang.org/x/sys/unix"
@@ -293,38 +292,11 @@ func readKernelFilter() ([]unix.SockFilter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loader said %q", line)
 	}
-	// ptrace requests must come from the thread that attached.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	if err := ptrace(unix.PTRACE_SEIZE, tid, 0, 0); err != nil {
-		return nil, fmt.Errorf("PTRACE_SEIZE: %w", err)
+	prog, err := LoadedProgram(tid)
+	if err != nil {
+		return nil, err
 	}
-	defer func() { _ = ptrace(unix.PTRACE_DETACH, tid, 0, 0) }()
-	if err := ptrace(unix.PTRACE_INTERRUPT, tid, 0, 0); err != nil {
-		return nil, fmt.Errorf("PTRACE_INTERRUPT: %w", err)
-	}
-	var ws unix.WaitStatus
-	if _, err := unix.Wait4(tid, &ws, unix.WALL, nil); err != nil {
-		return nil, fmt.Errorf("wait4: %w", err)
-	}
-	n, _, e := unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_SECCOMP_GET_FILTER, uintptr(tid), 0, 0, 0, 0)
-	if e != 0 {
-		return nil, fmt.Errorf("PTRACE_SECCOMP_GET_FILTER: %w", e)
-	}
-	prog := make([]unix.SockFilter, n)
-	if _, _, e := unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_SECCOMP_GET_FILTER, uintptr(tid), 0,
-		uintptr(unsafe.Pointer(&prog[0])), 0, 0); e != 0 {
-		return nil, fmt.Errorf("PTRACE_SECCOMP_GET_FILTER: %w", e)
-	}
-	return prog, nil
-}
-
-func ptrace(req int, pid int, addr, data uintptr) error {
-	_, _, e := unix.Syscall6(unix.SYS_PTRACE, uintptr(req), uintptr(pid), addr, data, 0, 0)
-	if e != 0 {
-		return e
-	}
-	return nil
+	return prog.Instructions(), nil
 }
 
 // libseccompFilter is the BPF libseccomp exports for a, without runc's stub.

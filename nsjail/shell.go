@@ -1,0 +1,901 @@
+package nsjail
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/opencontainers/runc/libcontainer"
+	"github.com/opencontainers/runc/libcontainer/configs"
+	"github.com/sandboxd/sandboxd/cgroup"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"github.com/sandboxd/sandboxd/seccomp"
+	"golang.org/x/sys/unix"
+)
+
+// A shell (issue 17, server/warmpool/TEMPLATE.md section 3 steps 3-6) is
+// what libcontainer makes of a cold sandbox for one fork of a template,
+// minus the process: nsjail's own buildConfig for the execution's Spec,
+// except that the user and pid namespaces are joined from the fork's
+// process G (pid 1 of its own pid namespace, root of its own user
+// namespace, both children of the template's) instead of created, and the
+// cgroup is a child of the template's. libcontainer's init sets everything
+// up and blocks on its exec fifo; StartShell then takes the namespaces it
+// made (as fds) and the seccomp program the kernel holds for it, and
+// SIGKILLs and reaps it before it ever execs. G later joins those
+// namespaces, moves into the shell's cgroup (v1: MoveG) and loads the
+// program.
+
+// shellNamespaces are the namespaces a shell's init makes, in the order of
+// Shell.NamespaceFiles. An array, and unexported: G joins the fds in this
+// order (setns with the type each must be), so nothing may reorder it.
+var shellNamespaces = [...]string{"mnt", "net", "ipc", "uts", "cgroup"}
+
+// ShellNamespaces are the namespaces a shell's init makes (/proc/PID/ns
+// names), in the order of Shell.NamespaceFiles; a fresh copy.
+func ShellNamespaces() []string {
+	ns := shellNamespaces // the array copied: the slice is the caller's
+	return ns[:]
+}
+
+// Shell is a started shell. Destroy must be called on it, and its
+// container must only ever be killed and removed: never Exec or Run it,
+// and never libcontainer.Load it for anything else (Sweep's Load,
+// Signal(SIGKILL), which kills through the cgroup, and Destroy join no
+// namespace). Its state.json records the user and pid
+// namespaces as the paths it joined them by, /proc/<worker pid>/fd/N, fds
+// StartShell closed on return: a runc exec (or a worker restarted under
+// another pid, or any later holder of those fd numbers, another shell's
+// namespace fds say) would make libcontainer join whatever those paths
+// name then, i.e. another execution's namespaces or none of the sandbox's.
+type Shell struct {
+	r   *Runner
+	id  string
+	tpl *Template
+	c   *libcontainer.Container
+	log *slog.Logger
+	// g is a pidfd of G (a duplicate of the one StartShell was given) and
+	// gpid its host pid: StartShell checked that g is G's.
+	g    *os.File
+	gpid int
+	// ns are the shell's namespaces, in ShellNamespaces order, until
+	// CloseNamespaces or Destroy.
+	nsMu sync.Mutex
+	ns   []*os.File
+	prog seccomp.Program
+	// cgroupPaths are the shell's cgroup directories, children of the
+	// template's.
+	cgroupPaths cgroup.Paths
+	destroyOnce sync.Once
+	destroyErr  error
+}
+
+// StartShell makes the shell for fork G of template t: g is a pidfd of G
+// (G sent it; G's pid is read from the pidfd, never taken from a message).
+// spec is the execution's (rootfs, workspace, hostname, limits; Args[0] is
+// looked up by libcontainer's init, which fails the start if it is
+// missing, and never executed; Env and Cwd are G's business, Stdin and
+// ExtraFiles are not allowed).
+//
+// Before anything is created StartShell checks that G is a fork of t:
+// G's user namespace is a child of t's (U_F of U_T), its pid namespace is a
+// child of t's, owned by G's user namespace, and G is its pid 1, its uid and gid maps, as the host sees
+// them, are a cold sandbox's, and G has no shell yet: it is still the
+// template's root with every capability of its user namespace, in the
+// template's own cgroup (isUnplacedFork). Every one of those reads goes through a
+// /proc/<G's pid> directory fd that is known to be G's because G's pidfd
+// still referred to a live process after it was opened (a pid is not
+// reused while its process lives, zombie included: SECURITY.md case 41's
+// pattern). A template that sent the pidfd of anything else (itself, F,
+// another fork's G, a process of another template) gets an error, and
+// nothing joins that process's namespaces. G's oom_score_adj is then
+// reset to a cold process's (resetOOMScoreAdj).
+//
+// libcontainer joins the user and pid namespaces by the paths
+// /proc/<worker pid>/fd/N of the fds opened then, never by
+// /proc/<G's pid>/ns/..., which runc's init opens later, when the pid
+// could be another process's.
+//
+// ctx bounds the start: at its end the shell's cgroup (the init, nothing
+// else) is killed and StartShell fails (see the comment at Start).
+func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.File) (*Shell, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	if len(spec.ExtraFiles) > 0 || spec.Stdin != nil {
+		return nil, errors.New("a shell runs no command: it takes no stdin or extra files")
+	}
+	if g == nil {
+		return nil, errors.New("a shell needs G's pidfd")
+	}
+	id, lim, log := r.prepare(&spec)
+	log = log.With("template", t.ID())
+	fail := func(format string, a ...any) (*Shell, error) {
+		return nil, startFailed(id, log, "shell start failed", format, a...)
+	}
+
+	gfd, err := unix.FcntlInt(g.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return fail("unable to duplicate G's pidfd: %w", err)
+	}
+	gfile := os.NewFile(uintptr(gfd), "pidfd-G")
+	keepG := false
+	defer func() {
+		if !keepG {
+			gfile.Close()
+		}
+	}()
+	gpid, userNS, pidNS, err := r.openFork(t, gfd)
+	if err != nil {
+		return fail("not a fork of template %s: %w", t.ID(), err)
+	}
+	defer userNS.Close()
+	defer pidNS.Close()
+
+	cfg, err := r.buildConfig(id, &spec, lim)
+	if err != nil {
+		return fail("unable to build sandbox config: %w", err)
+	}
+	self := os.Getpid()
+	for i := range cfg.Namespaces {
+		switch cfg.Namespaces[i].Type {
+		case configs.NEWUSER:
+			cfg.Namespaces[i].Path = fmt.Sprintf("/proc/%d/fd/%d", self, userNS.Fd())
+		case configs.NEWPID:
+			cfg.Namespaces[i].Path = fmt.Sprintf("/proc/%d/fd/%d", self, pidNS.Fd())
+		}
+	}
+	// A child of the template's cgroup: G moves (v1) only within the
+	// subtree it was forked in.
+	cfg.Cgroups.Path = path.Join(t.cgroupRel, id)
+
+	// Marked as a cold sandbox is (SECURITY.md case 29).
+	c, err := r.createMarked(id, cfg, log)
+	if err != nil {
+		return fail("unable to create shell: %w", err)
+	}
+	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		r.destroy(c, log)
+		return fail("unable to open %s: %w", os.DevNull, err)
+	}
+	proc := &libcontainer.Process{Args: spec.Args, Env: withPath(spec.Env), Cwd: "/", UID: inside.UID, GID: inside.GID,
+		Stdin: devnull, Stdout: devnull, Stderr: devnull, Init: true}
+	// The deadline: G, root of U_F, holds CAP_KILL over the shell's init
+	// from the moment it joins PID_F, and can SIGSTOP it; libcontainer's
+	// Start would then wait for the init's next sync message forever, and
+	// so would the worker's refill. At ctx's end every process of the
+	// shell's cgroup is killed: the init's stages, which libcontainer puts
+	// there before the first of them clones, and nothing else (G is still
+	// in the template's cgroup: isUnplacedFork, and MoveG cannot be called
+	// on a shell not yet returned). Start then fails on the closed sync
+	// pipe. The paths are read now: State waits for the container's lock,
+	// which Start holds.
+	state, err := c.State()
+	if err != nil || len(state.CgroupPaths) == 0 {
+		devnull.Close()
+		r.destroy(c, log)
+		return fail("unable to read the shell's cgroup paths before its start (%v)", err)
+	}
+	stopWatch := context.AfterFunc(ctx, func() {
+		log.Error("shell start past its deadline: killing the shell's cgroup")
+		if err := cgroup.KillAll(state.CgroupPaths); err != nil {
+			log.Error("unable to kill the shell's cgroup", "error", err)
+		}
+	})
+	defer stopWatch()
+	// `runc create`: the init sets up every namespace, mount and limit,
+	// drops to the sandbox user, loads the seccomp filter (before the fifo:
+	// no_new_privs is set) and blocks on its exec fifo. Container.Exec,
+	// which would let it exec, is never called.
+	err = c.Start(proc)
+	devnull.Close()
+	if err != nil {
+		r.destroy(c, log)
+		reapInitZombies(pidNS, log)
+		return fail("unable to start shell: %w", errors.Join(err, ctx.Err()))
+	}
+	initPid, err := proc.Pid()
+	if err != nil {
+		// Start succeeded, so the process exists; without its pid it can
+		// only be killed through the cgroup, which Destroy does.
+		r.destroy(c, log)
+		return fail("unable to read the shell init's pid: %w", err)
+	}
+	s := &Shell{r: r, id: id, tpl: t, c: c, log: log, g: gfile, gpid: gpid}
+	// Everything below reads the init through its pid: it is our child and
+	// not reaped until killInit (LoadedProgram never reaps), so the pid is
+	// its own, zombie included. killInit signals it through libcontainer's
+	// process handle, which holds a pidfd of the init (os.FindProcess, Go
+	// 1.23+), never by pid: G, root of the init's user namespace, can
+	// SIGKILL the init at any moment, and a kill(2) by pid after anything
+	// had reaped it would be a SIGKILL, as root, of whatever host process
+	// took the pid next.
+	killInit := func() {
+		_ = proc.Signal(unix.SIGKILL)
+		_, _ = proc.Wait()
+	}
+	if err := s.takeInit(initPid, userNS, pidNS); err != nil {
+		killInit()
+		r.destroy(c, log)
+		s.closeNamespaces()
+		return fail("%w", err)
+	}
+	// The init dies before it ever execs: no process but G's will be in
+	// the sandbox, and no unfiltered one (SECURITY.md section "Template
+	// forks"). It must be reaped too: G, pid 1 of PID_F, cannot finish
+	// exiting while any process of PID_F is unreaped (E4).
+	killInit()
+	if !stopWatch() {
+		// The deadline came (its kill may have hit the init at any step
+		// above): whatever was read is not to be trusted.
+		r.destroy(c, log)
+		s.closeNamespaces()
+		return fail("shell start past its deadline: %w", ctx.Err())
+	}
+	keepG = true
+	return s, nil
+}
+
+// reapInitZombies reaps the worker's exited children that were in pidNS
+// (G's, PID_F): what a failed libcontainer Start leaves when the init dies
+// mid-start (killed by G, which holds CAP_KILL over it, or by the
+// deadline's kill): libcontainer learns the final init's pid from the
+// init itself and may fail before it keeps a handle to wait for it, and
+// the init is the worker's child (CLONE_PARENT). Left unreaped, it keeps G,
+// pid 1 of PID_F, from ever finishing its exit (E4), so F never reports.
+// Each candidate is pinned by a pidfd opened before its /proc files are
+// read and found alive (a zombie is) after: a zombie child of the worker
+// in PID_F is a shell's init and nothing else (no other child of the
+// worker is ever in a fork's pid namespace), so no other sandbox's exit
+// status is taken.
+func reapInitZombies(pidNS *os.File, log *slog.Logger) {
+	want, err := nsIDOf(int(pidNS.Fd()))
+	if err != nil {
+		return
+	}
+	self := strconv.Itoa(os.Getpid())
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			continue
+		}
+		func() {
+			defer unix.Close(fd)
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+			if err != nil {
+				return
+			}
+			if pp := statusField(string(b), "PPid"); len(pp) != 1 || pp[0] != self {
+				return
+			}
+			if st := statusField(string(b), "State"); len(st) == 0 || st[0] != "Z" {
+				return
+			}
+			var st unix.Stat_t
+			if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/pid", pid), &st); err != nil ||
+				(nsID{uint64(st.Dev), st.Ino}) != want {
+				return
+			}
+			if err := unix.PidfdSendSignal(fd, 0, nil, 0); err != nil {
+				return
+			}
+			var info unix.Siginfo
+			if err := unix.Waitid(unix.P_PIDFD, fd, &info, unix.WEXITED|unix.WNOHANG, nil); err == nil {
+				log.Warn("reaped a shell init libcontainer left behind", "pid", pid)
+			}
+		}()
+	}
+}
+
+// takeInit reads what the worker keeps of the shell's init: its cgroup
+// paths, its namespaces as fds, and the seccomp program the kernel holds
+// for it, after checking that it runs in G's user and pid namespaces.
+func (s *Shell) takeInit(initPid int, userNS, pidNS *os.File) error {
+	state, err := s.c.State()
+	if err != nil {
+		return fmt.Errorf("unable to read the shell's state: %w", err)
+	}
+	s.cgroupPaths = state.CgroupPaths
+	for _, want := range []struct {
+		name string
+		f    *os.File
+	}{{"user", userNS}, {"pid", pidNS}} {
+		if err := sameNamespace(fmt.Sprintf("/proc/%d/ns/%s", initPid, want.name), want.f); err != nil {
+			return fmt.Errorf("the shell's init is not in G's %s namespace: %w", want.name, err)
+		}
+	}
+	for _, n := range shellNamespaces {
+		f, err := os.Open(fmt.Sprintf("/proc/%d/ns/%s", initPid, n))
+		if err != nil {
+			return fmt.Errorf("unable to open the shell's %s namespace: %w", n, err)
+		}
+		s.ns = append(s.ns, f)
+	}
+	prog, err := seccomp.LoadedProgram(initPid)
+	if err != nil {
+		return fmt.Errorf("unable to read the shell init's seccomp program: %w", err)
+	}
+	if s.prog, err = s.r.sameProgram(prog); err != nil {
+		return err
+	}
+	return nil
+}
+
+// sameProgram returns the seccomp program every shell of this Runner
+// loads: the first shell's, read from the kernel. A later shell's must be
+// the same (the program depends only on the Runner's profile), byte for
+// byte (a few KiB: a comparison costs less than a hash); a difference is
+// an error (the kernel, libcontainer or the profile changed under a
+// running worker), never a second program.
+func (r *Runner) sameProgram(p seccomp.Program) (seccomp.Program, error) {
+	r.shellProgMu.Lock()
+	defer r.shellProgMu.Unlock()
+	if r.shellProg == nil {
+		r.shellProg = p
+		return p, nil
+	}
+	if !bytes.Equal(p, r.shellProg) {
+		return nil, fmt.Errorf("the shell init's seccomp program (%d instructions) differs from the one this worker read before (%d instructions)",
+			p.Len(), r.shellProg.Len())
+	}
+	return r.shellProg, nil
+}
+
+// openFork opens G's user and pid namespaces and checks that G is a fork
+// of t (see StartShell). G's pid is read from gfd's fdinfo; /proc/<pid> is
+// opened as a directory, and gfd's process found alive after that open:
+// the directory is then G's for good (a /proc/<pid> fd stays bound to the
+// process it was opened for, and reads through it fail once that process
+// is gone, whatever reuses the pid), and every later read goes through it.
+// It also resets G's oom_score_adj (see resetOOMScoreAdj).
+func (r *Runner) openFork(t *Template, gfd int) (gpid int, userNS, pidNS *os.File, err error) {
+	gpid, err = pidfdPid(gfd)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	dirfd, err := unix.Open(fmt.Sprintf("/proc/%d", gpid), unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	defer unix.Close(dirfd)
+	if err := unix.PidfdSendSignal(gfd, 0, nil, 0); err != nil {
+		return 0, nil, nil, fmt.Errorf("G (pid %d) is gone: %w", gpid, err)
+	}
+	open := func(name string) (*os.File, error) {
+		fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("open /proc/%d/%s: %w", gpid, name, err)
+		}
+		return os.NewFile(uintptr(fd), fmt.Sprintf("/proc/%d/%s", gpid, name)), nil
+	}
+	read := func(name string) (string, error) {
+		f, err := open(name)
+		if err != nil {
+			return "", err
+		}
+		defer f.Close()
+		b, err := io.ReadAll(f)
+		return string(b), err
+	}
+	closeAll := func() {
+		for _, f := range []*os.File{userNS, pidNS} {
+			if f != nil {
+				f.Close()
+			}
+		}
+	}
+	if userNS, err = open("ns/user"); err != nil {
+		return 0, nil, nil, err
+	}
+	if pidNS, err = open("ns/pid"); err != nil {
+		closeAll()
+		return 0, nil, nil, err
+	}
+	uidMap, err1 := read("uid_map")
+	gidMap, err2 := read("gid_map")
+	status, err3 := read("status")
+	cgroups, err4 := read("cgroup")
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
+		closeAll()
+		return 0, nil, nil, err
+	}
+	var errs []error
+	if err := isChildNamespace(userNS, t.userNS); err != nil {
+		errs = append(errs, fmt.Errorf("user namespace: %w", err))
+	}
+	if err := isChildNamespace(pidNS, t.pidNS); err != nil {
+		errs = append(errs, fmt.Errorf("pid namespace: %w", err))
+	}
+	// PID_F must be owned by U_F, as a cold sandbox's pid namespace is by
+	// its user namespace. A template whose F unshared the pid namespace
+	// before the user namespace makes one owned by U_T: privilege over it
+	// (its /proc mount, ns_last_pid, signalling its init) then belongs to
+	// U_T's root, the template, and to nothing of the sandbox, a shape
+	// no test covers; refused. (That unshare needs CAP_SYS_ADMIN in U_T,
+	// which templateCaps leave out today; the check keeps the shape out
+	// whatever the template's capabilities become.)
+	if err := isOwnedBy(pidNS, userNS); err != nil {
+		errs = append(errs, fmt.Errorf("pid namespace: %w", err))
+	}
+	base := r.opts.HostIDBase
+	for _, m := range []struct {
+		name, got string
+		id        int
+	}{{"uid_map", uidMap, inside.UID}, {"gid_map", gidMap, inside.GID}} {
+		// As the host sees it: inside id, host id, count.
+		want := fmt.Sprintf("0 %d 1\n%d %d 1", base, m.id, base+m.id)
+		if normalizeMap(m.got) != want {
+			errs = append(errs, fmt.Errorf("%s is %q, want a cold sandbox's %q", m.name, normalizeMap(m.got), want))
+		}
+	}
+	if nspid := statusField(status, "NSpid"); len(nspid) < 2 || nspid[len(nspid)-1] != "1" {
+		errs = append(errs, fmt.Errorf("G is not pid 1 of its own pid namespace (NSpid %v)", nspid))
+	}
+	// A fork that has not been placed yet: still the template's root, with
+	// every capability of U_F, in the template's own cgroup. Without this a
+	// template could send the pidfd of a G that already has a shell (moved
+	// into that shell's cgroup, maybe dropped and running an execution's
+	// code) and get a second shell's namespace fds handed to it, or have
+	// the worker reset that execution's oom_score_adj.
+	if err := isUnplacedFork(status, cgroups, t, base); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		closeAll()
+		return 0, nil, nil, err
+	}
+	if err := resetOOMScoreAdj(dirfd); err != nil {
+		closeAll()
+		return 0, nil, nil, err
+	}
+	return gpid, userNS, pidNS, nil
+}
+
+// isUnplacedFork checks, from G's /proc status and cgroup files, that G is
+// as a fork is before it has a shell: all its uids and gids the template
+// root's (host HostIDBase+1, as the worker sees them), every capability in
+// its effective set (U_F's root: a dropped G has none), and in the
+// template's own cgroup in every hierarchy the template has (a G already
+// moved into a shell's is in tpl-<id>/sbx-<id>).
+func isUnplacedFork(status, cgroups string, t *Template, base int) error {
+	root := strconv.Itoa(base + 1)
+	for _, k := range []string{"Uid", "Gid"} {
+		f := statusField(status, k)
+		if len(f) != 4 || slices.IndexFunc(f, func(s string) bool { return s != root }) >= 0 {
+			return fmt.Errorf("G's %s is %v, want the template root's %s (a G that changed its ids is not a fresh fork)", k, f, root)
+		}
+	}
+	b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap")
+	if err != nil {
+		return err
+	}
+	last, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return fmt.Errorf("cap_last_cap: %w", err)
+	}
+	full := uint64(1)<<(last+1) - 1
+	if f := statusField(status, "CapEff"); len(f) != 1 {
+		return fmt.Errorf("G's CapEff is %v", f)
+	} else if eff, err := strconv.ParseUint(f[0], 16, 64); err != nil || eff != full {
+		return fmt.Errorf("G's CapEff is %s, want every capability (%x): a G that dropped any is not a fresh fork", f[0], full)
+	}
+	// v1 lines are "id:controllers:path", the path relative to the
+	// worker's cgroup namespace; the template's directories end with it.
+	lines := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(cgroups), "\n") {
+		parts := strings.SplitN(l, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			lines[c] = parts[2]
+		}
+	}
+	for ctrl, tdir := range t.s.cgroupPaths {
+		if tdir == "" {
+			continue
+		}
+		p, ok := lines[ctrl]
+		if !ok || !strings.HasPrefix(p, "/") || path.Base(p) != t.ID() || !strings.HasSuffix(tdir, p) {
+			return fmt.Errorf("G's %s cgroup is %q, not the template's own %s", ctrl, p, tdir)
+		}
+	}
+	return nil
+}
+
+// resetOOMScoreAdj gives G, through its /proc directory fd, the worker's
+// own oom_score_adj, which is what a cold sandbox's process inherits. G
+// inherited the template's -1000 (templateOOMScoreAdj) and, with it, the
+// template's oom_score_adj_min of -1000, which the kernel sets whenever a
+// privileged process writes the value: left so, the code in G could lower
+// its own oom_score_adj back to -1000 without any privilege (the kernel
+// lets a process go down to its min), make itself unkillable by the OOM
+// killer, and turn its cgroup's memory limit into a stuck OOM (cgroup v1
+// under_oom) or the host's OOM killer's problem. Written by the worker
+// (CAP_SYS_RESOURCE), it sets both the value and the min, as for a cold
+// process.
+func resetOOMScoreAdj(dirfd int) error {
+	own, err := os.ReadFile("/proc/self/oom_score_adj")
+	if err != nil {
+		return err
+	}
+	fd, err := unix.Openat(dirfd, "oom_score_adj", unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("unable to open G's oom_score_adj: %w", err)
+	}
+	defer unix.Close(fd)
+	if _, err := unix.Write(fd, []byte(strings.TrimSpace(string(own)))); err != nil {
+		return fmt.Errorf("unable to reset G's oom_score_adj: %w", err)
+	}
+	return nil
+}
+
+// pidfdPid is the host pid of the process pidfd fd refers to, from its
+// fdinfo; an error when fd is not a pidfd or its process is gone.
+func pidfdPid(fd int) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", fd))
+	if err != nil {
+		return 0, err
+	}
+	f := statusField(string(b), "Pid")
+	if len(f) != 1 {
+		return 0, errors.New("not a pidfd")
+	}
+	pid, err := strconv.Atoi(f[0])
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("the pidfd's process is gone or not visible (Pid: %s)", f[0])
+	}
+	return pid, nil
+}
+
+// statusField is the whitespace-separated value of key in a
+// /proc/.../status or fdinfo text, nil when absent.
+func statusField(text, key string) []string {
+	for _, line := range strings.Split(text, "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && k == key {
+			return strings.Fields(v)
+		}
+	}
+	return nil
+}
+
+// normalizeMap is an id map's lines with single spaces.
+func normalizeMap(m string) string {
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(m), "\n") {
+		lines = append(lines, strings.Join(strings.Fields(l), " "))
+	}
+	return strings.Join(lines, "\n")
+}
+
+// nsGetParent is NS_GET_PARENT (linux/nsfs.h, _IO(0xb7, 0x2)): an fd of
+// the parent of a user or pid namespace.
+const nsGetParent = 0xb7<<8 | 0x2
+
+// nsGetUserNS is NS_GET_USERNS (linux/nsfs.h, _IO(0xb7, 0x1)): an fd of
+// the user namespace that owns a namespace.
+const nsGetUserNS = 0xb7<<8 | 0x1
+
+// isOwnedBy checks that namespace ns is owned by user namespace owner.
+func isOwnedBy(ns, owner *os.File) error {
+	ufd, _, errno := unix.Syscall(unix.SYS_IOCTL, ns.Fd(), nsGetUserNS, 0)
+	if errno != 0 {
+		return fmt.Errorf("NS_GET_USERNS: %w", errno)
+	}
+	defer unix.Close(int(ufd))
+	got, err := nsIDOf(int(ufd))
+	if err != nil {
+		return err
+	}
+	want, err := nsIDOf(int(owner.Fd()))
+	if err != nil {
+		return err
+	}
+	if got != want {
+		return errors.New("not owned by G's user namespace")
+	}
+	return nil
+}
+
+// isChildNamespace checks that namespace child's parent is parent.
+func isChildNamespace(child, parent *os.File) error {
+	pfd, _, errno := unix.Syscall(unix.SYS_IOCTL, child.Fd(), nsGetParent, 0)
+	if errno != 0 {
+		return fmt.Errorf("NS_GET_PARENT: %w", errno)
+	}
+	defer unix.Close(int(pfd))
+	got, err := nsIDOf(int(pfd))
+	if err != nil {
+		return err
+	}
+	want, err := nsIDOf(int(parent.Fd()))
+	if err != nil {
+		return err
+	}
+	if got != want {
+		return errors.New("not a child of the template's")
+	}
+	return nil
+}
+
+// sameNamespace checks that the namespace at path is f's.
+func sameNamespace(path string, f *os.File) error {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return err
+	}
+	want, err := nsIDOf(int(f.Fd()))
+	if err != nil {
+		return err
+	}
+	if (nsID{uint64(st.Dev), st.Ino}) != want {
+		return errors.New("a different namespace")
+	}
+	return nil
+}
+
+// ID is the shell's id (its container, cgroup and state directory name).
+func (s *Shell) ID() string { return s.id }
+
+// GPid is G's host pid, as read from its pidfd. It is G's only while G
+// lives: signal G through GPidfd.
+func (s *Shell) GPid() int { return s.gpid }
+
+// GPidfd is the shell's pidfd of G, valid until Destroy.
+func (s *Shell) GPidfd() *os.File { return s.g }
+
+// NamespaceFiles are the shell's namespaces, in ShellNamespaces order, for
+// G to join (setns); nil once CloseNamespaces or Destroy closed them. They
+// keep the namespaces alive while no process is in them.
+func (s *Shell) NamespaceFiles() []*os.File {
+	s.nsMu.Lock()
+	defer s.nsMu.Unlock()
+	return slices.Clone(s.ns)
+}
+
+// CloseNamespaces closes the namespace fds once G holds the namespaces.
+func (s *Shell) CloseNamespaces() { s.closeNamespaces() }
+
+func (s *Shell) closeNamespaces() {
+	s.nsMu.Lock()
+	defer s.nsMu.Unlock()
+	for _, f := range s.ns {
+		f.Close()
+	}
+	s.ns = nil
+}
+
+// SeccompProgram is the program G loads: the one the kernel held for the
+// shell's init, i.e. a cold sandbox's (the same for every shell of this
+// Runner). It must not be modified.
+func (s *Shell) SeccompProgram() seccomp.Program { return s.prog }
+
+// CgroupPaths are the shell's cgroup directories, one per hierarchy,
+// children of the template's.
+func (s *Shell) CgroupPaths() cgroup.Paths { return s.cgroupPaths }
+
+// MoveG moves G into the shell's cgroup on cgroup v1 (no CLONE_INTO_CGROUP
+// there; TEMPLATE.md section 4): G was forked in the template's cgroup,
+// and the shell's is a child of it, so G never leaves the subtree it
+// started in. It moves only G (the pidfd StartShell checked), only from
+// the template's own cgroup (or the shell's: moving twice is a no-op), and
+// only into the shell's: a directory that is not a child of the
+// template's, or a G found anywhere else, is an error and nothing more is
+// written. On v2 it refuses: G is born in its cgroup there, and a move
+// between the template's leaf and the shell's would be one between
+// siblings.
+//
+// v1 has no way to move by pidfd: G's pid is written to cgroup.procs. The
+// attack this defends against: G dies between the membership check and
+// the write, F (its parent, template code) reaps it at once, a host
+// process takes the freed pid, and the write moves that host process into
+// the shell's cgroup (out of the subtree it started in), where the
+// caller's Destroy would then SIGKILL it. Two rules close it:
+//
+//   - Protocol (TEMPLATE.md section 11, step 4): F never reaps G until the
+//     worker has finished MoveG. F waits for G with
+//     waitid(WEXITED|WNOWAIT), which leaves G a zombie, and reaps it only
+//     on the worker's go-ahead; a zombie's pid is not reused.
+//   - The worker does not rely on F (template code, which a compromised
+//     template controls): MoveG holds G's pid itself for the whole check
+//     and write (pinG: it ptrace-attaches G, and a traced process that
+//     dies stays a zombie its parent cannot reap until the tracer lets it
+//     go), and attaches only after it found G's pidfd alive, so the pid
+//     attached is G's. A G it cannot attach (already traced, say) is an
+//     error, with nothing written.
+//
+// So the only pid MoveG ever writes is G's (a zombie G's write moves
+// nothing), and after a failed MoveG the shell's cgroup holds at most G and
+// what G forked there, all of them forks of the template: Destroy's kill of
+// everything in it kills nothing else. After the writes MoveG checks, G
+// still pinned, that G is listed in every one of the shell's cgroups, and
+// fails if it is not (G died).
+func (s *Shell) MoveG() error {
+	if _, v2 := s.cgroupPaths.V2(); v2 {
+		return errors.New("cgroup v2: G must be forked into the shell's cgroup (CLONE_INTO_CGROUP), not moved")
+	}
+	type move struct{ from, to string }
+	var moves []move
+	seen := map[string]bool{}
+	for ctrl, dir := range s.cgroupPaths {
+		if dir == "" || seen[dir] {
+			continue
+		}
+		seen[dir] = true
+		tdir := s.tpl.s.cgroupPaths[ctrl]
+		if tdir == "" || filepath.Dir(dir) != tdir || filepath.Base(dir) != s.id {
+			return fmt.Errorf("cgroup %s (%s) is not the shell's child of the template's %q", dir, ctrl, tdir)
+		}
+		moves = append(moves, move{tdir, dir})
+	}
+	slices.SortFunc(moves, func(a, b move) int { return strings.Compare(a.to, b.to) })
+	pid := strconv.Itoa(s.gpid)
+	return pinG(s.gpid, s.g, s.log, func() error {
+		for _, m := range moves {
+			inFrom, err1 := inCgroup(m.from, pid)
+			inTo, err2 := inCgroup(m.to, pid)
+			if err := errors.Join(err1, err2); err != nil {
+				return err
+			}
+			if inTo {
+				continue
+			}
+			if !inFrom {
+				return fmt.Errorf("G (pid %d) is not in the template's cgroup %s: not moved", s.gpid, m.from)
+			}
+			if err := os.WriteFile(filepath.Join(m.to, "cgroup.procs"), []byte(pid), 0); err != nil {
+				return fmt.Errorf("unable to move G into %s: %w", m.to, err)
+			}
+		}
+		// A G that died (a zombie: pinned, not reaped) is listed nowhere.
+		for _, m := range moves {
+			in, err := inCgroup(m.to, pid)
+			if err != nil {
+				return err
+			}
+			if !in {
+				return fmt.Errorf("G (pid %d) is not in %s after the move: it died", s.gpid, m.to)
+			}
+		}
+		return nil
+	})
+}
+
+// pinReleaseGrace is how long pinG waits for G's ptrace stop when it lets
+// G go before it SIGKILLs G (a G that does not stop is in a killable-only
+// wait, a vfork's say, which template code never needs before its
+// hand-off: a template that does it is broken or hostile).
+const pinReleaseGrace = 10 * time.Second
+
+// pinG runs f while the worker holds pid, G's, so that it cannot be reused:
+// it ptrace-attaches pid (PTRACE_SEIZE: G does not stop, and is not
+// otherwise disturbed) and checks G's pidfd after the attach: alive (a
+// zombie included), the pid attached was G's. While attached, a G that
+// dies stays a zombie that only the tracer can see: F cannot reap it, and
+// its pid cannot be reused. Afterwards G is let go: interrupted and
+// detached, or, when it died, waited for as its tracer, which hands the
+// zombie (and its exit status) back to F. A G that does not reach its stop
+// within pinReleaseGrace is SIGKILLed through its pidfd. ptrace needs what
+// seccomp.LoadedProgram needs (CAP_SYS_PTRACE; yama's ptrace_scope below
+// 3).
+func pinG(pid int, pidfd *os.File, log *slog.Logger, f func() error) error {
+	// ptrace requests and the tracer's waits must come from the thread
+	// that attached.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	pt := func(req int, data uintptr) error {
+		_, _, e := unix.Syscall6(unix.SYS_PTRACE, uintptr(req), uintptr(pid), 0, data, 0, 0)
+		if e != 0 {
+			return e
+		}
+		return nil
+	}
+	if err := pt(unix.PTRACE_SEIZE, 0); err != nil {
+		return fmt.Errorf("unable to pin G (pid %d) with ptrace: %w", pid, err)
+	}
+	defer releaseG(pid, pidfd, log, pt)
+	if err := unix.PidfdSendSignal(int(pidfd.Fd()), 0, nil, 0); err != nil {
+		return fmt.Errorf("G (pid %d) is gone: %w", pid, err)
+	}
+	return f()
+}
+
+// releaseG lets G go after pinG (see there). It runs on pinG's locked
+// thread.
+func releaseG(pid int, pidfd *os.File, log *slog.Logger, pt func(int, uintptr) error) {
+	// ESRCH: G is a zombie (or the attach was someone else's pid, then
+	// already gone): the wait below handles both.
+	_ = pt(unix.PTRACE_INTERRUPT, 0)
+	timer := time.AfterFunc(pinReleaseGrace, func() {
+		log.Error("G did not stop to be released from its pin: killed", "pid", pid)
+		_ = unix.PidfdSendSignal(int(pidfd.Fd()), unix.SIGKILL, nil, 0)
+	})
+	defer timer.Stop()
+	for {
+		// As G's tracer, not its parent: reaping a dead G here only
+		// detaches it and hands the zombie, with its exit status, to F.
+		var ws unix.WaitStatus
+		_, err := unix.Wait4(pid, &ws, unix.WALL, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			// ECHILD: not (or no longer) our tracee; nothing to release.
+			if err != unix.ECHILD {
+				log.Error("unable to release G from its pin", "pid", pid, "error", err)
+			}
+			return
+		}
+		if !ws.Stopped() {
+			return // exited or killed: handed to F
+		}
+		// A stop with no ptrace event is a signal-delivery stop (a signal
+		// G got while pinned, before the interrupt's stop): detaching
+		// delivers that signal, as if G had never been traced. Any other
+		// stop (the interrupt's, a group stop) detaches with none.
+		var sig uintptr
+		if int(ws)>>16 == 0 {
+			sig = uintptr(ws.StopSignal())
+		}
+		if err := pt(unix.PTRACE_DETACH, sig); err != nil {
+			log.Error("unable to detach from G", "pid", pid, "error", err)
+		}
+		return
+	}
+}
+
+// inCgroup tells whether pid is listed in dir's cgroup.procs.
+func inCgroup(dir, pid string) (bool, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return false, err
+	}
+	return slices.Contains(strings.Fields(string(b)), pid), nil
+}
+
+// Destroy ends the shell: it kills every process in its cgroup (G and what
+// G started, once G moved in; F, G's parent, is in the template's cgroup
+// and reaps it), removes the cgroup, the state directory and the owner
+// marker, and closes the namespace fds and G's pidfd. A G that never moved
+// in is not killed: it is still the template's. Idempotent; what could not
+// be removed keeps its marker, for Sweep.
+func (s *Shell) Destroy() error {
+	s.destroyOnce.Do(func() {
+		s.closeNamespaces()
+		var errs []error
+		if err := cgroup.KillAll(s.cgroupPaths); err != nil {
+			errs = append(errs, err)
+		}
+		// libcontainer's destroy of a container in a joined pid namespace
+		// also kills what its cgroup holds, then removes it.
+		if err := s.c.Destroy(); err != nil {
+			errs = append(errs, err)
+		} else if err := s.r.unmarkOwned(s.id); err != nil {
+			errs = append(errs, err)
+		}
+		s.g.Close()
+		s.destroyErr = errors.Join(errs...)
+		if s.destroyErr != nil {
+			s.log.Error("unable to destroy shell", "error", s.destroyErr)
+		}
+	})
+	return s.destroyErr
+}

@@ -1,0 +1,231 @@
+package nsjail
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/opencontainers/runc/libcontainer/configs"
+	"github.com/sandboxd/sandboxd/cgroup"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"golang.org/x/sys/unix"
+)
+
+// A template (issue 17, server/warmpool/TEMPLATE.md sections 2-5) is a
+// sandbox whose process imports the data stack once and forks, per
+// execution, a process F that makes the execution's user and pid namespaces
+// and forks G, the code's process; a shell (shell.go) then gives G the rest
+// of a cold sandbox. This file starts the template's sandbox.
+
+// templateCaps are the only capabilities the template's process holds, in
+// its own user namespace U_T only: CAP_SETUID and CAP_SETGID to write each
+// fork's id maps. No CAP_SETFCAP: the kernel asks for it (Linux 5.12+,
+// verify_root_map) only for a map with an extent onto uid 0 of the parent
+// namespace, and ForkIDMap maps onto HostIDBase and HostIDBase+inside.UID
+// of U_T, never onto U_T's 0; one capability less for a compromised
+// template to use (it would let T give files capabilities that count in
+// U_T). None of them reaches the host's namespaces or a cold sandbox's:
+// U_T is a child of the host's, and a cold sandbox's user namespace is not
+// U_T's descendant.
+//
+// These two are not the limit of T's power: T is in the parent of every
+// fork's user namespace U_F and its euid owns each (F made U_F with T's
+// creds), and the kernel (cap_capable) gives such a process every
+// capability in that namespace and in every namespace it owns (PID_F,
+// each shell's mount, net, ipc, uts and cgroup namespaces). T could ptrace,
+// signal or join any fork of its own as far as its seccomp filter allows:
+// the template seccomp profile (below) is a requirement before the pool
+// uses forks (TEMPLATE.md plan step 5), not an option (SECURITY.md,
+// "Template forks").
+var templateCaps = []string{"CAP_SETUID", "CAP_SETGID"}
+
+// templateOOMScoreAdj keeps the kernel's OOM killer off the template
+// (TEMPLATE.md section 4): it is pid 1 of the pid namespace every fork's
+// lives in, so its death kills every execution made from it. Lowering it
+// needs CAP_SYS_RESOURCE in the host's user namespace. It is written by the
+// worker once the template's process runs, not through
+// configs.Config.OomScoreAdj: libcontainer's nsexec writes that with the
+// worker's privileges too, but fails the whole start when the worker lacks
+// the capability (some container runtimes drop it; the development VM's
+// root has it dropped), where a template without the protection still
+// works. Every fork inherits the value, and its oom_score_adj_min with it:
+// StartShell resets G's (resetOOMScoreAdj).
+const templateOOMScoreAdj = -1000
+
+// Template is a started template sandbox. Stop must be called on it.
+type Template struct {
+	s *Sandbox
+	// cgroupRel is the template's cgroup, relative to the worker's own in
+	// every hierarchy (<parent>/tpl-<id>): each shell's is its child.
+	cgroupRel string
+	// userNS and pidNS are the template's user and pid namespaces (U_T,
+	// PID_T), opened while its process was our unreaped child. Held for the
+	// template's life, so their inode numbers name them (an inode number is
+	// not reused while a file holds it): a fork's namespaces must be their
+	// children (StartShell).
+	userNS, pidNS *os.File
+	stopOnce      sync.Once
+	result        *Result
+}
+
+// StartTemplate starts a template sandbox: spec's command runs as root of
+// its own user namespace U_T, whose root is host uid HostIDBase+1 (no
+// sandbox's) and in which the sandbox's two host ids, HostIDBase and
+// HostIDBase+inside.UID, map to themselves, so that the user namespace each
+// fork makes can map 0 and inside.UID onto them (ForkIDMap) and reads, from
+// inside, as a cold sandbox's. Its capabilities are CAP_SETUID and
+// CAP_SETGID in U_T only; no_new_privs; oom_score_adj -1000; its own
+// pid, mount (the read-only rootfs, no workspace: spec.Workspace must be
+// empty), net (loopback), ipc, uts and cgroup namespaces, as buildConfig
+// makes them; its cgroup is tpl-<id> under the Runner's cgroup parent,
+// with the devices rules of every sandbox but no memory, pids or CPU limit
+// of its own (a limit there would count every fork: an OOM kill in it could
+// hit the template and with it every fork, TEMPLATE.md section 4; the
+// worker's own cgroup bounds the whole). Each shell's cgroup is a child of
+// tpl-<id> with the execution's limits. spec.Limits' rlimits and tmpfs
+// sizes apply; its timeout does not (a template lives until Stop).
+//
+// cgroup v1 only for now (plan step 6 adds v2's layout).
+//
+// Seccomp: none yet. The design's template profile (the execution
+// allowlist plus unshare, setns, the id changes and the keyring call F and
+// G need, TEMPLATE.md section 6) is not written; until it is, the template
+// runs without a filter, as experiment E4 did, and the pool must not use
+// forks (see templateCaps for why).
+//
+// files are passed to the command as fds FirstFileFD, ... (its control
+// socket). Errors are Start's.
+func (r *Runner) StartTemplate(spec Spec, files ...*os.File) (*Template, error) {
+	if spec.Workspace != "" {
+		// The template's memory is every fork's (copy-on-write): nothing
+		// of any execution, a workspace included, may ever be in it.
+		return nil, errors.New("a template gets no workspace")
+	}
+	if len(spec.ExtraFiles) > 0 {
+		return nil, errors.New("a template takes its files as StartTemplate's arguments, not Spec.ExtraFiles")
+	}
+	if cgroup.DetectMode().V2() {
+		// On v2 the template's process may not sit in tpl-<id> itself (no
+		// internal processes: its shells' cgroups could get no
+		// controllers) and G is forked into its cgroup with
+		// CLONE_INTO_CGROUP instead of moved: TEMPLATE.md section 4, plan
+		// step 6, not built.
+		return nil, errors.New("template forks are not built for cgroup v2 yet")
+	}
+	if spec.ID == "" {
+		spec.ID = "tpl-" + newID()[len("sbx-"):]
+	}
+	base := int64(r.opts.HostIDBase)
+	ids := []configs.IDMap{
+		{ContainerID: 0, HostID: base + 1, Size: 1},
+		{ContainerID: base, HostID: base, Size: 1},
+		{ContainerID: base + inside.UID, HostID: base + inside.UID, Size: 1},
+	}
+	gids := []configs.IDMap{
+		{ContainerID: 0, HostID: base + 1, Size: 1},
+		{ContainerID: base, HostID: base, Size: 1},
+		{ContainerID: base + inside.GID, HostID: base + inside.GID, Size: 1},
+	}
+	var cgroupRel string
+	tune := func(cfg *configs.Config) {
+		cfg.UIDMappings, cfg.GIDMappings = ids, gids
+		cfg.Capabilities = &configs.Capabilities{Bounding: templateCaps, Effective: templateCaps, Permitted: templateCaps}
+		cfg.Seccomp = nil // no template profile yet: see the doc comment
+		res := cfg.Cgroups.Resources
+		res.Memory, res.MemorySwap, res.PidsLimit, res.CpuQuota, res.CpuPeriod = 0, 0, nil, 0, 0
+		cgroupRel = cfg.Cgroups.Path
+	}
+	s, err := r.startWith(spec, startOptions{extraFiles: files, tune: tune, asRoot: true})
+	if err != nil {
+		return nil, err
+	}
+	t := &Template{s: s, cgroupRel: cgroupRel}
+	// The template's process is our child and not reaped before Stop: its
+	// pid is its own, so are the namespaces opened through it.
+	pid, err := s.proc.Pid()
+	if err == nil {
+		t.userNS, err = os.Open(fmt.Sprintf("/proc/%d/ns/user", pid))
+	}
+	if err == nil {
+		t.pidNS, err = os.Open(fmt.Sprintf("/proc/%d/ns/pid", pid))
+	}
+	if err == nil {
+		err = os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte(strconv.Itoa(templateOOMScoreAdj)), 0)
+		if errors.Is(err, os.ErrPermission) {
+			// A worker without CAP_SYS_RESOURCE (a container that drops
+			// it) cannot lower it; the template then runs unprotected.
+			s.log.Warn("unable to protect the template from the OOM killer (no CAP_SYS_RESOURCE?)", "error", err)
+			err = nil
+		}
+	}
+	if err != nil {
+		t.Stop(0)
+		return nil, &StartError{ID: spec.ID, At: time.Now(), Err: fmt.Errorf("unable to prepare the template's process: %w", err)}
+	}
+	return t, nil
+}
+
+// ID is the template's id (tpl-<hex> unless the spec named it).
+func (t *Template) ID() string { return t.s.id }
+
+// Pid is the host pid of the template's process. It stays that process's
+// until Stop has reaped it.
+func (t *Template) Pid() (int, error) { return t.s.proc.Pid() }
+
+// CgroupPaths are the template's cgroup directories (tpl-<id>), one per
+// hierarchy; each shell's cgroup is a child of them.
+func (t *Template) CgroupPaths() cgroup.Paths { return t.s.cgroupPaths }
+
+// ForkIDMap is what the template writes to each fork's uid_map and
+// gid_map, in U_T's ids: uid (gid) 0 and inside.UID (inside.GID) of the
+// fork's user namespace on the host ids a cold sandbox's map them to
+// (HostIDBase and HostIDBase+inside.UID, mapped to themselves in U_T).
+// StartShell refuses a fork whose maps, as the host sees them, are
+// anything else.
+func (t *Template) ForkIDMap() (uidMap, gidMap string) {
+	base := t.s.r.opts.HostIDBase
+	return fmt.Sprintf("0 %d 1\n%d %d 1\n", base, inside.UID, base+inside.UID),
+		fmt.Sprintf("0 %d 1\n%d %d 1\n", base, inside.GID, base+inside.GID)
+}
+
+// Stop ends the template: it gives its process grace to exit on its own
+// (the caller has told it to), then kills it, which kills every process of
+// its pid namespace, every fork included; it returns its result (what it
+// wrote) and removes its sandbox and cgroup, as Wait does. Destroy the
+// template's shells first: their containers are the caller's. Stop is
+// idempotent.
+//
+// No StartShell may run concurrently with or after Stop: Stop closes the
+// template's namespace fds, and a concurrent StartShell's parentage checks
+// (isChildNamespace) would read fd numbers that may by then name another
+// file, another template's namespace included, and accept a fork of
+// another template. The caller (the pool) serialises them; nothing here
+// guards it.
+func (t *Template) Stop(grace time.Duration) *Result {
+	t.stopOnce.Do(func() {
+		t.s.lim.Timeout = max(grace, time.Nanosecond)
+		t.s.noDeadline = false
+		t.result = t.s.Wait(context.Background())
+		for _, f := range []*os.File{t.userNS, t.pidNS} {
+			if f != nil {
+				f.Close()
+			}
+		}
+	})
+	return t.result
+}
+
+// nsID identifies a namespace: the device and inode of its nsfs file.
+type nsID struct{ dev, ino uint64 }
+
+func nsIDOf(fd int) (nsID, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nsID{}, err
+	}
+	return nsID{uint64(st.Dev), st.Ino}, nil
+}

@@ -1,0 +1,868 @@
+package nsjail_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/cgroup"
+	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+	"github.com/sandboxd/sandboxd/seccomp"
+	"golang.org/x/sys/unix"
+)
+
+// The template forks of issue 17 (server/warmpool/TEMPLATE.md; experiment
+// E4 on the production API). testdata/templatefork.py is the template's
+// side: T forks F, F makes U_F and PID_F and forks G; the worker makes a
+// shell for G (Runner.StartShell), moves G into its cgroup (Shell.MoveG)
+// and hands G the shell's namespace fds and seccomp program; G joins,
+// drops and prints what it sees, which must be what a cold sandbox's
+// process sees.
+
+// forkViewKeys are the fields of the inside view that a fork must share
+// with a cold run: all of them but the template-only ones.
+var forkViewKeys = []string{"seccomp_filters", "unshare_user", "mount_syscall", "uid", "gid", "groups", "caps",
+	"no_new_privs", "seccomp", "uid_map", "gid_map", "cgroup", "oom_score_adj", "hostname", "mounts",
+	"root_mount_options", "net", "cwd", "procs", "pid", "ppid", "fds", "rootfs_write", "oom_lower"}
+
+// labT is what templateLab needs of a test: a *testing.T, or panicT in
+// a crashy worker.
+type labT interface {
+	Helper()
+	Fatal(...any)
+	Fatalf(string, ...any)
+	Errorf(string, ...any)
+	Cleanup(func())
+}
+
+// panicT is a labT outside a test: it panics on failure and cleans
+// nothing up (the crashy worker is SIGKILLed).
+type panicT struct{}
+
+func (panicT) Helper()                   {}
+func (panicT) Fatal(a ...any)            { panic(fmt.Sprint(a...)) }
+func (panicT) Fatalf(f string, a ...any) { panic(fmt.Sprintf(f, a...)) }
+func (panicT) Errorf(f string, a ...any) { panic(fmt.Sprintf(f, a...)) }
+func (panicT) Cleanup(func())            {}
+
+// templateLab is one running template of testdata/templatefork.py.
+type templateLab struct {
+	t     labT
+	r     *nsjail.Runner
+	tpl   *nsjail.Template
+	ctl   *net.UnixConn
+	lines chan string // the template's stdout (its forks' views), by line
+}
+
+func startTemplateLab(t labT, r *nsjail.Runner, rootfs, src string, args ...string) *templateLab {
+	t.Helper()
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours, theirs := os.NewFile(uintptr(pair[0]), "ctl"), os.NewFile(uintptr(pair[1]), "ctl-peer")
+	conn, err := net.FileConn(ours)
+	ours.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lab := &templateLab{t: t, r: r, ctl: conn.(*net.UnixConn), lines: make(chan string, 64)}
+	var mu sync.Mutex
+	var pending, stderr bytes.Buffer
+	out := func(stream string, chunk []byte) {
+		mu.Lock()
+		defer mu.Unlock()
+		if stream != nsjail.StreamStdout {
+			stderr.Write(chunk)
+			return
+		}
+		pending.Write(chunk)
+		for {
+			line, err := pending.ReadString('\n')
+			if err != nil {
+				pending.WriteString(line)
+				return
+			}
+			select {
+			case lab.lines <- line:
+			default: // the test reads every line it asks for; never block the capture
+			}
+		}
+	}
+	tpl, err := r.StartTemplate(nsjail.Spec{Rootfs: rootfs, Args: append([]string{"python3", "-B", "-P", "-c", src, "--template"}, args...),
+		Env: []string{"HOME=/tmp"}, Output: out}, theirs)
+	theirs.Close()
+	if err != nil {
+		lab.ctl.Close()
+		t.Fatalf("StartTemplate: %v", err)
+	}
+	lab.tpl = tpl
+	t.Cleanup(func() {
+		_, _ = lab.ctl.Write([]byte("quit\n"))
+		lab.ctl.Close()
+		res := tpl.Stop(10 * time.Second)
+		mu.Lock()
+		defer mu.Unlock()
+		if res.Status != nsjail.StatusSucceeded {
+			t.Errorf("template ended %s (exit %d): %s\nstderr: %s", res.Status, res.ExitCode, res.Error, stderr.String())
+		}
+	})
+	// Nothing here may hang the test: a read past this is a failure.
+	_ = lab.ctl.SetDeadline(time.Now().Add(5 * time.Minute))
+	return lab
+}
+
+// line is the template's next line of stdout.
+func (l *templateLab) line() map[string]any {
+	l.t.Helper()
+	select {
+	case s := <-l.lines:
+		var v map[string]any
+		if err := json.Unmarshal([]byte(s), &v); err != nil {
+			l.t.Fatalf("template output %q: %v", s, err)
+		}
+		return v
+	case <-time.After(5 * time.Minute):
+		l.t.Fatal("no output from the template")
+		return nil
+	}
+}
+
+// recv reads one line from the control socket with the fds sent with it.
+func (l *templateLab) recv() (string, []int) {
+	l.t.Helper()
+	buf := make([]byte, 1)
+	oob := make([]byte, unix.CmsgSpace(8*4))
+	var line []byte
+	var fds []int
+	for !bytes.HasSuffix(line, []byte("\n")) {
+		n, oobn, _, _, err := l.ctl.ReadMsgUnix(buf, oob)
+		if err != nil || n == 0 {
+			l.t.Fatalf("control socket: %v (read %q)", err, line)
+		}
+		line = append(line, buf[:n]...)
+		if oobn > 0 {
+			msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+			if err != nil {
+				l.t.Fatal(err)
+			}
+			for _, m := range msgs {
+				got, err := unix.ParseUnixRights(&m)
+				if err != nil {
+					l.t.Fatal(err)
+				}
+				fds = append(fds, got...)
+			}
+		}
+	}
+	return string(line), fds
+}
+
+func (l *templateLab) send(msg string, files ...*os.File) {
+	l.t.Helper()
+	var oob []byte
+	if len(files) > 0 {
+		fds := make([]int, len(files))
+		for i, f := range files {
+			fds[i] = int(f.Fd())
+		}
+		oob = unix.UnixRights(fds...)
+	}
+	if _, _, err := l.ctl.WriteMsgUnix([]byte(msg), oob, nil); err != nil {
+		l.t.Fatal(err)
+	}
+}
+
+// fork asks the template for a fork and returns G's pidfd.
+func (l *templateLab) fork() *os.File { return l.forkWith(nil) }
+
+// forkWith is fork with more keys for the fork request (templatefork.py).
+func (l *templateLab) forkWith(extra map[string]any) *os.File {
+	l.t.Helper()
+	uidMap, gidMap := l.tpl.ForkIDMap()
+	req := map[string]any{"uid_map": uidMap, "gid_map": gidMap}
+	for k, v := range extra {
+		req[k] = v
+	}
+	maps, _ := json.Marshal(req)
+	l.send("fork " + string(maps) + "\n")
+	msg, fds := l.recv()
+	if msg != "G\n" || len(fds) != 1 {
+		l.t.Fatalf("want G's pidfd, got %q with %d fds", msg, len(fds))
+	}
+	return os.NewFile(uintptr(fds[0]), "pidfd-G")
+}
+
+// place joins G into shell sh, hands it the program and returns G's view
+// and, once G ended, its wait status as F reported it.
+func (l *templateLab) place(sh *nsjail.Shell, mode string) (view map[string]any, status string) {
+	l.t.Helper()
+	if err := sh.MoveG(); err != nil {
+		l.t.Fatalf("MoveG: %v", err)
+	}
+	if err := sh.MoveG(); err != nil { // already there: nothing to do
+		l.t.Fatalf("MoveG again: %v", err)
+	}
+	if tracer := statusOf(l.t, sh.GPid(), "TracerPid"); tracer != "0" {
+		l.t.Fatalf("G is traced by %s after MoveG", tracer)
+	}
+	l.send("join\n", sh.NamespaceFiles()...)
+	if msg, _ := l.recv(); msg != "joined\n" {
+		l.t.Fatalf("want joined, got %q", msg)
+	}
+	sh.CloseNamespaces()
+	l.send(fmt.Sprintf("%s %x\n", mode, []byte(sh.SeccompProgram())))
+	view = l.line()
+	status, _ = l.recv()
+	if forked, _ := l.recv(); forked != "forked\n" {
+		l.t.Fatalf("want forked, got %q", forked)
+	}
+	return view, strings.TrimSpace(status)
+}
+
+func templateSource(t labT) string {
+	t.Helper()
+	src, err := os.ReadFile("testdata/templatefork.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(src)
+}
+
+// TestTemplateForkMatchesCold: a fork placed in a shell sees what a cold
+// sandbox's process sees (ids, maps, capabilities, no_new_privs, seccomp
+// mode and filter count, the answers of denied syscalls, cgroups,
+// hostname, mounts and their options, interfaces, pids, cwd, fds); a
+// memory bomb in a fork is OOM-killed in the shell's own cgroup, not the
+// template's; the seccomp program a shell hands over is the one the kernel
+// holds for a cold sandbox's process, the same for every shell; a pidfd
+// of anything but a fork of the template is refused; and nothing is left
+// (RunAndCheck). SANDBOXD_TEMPLATE_PRELOAD=numpy,pandas,matplotlib.pyplot
+// makes the template import those first, as a real one would.
+func TestTemplateForkMatchesCold(t *testing.T) {
+	skipOnV2(t)
+	r := newRunner(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	src := templateSource(t)
+	ws := t.TempDir()
+	if err := os.Chmod(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	viewArgs := []string{"python3", "-B", "-P", "-c", src, "--view"}
+
+	// The cold view, and the program the kernel holds for a cold
+	// sandbox's process.
+	cold := run(t, r, nsjail.Spec{Rootfs: rootfs, Args: viewArgs, Workspace: ws, WorkspaceReadOnly: true})
+	wantStatus(t, cold, nsjail.StatusSucceeded)
+	var coldView map[string]any
+	if err := json.Unmarshal(cold.Stdout, &coldView); err != nil {
+		t.Fatalf("cold view %q: %v", cold.Stdout, err)
+	}
+	coldProg := coldProgram(t, r, rootfs)
+
+	var tplArgs []string
+	if preload := os.Getenv("SANDBOXD_TEMPLATE_PRELOAD"); preload != "" {
+		// e.g. numpy,pandas,matplotlib.pyplot: fork a real template (E4)
+		tplArgs = append(tplArgs, "--preload="+preload)
+	}
+	lab := startTemplateLab(t, r, rootfs, src, tplArgs...)
+	shellSpec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}, Workspace: ws, WorkspaceReadOnly: true,
+		Limits: nsjail.Limits{MemoryBytes: 256 << 20}}
+
+	// Refused: the template's own pidfd, and F's (G's parent): neither is
+	// a fork's pid 1 in namespaces that are children of the template's.
+	tpid, err := lab.tpl.Pid()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := lab.fork()
+	gpid := pidfdPid(t, g)
+	fpid := ppid(t, gpid)
+	for who, pid := range map[string]int{"the template": tpid, "F": fpid} {
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := os.NewFile(uintptr(fd), "pidfd")
+		sh, err := r.StartShell(context.Background(), lab.tpl, shellSpec, f)
+		f.Close()
+		if err == nil {
+			sh.Destroy()
+			t.Fatalf("StartShell accepted %s's pidfd", who)
+		}
+		if !strings.Contains(err.Error(), "not a fork") {
+			t.Errorf("StartShell with %s's pidfd: %v, want a \"not a fork\" refusal", who, err)
+		}
+	}
+
+	var firstProg seccomp.Program
+	for i, mode := range []string{"go", "oom", "go"} {
+		if i > 0 {
+			g = lab.fork()
+		}
+		t0 := time.Now()
+		sh, err := r.StartShell(context.Background(), lab.tpl, shellSpec, g)
+		shellTime := time.Since(t0)
+		g.Close()
+		if err != nil {
+			t.Fatalf("fork %d: StartShell: %v", i, err)
+		}
+		if got := sh.CgroupPaths()["memory"]; filepath.Dir(got) != lab.tpl.CgroupPaths()["memory"] {
+			t.Errorf("the shell's memory cgroup %s is not a child of the template's %s", got, lab.tpl.CgroupPaths()["memory"])
+		}
+		// The shell's init is gone: nothing of the sandbox runs but G.
+		if ps := procsOf(t, sh.CgroupPaths()); len(ps) != 0 {
+			t.Errorf("fork %d: processes in the shell's cgroup before G moved in: %v", i, ps)
+		}
+		prog := sh.SeccompProgram()
+		if i == 0 {
+			firstProg = prog
+			if !bytes.Equal(prog, coldProg) {
+				t.Errorf("the shell's seccomp program (%d instructions) is not the cold sandbox's (%d)", prog.Len(), coldProg.Len())
+			}
+		} else if !bytes.Equal(prog, firstProg) {
+			t.Errorf("fork %d: seccomp program differs from the first shell's", i)
+		}
+		view, status := lab.place(sh, mode)
+		if ps := procsOf(t, sh.CgroupPaths()); len(ps) != 0 {
+			t.Errorf("fork %d: processes left in the shell's cgroup after G ended: %v", i, ps)
+		}
+		shellStats, err := cgroup.ReadStats(sh.CgroupPaths())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sh.Destroy(); err != nil {
+			t.Errorf("fork %d: Destroy: %v", i, err)
+		}
+		for _, d := range sh.CgroupPaths() {
+			if _, err := os.Stat(d); !os.IsNotExist(err) {
+				t.Errorf("fork %d: shell cgroup %s still there after Destroy (%v)", i, d, err)
+			}
+		}
+		t.Logf("fork %d (%s): StartShell %v; G's wait status %q, shell cgroup OOM kills %d, seccomp program %d instructions",
+			i, mode, shellTime.Round(time.Millisecond), status, shellStats.OOMKills, prog.Len())
+		for _, k := range forkViewKeys {
+			a, _ := json.Marshal(coldView[k])
+			b, _ := json.Marshal(view[k])
+			if !bytes.Equal(a, b) {
+				t.Errorf("fork %d: %s differs from a cold run's:\ncold %s\nfork %s", i, k, a, b)
+			}
+		}
+		switch mode {
+		case "oom":
+			if status != fmt.Sprintf("status %d", unix.SIGKILL) {
+				t.Errorf("the memory bomb was not killed: G's wait status %q", status)
+			}
+			if shellStats.OOMKills == 0 {
+				t.Errorf("the memory bomb's OOM kill was not counted in the shell's cgroup")
+			}
+			tplStats, err := cgroup.ReadStats(lab.tpl.CgroupPaths())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tplStats.OOMKills != 0 {
+				t.Errorf("the template's cgroup counted %d OOM kills", tplStats.OOMKills)
+			}
+		default:
+			if status != "status 0" {
+				t.Errorf("fork %d: G's wait status %q, want 0", i, status)
+			}
+		}
+	}
+}
+
+// TestShellMoveGOnlyFromTheTemplate: Shell.MoveG moves G only out of the
+// template's own cgroup: of two shells made for the same G, the second to
+// move it is refused once the first has (the move would take G out of the
+// subtree it is in), and the refused shell's Destroy leaves G alone;
+// StartShell refuses a G that is already in a shell's cgroup.
+func TestShellMoveGOnlyFromTheTemplate(t *testing.T) {
+	skipOnV2(t)
+	r := newRunner(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	lab := startTemplateLab(t, r, rootfs, templateSource(t))
+	spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}
+	g := lab.fork()
+	defer g.Close()
+	a, err := r.StartShell(context.Background(), lab.tpl, spec, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Destroy()
+	b, err := r.StartShell(context.Background(), lab.tpl, spec, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.MoveG(); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := r.StartShell(context.Background(), lab.tpl, spec, g); err == nil {
+		c.Destroy()
+		t.Error("StartShell accepted a G already in another shell's cgroup")
+	} else if !strings.Contains(err.Error(), "not the template's own") {
+		t.Errorf("StartShell of a G in another shell's cgroup: %v, want a cgroup refusal", err)
+	}
+	if err := b.MoveG(); err == nil || !strings.Contains(err.Error(), "not in the template's cgroup") {
+		t.Errorf("MoveG of a G in another shell's cgroup: %v, want a refusal", err)
+	}
+	if ps := procsOf(t, b.CgroupPaths()); len(ps) != 0 {
+		t.Errorf("processes in the refused shell's cgroup: %v", ps)
+	}
+	if err := b.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.PidfdSendSignal(int(g.Fd()), 0, nil, 0); err != nil {
+		t.Errorf("G did not survive the other shell's Destroy: %v", err)
+	}
+	if ps := procsOf(t, a.CgroupPaths()); len(ps) != 1 || ps[0] != strconv.Itoa(a.GPid()) {
+		t.Errorf("shell a's cgroup holds %v, want G (%d) alone", ps, a.GPid())
+	}
+	// Destroying a kills G; F reports it, then the template is done.
+	if err := a.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if status, _ := lab.recv(); status != fmt.Sprintf("status %d\n", unix.SIGKILL) {
+		t.Errorf("G's wait status after its shell's Destroy: %q", status)
+	}
+	if forked, _ := lab.recv(); forked != "forked\n" {
+		t.Errorf("want forked, got %q", forked)
+	}
+}
+
+// TestShellMoveGPinsG: MoveG holds G's pid with ptrace while it checks and
+// writes, so that a G dying meanwhile cannot be reaped by F and its pid
+// reused by a host process the write would then move (and Destroy kill):
+// a G it cannot attach, because something else traces it, is refused
+// with nothing moved; once moved, G is traced by nobody.
+func TestShellMoveGPinsG(t *testing.T) {
+	skipOnV2(t)
+	r := newRunner(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	lab := startTemplateLab(t, r, rootfs, templateSource(t))
+	g := lab.fork()
+	defer g.Close()
+	sh, err := r.StartShell(context.Background(), lab.tpl, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sh.Destroy()
+	gpid := sh.GPid()
+	func() {
+		// ptrace requests come from the thread that attached.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := unix.PtraceSeize(gpid); err != nil {
+			t.Fatalf("PTRACE_SEIZE of G: %v", err)
+		}
+		defer func() {
+			if err := unix.PtraceInterrupt(gpid); err != nil {
+				t.Fatalf("PTRACE_INTERRUPT of G: %v", err)
+			}
+			var ws unix.WaitStatus
+			if _, err := unix.Wait4(gpid, &ws, unix.WALL, nil); err != nil || !ws.Stopped() {
+				t.Fatalf("G's ptrace stop: %v (status %#x)", err, uint32(ws))
+			}
+			if err := unix.PtraceDetach(gpid); err != nil {
+				t.Fatalf("PTRACE_DETACH of G: %v", err)
+			}
+		}()
+		if err := sh.MoveG(); err == nil || !strings.Contains(err.Error(), "unable to pin G") {
+			t.Errorf("MoveG of a G traced by another: %v, want a refusal", err)
+		}
+		if ps := procsOf(t, sh.CgroupPaths()); len(ps) != 0 {
+			t.Errorf("processes in the shell's cgroup after a refused MoveG: %v", ps)
+		}
+	}()
+	if err := sh.MoveG(); err != nil {
+		t.Fatal(err)
+	}
+	if tracer := statusOf(t, gpid, "TracerPid"); tracer != "0" {
+		t.Errorf("G is traced by %s after MoveG", tracer)
+	}
+	if ps := procsOf(t, sh.CgroupPaths()); len(ps) != 1 || ps[0] != strconv.Itoa(gpid) {
+		t.Errorf("the shell's cgroup holds %v, want G (%d) alone", ps, gpid)
+	}
+	if err := sh.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if status, _ := lab.recv(); status != fmt.Sprintf("status %d\n", unix.SIGKILL) {
+		t.Errorf("G's wait status after its shell's Destroy: %q", status)
+	}
+	if forked, _ := lab.recv(); forked != "forked\n" {
+		t.Errorf("want forked, got %q", forked)
+	}
+}
+
+// TestShellStartDeadline: StartShell ends at its context's end, whatever G
+// does to the shell's init: a G that SIGSTOPs the init (it holds CAP_KILL
+// over it) cannot hang the worker, and a start past its deadline leaves
+// nothing behind and G unharmed, still a fork a later shell can take.
+func TestShellStartDeadline(t *testing.T) {
+	skipOnV2(t)
+	r := newRunner(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	lab := startTemplateLab(t, r, rootfs, templateSource(t))
+	spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}
+	shells := func() []string {
+		var out []string
+		for _, d := range lab.tpl.CgroupPaths() {
+			entries, _ := os.ReadDir(d)
+			for _, e := range entries {
+				if e.IsDir() && strings.HasPrefix(e.Name(), "sbx-") && !slices.Contains(out, e.Name()) {
+					out = append(out, e.Name())
+				}
+			}
+		}
+		return out
+	}
+
+	// G is still a fork a shell can take; it ends with its shell.
+	finish := func(g *os.File) {
+		t.Helper()
+		sh, err := r.StartShell(context.Background(), lab.tpl, spec, g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sh.MoveG(); err != nil {
+			t.Fatal(err)
+		}
+		if err := sh.Destroy(); err != nil {
+			t.Fatal(err)
+		}
+		if status, _ := lab.recv(); status != fmt.Sprintf("status %d\n", unix.SIGKILL) {
+			t.Errorf("G's wait status after its shell's Destroy: %q", status)
+		}
+		if forked, _ := lab.recv(); forked != "forked\n" {
+			t.Errorf("want forked, got %q", forked)
+		}
+	}
+
+	// A context already ended: refused, whichever step its kill hits.
+	g := lab.fork()
+	defer g.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if sh, err := r.StartShell(ctx, lab.tpl, spec, g); err == nil {
+		sh.Destroy()
+		t.Error("StartShell with an ended context succeeded")
+	}
+	if left := shells(); len(left) != 0 {
+		t.Errorf("shell cgroups left after a start past its deadline: %v", left)
+	}
+	finish(g)
+
+	// G, hostile, stops the init at once: the start would wait forever.
+	h := lab.forkWith(map[string]any{"stop_init": true})
+	defer h.Close()
+	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if sh, err := r.StartShell(ctx, lab.tpl, spec, h); err == nil {
+		// The stop came after the start was done (a loaded machine): the
+		// shell is whole, the init was killed and reaped all the same.
+		t.Log("G's SIGSTOP reached the init only after its start")
+		if err := sh.Destroy(); err != nil {
+			t.Error(err)
+		}
+	} else if !strings.Contains(err.Error(), "deadline") {
+		t.Errorf("StartShell with the init stopped: %v, want its deadline", err)
+	}
+	if left := shells(); len(left) != 0 {
+		t.Errorf("shell cgroups left after a start past its deadline: %v", left)
+	}
+	finish(h)
+}
+
+// statusOf is field key of /proc/<pid>/status.
+func statusOf(t labT, pid int, key string) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, key+":"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	t.Fatalf("no %s in the status of %d", key, pid)
+	return ""
+}
+
+// TestTemplateSandbox: the template's process has what TEMPLATE.md
+// section 2 gives it and nothing more: CAP_SETUID and CAP_SETGID (all
+// five sets), root of U_T = host HostIDBase+1 with the
+// sandbox's two host ids mapped to themselves, no_new_privs,
+// oom_score_adj -1000, a read-only rootfs and no workspace; its cgroup is
+// tpl-<id> under the Runner's parent, with no memory limit of its own.
+func TestTemplateSandbox(t *testing.T) {
+	skipOnV2(t)
+	r := newRunner(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	if _, err := r.StartTemplate(nsjail.Spec{Rootfs: rootfs, Args: []string{"true"}, Workspace: t.TempDir()}); err == nil {
+		t.Fatal("StartTemplate accepted a workspace")
+	}
+	lab := startTemplateLab(t, r, rootfs, templateSource(t))
+	lab.send("view\n")
+	v := lab.line()
+	base := r.HostUID() - 10001
+	caps := fmt.Sprintf("%016x", 1<<unix.CAP_SETGID|1<<unix.CAP_SETUID)
+	idMap := fmt.Sprintf("0 %d 1\n%d %d 1\n%d %d 1", base+1, base, base, base+10001, base+10001)
+	want := map[string]any{
+		"uid": []any{0.0, 0.0, 0.0}, "gid": []any{0.0, 0.0, 0.0},
+		"caps":         map[string]any{"CapInh": "0000000000000000", "CapPrm": caps, "CapEff": caps, "CapBnd": caps, "CapAmb": "0000000000000000"},
+		"no_new_privs": "1", "oom_score_adj": "-1000", "pid": 1.0,
+		"rootfs_write": "EROFS", "seccomp": "0",
+	}
+	if !hasCap(t, unix.CAP_SYS_RESOURCE) {
+		t.Log("no CAP_SYS_RESOURCE here: the template's oom_score_adj cannot be lowered, not checked")
+		delete(want, "oom_score_adj")
+	}
+	for k, w := range want {
+		a, _ := json.Marshal(w)
+		b, _ := json.Marshal(v[k])
+		if !bytes.Equal(a, b) {
+			t.Errorf("template %s = %s, want %s", k, b, a)
+		}
+	}
+	for _, k := range []string{"uid_map", "gid_map"} {
+		if got, _ := v[k].(string); normalize(got) != idMap {
+			t.Errorf("template %s = %q, want %q", k, got, idMap)
+		}
+	}
+	for _, m := range v["mounts"].([]any) {
+		if m == "/workspace" {
+			t.Error("the template sees a workspace")
+		}
+	}
+	if opts := fmt.Sprint(v["root_mount_options"]); !strings.Contains(opts, "ro") {
+		t.Errorf("the template's root is mounted %s, want ro", opts)
+	}
+	paths := lab.tpl.CgroupPaths()
+	if filepath.Base(paths["memory"]) != lab.tpl.ID() || !strings.HasPrefix(lab.tpl.ID(), "tpl-") {
+		t.Errorf("template cgroup %s, id %s: want tpl-<id>", paths["memory"], lab.tpl.ID())
+	}
+	if b, err := os.ReadFile(filepath.Join(paths["memory"], "memory.limit_in_bytes")); err == nil {
+		if n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); n < 1<<50 {
+			t.Errorf("the template's cgroup has a memory limit of its own: %d", n)
+		}
+	}
+}
+
+// coldProgram is the seccomp program the kernel holds for a cold
+// sandbox's process.
+func coldProgram(t *testing.T, r *nsjail.Runner, rootfs string) seccomp.Program {
+	t.Helper()
+	rd, wr, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	defer wr.Close()
+	// The command waits on fd 3 until wr is closed.
+	p, err := r.Prestart(nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "-c", "import os; os.read(3, 1)"}}, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := p.Pid()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prog, err := seccomp.LoadedProgram(pid)
+	wr.Close()
+	p.Retire(10 * time.Second)
+	if err != nil {
+		t.Fatalf("the cold sandbox's program: %v", err)
+	}
+	return prog
+}
+
+func pidfdPid(t *testing.T, f *os.File) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", f.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Pid:"); ok {
+			pid, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return pid
+		}
+	}
+	t.Fatalf("no Pid in fdinfo: %s", b)
+	return 0
+}
+
+func ppid(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "PPid:"); ok {
+			p, _ := strconv.Atoi(strings.TrimSpace(v))
+			return p
+		}
+	}
+	t.Fatalf("no PPid in status of %d", pid)
+	return 0
+}
+
+// procsOf lists the pids in a cgroup's directories, each once.
+func procsOf(t *testing.T, paths cgroup.Paths) []string {
+	t.Helper()
+	var out []string
+	for _, d := range paths {
+		b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		for _, p := range strings.Fields(string(b)) {
+			if !slices.Contains(out, p) {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+func normalize(m string) string {
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(m), "\n") {
+		lines = append(lines, strings.Join(strings.Fields(l), " "))
+	}
+	return strings.Join(lines, "\n")
+}
+
+// hasCap tells whether this process has capability c in its effective set.
+func hasCap(t *testing.T, c int) bool {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
+			mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return mask&(1<<c) != 0
+		}
+	}
+	return false
+}
+
+// crashyTemplateWorker is this test binary re-executed as a worker that
+// starts a template and one shell with G joined, reports their ids and
+// then waits to be SIGKILLed.
+func crashyTemplateWorker() {
+	r, err := nsjail.NewRunner(nsjail.Options{StateRoot: os.Getenv("CRASHY_STATE"), CgroupParent: os.Getenv("CRASHY_CGROUP")})
+	if err != nil {
+		panic(err)
+	}
+	rootfs := os.Getenv("CRASHY_ROOTFS")
+	lab := startTemplateLab(panicT{}, r, rootfs, templateSource(panicT{}), os.Getenv("CRASHY_MARK"), "--linger")
+	g := lab.fork()
+	sh, err := r.StartShell(context.Background(), lab.tpl, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}, g)
+	if err != nil {
+		panic(err)
+	}
+	if err := sh.MoveG(); err != nil {
+		panic(err)
+	}
+	lab.send("join\n", sh.NamespaceFiles()...)
+	if msg, _ := lab.recv(); msg != "joined\n" {
+		panic(msg)
+	}
+	os.Stdout.WriteString("started " + lab.tpl.ID() + " " + sh.ID() + "\n")
+	select {}
+}
+
+// SECURITY.md case 29 for template forks: a worker SIGKILLed while a
+// template and a shell with its G exist leaves both marked, and Sweep on
+// restart removes both (processes, the nested cgroups, state directories,
+// markers), and nothing else.
+func TestSweepAfterTemplateWorkerCrash(t *testing.T) {
+	nsjailtest.RequireRoot(t)
+	skipOnV2(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	mark := fmt.Sprintf("crashy-template-%d", os.Getpid())
+	self, _ := os.Executable()
+	cmd := exec.Command(self, "-test.run=^$")
+	cmd.Env = append(os.Environ(), "CRASHY_WORKER=template", "CRASHY_STATE="+testStateRoot,
+		"CRASHY_CGROUP="+testCgroupParent, "CRASHY_ROOTFS="+rootfs, "CRASHY_MARK="+mark)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	f := strings.Fields(line)
+	if err != nil || len(f) != 3 || f[0] != "started" {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatalf("crashy worker: %q %v", line, err)
+	}
+	ids := f[1:]
+	for _, id := range ids {
+		if _, err := os.Stat(filepath.Join(testStateRoot, id)); err != nil {
+			t.Fatalf("no state dir for %s: %v", id, err)
+		}
+	}
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	_ = cmd.Wait()
+	// The template, F and G linger (the template's init gets no
+	// parent-death signal, see testSweepAfterWorkerCrash): T, F, and G.
+	if pids := nsjailtest.ProcessesMatching(mark); len(pids) != 3 {
+		t.Errorf("want the template, F and G alive before the sweep, found %v", pids)
+	}
+
+	r := newRunner(t)
+	removed, err := r.Sweep()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(removed)
+	slices.Sort(ids)
+	if !slices.Equal(removed, ids) {
+		t.Fatalf("swept %v, want %v", removed, ids)
+	}
+	if pids := nsjailtest.ProcessesMatching(mark); len(pids) > 0 {
+		t.Fatalf("the template's processes survived the sweep: %v", pids)
+	}
+	r.WaitForCleanup()
+	if err := nsjailtest.CheckNoLeftovers(testStateRoot, testCgroupParent); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// skipOnV2 skips template tests on cgroup v2, where template forks are not
+// built yet (TEMPLATE.md plan step 6; StartTemplate refuses).
+func skipOnV2(t *testing.T) {
+	t.Helper()
+	if cgroup.DetectMode().V2() {
+		t.Skip("template forks are cgroup v1 only for now (TEMPLATE.md plan step 6)")
+	}
+}

@@ -1,0 +1,129 @@
+package seccomp
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Program is a classic BPF seccomp program as the kernel holds it: the
+// bytes of a struct sock_filter array (8 bytes per instruction, host byte
+// order), what seccomp(SECCOMP_SET_MODE_FILTER) takes in a struct
+// sock_fprog. A template fork (server/warmpool/TEMPLATE.md section 6)
+// loads the one a cold sandbox's process runs under, read from the kernel
+// rather than compiled again, so that it is byte for byte the program
+// libcontainer loaded (libseccomp's output plus runc's ENOSYS stub).
+type Program []byte
+
+// Len is the number of instructions.
+func (p Program) Len() int { return len(p) / 8 }
+
+// Instructions decodes p.
+func (p Program) Instructions() []unix.SockFilter {
+	out := make([]unix.SockFilter, 0, p.Len())
+	for b := []byte(p); len(b) >= 8; b = b[8:] {
+		out = append(out, unix.SockFilter{Code: binary.NativeEndian.Uint16(b), Jt: b[2], Jf: b[3],
+			K: binary.NativeEndian.Uint32(b[4:])})
+	}
+	return out
+}
+
+// EncodeProgram is prog as a Program.
+func EncodeProgram(prog []unix.SockFilter) Program {
+	out := make(Program, 0, 8*len(prog))
+	for _, f := range prog {
+		out = binary.NativeEndian.AppendUint16(out, f.Code)
+		out = append(out, f.Jt, f.Jf)
+		out = binary.NativeEndian.AppendUint32(out, f.K)
+	}
+	return out
+}
+
+// cldTrapped is si_code CLD_TRAPPED (asm-generic/siginfo.h): waitid's
+// report of a ptrace stop.
+const cldTrapped = 4
+
+// LoadedProgram reads, with PTRACE_SECCOMP_GET_FILTER, the one seccomp
+// filter the kernel holds for thread tid. It fails when tid has no filter
+// or more than one: a cold sandbox's process has exactly the one
+// libcontainer loaded, and a program read from a process with a stack of
+// filters would be only the last of them. tid is attached (PTRACE_SEIZE),
+// interrupted, read and detached; the caller must make sure tid is the
+// process it means (its own unreaped child, so the pid cannot be reused)
+// and that nothing else waits for it meanwhile.
+//
+// LoadedProgram never reaps tid: it waits for the ptrace stop with
+// waitid(WNOWAIT), which leaves an exited tid a zombie. A tid that dies
+// between the attach and the stop (a template fork's G, root of the user
+// namespace the shell's init runs in, can SIGKILL that init at any time)
+// is an error, and its pid stays the caller's child's until the caller
+// reaps it: were it reaped here, the caller's later kill of "its child"
+// would be a SIGKILL, as root, of whatever host process took the freed
+// pid.
+//
+// Requirements (the worker meets them as root, outside any seccomp
+// filter): CAP_SYS_PTRACE over tid (PTRACE_SEIZE of a process of another
+// user, and of a non-dumpable one such as runc's init), CAP_SYS_ADMIN in
+// the initial user namespace (PTRACE_SECCOMP_GET_FILTER), a
+// kernel.yama.ptrace_scope below 3 (3 forbids every attach, root's
+// included), and a caller not under a seccomp filter that denies ptrace
+// (sandboxd's own profile is for sandboxes, never for the worker).
+func LoadedProgram(tid int) (Program, error) {
+	// ptrace requests must come from the thread that attached.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	pt := func(req, tid int, addr, data uintptr) (uintptr, error) {
+		n, _, e := unix.Syscall6(unix.SYS_PTRACE, uintptr(req), uintptr(tid), addr, data, 0, 0)
+		if e != 0 {
+			return 0, e
+		}
+		return n, nil
+	}
+	if _, err := pt(unix.PTRACE_SEIZE, tid, 0, 0); err != nil {
+		return nil, fmt.Errorf("PTRACE_SEIZE: %w", err)
+	}
+	defer func() { _, _ = pt(unix.PTRACE_DETACH, tid, 0, 0) }()
+	if _, err := pt(unix.PTRACE_INTERRUPT, tid, 0, 0); err != nil {
+		return nil, fmt.Errorf("PTRACE_INTERRUPT: %w", err)
+	}
+	var info unix.Siginfo
+	for {
+		// WNOWAIT: see the doc comment (never reap tid).
+		err := unix.Waitid(unix.P_PID, tid, &info, unix.WSTOPPED|unix.WEXITED|unix.WNOWAIT|unix.WALL, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("waitid for the ptrace stop: %w", err)
+		}
+		break
+	}
+	if info.Code != cldTrapped {
+		return nil, fmt.Errorf("thread %d did not stop for ptrace (waitid si_code %d, signal %d)", tid, info.Code, info.Signo)
+	}
+	n, err := pt(unix.PTRACE_SECCOMP_GET_FILTER, tid, 0, 0)
+	if err != nil {
+		// EINVAL: not in filter mode (no filter at all).
+		return nil, fmt.Errorf("PTRACE_SECCOMP_GET_FILTER: %w", err)
+	}
+	// Index 1 is the filter loaded before the last one: there must be none.
+	if _, err := pt(unix.PTRACE_SECCOMP_GET_FILTER, tid, 1, 0); !errors.Is(err, unix.ENOENT) {
+		return nil, fmt.Errorf("thread %d holds more than one seccomp filter (%v)", tid, err)
+	}
+	if n == 0 || n > unix.BPF_MAXINSNS {
+		return nil, fmt.Errorf("PTRACE_SECCOMP_GET_FILTER: %d instructions", n)
+	}
+	prog := make([]unix.SockFilter, n)
+	got, err := pt(unix.PTRACE_SECCOMP_GET_FILTER, tid, 0, uintptr(unsafe.Pointer(&prog[0])))
+	if err != nil {
+		return nil, fmt.Errorf("PTRACE_SECCOMP_GET_FILTER: %w", err)
+	}
+	if got != n {
+		return nil, fmt.Errorf("PTRACE_SECCOMP_GET_FILTER: %d instructions, then %d", n, got)
+	}
+	return EncodeProgram(prog), nil
+}
