@@ -855,40 +855,18 @@ func (r *Run) kernel(ctx context.Context) (Kernel, ExecInfo, error) {
 	// the session is on disk (syncCreated, which a kernel started ahead
 	// may have overtaken).
 	for s.ahead != nil && s.ahead.done != nil {
-		done := s.ahead.done
-		m.mu.Unlock()
-		select {
-		case <-done:
-		case <-ctx.Done():
-		}
-		m.mu.Lock()
-		if err := m.goneLocked(s); err != nil {
+		if err := m.awaitLocked(ctx, s, s.ahead.done); err != nil {
 			m.mu.Unlock()
 			return nil, ExecInfo{ID: s.id}, err
-		}
-		if ctx.Err() != nil {
-			m.mu.Unlock()
-			return nil, ExecInfo{ID: s.id}, ctx.Err()
 		}
 	}
 	ahead := s.ahead
 	s.ahead = nil
 	if ahead != nil && ahead.kernel != nil {
-		m.mu.Unlock()
-		select {
-		case <-s.durable:
-		case <-ctx.Done():
-		}
-		m.mu.Lock()
-		if err := m.goneLocked(s); err != nil {
+		if err := m.awaitLocked(ctx, s, s.durable); err != nil {
+			s.ahead = ahead // nothing ran: the next execution is its first
 			m.mu.Unlock()
 			return nil, ExecInfo{ID: s.id}, err
-		}
-		if ctx.Err() != nil {
-			// Nothing ran: the next execution finds it as its first.
-			s.ahead = ahead
-			m.mu.Unlock()
-			return nil, ExecInfo{ID: s.id}, ctx.Err()
 		}
 	}
 	if k := s.kernel; k != nil && ended(k) {
@@ -992,6 +970,23 @@ func (m *Manager) startKernelLocked(ctx context.Context, s *session) (Kernel, er
 	m.starts[s.next.State+"/"+s.next.Reason]++
 	s.kernel = k
 	return k, nil
+}
+
+// awaitLocked waits, m.mu released, for ch or the end of ctx; then it is
+// ErrNotFound or ErrClosed for a session deleted or a manager closed
+// meanwhile, else ctx's error, else nil. Called and returning with m.mu
+// held.
+func (m *Manager) awaitLocked(ctx context.Context, s *session, ch <-chan struct{}) error {
+	m.mu.Unlock()
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	}
+	m.mu.Lock()
+	if err := m.goneLocked(s); err != nil {
+		return err
+	}
+	return ctx.Err()
 }
 
 // goneLocked is ErrNotFound for a session being deleted, ErrClosed once
