@@ -174,6 +174,14 @@ func RemoveRootfsCopies() {
 	}
 }
 
+// Main is TestMain for a package whose tests use BusyboxRootfs or
+// ProbeRootfs without RunAndCheck: it runs them and removes the copies.
+func Main(m *testing.M) {
+	code := m.Run()
+	RemoveRootfsCopies()
+	os.Exit(code)
+}
+
 // RemoveUnmounted removes dir (a test's temporary copy) unless something
 // is mounted on or under it: os.RemoveAll would descend into a mount a
 // test leaked and delete what it holds.
