@@ -433,15 +433,7 @@ func TestShellMoveGOnlyFromTheTemplate(t *testing.T) {
 		t.Errorf("shell a's cgroup holds %v, want G (%d) alone", ps, a.GPid())
 	}
 	// Destroying a kills G; F reports it, then the template is done.
-	if err := a.Destroy(); err != nil {
-		t.Fatal(err)
-	}
-	if status, _ := lab.recv(); status != fmt.Sprintf("status %d\n", unix.SIGKILL) {
-		t.Errorf("G's wait status after its shell's Destroy: %q", status)
-	}
-	if forked, _ := lab.recv(); forked != "forked\n" {
-		t.Errorf("want forked, got %q", forked)
-	}
+	lab.destroyKillsG(t, a)
 }
 
 // TestShellMoveGPinsG: MoveG holds G's pid with ptrace while it checks and
@@ -497,15 +489,7 @@ func TestShellMoveGPinsG(t *testing.T) {
 	if ps := procsOf(t, sh.CgroupPaths()); len(ps) != 1 || ps[0] != strconv.Itoa(gpid) {
 		t.Errorf("the shell's cgroup holds %v, want G (%d) alone", ps, gpid)
 	}
-	if err := sh.Destroy(); err != nil {
-		t.Fatal(err)
-	}
-	if status, _ := lab.recv(); status != fmt.Sprintf("status %d\n", unix.SIGKILL) {
-		t.Errorf("G's wait status after its shell's Destroy: %q", status)
-	}
-	if forked, _ := lab.recv(); forked != "forked\n" {
-		t.Errorf("want forked, got %q", forked)
-	}
+	lab.destroyKillsG(t, sh)
 }
 
 // TestShellStartDeadline: StartShell ends at its context's end, whatever G
@@ -541,15 +525,7 @@ func TestShellStartDeadline(t *testing.T) {
 		if err := sh.MoveG(); err != nil {
 			t.Fatal(err)
 		}
-		if err := sh.Destroy(); err != nil {
-			t.Fatal(err)
-		}
-		if status, _ := lab.recv(); status != fmt.Sprintf("status %d\n", unix.SIGKILL) {
-			t.Errorf("G's wait status after its shell's Destroy: %q", status)
-		}
-		if forked, _ := lab.recv(); forked != "forked\n" {
-			t.Errorf("want forked, got %q", forked)
-		}
+		lab.destroyKillsG(t, sh)
 	}
 
 	// A context already ended: refused, whichever step its kill hits.
@@ -585,6 +561,21 @@ func TestShellStartDeadline(t *testing.T) {
 		t.Errorf("shell cgroups left after a start past its deadline: %v", left)
 	}
 	finish(h)
+}
+
+// destroyKillsG destroys sh and checks that its G died of SIGKILL (F's
+// report) and that the template went on to its next fork.
+func (l *templateLab) destroyKillsG(t *testing.T, sh *nsjail.Shell) {
+	t.Helper()
+	if err := sh.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if status, _ := l.recv(); status != fmt.Sprintf("status %d\n", unix.SIGKILL) {
+		t.Errorf("G's wait status after its shell's Destroy: %q", status)
+	}
+	if forked, _ := l.recv(); forked != "forked\n" {
+		t.Errorf("want forked, got %q", forked)
+	}
 }
 
 // statusOf is field key of /proc/<pid>/status.
@@ -640,7 +631,7 @@ func TestTemplateSandbox(t *testing.T) {
 		}
 	}
 	for _, k := range []string{"uid_map", "gid_map"} {
-		if got, _ := v[k].(string); normalize(got) != idMap {
+		if got, _ := v[k].(string); nsjail.NormalizeMap(got) != idMap {
 			t.Errorf("template %s = %q, want %q", k, got, idMap)
 		}
 	}
@@ -742,14 +733,6 @@ func procsOf(t *testing.T, paths cgroup.Paths) []string {
 		}
 	}
 	return out
-}
-
-func normalize(m string) string {
-	var lines []string
-	for _, l := range strings.Split(strings.TrimSpace(m), "\n") {
-		lines = append(lines, strings.Join(strings.Fields(l), " "))
-	}
-	return strings.Join(lines, "\n")
 }
 
 // hasCap tells whether this process has capability c in its effective set.
