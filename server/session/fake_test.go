@@ -232,7 +232,7 @@ func (d *fakeDisk) Sweep(dir string) error {
 	return nil
 }
 
-func (d *fakeDisk) Move(ws workspace, dir string) (workspace, error) {
+func (d *fakeDisk) MoveParent(ws workspace, dir string) (workspace, error) {
 	d.mu.Lock()
 	d.moves++
 	fail := d.failMove
@@ -243,10 +243,11 @@ func (d *fakeDisk) Move(ws workspace, dir string) (workspace, error) {
 	if _, err := os.Lstat(dir); err == nil {
 		return nil, fs.ErrExist
 	}
-	if err := os.Rename(ws.(fakeWorkspace).dir, dir); err != nil {
+	from := ws.(fakeWorkspace).dir
+	if err := os.Rename(filepath.Dir(from), dir); err != nil {
 		return nil, err
 	}
-	return fakeWorkspace{dir}, nil
+	return fakeWorkspace{filepath.Join(dir, filepath.Base(from))}, nil
 }
 
 func (d *fakeDisk) counts() (creates, moves int) {

@@ -308,11 +308,11 @@ func (m *Manager) Create(spec Spec) (Info, error) {
 		m.ops.Add(1)
 	}
 	m.mu.Unlock()
-	m.log.Info("session created", "session", s.id, "policy", spec.Policy, "kernel", spec.Kernel)
-	info := m.info(s)
+	info := m.info(s) // as Create answers: the kernel starting
 	if ahead != nil {
 		go m.startAhead(s, ahead)
 	}
+	m.log.Info("session created", "session", s.id, "policy", spec.Policy, "kernel", spec.Kernel)
 	return info, nil
 }
 
@@ -363,11 +363,17 @@ func (m *Manager) checkSpec(spec *Spec) (time.Duration, error) {
 // without session.json (or, after a host crash, with an empty one) is a
 // leftover for the next Open.
 func (m *Manager) build(s *session) (err error) {
-	if err := os.Mkdir(s.dir, 0o711); err != nil {
-		if errors.Is(err, fs.ErrExist) {
-			// A session on disk that Open could not load keeps its id.
-			return fmt.Errorf("%w (a directory %s is in the way)", ErrExists, s.dir)
-		}
+	// A spare made ahead of time when one is ready (spares.go): its
+	// directory becomes the session's. Else both are made here.
+	s.ws, err = m.takeSpare(s.dir)
+	if err == nil && s.ws == nil {
+		err = os.Mkdir(s.dir, 0o711)
+	}
+	if errors.Is(err, fs.ErrExist) {
+		// A session on disk that Open could not load keeps its id.
+		return fmt.Errorf("%w (a directory %s is in the way)", ErrExists, s.dir)
+	}
+	if err != nil {
 		return fmt.Errorf("create session %s: %w", s.id, err)
 	}
 	defer func() {
@@ -377,10 +383,8 @@ func (m *Manager) build(s *session) (err error) {
 			}
 		}
 	}()
-	// A spare made ahead of time when one is ready (spares.go), else
-	// made here.
-	if s.ws = m.takeSpare(filepath.Join(s.dir, volumeName)); s.ws == nil {
-		if s.ws, err = m.disk.Create(filepath.Join(s.dir, volumeName), m.volumeOptions()); err != nil {
+	if s.ws == nil {
+		if s.ws, err = m.newVolume(s.dir); err != nil {
 			return fmt.Errorf("create session %s: %w", s.id, err)
 		}
 	}

@@ -15,9 +15,10 @@ import (
 // most of a session's creation. The manager keeps Config.SpareVolumes empty
 // volumes made ahead of time, off the request path. Every session has the
 // same quota and owner (Config), so any spare fits any session: Create
-// moves one into the new session's directory (volume.MoveTo: a rename,
-// the mount goes with it) and wakes the refill; with none ready it makes
-// the volume itself, as without spares.
+// renames a spare's directory to the new session's (volume.MoveParentTo:
+// one rename, the volume and its mount go with it) and wakes the refill;
+// with none ready it makes the directory and the volume itself, as
+// without spares.
 //
 // On disk a spare is a complete volume in <root>/.spare-<16 hex>/volume.
 // That name is never a session id (no leading dot: inside.IDRule), and the
@@ -113,11 +114,11 @@ const spareRefillDelay = 100 * time.Millisecond
 // makeSpare makes one spare volume, complete and mounted.
 func (m *Manager) makeSpare() (spare, error) {
 	dir := filepath.Join(m.cfg.Root, sparePrefix+volume.RandomHex(spareHexLen/2))
-	// 0711 as a session's directory: the spare's becomes one's path.
+	// 0711 as a session's directory: the spare's becomes one.
 	if err := os.Mkdir(dir, 0o711); err != nil {
 		return spare{}, err
 	}
-	ws, err := m.disk.Create(filepath.Join(dir, volumeName), m.volumeOptions())
+	ws, err := m.newVolume(dir)
 	if err != nil {
 		if rerr := m.removeSpareDir(dir); rerr != nil {
 			m.log.Error("half-made spare volume could not be removed; the next start sweeps it", "dir", dir, "err", rerr)
@@ -127,38 +128,43 @@ func (m *Manager) makeSpare() (spare, error) {
 	return spare{dir: dir, ws: ws}, nil
 }
 
-// volumeOptions are every session volume's options.
-func (m *Manager) volumeOptions() volume.Options {
-	return volume.Options{MaxBytes: m.cfg.MaxBytes, MaxFiles: m.cfg.MaxFiles, UID: m.cfg.UID, GID: m.cfg.GID}
+// newVolume makes a session's volume in dir (its volumeName), with every
+// session volume's options.
+func (m *Manager) newVolume(dir string) (workspace, error) {
+	return m.disk.Create(filepath.Join(dir, volumeName),
+		volume.Options{MaxBytes: m.cfg.MaxBytes, MaxFiles: m.cfg.MaxFiles, UID: m.cfg.UID, GID: m.cfg.GID})
 }
 
-// takeSpare moves a ready spare's volume to dst and returns it there, or
-// nil when there is none (or it could not be moved: then it is removed).
-// It wakes the refill either way.
-func (m *Manager) takeSpare(dst string) workspace {
+// takeSpare renames a ready spare's directory to dst, a new session's
+// directory, and returns its volume there (dst/volume); nil when there is
+// none, or it could not be moved (then it is removed), and fs.ErrExist
+// (the spare kept) when dst exists. It wakes the refill either way.
+func (m *Manager) takeSpare(dst string) (workspace, error) {
 	defer m.wakeSpares()
 	m.mu.Lock()
 	n := len(m.spares)
 	if n == 0 {
 		m.mu.Unlock()
-		return nil
+		return nil, nil
 	}
 	sp := m.spares[n-1]
 	m.spares = m.spares[:n-1]
 	m.mu.Unlock()
-	ws, err := m.disk.Move(sp.ws, dst)
+	ws, err := m.disk.MoveParent(sp.ws, dst)
+	if errors.Is(err, fs.ErrExist) {
+		m.mu.Lock()
+		m.spares = append(m.spares, sp)
+		m.mu.Unlock()
+		return nil, err
+	}
 	if err != nil {
 		m.log.Warn("spare volume could not be moved into a session; removed, the session makes its own", "dir", sp.dir, "err", err)
 		if rerr := m.removeSpareDir(sp.dir); rerr != nil {
 			m.log.Error("spare volume could not be removed; the next start sweeps it", "dir", sp.dir, "err", rerr)
 		}
-		return nil
+		return nil, nil
 	}
-	// Empty now; should this fail, the next start's sweep removes it.
-	if err := os.Remove(sp.dir); err != nil {
-		m.log.Warn("emptied spare directory not removed", "dir", sp.dir, "err", err)
-	}
-	return ws
+	return ws, nil
 }
 
 // removeSpareDir removes a spare's directory: its volume (mounted or

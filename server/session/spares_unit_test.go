@@ -171,6 +171,37 @@ func TestSpareFailuresFallBackToCreate(t *testing.T) {
 	e.create(Spec{ID: "s2"})
 }
 
+// A directory in the way of a new session's is never replaced by a
+// spare's (RENAME_NOREPLACE): Create says ErrExists and the spare stays
+// ready, where it was.
+func TestADirectoryInTheWayKeepsTheSpare(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.SpareVolumes = 1 })
+	waitSpares(t, e.m, e.root, 1)
+	before := spareDirs(t, e.root)
+	if err := os.Mkdir(filepath.Join(e.root, "s1"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(e.root, "s1", "keep"), []byte("k"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Create(Spec{ID: "s1", Policy: "p"}); !errors.Is(err, ErrExists) {
+		t.Fatalf("Create over a directory in the way: %v, want ErrExists", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(e.root, "s1", "keep")); err != nil || string(b) != "k" {
+		t.Fatalf("the directory in the way after a refused Create: %q, %v", b, err)
+	}
+	e.m.mu.Lock()
+	ready := len(e.m.spares)
+	e.m.mu.Unlock()
+	if after := spareDirs(t, e.root); ready != 1 || !slices.Equal(before, after) {
+		t.Fatalf("spares before %v, after %v (%d ready): want the same one kept", before, after, ready)
+	}
+	e.create(Spec{ID: "s2"})
+	if _, moves := e.disk.counts(); moves != 2 {
+		t.Fatalf("%d moves: want the kept spare taken by the next session", moves)
+	}
+}
+
 func TestCloseRemovesTheSpares(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.SpareVolumes = 3 })
 	waitSpares(t, e.m, e.root, 3)

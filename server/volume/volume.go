@@ -325,13 +325,17 @@ func (v *Volume) Close() error {
 	return nil
 }
 
-// MoveTo renames the volume's directory to dir, mounted as it is (a mount
-// moves with the directory it is in), and returns the volume there; v must
-// not be used after. dir must not exist (fs.ErrExist: RENAME_NOREPLACE)
-// and must be on the same filesystem. The session manager keeps spare
-// volumes made ahead of time and moves one into a new session's directory,
-// so that a session's creation does not wait for mkfs. Call it only while
-// no sandbox has the volume bound: a sandbox binds Path by name.
+// MoveParentTo renames the directory that holds the volume's directory
+// (v.Dir()'s parent) to dir, the volume and its mount with it (a mount
+// moves with the directory it is in), and returns the volume there, in
+// dir under its old base name; v must not be used after. dir must not
+// exist (fs.ErrExist: RENAME_NOREPLACE) and must be on the same
+// filesystem. The session manager keeps spare volumes made ahead of time,
+// each in a directory of its own, and renames one into a new session's
+// directory, so that a session's creation does not wait for mkfs (one
+// rename: no mkdir of the session's directory nor rmdir of the spare's on
+// the request path). Call it only while no sandbox has the volume bound:
+// a sandbox binds Path by name.
 //
 // The rename survives the process's death at once (the page cache), a
 // host crash only once the caller has synced dir's parent (SyncDir): the
@@ -339,7 +343,7 @@ func (v *Volume) Close() error {
 // request path. A rename is one atomic change of both directories (one
 // journal transaction): the old parent needs no fsync of its own for the
 // volume never to show in both places.
-func (v *Volume) MoveTo(dir string) (*Volume, error) {
+func (v *Volume) MoveParentTo(dir string) (*Volume, error) {
 	if !filepath.IsAbs(dir) {
 		return nil, fmt.Errorf("move volume: dir must be absolute, got: %q", dir)
 	}
@@ -349,13 +353,14 @@ func (v *Volume) MoveTo(dir string) (*Volume, error) {
 		return nil, fmt.Errorf("move volume %s: %w", v.dir, err)
 	}
 	defer lock.Close()
-	if err := unix.Renameat2(unix.AT_FDCWD, v.dir, unix.AT_FDCWD, dir, unix.RENAME_NOREPLACE); err != nil {
+	parent := filepath.Dir(v.dir)
+	if err := unix.Renameat2(unix.AT_FDCWD, parent, unix.AT_FDCWD, dir, unix.RENAME_NOREPLACE); err != nil {
 		if errors.Is(err, unix.EEXIST) {
 			err = fs.ErrExist
 		}
 		return nil, fmt.Errorf("move volume %s to %s: %w", v.dir, dir, err)
 	}
-	return &Volume{dir: dir, m: v.m}, nil
+	return &Volume{dir: filepath.Join(dir, filepath.Base(v.dir)), m: v.m}, nil
 }
 
 // Remove unmounts the volume and deletes it, files and all. It is

@@ -510,9 +510,10 @@ func TestOpenRefusesAnImageStillInUse(t *testing.T) {
 	}
 }
 
-// MoveTo carries a mounted volume, files and mount, to a new directory;
-// it never replaces what is there, and the old path holds nothing after.
-func TestMoveToKeepsTheMountAndRefusesToReplace(t *testing.T) {
+// MoveParentTo carries a mounted volume, files and mount, with the
+// directory that holds it to a new directory; it never replaces what is
+// there, and the old path holds nothing after.
+func TestMoveParentToKeepsTheMountAndRefusesToReplace(t *testing.T) {
 	requireRoot(t)
 	parent, err := os.MkdirTemp(testRoot, "mv-")
 	if err != nil {
@@ -520,7 +521,11 @@ func TestMoveToKeepsTheMountAndRefusesToReplace(t *testing.T) {
 	}
 	defer os.Remove(parent)
 	os.Chmod(parent, 0o711)
-	v, err := volume.Create(filepath.Join(parent, "spare"), volume.Options{UID: testUID, GID: testGID, MaxBytes: 8 << 20, MaxFiles: 100})
+	spare := filepath.Join(parent, "spare")
+	if err := os.Mkdir(spare, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	v, err := volume.Create(filepath.Join(spare, "volume"), volume.Options{UID: testUID, GID: testGID, MaxBytes: 8 << 20, MaxFiles: 100})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -529,19 +534,16 @@ func TestMoveToKeepsTheMountAndRefusesToReplace(t *testing.T) {
 	if err := os.Mkdir(taken, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := v.MoveTo(taken); !errors.Is(err, fs.ErrExist) {
-		t.Fatalf("MoveTo an existing directory: %v, want fs.ErrExist", err)
+	if _, err := v.MoveParentTo(taken); !errors.Is(err, fs.ErrExist) {
+		t.Fatalf("MoveParentTo an existing directory: %v, want fs.ErrExist", err)
 	}
 	os.Remove(taken)
-	if _, err := v.MoveTo("relative"); err == nil {
-		t.Fatal("MoveTo a relative path: no error")
+	if _, err := v.MoveParentTo("relative"); err == nil {
+		t.Fatal("MoveParentTo a relative path: no error")
 	}
 	sub := filepath.Join(parent, "s1")
-	if err := os.Mkdir(sub, 0o711); err != nil {
-		t.Fatal(err)
-	}
 	defer os.Remove(sub)
-	moved, err := v.MoveTo(filepath.Join(sub, "volume"))
+	moved, err := v.MoveParentTo(sub)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -550,17 +552,20 @@ func TestMoveToKeepsTheMountAndRefusesToReplace(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	if _, err := os.Lstat(v.Dir()); !errors.Is(err, fs.ErrNotExist) {
-		t.Fatalf("the old directory after MoveTo: %v", err)
+	if _, err := os.Lstat(spare); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the old directory after MoveParentTo: %v", err)
+	}
+	if moved.Dir() != filepath.Join(sub, "volume") {
+		t.Fatalf("moved volume's directory: %s", moved.Dir())
 	}
 	if mountsAt(moved.Path()) != 1 || loopsOf(t, moved) != 1 {
-		t.Fatalf("after MoveTo: %d mounts, %d loop devices at the new path, want 1 and 1", mountsAt(moved.Path()), loopsOf(t, moved))
+		t.Fatalf("after MoveParentTo: %d mounts, %d loop devices at the new path, want 1 and 1", mountsAt(moved.Path()), loopsOf(t, moved))
 	}
 	if got := read(t, moved, "x"); string(got) != "x" {
-		t.Fatalf("file after MoveTo: %q", got)
+		t.Fatalf("file after MoveParentTo: %q", got)
 	}
 	if u := usage(t, moved); u.MaxBytes != 8<<20 || u.MaxFiles != 100 {
-		t.Fatalf("quota after MoveTo: %+v", u)
+		t.Fatalf("quota after MoveParentTo: %+v", u)
 	}
 	// Open finds it at its new place (a restarted worker), reusing the mount.
 	again, err := volume.Open(moved.Dir())
@@ -568,6 +573,6 @@ func TestMoveToKeepsTheMountAndRefusesToReplace(t *testing.T) {
 		t.Fatal(err)
 	}
 	if mountsAt(again.Path()) != 1 {
-		t.Fatalf("Open after MoveTo: %d mounts", mountsAt(again.Path()))
+		t.Fatalf("Open after MoveParentTo: %d mounts", mountsAt(again.Path()))
 	}
 }
