@@ -211,34 +211,42 @@ def _fork_code_process(libc):
 
 def _rehearse():
     """Run once, on dummy input, what a kernel's hand-off and first cell
-    run (the cell runs through the runner, as a single-shot execution's
-    file does), then put back everything that changed, before READY.
+    run (the hand-off's setup, _kernel_setup, and a cell that prints and
+    displays, through _execute), then put back everything that changed,
+    before READY.
 
     After the fork every page this process writes first is copied from the
     zygote's (copy-on-write), and Python writes wherever it goes: reference
     counts, the interpreter's specialised bytecode, allocator pools. On the
-    reference VM such a fault costs ~35 us, and an unrehearsed hand-off
-    took ~160 of them and its first cell ~190, most of the kernel's
-    answer. Rehearsed here, at the pool's low priority and off the request
-    path, they are this process's own when the hand-off comes (about a
-    MiB: pages the execution would have copied anyway; the rest stays
-    shared, as an idle session's memory counts on it).
+    reference VM such a fault costs ~35 us: unrehearsed, a hand-off took
+    ~160 of them and its first cell ~190, most of the kernel's answer; with
+    the cell alone rehearsed, the hand-off's setup still took ~40 (~25 of
+    them making the unbuffered streams) and the first cell ~15 more than a
+    later one. Rehearsed here, at the pool's low priority and off the
+    request path, they are this process's own when the hand-off comes
+    (about a MiB: pages the execution would have copied anyway; the rest
+    stays shared, as an idle session's memory counts on it).
 
     Nothing of any request exists yet: only the zygote's and the runner's
     code runs, in the process that will run the code anyway (it is
     already dumpable and has the handlers back). Put back afterwards, so a
     single-shot run or a kernel starts as without it: fds 1 and 2, the
-    streams, the SIGINT handler, the kernel's cell sources and linecache,
-    the interrupt flag, and what the figure capture patched (pyplot's show
-    and Figure.savefig, sys.meta_path). A failure here is the runner's or the zygote's bug:
-    it is raised, and the sandbox never becomes ready."""
-    import ctypes
+    streams (sys.stdout, sys.__stdout__ and the streams kept open), the
+    working directory, sys.argv, sys.path, sys.modules["__main__"], the
+    SIGINT handler, the kernel's cell sources and linecache, the interrupt
+    flag, and what the figure capture patched (pyplot's show and
+    Figure.savefig, sys.meta_path). A failure here is the runner's or the
+    zygote's bug: it is raised, and the sandbox never becomes ready."""
     import linecache
     import socket
 
     global _interrupt_pending, _cell_source_chars
     saved_fds = (os.dup(1), os.dup(2))
-    saved_streams = (sys.stdout, sys.stderr)
+    saved_streams = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
+    saved_kept = list(_runner._kept_streams)
+    saved_cwd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    saved_argv, saved_path = list(sys.argv), list(sys.path)
+    saved_main = sys.modules.get("__main__")
     # The cell captures figures, as a kernel's first cell does by default
     # (an unrehearsed capture cost a first cell ~70 page copies and 3 ms of
     # CPU): what that patches into pyplot or adds to sys.meta_path is put
@@ -251,34 +259,43 @@ def _rehearse():
     saved_interrupt = _interrupt_pending
     saved_sources, saved_chars = list(_cell_sources), _cell_source_chars
     ours, theirs = socket.socketpair()
+    sock = None
     pipes = [os.pipe() for _ in range(KERNEL_FDS)]
     try:
-        # The hand-off: a message and an fd, as the pool sends them.
+        # The hand-off: a message and an fd, as the pool sends them, and
+        # the kernel's setup, on a socket of its own (as on CONTROL_FD).
         socket.send_fds(ours, [b'{"path":"/dev/null","cwd":"/","kernel":true,"cwd_on_path":true}' + MESSAGE_END],
                         [pipes[0][1]])
         msg, fds = _receive(theirs.fileno())
         for fd in fds:
             os.close(fd)
         decode_handoff(msg)
+        sock, main, libc = _kernel_setup(os.dup(theirs.fileno()), "/", True)
         # A cell: its request with its stdout, stderr and events fds, run
         # through _execute as a kernel runs it, and its reply.
-        socket.send_fds(ours, [b'{"seq":1,"code":"x = 1\\nx","env":{},"display":true}' + MESSAGE_END],
+        socket.send_fds(ours, [b'{"seq":1,"code":"print(1)\\nx = 1\\nx","env":{},"display":true}' + MESSAGE_END],
                         [w for _, w in pipes])
         for _, w in pipes:
             os.close(w)
         pipes = [(r, None) for r, _ in pipes]
-        msg, fds = _receive_request(theirs)
+        msg, fds = _receive_request(sock)
         seq, code, env, display, _, _ = decode_request(msg)
-        main = types.ModuleType("__main__")
-        main.__builtins__ = __builtins__
-        _execute(main, seq, code, env, fds, ctypes.CDLL(None), display, figures)
-        theirs.sendall(encode_reply(seq, 0))
+        _execute(main, seq, code, env, fds, libc, display, figures)
+        sock.sendall(encode_reply(seq, 0))
     finally:
         os.dup2(saved_fds[0], 1)
         os.dup2(saved_fds[1], 2)
         for fd in saved_fds:
             os.close(fd)
-        sys.stdout, sys.stderr = saved_streams
+        sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__ = saved_streams
+        _runner._kept_streams[:] = saved_kept
+        os.fchdir(saved_cwd)
+        os.close(saved_cwd)
+        sys.argv[:], sys.path[:] = saved_argv, saved_path
+        if saved_main is None:
+            sys.modules.pop("__main__", None)
+        else:
+            sys.modules["__main__"] = saved_main
         _runner.restore_pyplot_patch_state(saved_pyplot)
         signal.signal(signal.SIGINT, saved_sigint)
         _interrupt_pending = saved_interrupt
@@ -286,6 +303,8 @@ def _rehearse():
             linecache.cache.pop(name, None)
         _cell_sources[:] = saved_sources
         _cell_source_chars = saved_chars
+        if sock is not None:
+            sock.close()
         ours.close()
         theirs.close()
         for r, w in pipes:
@@ -378,28 +397,9 @@ def _kernel(cwd, cwd_on_path):
     kernel. The code runs in this very process and may write anything on
     CONTROL_FD: the pool trusts nothing said here beyond a well-formed
     reply with the right seq (SECURITY.md case 39)."""
-    import ctypes
-    import socket
-    import types
-
     global _interrupt_pending
-    sock = socket.socket(fileno=CONTROL_FD)
-    # Not inherited by programs the code runs (a fork still has it).
-    os.set_inheritable(CONTROL_FD, False)
-    _to_devnull()
-    # Output is live: every write reaches the execution's pipe at once.
-    _runner.unbuffered_streams()
-    os.chdir(cwd)
-    sys.argv[:] = [""]
-    if cwd_on_path:
-        # As an interactive interpreter's: modules beside the data import.
-        sys.path.insert(0, cwd)
-    main = types.ModuleType("__main__")
-    main.__builtins__ = __builtins__
-    sys.modules["__main__"] = main
-    libc = ctypes.CDLL(None)
+    sock, main, libc = _kernel_setup(CONTROL_FD, cwd, cwd_on_path)
     kernel_pid = os.getpid()
-    signal.signal(signal.SIGINT, _note_interrupt)
     sock.sendall(encode_reply(KERNEL_READY_SEQ, 0))
     while True:
         got = _receive_request(sock)
@@ -429,6 +429,32 @@ def _kernel(cwd, cwd_on_path):
             sock.sendall(encode_reply(seq, exit_code))
         except OSError:
             os._exit(0)
+
+
+def _kernel_setup(fd, cwd, cwd_on_path):
+    """What a kernel does on its hand-off before it says ready (_kernel;
+    _rehearse runs it too, on its own socket): returns the socket on fd,
+    the cells' __main__ and libc."""
+    import ctypes
+    import socket
+    import types
+
+    sock = socket.socket(fileno=fd)
+    # Not inherited by programs the code runs (a fork still has it).
+    os.set_inheritable(fd, False)
+    _to_devnull()
+    # Output is live: every write reaches the execution's pipe at once.
+    _runner.unbuffered_streams()
+    os.chdir(cwd)
+    sys.argv[:] = [""]
+    if cwd_on_path:
+        # As an interactive interpreter's: modules beside the data import.
+        sys.path.insert(0, cwd)
+    main = types.ModuleType("__main__")
+    main.__builtins__ = __builtins__
+    sys.modules["__main__"] = main
+    signal.signal(signal.SIGINT, _note_interrupt)
+    return sock, main, ctypes.CDLL(None)
 
 
 def _receive_request(sock):
