@@ -12,11 +12,11 @@ type disk interface {
 	// Sweep removes interrupted Creates and Removes under dir.
 	Sweep(dir string) error
 	Remove(dir string) error
-	// MoveParent renames the directory that holds ws (ws in its
-	// volumeName) to dir (which must not exist: fs.ErrExist), ws mounted as
-	// it is, and returns ws there: a spare's directory becomes a
+	// MoveParent renames from, the directory that holds ws (ws in its
+	// volumeName), to dir (which must not exist: fs.ErrExist), ws mounted
+	// as it is, and returns ws there: a spare's directory becomes a
 	// session's.
-	MoveParent(ws workspace, dir string) (workspace, error)
+	MoveParent(from string, ws workspace, dir string) (workspace, error)
 }
 
 // workspace is one session's mounted volume.
@@ -58,8 +58,8 @@ func (volumeDisk) Sweep(dir string) error {
 
 func (volumeDisk) Remove(dir string) error { return volume.Remove(dir) }
 
-func (volumeDisk) MoveParent(ws workspace, dir string) (workspace, error) {
-	v, err := ws.Volume().MoveParentTo(dir)
+func (volumeDisk) MoveParent(from string, ws workspace, dir string) (workspace, error) {
+	v, err := ws.Volume().MoveParentTo(from, dir)
 	if err != nil {
 		return nil, err
 	}

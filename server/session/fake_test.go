@@ -232,7 +232,7 @@ func (d *fakeDisk) Sweep(dir string) error {
 	return nil
 }
 
-func (d *fakeDisk) MoveParent(ws workspace, dir string) (workspace, error) {
+func (d *fakeDisk) MoveParent(from string, ws workspace, dir string) (workspace, error) {
 	d.mu.Lock()
 	d.moves++
 	fail := d.failMove
@@ -243,11 +243,14 @@ func (d *fakeDisk) MoveParent(ws workspace, dir string) (workspace, error) {
 	if _, err := os.Lstat(dir); err == nil {
 		return nil, fs.ErrExist
 	}
-	from := ws.(fakeWorkspace).dir
-	if err := os.Rename(filepath.Dir(from), dir); err != nil {
+	vol := ws.(fakeWorkspace).dir
+	if filepath.Dir(vol) != from {
+		return nil, errors.New("fake: from does not hold the volume")
+	}
+	if err := os.Rename(from, dir); err != nil {
 		return nil, err
 	}
-	return fakeWorkspace{filepath.Join(dir, filepath.Base(from))}, nil
+	return fakeWorkspace{filepath.Join(dir, filepath.Base(vol))}, nil
 }
 
 func (d *fakeDisk) counts() (creates, moves int) {

@@ -138,7 +138,8 @@ func (m *Manager) newVolume(dir string) (workspace, error) {
 // takeSpare renames a ready spare's directory to dst, a new session's
 // directory, and returns its volume there (dst/volume); nil when there is
 // none, or it could not be moved (then it is removed), and fs.ErrExist
-// (the spare kept) when dst exists. It wakes the refill either way.
+// when dst exists (the spare kept, or removed if the refill has made up
+// for it meanwhile). It wakes the refill either way.
 func (m *Manager) takeSpare(dst string) (workspace, error) {
 	defer m.wakeSpares()
 	m.mu.Lock()
@@ -150,11 +151,20 @@ func (m *Manager) takeSpare(dst string) (workspace, error) {
 	sp := m.spares[n-1]
 	m.spares = m.spares[:n-1]
 	m.mu.Unlock()
-	ws, err := m.disk.MoveParent(sp.ws, dst)
+	ws, err := m.disk.MoveParent(sp.dir, sp.ws, dst)
 	if errors.Is(err, fs.ErrExist) {
+		// Kept, unless the refill has made up for it meanwhile.
 		m.mu.Lock()
-		m.spares = append(m.spares, sp)
+		keep := m.wantSpareLocked()
+		if keep {
+			m.spares = append(m.spares, sp)
+		}
 		m.mu.Unlock()
+		if !keep {
+			if rerr := m.removeSpareDir(sp.dir); rerr != nil {
+				m.log.Error("spare volume could not be removed; the next start sweeps it", "dir", sp.dir, "err", rerr)
+			}
+		}
 		return nil, err
 	}
 	if err != nil {
@@ -168,18 +178,13 @@ func (m *Manager) takeSpare(dst string) (workspace, error) {
 }
 
 // removeSpareDir removes a spare's directory: its volume (mounted or
-// half-made) and the directory.
+// half-made) and the directory, as a session's (removeDir: what a lost
+// write left of a record in one, as Open may find, goes too).
 func (m *Manager) removeSpareDir(dir string) error {
 	if err := m.disk.Sweep(dir); err != nil {
 		return err
 	}
-	if err := m.disk.Remove(filepath.Join(dir, volumeName)); err != nil {
-		return err
-	}
-	if err := os.Remove(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	return nil
+	return m.removeDir(dir)
 }
 
 // closeSpares stops the refill and removes the ready spares (Close): a

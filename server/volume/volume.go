@@ -325,8 +325,10 @@ func (v *Volume) Close() error {
 	return nil
 }
 
-// MoveParentTo renames the directory that holds the volume's directory
-// (v.Dir()'s parent) to dir, the volume and its mount with it (a mount
+// MoveParentTo renames from, the directory that holds the volume's
+// directory (v.Dir()'s parent: else an error, nothing renamed; the caller
+// says which directory it means to move, as it owns it), to dir, the
+// volume and its mount with it (a mount
 // moves with the directory it is in), and returns the volume there, in
 // dir under its old base name; v must not be used after. dir must not
 // exist (fs.ErrExist: RENAME_NOREPLACE) and must be on the same
@@ -343,17 +345,20 @@ func (v *Volume) Close() error {
 // request path. A rename is one atomic change of both directories (one
 // journal transaction): the old parent needs no fsync of its own for the
 // volume never to show in both places.
-func (v *Volume) MoveParentTo(dir string) (*Volume, error) {
+func (v *Volume) MoveParentTo(from, dir string) (*Volume, error) {
 	if !filepath.IsAbs(dir) {
 		return nil, fmt.Errorf("move volume: dir must be absolute, got: %q", dir)
 	}
 	dir = filepath.Clean(dir)
+	parent := filepath.Dir(v.dir)
+	if filepath.Clean(from) != parent {
+		return nil, fmt.Errorf("move volume %s: %q does not hold it", v.dir, from)
+	}
 	lock, err := lockDir(v.dir, true)
 	if err != nil {
 		return nil, fmt.Errorf("move volume %s: %w", v.dir, err)
 	}
 	defer lock.Close()
-	parent := filepath.Dir(v.dir)
 	if err := unix.Renameat2(unix.AT_FDCWD, parent, unix.AT_FDCWD, dir, unix.RENAME_NOREPLACE); err != nil {
 		if errors.Is(err, unix.EEXIST) {
 			err = fs.ErrExist

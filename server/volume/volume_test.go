@@ -534,16 +534,19 @@ func TestMoveParentToKeepsTheMountAndRefusesToReplace(t *testing.T) {
 	if err := os.Mkdir(taken, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := v.MoveParentTo(taken); !errors.Is(err, fs.ErrExist) {
+	if _, err := v.MoveParentTo(spare, taken); !errors.Is(err, fs.ErrExist) {
 		t.Fatalf("MoveParentTo an existing directory: %v, want fs.ErrExist", err)
 	}
 	os.Remove(taken)
-	if _, err := v.MoveParentTo("relative"); err == nil {
+	if _, err := v.MoveParentTo(spare, "relative"); err == nil {
 		t.Fatal("MoveParentTo a relative path: no error")
 	}
 	sub := filepath.Join(parent, "s1")
 	defer os.Remove(sub)
-	moved, err := v.MoveParentTo(sub)
+	if _, err := v.MoveParentTo(parent, sub); err == nil {
+		t.Fatal("MoveParentTo of a directory that does not hold the volume: no error")
+	}
+	moved, err := v.MoveParentTo(spare, sub)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -269,8 +269,8 @@ def _rehearse():
         msg, fds = _receive(theirs.fileno())
         for fd in fds:
             os.close(fd)
-        decode_handoff(msg)
-        sock, main, libc = _kernel_setup(os.dup(theirs.fileno()), "/", True)
+        job, _, cwd_on_path, _ = decode_handoff(msg)
+        sock, main, libc = _kernel_setup(os.dup(theirs.fileno()), job["cwd"], cwd_on_path)
         # A cell: its request with its stdout, stderr and events fds, run
         # through _execute as a kernel runs it, and its reply.
         socket.send_fds(ours, [b'{"seq":1,"code":"print(1)\\nx = 1\\nx","env":{},"display":true}' + MESSAGE_END],
@@ -280,7 +280,8 @@ def _rehearse():
         pipes = [(r, None) for r, _ in pipes]
         msg, fds = _receive_request(sock)
         seq, code, env, display, _, _ = decode_request(msg)
-        _execute(main, seq, code, env, fds, libc, display, figures)
+        if _execute(main, seq, code, env, fds, libc, display, figures) != 0:
+            raise RuntimeError("zygote: the rehearsal's cell failed")
         sock.sendall(encode_reply(seq, 0))
     finally:
         os.dup2(saved_fds[0], 1)
