@@ -664,10 +664,24 @@ func coldProgram(t *testing.T, r *nsjail.Runner, rootfs string) seccomp.Program 
 	}
 	defer rd.Close()
 	defer wr.Close()
-	// The command waits on fd 3 until wr is closed.
-	p, err := r.Prestart(nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "-c", "import os; os.read(3, 1)"}}, rd)
+	running, runningW, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
+	}
+	defer running.Close()
+	defer runningW.Close()
+	// The command says it runs on fd 4, then waits on fd 3 until wr is
+	// closed. Its program is read only once it runs: a ptrace interrupt
+	// sent while libcontainer's init was execing it was lost (the test
+	// hung in LoadedProgram, before its wait had a deadline).
+	p, err := r.Prestart(nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "-c", "import os; os.write(4, b'r'); os.read(3, 1)"}}, rd, runningW)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runningW.Close()
+	if n, err := running.Read(make([]byte, 1)); n != 1 {
+		p.Retire(time.Second)
+		t.Fatalf("the cold sandbox's command did not start: %v", err)
 	}
 	pid, err := p.Pid()
 	if err != nil {

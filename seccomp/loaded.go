@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -47,6 +48,9 @@ func EncodeProgram(prog []unix.SockFilter) Program {
 // report of a ptrace stop.
 const cldTrapped = 4
 
+// stopTimeout bounds LoadedProgram's wait for its ptrace stop.
+const stopTimeout = 10 * time.Second
+
 // LoadedProgram reads, with PTRACE_SECCOMP_GET_FILTER, the one seccomp
 // filter the kernel holds for thread tid. It fails when tid has no filter
 // or more than one: a cold sandbox's process has exactly the one
@@ -64,6 +68,8 @@ const cldTrapped = 4
 // reaps it: were it reaped here, the caller's later kill of "its child"
 // would be a SIGKILL, as root, of whatever host process took the freed
 // pid.
+//
+// A thread that does not stop within stopTimeout is an error.
 //
 // Requirements (the worker meets them as root, outside any seccomp
 // filter): CAP_SYS_PTRACE over tid (PTRACE_SEIZE of a process of another
@@ -90,17 +96,31 @@ func LoadedProgram(tid int) (Program, error) {
 	if _, err := pt(unix.PTRACE_INTERRUPT, tid, 0, 0); err != nil {
 		return nil, fmt.Errorf("PTRACE_INTERRUPT: %w", err)
 	}
+	// Polled, with a deadline, not waited for: an interrupt can be lost.
+	// Seen here: a process seized while libcontainer's init was about to
+	// execve its command from a thread other than the leader, the execve
+	// (de_thread) gave the leader's pid and the ptrace link to that
+	// thread but not the pending interrupt, and a blocking waitid hung
+	// the test binary for good.
 	var info unix.Siginfo
-	for {
-		// WNOWAIT: see the doc comment (never reap tid).
-		err := unix.Waitid(unix.P_PID, tid, &info, unix.WSTOPPED|unix.WEXITED|unix.WNOWAIT|unix.WALL, nil)
+	for deadline := time.Now().Add(stopTimeout); ; {
+		// WNOWAIT: see the doc comment (never reap tid). With WNOHANG and
+		// nothing to report, the kernel writes a zero si_signo.
+		info = unix.Siginfo{}
+		err := unix.Waitid(unix.P_PID, tid, &info, unix.WSTOPPED|unix.WEXITED|unix.WNOWAIT|unix.WALL|unix.WNOHANG, nil)
 		if err == unix.EINTR {
 			continue
 		}
 		if err != nil {
 			return nil, fmt.Errorf("waitid for the ptrace stop: %w", err)
 		}
-		break
+		if info.Signo != 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("thread %d did not stop for ptrace within %v", tid, stopTimeout)
+		}
+		time.Sleep(time.Millisecond)
 	}
 	if info.Code != cldTrapped {
 		return nil, fmt.Errorf("thread %d did not stop for ptrace (waitid si_code %d, signal %d)", tid, info.Code, info.Signo)
