@@ -307,8 +307,9 @@ def _f(fds, t):
     # unshare(CLONE_NEWUSER) needs a single-threaded caller; a fork copies
     # only the calling thread, so this holds unless the at-fork handlers of
     # a library started one.
-    if _threads() != 1:
-        raise RuntimeError("F has %d threads" % _threads())
+    threads = _threads()
+    if threads != 1:
+        raise RuntimeError("F has %d threads" % threads)
     os.unshare(os.CLONE_NEWUSER)
     t.sendall(b"u")
     if t.recv(1) != b"m":

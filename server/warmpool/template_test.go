@@ -527,15 +527,21 @@ func TestTemplateForkKeyring(t *testing.T) {
 // (forking nothing, closing the fork's channels) while it holds a shared
 // mapping (a fork would share its pages with T and every other execution)
 // or an fd the code may not inherit (here: /dev/null, not a file of the
-// image); it keeps refusing while they last, and ends at EOF as usual.
+// image); it keeps refusing while they last, and ends at EOF as usual. An
+// F with more than one thread (a library's at-fork handler started one)
+// gives up before its unshare, and T refuses.
 func TestTemplateRefusesToFork(t *testing.T) {
 	skipTemplatesOnV2(t)
 	r := newPoolRunner(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
-	for _, c := range []struct{ name, prelude, want string }{
-		{"writable shared mapping", "import mmap as _m\n_sandboxd_shared = _m.mmap(-1, 4096)", "rw-s"},
-		{"read-only shared mapping", "import mmap as _m\n_sandboxd_shared = _m.mmap(-1, 4096, prot=_m.PROT_READ)", "r--s"},
-		{"stray fd", "import os as _o\n_sandboxd_fd = _o.open('/dev/null', _o.O_RDONLY)\n_o.dup2(_sandboxd_fd, 9)\n_o.close(_sandboxd_fd)", "9 -> /dev/null"},
+	for _, c := range []struct{ name, prelude, want, log string }{
+		{"writable shared mapping", "import mmap as _m\n_sandboxd_shared = _m.mmap(-1, 4096)", "rw-s", ""},
+		{"read-only shared mapping", "import mmap as _m\n_sandboxd_shared = _m.mmap(-1, 4096, prot=_m.PROT_READ)", "r--s", ""},
+		{"stray fd", "import os as _o\n_sandboxd_fd = _o.open('/dev/null', _o.O_RDONLY)\n_o.dup2(_sandboxd_fd, 9)\n_o.close(_sandboxd_fd)", "9 -> /dev/null", ""},
+		// A library whose at-fork handler starts a thread: F may not
+		// unshare a user namespace (the kernel would refuse it too).
+		{"threaded F", "import os as _o, threading as _th, time as _ti\n_o.register_at_fork(after_in_child=lambda: _th.Thread(target=_ti.sleep, args=(60,), daemon=True).start())",
+			"F died before it made its user namespace", "F has 2 threads"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			lab := startTplLab(t, r, rootfs, nil, c.prelude)
@@ -549,8 +555,17 @@ func TestTemplateRefusesToFork(t *testing.T) {
 					t.Errorf("the ready pipe of a refused fork: %q, %v, want EOF", b[:n], err)
 				}
 			}
-			if ps := cgroupProcs(t, lab.tpl.CgroupPaths()); len(ps) != 1 {
-				t.Errorf("the template's cgroup holds %v, want T alone", ps)
+			if log := lab.logText(); !strings.Contains(log, c.log) {
+				t.Errorf("T's log does not say %q:\n%s", c.log, log)
+			}
+			// T alone, but for the last F that died (T reaps it before its
+			// next request; the first was reaped before the second).
+			want := 1
+			if c.log != "" {
+				want = 2
+			}
+			if ps := cgroupProcs(t, lab.tpl.CgroupPaths()); len(ps) > want {
+				t.Errorf("the template's cgroup holds %v, want T alone (and at most one dead F)", ps)
 			}
 		})
 	}
