@@ -380,7 +380,9 @@ def _g(outputs):
     # root's.
     keep = {0, 1, 2, zygote.CONTROL_FD, zygote.READY_FD}
     refused = {fd for fd, _, _ in zygote._stray_fds(keep | set(outputs))}
-    keep |= set(_open_fds()) - refused - set(outputs)
+    admitted = set(_open_fds()) - refused - set(outputs) - keep
+    keep |= admitted
+    images = _image_files(admitted)
     ctl = socket.socket(fileno=zygote.CONTROL_FD)
     try:
         me = os.pidfd_open(os.getpid())
@@ -401,6 +403,7 @@ def _g(outputs):
         os.close(fd)
     # setns of a mount namespace moves root and cwd to its root.
     os.chdir("/")
+    _reopen_image_files(images)
     _take_stdio(outputs)
     _drop(join)
     # Nothing but what was kept (the namespace fds are closed, T's are gone).
@@ -410,6 +413,34 @@ def _g(outputs):
     _check_dropped()
     _reseed()
     zygote._serve()
+
+
+def _image_files(fds):
+    """What _reopen_image_files needs of each fd: its path in the image,
+    identity, offset and close-on-exec flag."""
+    out = {}
+    for fd in fds:
+        st = os.fstat(fd)
+        out[fd] = (os.readlink("/proc/self/fd/%d" % fd), (st.st_dev, st.st_ino), os.lseek(fd, 0, os.SEEK_CUR),
+                   not os.get_inheritable(fd))
+    return out
+
+
+def _reopen_image_files(images):
+    """Put each image file T's check admitted back on its number, opened
+    again in the shell's mount namespace: the same file (same image, which
+    the template and its shells share), but no longer through a mount of
+    T's namespace, which the code would otherwise hold a handle on (and
+    see in fdinfo). Its library keeps using the number as before."""
+    for fd, (path, ident, pos, cloexec) in images.items():
+        # Read-only, as T's check (zygote._fd_refusal) admits no other.
+        new = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        st = os.fstat(new)
+        if (st.st_dev, st.st_ino) != ident:
+            raise RuntimeError("%s is not the template's file in the shell (fd %d)" % (path, fd))
+        os.lseek(new, pos, os.SEEK_SET)
+        os.dup2(new, fd, inheritable=not cloexec)
+        os.close(new)
 
 
 def _open_fds():

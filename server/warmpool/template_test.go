@@ -575,7 +575,9 @@ func TestTemplateRefusesToFork(t *testing.T) {
 // leaves G a zombie (its pid still G's, never free for a host process that
 // Shell.MoveG's write would then move) until the worker's go-ahead; then it
 // reaps G and ends. And a fork without output fds gets /dev/null as fds
-// 0-2, never T's; closing its control socket retires it (exit 0).
+// 0-2, never T's; the image files it keeps (libffi's) are opened again on
+// the shell's root mount, not held through T's mount namespace; closing
+// its control socket retires it (exit 0).
 func TestTemplateFReapsGOnlyAfterGoAhead(t *testing.T) {
 	skipTemplatesOnV2(t)
 	r := newPoolRunner(t)
@@ -630,6 +632,39 @@ func TestTemplateFReapsGOnlyAfterGoAhead(t *testing.T) {
 		if st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != unix.Mkdev(1, 3) {
 			t.Errorf("G's fd %d is not /dev/null (mode %o, rdev %#x)", fd, st.Mode, st.Rdev)
 		}
+	}
+	// The image files G kept (libffi's) are opened on the shell's root
+	// mount, not through T's mount namespace.
+	rootID, fileFds := "", 0
+	mountinfo, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", sh.GPid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(mountinfo), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && f[4] == "/" {
+			rootID = f[0]
+		}
+	}
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", sh.GPid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range fds {
+		var st unix.Stat_t
+		if err := unix.Stat(fmt.Sprintf("/proc/%d/fd/%s", sh.GPid(), e.Name()), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+			continue
+		}
+		fileFds++
+		info, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%s", sh.GPid(), e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(info), "\nmnt_id:\t"+rootID+"\n") {
+			t.Errorf("G's fd %s is not on the shell's root mount %s:\n%s", e.Name(), rootID, info)
+		}
+	}
+	if fileFds == 0 || rootID == "" {
+		t.Errorf("G holds no image file (libffi's) to check (root mount %q)", rootID)
 	}
 	f.ctl.Close() // EOF before a hand-off: the pool retires the fork
 	if ws := lab.exitReport(f); !ws.Exited() || ws.ExitStatus() != 0 {
