@@ -130,6 +130,19 @@ def _reserve_fork_fds():
         os.close(null)
 
 
+def _is_reserved(fd):
+    """Whether fd is still _reserve_fork_fds's read-only /dev/null."""
+    import fcntl
+    import stat
+
+    try:
+        st = os.fstat(fd)
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    except OSError:
+        return False
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3) and flags & 3 == os.O_RDONLY
+
+
 def _fork_targets():
     """Where F puts the fork's channels: control, ready, exit report,
     go-ahead."""
@@ -174,6 +187,11 @@ def _why_not_fork(fds):
     stray = zygote._stray_fds({0, 1, 2, TEMPLATE_FD, *_fork_targets(), *fds})
     if stray:
         return "stray fds: " + ", ".join("%d -> %s (%s)" % s for s in stray)
+    # F's dup2 onto the reserved numbers would silently close whatever a
+    # preload put there since (_reserve_fork_fds).
+    for fd in _fork_targets():
+        if fd != TEMPLATE_FD and not _is_reserved(fd):
+            return "fd %d is no longer the reserved /dev/null" % fd
     shared = _shared_mappings()
     if shared:
         return "shared mappings: " + "; ".join(shared)
@@ -352,7 +370,15 @@ def _relay(g):
         status = info.si_status
     # G is pid 1 of PID_F: everything the code started died before G could
     # finish exiting; nothing is left to kill.
-    os.write(zygote.EXIT_REPORT_FD, zygote.encode_exit_report(status))
+    try:
+        os.write(zygote.EXIT_REPORT_FD, zygote.encode_exit_report(status))
+    except OSError:
+        # The worker closed the report's read end (EPIPE: Python ignores
+        # SIGPIPE): F still reaps G only after the go-ahead. Should F die
+        # here anyway (OOM kill), G is reparented to T, whose _reap frees
+        # its pid at once: then MoveG's ptrace pin is what guards its
+        # cgroup.procs write.
+        pass
     os.read(GO_AHEAD_FD, 1)  # EOF or a byte: the go-ahead
     os.waitpid(g, 0)
     if os.WIFSIGNALED(status):
@@ -379,8 +405,18 @@ def _g(outputs):
     # Decided here, in T's mount namespace, where those files' mount is the
     # root's.
     keep = {0, 1, 2, zygote.CONTROL_FD, zygote.READY_FD}
-    refused = {fd for fd, _, _ in zygote._stray_fds(keep | set(outputs))}
-    admitted = set(_open_fds()) - refused - set(outputs) - keep
+    # T checked itself before the fork, but at-fork handlers (a library's
+    # pthread_atfork, the preload's os.register_at_fork) and T's other
+    # threads ran after that check, in F and here: whatever they opened is
+    # refused (the fork never becomes ready), never closed behind its
+    # library's back nor left to the code.
+    stray = zygote._stray_fds(keep | set(outputs))
+    if stray:
+        raise RuntimeError("stray fds in G: " + ", ".join("%d -> %s (%s)" % s for s in stray))
+    shared = _shared_mappings()
+    if shared:
+        raise RuntimeError("shared mappings in G: " + "; ".join(shared))
+    admitted = set(_open_fds()) - set(outputs) - keep
     keep |= admitted
     images = _image_files(admitted)
     ctl = socket.socket(fileno=zygote.CONTROL_FD)
@@ -407,9 +443,9 @@ def _g(outputs):
     _take_stdio(outputs)
     _drop(join)
     # Nothing but what was kept (the namespace fds are closed, T's are gone).
-    for fd in _open_fds():
-        if fd not in keep:
-            os.close(fd)
+    extra = [fd for fd in _open_fds() if fd not in keep]
+    if extra:
+        raise RuntimeError("fds open in G besides those kept: %s" % extra)
     _check_dropped()
     _reseed()
     zygote._serve()
@@ -430,8 +466,10 @@ def _reopen_image_files(images):
     """Put each image file T's check admitted back on its number, opened
     again in the shell's mount namespace: the same file (same image, which
     the template and its shells share), but no longer through a mount of
-    T's namespace, which the code would otherwise hold a handle on (and
-    see in fdinfo). Its library keeps using the number as before."""
+    T's namespace, so that no fd the code inherits is (its fdinfo would
+    show it; /proc/self/exe and the file mappings still refer to T's root
+    mount, the same read-only image). Its library keeps using the number
+    as before."""
     for fd, (path, ident, pos, cloexec) in images.items():
         # Read-only, as T's check (zygote._fd_refusal) admits no other.
         new = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -487,9 +525,9 @@ def _syscall(table):
 
 
 def _drop(join):
-    """What libcontainer's setns init does before `runc exec`'s execve, in
-    its order (TEMPLATE.md section 3 step 7), so that G has what a cold
-    sandbox's process has."""
+    """Bring G to a cold sandbox's process's end state (TEMPLATE.md section
+    3 step 7: libcontainer's standard init reaches it in another order),
+    checked after by _check_dropped."""
     import ctypes
     import resource
 

@@ -173,6 +173,22 @@ type tplFork struct {
 // with output) and returns T's reply and, when it forked, the fork with
 // G's pidfd.
 func (l *tplLab) request(output bool) (*tplFork, warmpool.ForkReply) {
+	f, reply := l.requestOnly(output)
+	if !reply.Forked {
+		return f, reply
+	}
+	t := l.t
+	t.Helper()
+	msg, fds := recvLine(t, f.ctl)
+	if msg != warmpool.PidfdMessage || len(fds) != 1 {
+		t.Fatalf("want G's pidfd, got %q with %d fds\nlog: %s", msg, len(fds), l.logText())
+	}
+	f.g = os.NewFile(uintptr(fds[0]), "pidfd-G")
+	return f, reply
+}
+
+// requestOnly is request without waiting for G's pidfd.
+func (l *tplLab) requestOnly(output bool) (*tplFork, warmpool.ForkReply) {
 	t := l.t
 	t.Helper()
 	f := &tplFork{}
@@ -210,14 +226,6 @@ func (l *tplLab) request(output bool) (*tplFork, warmpool.ForkReply) {
 	if err != nil {
 		t.Fatalf("T's reply: %v\nlog: %s", err, l.logText())
 	}
-	if !reply.Forked {
-		return f, reply
-	}
-	msg, fds := recvLine(t, f.ctl)
-	if msg != warmpool.PidfdMessage || len(fds) != 1 {
-		t.Fatalf("want G's pidfd, got %q with %d fds\nlog: %s", msg, len(fds), l.logText())
-	}
-	f.g = os.NewFile(uintptr(fds[0]), "pidfd-G")
 	return f, reply
 }
 
@@ -566,6 +574,44 @@ func TestTemplateRefusesToFork(t *testing.T) {
 			}
 			if ps := cgroupProcs(t, lab.tpl.CgroupPaths()); len(ps) > want {
 				t.Errorf("the template's cgroup holds %v, want T alone (and at most one dead F)", ps)
+			}
+		})
+	}
+}
+
+// TestTemplateGRefusesWhatAtForkHandlersMade: T checks itself before the
+// fork, but at-fork handlers (a library's pthread_atfork, the preload's
+// os.register_at_fork) run after that check, in F and in G. An fd or a
+// shared mapping one of them made is refused by G itself: it never
+// becomes ready (the ready pipe reads EOF), F reports exit 71, and the log
+// names what was refused; the fd is never closed behind its library's
+// back, the mapping never left to the code.
+func TestTemplateGRefusesWhatAtForkHandlersMade(t *testing.T) {
+	skipTemplatesOnV2(t)
+	r := newPoolRunner(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	for _, c := range []struct{ name, prelude, log string }{
+		{"fd", "import os as _o\ndef _sandboxd_h():\n    fd = _o.open('/dev/null', _o.O_RDONLY | _o.O_CLOEXEC)\n    _o.dup2(fd, 9)\n    _o.close(fd)\n_o.register_at_fork(after_in_child=_sandboxd_h)",
+			"stray fds in G: 9 -> /dev/null"},
+		{"shared mapping", "import os as _o, mmap as _m\n_sandboxd_maps = []\n_o.register_at_fork(after_in_child=lambda: _sandboxd_maps.append(_m.mmap(-1, 4096)))",
+			"shared mappings in G"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			lab := startTplLab(t, r, rootfs, nil, c.prelude)
+			f, reply := lab.requestOnly(false)
+			if !reply.Forked {
+				t.Fatalf("T refused (%+v): its own check must pass, the handler runs only after the fork", reply)
+			}
+			b := make([]byte, 1)
+			if n, err := f.ready.Read(b); n != 0 || err != io.EOF {
+				t.Errorf("the ready pipe of a refusing G: %q, %v, want EOF", b[:n], err)
+			}
+			if ws := lab.exitReport(f); !ws.Exited() || ws.ExitStatus() != 71 {
+				t.Errorf("F reported %#x, want G's exit 71", uint32(ws))
+			}
+			f.goAhead.Close()
+			if log := lab.logText(); !strings.Contains(log, c.log) {
+				t.Errorf("the template's log does not say %q:\n%s", c.log, log)
 			}
 		})
 	}
