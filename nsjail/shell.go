@@ -75,6 +75,8 @@ type Shell struct {
 	nsMu sync.Mutex
 	ns   []*os.File
 	prog seccomp.Program
+	// rlimits are the shell's config's (buildConfig's for spec).
+	rlimits []Rlimit
 	// cgroupPaths are the shell's cgroup directories, children of the
 	// template's.
 	cgroupPaths cgroup.Paths
@@ -215,6 +217,9 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 		return fail("unable to read the shell init's pid: %w", err)
 	}
 	s := &Shell{r: r, id: id, tpl: t, c: c, log: log, g: gfile, gpid: gpid}
+	for _, l := range cfg.Rlimits {
+		s.rlimits = append(s.rlimits, Rlimit{Resource: l.Type, Soft: l.Soft, Hard: l.Hard})
+	}
 	// Everything below reads the init through its pid: it is our child and
 	// not reaped until killInit (LoadedProgram never reaps), so the pid is
 	// its own, zombie included. killInit signals it through libcontainer's
@@ -687,6 +692,18 @@ func (s *Shell) closeNamespaces() {
 // shell's init, i.e. a cold sandbox's (the same for every shell of this
 // Runner). It must not be modified.
 func (s *Shell) SeccompProgram() seccomp.Program { return s.prog }
+
+// Rlimit is one resource limit (setrlimit(2)) of a sandbox's process.
+type Rlimit struct {
+	Resource int    `json:"resource"`
+	Soft     uint64 `json:"soft"`
+	Hard     uint64 `json:"hard"`
+}
+
+// Rlimits are the resource limits libcontainer gives a cold sandbox's
+// process for the shell's spec (buildConfig's): G sets them before its drop
+// (its init never execs, so nothing reads them from it). A fresh copy.
+func (s *Shell) Rlimits() []Rlimit { return slices.Clone(s.rlimits) }
 
 // CgroupPaths are the shell's cgroup directories, one per hierarchy,
 // children of the template's.

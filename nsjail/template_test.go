@@ -32,7 +32,9 @@ import (
 // shell for G (Runner.StartShell), moves G into its cgroup (Shell.MoveG)
 // and hands G the shell's namespace fds and seccomp program; G joins,
 // drops and prints what it sees, which must be what a cold sandbox's
-// process sees.
+// process sees. templatefork.py is these tests' stand-in for the template;
+// the production program, server/warmpool/template.py, is tested the same
+// way in server/warmpool (template_test.go).
 
 // forkViewKeys are the fields of the inside view that a fork must share
 // with a cold run: all of them but the template-only ones.

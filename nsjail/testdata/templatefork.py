@@ -1,6 +1,11 @@
-# The template of nsjail's TestTemplateForkMatchesCold (template_test.go;
-# experiment E4 of server/warmpool/TEMPLATE.md, on the production API:
-# Runner.StartTemplate, Runner.StartShell, Shell.MoveG). Run as
+# The template of nsjail's shell tests (template_test.go; experiment E4 of
+# server/warmpool/TEMPLATE.md, on the production API: Runner.StartTemplate,
+# Runner.StartShell, Shell.MoveG): a minimal stand-in, not the production
+# program (server/warmpool/template.py, tested in server/warmpool). It can
+# do what the production one never does, for the tests of the worker's
+# defences: a G that stops the shell's init, a template that lingers after
+# the worker died, and an F that reaps G at once (no go-ahead: MoveG's pin
+# must hold on its own). Run as
 # `python3 -B -P -c SOURCE --template` in the template's sandbox (root of
 # its user namespace U_T, CAP_SETUID/SETGID only), or
 # `... --view` in a cold sandbox, which prints what its process sees.

@@ -81,3 +81,6 @@ func SetKernelAckTimeout(d time.Duration) (restore func()) {
 	kernelAckTimeout = d
 	return func() { kernelAckTimeout = old }
 }
+
+// TemplateArgs is templateArgs: template.py's command line.
+var TemplateArgs = templateArgs

@@ -306,3 +306,140 @@ func readExitReport(r *os.File) <-chan syscall.WaitStatus {
 	}()
 	return ch
 }
+
+// Template forks (issue 17, TEMPLATE.md sections 2-3; plan step 4: the
+// program is built, the pool does not use it yet, step 5). template.py is
+// the template's process T: it loads zygote.py's source as a module and its
+// forks' code process G ends in the zygote's own hand-off code, so steps 2
+// (READY), 3, 3k and 4's report above stay as they are; template.py's
+// PROTOCOL block mirrors the constants below (TestTemplateMirrorsProtocol).
+//
+//  T1. Start. nsjail.Runner.StartTemplate runs templateArgs with T's
+//      control socket, a unix stream socketpair, as its one file
+//      (TemplateFD). T imports the preload, makes itself not dumpable and
+//      waits for requests.
+//  T2. Fork. The pool sends a ForkRequest line (EncodeForkRequest: the
+//      fork's maps, nsjail.Template.ForkIDMap) on TemplateFD with ForkFDs
+//      fds (SCM_RIGHTS): the fork's ControlFD socket, ReadyFD and
+//      ExitReportFD pipes' write ends and the GoAheadFD pipe's read end,
+//      then optionally ForkOutputFDs more: the execution's stdout and
+//      stderr (else G's are /dev/null; its stdin always is). T checks it
+//      holds no stray fd and no shared mapping, forks F, writes F's maps
+//      and answers one ForkReply line (DecodeForkReply); it closes its
+//      copies of the fork's fds whatever it answers.
+//  T3. Pidfd. G, pid 1 of its pid namespace, sends PidfdMessage with a
+//      pidfd of itself on ControlFD (nsjail.Runner.StartShell takes it).
+//  T4. Join. After StartShell and Shell.MoveG the pool closes its end of
+//      GoAheadFD (the go-ahead: F may reap G from then on; until then a G
+//      that died stays a zombie) and sends a Join line (EncodeJoin) on
+//      ControlFD with the shell's namespace fds (Shell.NamespaceFiles, in
+//      nsjail.ShellNamespaces order). G joins them, drops to a cold
+//      process's ids, capabilities, rlimits, keyring and seccomp program,
+//      reseeds, rehearses and writes ReadyByte: step 2 on.
+//  T5. Exit report. F writes G's wait status on ExitReportFD as soon as G
+//      has exited (as step 4), and reaps G after the go-ahead.
+//
+// EOF on TemplateFD ends T (and every fork of it, in its pid namespace).
+
+//go:embed template.py
+var templateSource string
+
+const (
+	// TemplateFD is T's control socket (nsjail.FirstFileFD). It is
+	// ControlFD's number too: F closes T's socket before it puts the
+	// fork's there, so no fork holds a channel to T.
+	TemplateFD = 3
+	// GoAheadFD is where F holds the go-ahead pipe's read end.
+	GoAheadFD = 6
+	// ForkFDs is the number of channels a ForkRequest carries, in this
+	// order: ControlFD's, ReadyFD's, ExitReportFD's, GoAheadFD's.
+	ForkFDs = 4
+	// ForkOutputFDs is the number of output fds a ForkRequest may carry
+	// after them: stdout's and stderr's.
+	ForkOutputFDs = 2
+	// PidfdMessage is the message G sends its pidfd with.
+	PidfdMessage = "pidfd\n"
+	// SessionKeyringPrefix names a sandbox's session keyring, followed by
+	// its id, as libcontainer names a container's.
+	SessionKeyringPrefix = "_ses."
+	// maxForkReplyBytes bounds a ForkReply line (a refusal names what T
+	// found: fds, mappings).
+	maxForkReplyBytes = 64 << 10
+)
+
+// ForkRequest asks T for one fork.
+type ForkRequest struct {
+	// UIDMap and GIDMap are what T writes to F's uid_map and gid_map
+	// (nsjail.Template.ForkIDMap).
+	UIDMap string `json:"uid_map"`
+	GIDMap string `json:"gid_map"`
+}
+
+// ForkReply is T's answer to a ForkRequest: Forked, or Refused with why.
+type ForkReply struct {
+	Forked  bool   `json:"forked,omitempty"`
+	Refused string `json:"refused,omitempty"`
+}
+
+// Join is what G needs, besides the shell's namespace fds, to become what
+// a cold sandbox's process is.
+type Join struct {
+	// Seccomp is the shell's program (Shell.SeccompProgram), base64 in JSON.
+	Seccomp []byte `json:"seccomp"`
+	// Rlimits are the shell's (Shell.Rlimits).
+	Rlimits []nsjail.Rlimit `json:"rlimits"`
+	// Keyring names G's new session keyring (SessionKeyringPrefix and the
+	// shell's id).
+	Keyring string `json:"keyring"`
+}
+
+// JoinOf is the Join for shell sh.
+func JoinOf(sh *nsjail.Shell) Join {
+	return Join{Seccomp: sh.SeccompProgram(), Rlimits: sh.Rlimits(), Keyring: SessionKeyringPrefix + sh.ID()}
+}
+
+// EncodeForkRequest is r as its line (the fds go beside it).
+func EncodeForkRequest(r ForkRequest) ([]byte, error) {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return nil, fmt.Errorf("encode the fork request: %w", err)
+	}
+	return append(b, MessageEnd), nil
+}
+
+// EncodeJoin is j as its line (the namespace fds go beside it).
+func EncodeJoin(j Join) ([]byte, error) {
+	b, err := json.Marshal(j)
+	if err != nil {
+		return nil, fmt.Errorf("encode the join: %w", err)
+	}
+	return append(b, MessageEnd), nil
+}
+
+// DecodeForkReply parses one reply line of T, with its MessageEnd: exactly
+// one of Forked and Refused.
+func DecodeForkReply(line []byte) (ForkReply, error) {
+	var r ForkReply
+	if len(line) > maxForkReplyBytes {
+		return r, fmt.Errorf("fork reply longer than %d bytes", maxForkReplyBytes)
+	}
+	if len(line) == 0 || line[len(line)-1] != MessageEnd {
+		return r, errors.New("fork reply: no end")
+	}
+	dec := json.NewDecoder(bytes.NewReader(line[:len(line)-1]))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil || dec.More() {
+		return ForkReply{}, fmt.Errorf("fork reply %q: not one reply (%v)", line, err)
+	}
+	if r.Forked == (r.Refused != "") {
+		return ForkReply{}, fmt.Errorf("fork reply %q: want forked or refused", line)
+	}
+	return r, nil
+}
+
+// templateArgs is the command line of a template's process: template.py
+// with zygote.py's source, the runner's and the preload's module names as
+// its arguments. -P as zygoteArgs.
+func templateArgs(preload []string) []string {
+	return []string{"python3", "-P", "-c", templateSource, zygoteSource, runner.Source, strings.Join(preload, PreloadSep)}
+}

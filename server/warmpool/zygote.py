@@ -179,6 +179,14 @@ def _fork_code_process(libc):
     for sig, handler in handlers.items():
         signal.signal(sig, handler)
     os.close(EXIT_REPORT_FD)
+    _serve()
+
+
+def _serve():
+    """The code's process from its rehearsal on: READY, then one hand-off
+    (or a kernel's). Only CONTROL_FD and READY_FD of the protocol's fds
+    are open. Also run by a template's fork G once it is confined
+    (template.py)."""
     _rehearse()
     # Ready only now: a hand-off never waits for the rehearsal. The zygote
     # closed its copy of READY_FD, so this process dying first is an EOF
@@ -571,12 +579,13 @@ def _check_no_stray_fds():
         os._exit(_STRAY_FD_EXIT)
 
 
-def _stray_fds():
-    """The open fds besides 0-2 and the protocol's that _fd_refusal refuses,
-    as (fd, target, why) in fd order."""
+def _stray_fds(allowed=None):
+    """The open fds besides allowed (0-2 and the protocol's) that
+    _fd_refusal refuses, as (fd, target, why) in fd order."""
     import fcntl
 
-    allowed = {0, 1, 2, CONTROL_FD, READY_FD, EXIT_REPORT_FD}
+    if allowed is None:
+        allowed = {0, 1, 2, CONTROL_FD, READY_FD, EXIT_REPORT_FD}
     root = _root_mount()
     stray = []
     # The listing's own directory fd shows in it, and is closed by now.

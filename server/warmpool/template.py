@@ -1,0 +1,621 @@
+# The warm pool's template (issue 17, server/warmpool/TEMPLATE.md sections
+# 2, 3, 5 and 7). T, this program, runs as the first process of a
+# libcontainer sandbox of its own (nsjail.Runner.StartTemplate: root of its
+# user namespace U_T with CAP_SETUID and CAP_SETGID only), imports the
+# preload once and then, for each fork request of the worker, forks F, which
+# makes the execution's user and pid namespaces (U_F, PID_F) and forks G, the
+# code's process. G joins the shell the worker made for it
+# (nsjail.Runner.StartShell), drops to what a cold sandbox's process has,
+# reseeds what the preload seeded, and then runs exactly what a zygote's
+# child runs (zygote.py's _serve: _rehearse, READY, _receive, then the
+# runner's run_file or _kernel), from zygote.py's own source: this program
+# gets it as its first argument and loads it as a module, as the zygote
+# loads the runner; nothing of it is copied here.
+#
+# argv (protocol.go's templateArgs): zygote.py's source, the runner's
+# source, the preload's module names joined by PRELOAD_SEP.
+#
+# The exchange (protocol.go's "Template forks"; the block below mirrors its
+# constants, TestTemplateMirrorsProtocol checks both agree):
+#  T  <- worker, TEMPLATE_FD: a ForkRequest line (the fork's uid_map and
+#        gid_map, as T writes them) with FORK_FDS fds (SCM_RIGHTS): the
+#        fork's control socket, ready pipe, exit-report pipe and go-ahead
+#        pipe (read end), then optionally FORK_OUTPUT_FDS more, the
+#        execution's stdout and stderr.
+#  T  -> worker: a ForkReply line, {"forked": true} once F exists and its
+#        maps are written, or {"refused": why}: T then forks nothing.
+#        T closes its copies of the fork's fds either way.
+#  G  -> worker, CONTROL_FD: PIDFD_MESSAGE with a pidfd of G.
+#  G  <- worker, CONTROL_FD: a Join line (seccomp program, rlimits, session
+#        keyring name) with the shell's namespace fds, in SHELL_NAMESPACES
+#        order. The worker sends it after StartShell and MoveG.
+#  G  -> READY_FD: READY_BYTE once confined and rehearsed; then today's
+#        hand-off (protocol.go steps 3 and 3k), unchanged.
+#  F  -> EXIT_REPORT_FD: G's wait status, as soon as G has exited.
+#  F  <- GO_AHEAD_FD: EOF (or a byte): the worker is done moving G
+#        (Shell.MoveG) and F may reap G. Until then G stays a zombie.
+# EOF on TEMPLATE_FD: the worker is done with this template; T exits 0
+# (its forks, in its pid namespace, die with it).
+import json
+import os
+import socket
+import sys
+import types
+
+# --- PROTOCOL (server/warmpool/protocol.go) ---
+TEMPLATE_FD = 3
+GO_AHEAD_FD = 6
+FORK_FDS = 4
+FORK_OUTPUT_FDS = 2
+PIDFD_MESSAGE = b"pidfd\n"
+SHELL_NAMESPACES = "mnt net ipc uts cgroup"
+# --- end PROTOCOL ---
+
+_FORK_FAILED_EXIT = 71  # EX_OSERR: F or G could not do its part
+_SETNS_FLAGS = {
+    "mnt": os.CLONE_NEWNS,
+    "net": os.CLONE_NEWNET,
+    "ipc": os.CLONE_NEWIPC,
+    "uts": os.CLONE_NEWUTS,
+    "cgroup": os.CLONE_NEWCGROUP,
+}
+# Syscalls Python has no wrapper for, by machine.
+_SYS_SECCOMP = {"x86_64": 317, "aarch64": 277}
+_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}
+_SECCOMP_SET_MODE_FILTER = 1
+_SECCOMP_FILTER_FLAG_TSYNC = 1
+_KEYCTL_JOIN_SESSION_KEYRING = 1
+_KEYCTL_SETPERM = 5
+_KEYCTL_DESCRIBE = 6
+_KEY_OTH_SEARCH = 0x8
+_PR_CAPBSET_DROP = 24
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+_SANDBOX_ID = 10001  # nsjail/inside's UID and GID
+
+zygote = None  # zygote.py, loaded by _load_zygote
+_template_sock = None  # T's end of TEMPLATE_FD
+_libc = None
+
+
+def _load_zygote(source):
+    """zygote.py as a module of its own (its __main__ guard keeps it from
+    starting): the hand-off and kernel code G runs is the zygote's."""
+    global zygote
+    mod = types.ModuleType("sandboxd_zygote")
+    exec(compile(source, "<sandboxd zygote>", "exec", dont_inherit=True), mod.__dict__)
+    zygote = mod
+
+
+def _fail(who, exc):
+    """F or G cannot go on: say why on stderr (the template's log: G has not
+    yet put its execution's output on 1 and 2) and exit."""
+    import traceback
+
+    try:
+        sys.stderr.write("template: %s: %s" % (who, "".join(traceback.format_exception(exc))))
+        sys.stderr.flush()
+    finally:
+        os._exit(_FORK_FAILED_EXIT)
+
+
+def _threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+# --- T ---
+
+
+def _reserve_fork_fds():
+    """Hold the fork's fd numbers (FORK_FDS from CONTROL_FD on, one past
+    TEMPLATE_FD) with /dev/null before the preload opens anything: F puts the
+    fork's channels there with dup2, which would otherwise silently close
+    whatever the preload had opened on those numbers (libffi's fd, which
+    libffi mmaps again later)."""
+    # TEMPLATE_FD is CONTROL_FD: F closes T's socket before it puts the
+    # fork's control socket there.
+    targets = [fd for fd in _fork_targets() if fd != TEMPLATE_FD]
+    for fd in targets:
+        try:
+            os.fstat(fd)
+        except OSError:
+            continue
+        raise RuntimeError("fd %d is open at the template's start" % fd)
+    null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)  # the first of them, likely
+    for fd in targets:
+        if fd != null:
+            os.dup2(null, fd, inheritable=False)
+    if null not in targets:
+        os.close(null)
+
+
+def _is_reserved(fd):
+    """Whether fd is still _reserve_fork_fds's read-only /dev/null."""
+    import fcntl
+    import stat
+
+    try:
+        st = os.fstat(fd)
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    except OSError:
+        return False
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3) and flags & 3 == os.O_RDONLY
+
+
+def _fork_targets():
+    """Where F puts the fork's channels: control, ready, exit report,
+    go-ahead."""
+    return (zygote.CONTROL_FD, zygote.READY_FD, zygote.EXIT_REPORT_FD, GO_AHEAD_FD)
+
+
+def _shared_mappings():
+    """T's shared mappings that are writable or may be made so (the
+    kernel's VmFlags "sh" with "wr" or "mw"), as /proc/self/smaps header
+    lines. A fork inherits a shared mapping as the same pages, not a copy:
+    every execution forked from T, and T, would share memory the code can
+    write (a channel between executions, a way to tamper with T). "mw"
+    counts because a read-only mapping of a file opened for writing (an
+    anonymous shared mapping, a memfd, /dev/shm) can be made writable with
+    mprotect; one of a file opened read-only (glibc's gconv cache) cannot,
+    and is shared harmlessly. smaps is read only when maps lists a shared
+    mapping at all (it costs a page walk)."""
+    with open("/proc/self/maps") as f:
+        if not any(len(line.split()) > 1 and line.split()[1][3:4] == "s" for line in f):
+            return []
+    bad, header = [], None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            fields = line.split()
+            if fields and fields[0] == "VmFlags:":
+                flags = set(fields[1:])
+                if header and "sh" in flags and flags & {"wr", "mw"}:
+                    bad.append(header)
+            elif len(fields) > 1 and "-" in fields[0] and not fields[0].endswith(":"):
+                header = line.rstrip("\n")
+    return bad
+
+
+def _why_not_fork(fds):
+    """Why T must not fork now, or None. Checked before every fork, as the
+    preload (its threads, a lazy import) may have changed T since the last."""
+    if len(fds) not in (FORK_FDS, FORK_FDS + FORK_OUTPUT_FDS):
+        return "the fork request carried %d fds, want %d or %d" % (len(fds), FORK_FDS, FORK_FDS + FORK_OUTPUT_FDS)
+    # The fds a fork inherits from T: 0-2 (G replaces them), T's socket and
+    # the reserved numbers (F replaces them), the fork's own; besides those,
+    # only what zygote._fd_refusal admits (read-only files of the image).
+    stray = zygote._stray_fds({0, 1, 2, TEMPLATE_FD, *_fork_targets(), *fds})
+    if stray:
+        return "stray fds: " + ", ".join("%d -> %s (%s)" % s for s in stray)
+    # F's dup2 onto the reserved numbers would silently close whatever a
+    # preload put there since (_reserve_fork_fds).
+    for fd in _fork_targets():
+        if fd != TEMPLATE_FD and not _is_reserved(fd):
+            return "fd %d is no longer the reserved /dev/null" % fd
+    shared = _shared_mappings()
+    if shared:
+        return "shared mappings: " + "; ".join(shared)
+    return None
+
+
+def _reap():
+    """Reap the forks F that have ended (and a G whose F died: orphans of
+    T's pid namespace are T's)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _fork(request, fds):
+    """Fork F for one request; None, or why T refused."""
+    import gc
+    import warnings
+
+    req = json.loads(request)
+    maps = {name: req[name] for name in ("uid_map", "gid_map")}
+    why = _why_not_fork(fds)
+    if why:
+        return why
+    # Objects the preload made are never collected: keep the collector from
+    # writing to them, so the forks' pages stay shared with T's.
+    gc.freeze()
+    # Nothing T's streams hold may reach a fork's (G's) output.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    ours, theirs = socket.socketpair()
+    try:
+        with warnings.catch_warnings():
+            # A preload's idle threads (OpenBLAS) make 3.12+ warn about
+            # fork; the libraries that start them reinitialise in the child.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            try:
+                ours.close()
+                _f(fds, theirs)
+            except BaseException as exc:
+                _fail("F", exc)
+            os._exit(_FORK_FAILED_EXIT)  # not reached: _f exits
+        theirs.close()
+        # F is T's child and T reaps only in _reap, before a fork: the pid
+        # stays F's (a zombie at worst, whose maps cannot be written) while
+        # T writes its maps.
+        if ours.recv(1) != b"u":
+            return "F died before it made its user namespace"
+        for name, text in maps.items():
+            with open("/proc/%d/%s" % (pid, name), "w") as f:
+                f.write(text)
+        ours.sendall(b"m")
+    finally:
+        ours.close()
+    return None
+
+
+def _template():
+    global _template_sock
+    _load_zygote(sys.argv[1])
+    _reserve_fork_fds()
+    zygote._load_runner(sys.argv[2])
+    zygote._preload(sys.argv[3].split(zygote.PRELOAD_SEP) if len(sys.argv) > 3 else [])
+    libc = zygote._libc()
+    # Not dumpable (TEMPLATE.md section 5): ptrace of T and its /proc mem,
+    # fd and environ files then need CAP_SYS_PTRACE over U_T, not merely
+    # T's host uid, which F and every G before its drop share. Forks
+    # inherit it; G becomes dumpable after its drop, as a cold process is.
+    # T never calls unshare(CLONE_NEWUSER) itself: it would move T into an
+    # unmapped user namespace and break every later fork (E4).
+    zygote._set_dumpable(libc, False)
+    _template_sock = socket.socket(fileno=TEMPLATE_FD)
+    while True:
+        _reap()
+        got = _receive_line(_template_sock, FORK_FDS + FORK_OUTPUT_FDS + 1)
+        if got is None:
+            os._exit(0)
+        msg, fds = got
+        try:
+            why = _fork(msg, fds)
+        except Exception as exc:  # a bad request, a failed map write
+            why = "%s: %s" % (type(exc).__name__, exc)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        reply = {"refused": why} if why else {"forked": True}
+        _template_sock.sendall(json.dumps(reply).encode() + zygote.MESSAGE_END)
+
+
+def _receive_line(sock, maxfds):
+    """One line up to MESSAGE_END and the fds that came with it, or None at
+    EOF."""
+    data, fds = b"", []
+    while not data.endswith(zygote.MESSAGE_END):
+        chunk, got, _, _ = socket.recv_fds(sock, 1 << 16, maxfds)
+        fds += got
+        if not chunk:
+            for fd in fds:
+                os.close(fd)
+            return None
+        data += chunk
+    return data, fds
+
+
+# --- F ---
+
+
+def _f(fds, t):
+    """F: runs only template code. Takes the fork's channels, makes U_F (T
+    maps it) and PID_F, forks G and relays G's end."""
+    import fcntl
+    import signal
+
+    # T's socket first: no fork can talk to T.
+    os.close(_template_sock.detach())
+    # The fork's fds onto their protocol numbers (over the reserved ones),
+    # by way of numbers above them, so no dup2 closes one still to be moved.
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, GO_AHEAD_FD + 1) for fd in fds]
+    for fd in fds:
+        os.close(fd)
+    for src, dst in zip(high, _fork_targets()):
+        os.dup2(src, dst)
+        os.close(src)
+    outputs = high[FORK_FDS:]  # close-on-exec until G puts them on 1 and 2
+    # unshare(CLONE_NEWUSER) needs a single-threaded caller; a fork copies
+    # only the calling thread, so this holds unless the at-fork handlers of
+    # a library started one.
+    threads = _threads()
+    if threads != 1:
+        raise RuntimeError("F has %d threads" % threads)
+    os.unshare(os.CLONE_NEWUSER)
+    t.sendall(b"u")
+    if t.recv(1) != b"m":
+        raise RuntimeError("T did not write F's id maps")
+    t.close()
+    # A pid namespace can be joined only once it has an init, and only from
+    # an ancestor: F makes PID_F (owned by U_F), G is its pid 1, the shell
+    # joins it.
+    os.unshare(os.CLONE_NEWPID)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    g = os.fork()
+    if g == 0:
+        try:
+            _g(outputs)
+        except BaseException as exc:
+            _fail("G", exc)
+        os._exit(_FORK_FAILED_EXIT)  # not reached: _g exits
+    # F keeps only the exit report and the go-ahead: the code's channels
+    # and output are G's, and end with it.
+    for fd in (zygote.CONTROL_FD, zygote.READY_FD, *outputs):
+        os.close(fd)
+    _relay(g)
+
+
+def _relay(g):
+    """Report G's wait status as soon as G exits, but reap G only after the
+    worker's go-ahead. Shell.MoveG writes G's pid into cgroup.procs (v1 has
+    no move by pidfd): a G reaped between MoveG's check and its write would
+    free a pid a host process could take, and the write would move that
+    process into the shell's cgroup, which Destroy kills. waitid with
+    WNOWAIT leaves G a zombie, whose pid is not reused. (MoveG also pins G
+    itself, against a compromised template: the worker does not rely on
+    this.)"""
+    info = os.waitid(os.P_PID, g, os.WEXITED | os.WNOWAIT)
+    if info.si_code == os.CLD_EXITED:
+        status = (info.si_status & 0xFF) << 8
+    elif info.si_code == os.CLD_DUMPED:
+        status = info.si_status | 0x80
+    else:  # CLD_KILLED
+        status = info.si_status
+    # G is pid 1 of PID_F: everything the code started died before G could
+    # finish exiting; nothing is left to kill.
+    try:
+        os.write(zygote.EXIT_REPORT_FD, zygote.encode_exit_report(status))
+    except OSError:
+        # The worker closed the report's read end (EPIPE: Python ignores
+        # SIGPIPE): F still reaps G only after the go-ahead. Should F die
+        # here anyway (OOM kill), G is reparented to T, whose _reap frees
+        # its pid at once: then MoveG's ptrace pin is what guards its
+        # cgroup.procs write.
+        pass
+    os.read(GO_AHEAD_FD, 1)  # EOF or a byte: the go-ahead
+    os.waitpid(g, 0)
+    if os.WIFSIGNALED(status):
+        os._exit(128 + os.WTERMSIG(status))
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
+# --- G ---
+
+
+def _g(outputs):
+    """G: pid 1 of PID_F, root of U_F, still in T's other namespaces and
+    cgroup. Waits for its shell, confines itself, then serves as a zygote's
+    child does."""
+    global _libc
+    import ctypes
+
+    for fd in (zygote.EXIT_REPORT_FD, GO_AHEAD_FD):
+        os.close(fd)
+    _libc = ctypes.CDLL(None, use_errno=True)
+    # The fds G keeps past its drop: 0-2 (replaced below), its channels, and
+    # what T's check admitted (read-only files of the image: libffi keeps
+    # one and maps it again later, so it is not closed behind its back).
+    # Decided here, in T's mount namespace, where those files' mount is the
+    # root's.
+    keep = {0, 1, 2, zygote.CONTROL_FD, zygote.READY_FD}
+    # T checked itself before the fork, but at-fork handlers (a library's
+    # pthread_atfork, the preload's os.register_at_fork) and T's other
+    # threads ran after that check, in F and here: whatever they opened is
+    # refused (the fork never becomes ready), never closed behind its
+    # library's back nor left to the code.
+    stray = zygote._stray_fds(keep | set(outputs))
+    if stray:
+        raise RuntimeError("stray fds in G: " + ", ".join("%d -> %s (%s)" % s for s in stray))
+    shared = _shared_mappings()
+    if shared:
+        raise RuntimeError("shared mappings in G: " + "; ".join(shared))
+    admitted = set(_open_fds()) - set(outputs) - keep
+    keep |= admitted
+    images = _image_files(admitted)
+    ctl = socket.socket(fileno=zygote.CONTROL_FD)
+    try:
+        me = os.pidfd_open(os.getpid())
+        socket.send_fds(ctl, [PIDFD_MESSAGE], [me])  # the worker reads G's host pid from it
+        os.close(me)
+        namespaces = SHELL_NAMESPACES.split()
+        got = _receive_line(ctl, len(namespaces) + 1)
+    finally:
+        ctl.detach()  # CONTROL_FD stays open: the hand-off comes on it
+    if got is None:
+        os._exit(0)  # the worker gave this fork up before its shell
+    msg, nsfds = got
+    if len(nsfds) != len(namespaces):
+        raise RuntimeError("the join carried %d fds, want %d" % (len(nsfds), len(namespaces)))
+    join = json.loads(msg)
+    for fd, name in zip(nsfds, namespaces):
+        os.setns(fd, _SETNS_FLAGS[name])
+        os.close(fd)
+    # setns of a mount namespace moves root and cwd to its root.
+    os.chdir("/")
+    _reopen_image_files(images)
+    _take_stdio(outputs)
+    _drop(join)
+    # Nothing but what was kept (the namespace fds are closed, T's are gone).
+    extra = [fd for fd in _open_fds() if fd not in keep]
+    if extra:
+        raise RuntimeError("fds open in G besides those kept: %s" % extra)
+    _check_dropped()
+    _reseed()
+    zygote._serve()
+
+
+def _image_files(fds):
+    """What _reopen_image_files needs of each fd: its path in the image,
+    identity, offset and close-on-exec flag."""
+    out = {}
+    for fd in fds:
+        st = os.fstat(fd)
+        out[fd] = (os.readlink("/proc/self/fd/%d" % fd), (st.st_dev, st.st_ino), os.lseek(fd, 0, os.SEEK_CUR),
+                   not os.get_inheritable(fd))
+    return out
+
+
+def _reopen_image_files(images):
+    """Put each image file T's check admitted back on its number, opened
+    again in the shell's mount namespace: the same file (same image, which
+    the template and its shells share), but no longer through a mount of
+    T's namespace, so that no fd the code inherits is (its fdinfo would
+    show it; /proc/self/exe and the file mappings still refer to T's root
+    mount, the same read-only image). Its library keeps using the number
+    as before."""
+    for fd, (path, ident, pos, cloexec) in images.items():
+        # Read-only, as T's check (zygote._fd_refusal) admits no other.
+        new = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        st = os.fstat(new)
+        if (st.st_dev, st.st_ino) != ident:
+            raise RuntimeError("%s is not the template's file in the shell (fd %d)" % (path, fd))
+        os.lseek(new, pos, os.SEEK_SET)
+        os.dup2(new, fd, inheritable=not cloexec)
+        os.close(new)
+
+
+def _open_fds():
+    fds = sorted(int(n) for n in os.listdir("/proc/self/fd"))
+    out = []
+    for fd in fds:
+        try:
+            os.fstat(fd)
+        except OSError:  # the listing's own directory fd, closed by now
+            continue
+        out.append(fd)
+    return out
+
+
+def _take_stdio(outputs):
+    """G's fds 0-2 become its execution's (stdout and stderr from the fork
+    request) or /dev/null, opened in the shell's mount namespace. Until now
+    they were T's: T's stdin and the pipes of the template's log to the
+    worker, which code that kept them could write lines into (forged
+    worker-facing messages) and hold open past its execution."""
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    os.dup2(null, 0)
+    out = list(outputs) if outputs else [null, null]
+    os.dup2(out[0], 1)
+    os.dup2(out[1], 2)
+    for fd in {null, *outputs}:
+        os.close(fd)
+
+
+def _check(ok, what):
+    import ctypes
+
+    if not ok:
+        raise OSError(ctypes.get_errno(), what)
+
+
+def _syscall(table):
+    import platform
+
+    nr = table.get(platform.machine())
+    if nr is None:
+        raise RuntimeError("no syscall number for %s" % platform.machine())
+    return nr
+
+
+def _drop(join):
+    """Bring G to a cold sandbox's process's end state (TEMPLATE.md section
+    3 step 7: libcontainer's standard init reaches it in another order),
+    checked after by _check_dropped."""
+    import ctypes
+    import resource
+
+    libc = _libc
+    # G's ids are the template root's (host HostIDBase+1), unmapped in U_F:
+    # become U_F's root first, so that the change to 10001 below clears
+    # every capability (a uid change clears them only when it leaves 0).
+    os.setresgid(0, 0, 0)
+    os.setresuid(0, 0, 0)
+    # A session keyring of its own, named as runc names a container's
+    # (SECURITY.md case 28): a fork inherits T's, and every execution of the
+    # template would otherwise share one, a place to leave keys for the
+    # next execution to read.
+    keyctl = _syscall(_SYS_KEYCTL)
+    name = join["keyring"].encode()
+    ring = libc.syscall(keyctl, _KEYCTL_JOIN_SESSION_KEYRING, ctypes.c_char_p(name))
+    _check(ring >= 0, "keyctl(KEYCTL_JOIN_SESSION_KEYRING)")
+    # runc's ModKeyringPerm: others may search it (in a user namespace).
+    buf = ctypes.create_string_buffer(512)
+    n = libc.syscall(keyctl, _KEYCTL_DESCRIBE, ring, buf, len(buf))
+    _check(0 < n <= len(buf), "keyctl(KEYCTL_DESCRIBE)")
+    perm = int(buf.value.split(b";")[3], 16)
+    _check(libc.syscall(keyctl, _KEYCTL_SETPERM, ring, perm | _KEY_OTH_SEARCH) == 0, "keyctl(KEYCTL_SETPERM)")
+    # The policy's rlimits (nsjail/config.go rlimits; only lowered: T got
+    # the policy's from its own sandbox).
+    for res, soft, hard in ((r["resource"], r["soft"], r["hard"]) for r in join["rlimits"]):
+        resource.setrlimit(res, (_rlim(soft), _rlim(hard)))
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        last = int(f.read())
+    for cap in range(last + 1):
+        _check(libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) == 0, "prctl(PR_CAPBSET_DROP)")
+    os.setgroups([])
+    os.setresgid(_SANDBOX_ID, _SANDBOX_ID, _SANDBOX_ID)
+    os.setresuid(_SANDBOX_ID, _SANDBOX_ID, _SANDBOX_ID)
+    _check(libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) == 0, "prctl(PR_CAP_AMBIENT_CLEAR_ALL)")
+    _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0, "prctl(PR_SET_NO_NEW_PRIVS)")
+    # As a cold process after its execve (the id change cleared it).
+    zygote._set_dumpable(libc, True)
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+    import base64
+
+    prog = base64.b64decode(join["seccomp"])
+    if not prog or len(prog) % 8:
+        raise RuntimeError("the seccomp program is %d bytes" % len(prog))
+    fprog = SockFprog(len(prog) // 8, prog)
+    rc = libc.syscall(_syscall(_SYS_SECCOMP), _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC, ctypes.byref(fprog))
+    _check(rc == 0, "seccomp(SECCOMP_SET_MODE_FILTER)")
+
+
+def _rlim(v):
+    import resource
+
+    return resource.RLIM_INFINITY if v >= 1 << 63 else v
+
+
+def _check_dropped():
+    """G refuses to become ready unless the kernel says it is confined: no
+    capability in any set, the sandbox's ids, no_new_privs, a seccomp
+    filter, one thread."""
+    with open("/proc/self/status") as f:
+        status = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+    want = {
+        "CapInh": "0" * 16, "CapPrm": "0" * 16, "CapEff": "0" * 16, "CapBnd": "0" * 16, "CapAmb": "0" * 16,
+        "NoNewPrivs": "1", "Seccomp": "2", "Threads": "1",
+        "Uid": "\t".join([str(_SANDBOX_ID)] * 4), "Gid": "\t".join([str(_SANDBOX_ID)] * 4), "Groups": "",
+    }
+    bad = {k: status.get(k, "").strip() for k, v in want.items() if status.get(k, "").strip() != v.strip()}
+    if bad:
+        raise RuntimeError("G is not confined: %r" % bad)
+
+
+def _reseed():
+    """Give G its own state where the preload seeded some at import (E1,
+    TEMPLATE.md section 7): a fork starts with T's. Only what is imported
+    is touched (nothing new is imported here)."""
+    # random: CPython reseeds it in every fork (os.register_at_fork).
+    # NumPy's legacy global RandomState, seeded once at `import numpy`.
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None:
+        np_random.seed()
+    # multiprocessing's authkey, made from os.urandom at import.
+    mp_process = sys.modules.get("multiprocessing.process")
+    if mp_process is not None:
+        mp_process.current_process().authkey = os.urandom(32)
+
+
+if __name__ == "__main__":
+    _template()

@@ -1,0 +1,871 @@
+package warmpool_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/cgroup"
+	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+	"github.com/sandboxd/sandboxd/seccomp"
+	"github.com/sandboxd/sandboxd/server/runner"
+	"github.com/sandboxd/sandboxd/server/warmpool"
+)
+
+// template.py (TEMPLATE.md plan step 4) on the real kernel: T started by
+// nsjail.Runner.StartTemplate; each fork is given a shell (StartShell,
+// MoveG), the go-ahead, the join and a hand-off, as the pool will do it
+// (step 5), and its code's view is compared with a cold run's.
+// testdata/insideview.py is the code.
+
+// tplViewKeys are the fields of insideview.py's view a fork must share
+// with a cold run.
+var tplViewKeys = []string{"pid", "ppid", "uid", "gid", "groups", "caps", "no_new_privs", "seccomp", "seccomp_filters",
+	"dumpable", "uid_map", "gid_map", "cgroup", "oom_score_adj", "hostname", "procs", "mounts", "root_mount_options",
+	"net", "fds", "cwd", "rlimits", "keyring", "rootfs_write", "unshare_user", "mount_syscall", "oom_lower"}
+
+// tplLab is one running template.py.
+type tplLab struct {
+	t   *testing.T
+	r   *nsjail.Runner
+	tpl *nsjail.Template
+	ctl *net.UnixConn
+	mu  sync.Mutex
+	log bytes.Buffer // T's stdout and stderr
+}
+
+// startTplLab starts template.py with preload; prelude, if any, is Python
+// run in T before template.py's own code (what a preload could leave).
+func startTplLab(t *testing.T, r *nsjail.Runner, rootfs string, preload []string, prelude string) *tplLab {
+	t.Helper()
+	ours, theirs := socketpair(t)
+	lab := &tplLab{t: t, r: r, ctl: ours}
+	args := warmpool.TemplateArgs(preload)
+	if prelude != "" {
+		args[3] = prelude + "\n" + args[3]
+	}
+	out := func(_ string, chunk []byte) {
+		lab.mu.Lock()
+		defer lab.mu.Unlock()
+		lab.log.Write(chunk)
+	}
+	tpl, err := r.StartTemplate(nsjail.Spec{Rootfs: rootfs, Args: args, Env: []string{"HOME=/tmp"}, Output: out}, theirs)
+	theirs.Close()
+	if err != nil {
+		ours.Close()
+		t.Fatalf("StartTemplate: %v", err)
+	}
+	lab.tpl = tpl
+	t.Cleanup(func() {
+		// EOF on TEMPLATE_FD: T exits 0.
+		lab.ctl.Close()
+		res := tpl.Stop(10 * time.Second)
+		if res.Status != nsjail.StatusSucceeded {
+			t.Errorf("template ended %s (exit %d): %s\nlog: %s", res.Status, res.ExitCode, res.Error, lab.logText())
+		}
+	})
+	_ = lab.ctl.SetDeadline(time.Now().Add(5 * time.Minute))
+	return lab
+}
+
+func (l *tplLab) logText() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.log.String()
+}
+
+func socketpair(t *testing.T) (*net.UnixConn, *os.File) {
+	t.Helper()
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(pair[0]), "pool")
+	c, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.(*net.UnixConn), os.NewFile(uintptr(pair[1]), "sandbox")
+}
+
+func pipe(t *testing.T) (r, w *os.File) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, w
+}
+
+// recvLine reads one line from c with the fds sent with it.
+func recvLine(t *testing.T, c *net.UnixConn) (string, []int) {
+	t.Helper()
+	buf := make([]byte, 1)
+	oob := make([]byte, unix.CmsgSpace(8*4))
+	var line []byte
+	var fds []int
+	for !bytes.HasSuffix(line, []byte("\n")) {
+		n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+		if err != nil || n == 0 {
+			t.Fatalf("socket: %v (read %q)", err, line)
+		}
+		line = append(line, buf[:n]...)
+		if oobn > 0 {
+			msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range msgs {
+				got, err := unix.ParseUnixRights(&m)
+				if err != nil {
+					t.Fatal(err)
+				}
+				fds = append(fds, got...)
+			}
+		}
+	}
+	return string(line), fds
+}
+
+func sendLine(t *testing.T, c *net.UnixConn, line []byte, files ...*os.File) {
+	t.Helper()
+	var oob []byte
+	if len(files) > 0 {
+		fds := make([]int, len(files))
+		for i, f := range files {
+			fds[i] = int(f.Fd())
+		}
+		oob = unix.UnixRights(fds...)
+	}
+	if _, _, err := c.WriteMsgUnix(line, oob, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tplFork is the pool's side of one fork.
+type tplFork struct {
+	ctl     *net.UnixConn
+	ready   *os.File
+	report  *os.File
+	goAhead *os.File // the write end: closed, it is the go-ahead
+	stdout  *os.File // nil: no output fds were sent
+	stderr  *os.File
+	g       *os.File // G's pidfd
+}
+
+// request sends a fork request with the fork's channels (and output fds
+// with output) and returns T's reply and, when it forked, the fork with
+// G's pidfd.
+func (l *tplLab) request(output bool) (*tplFork, warmpool.ForkReply) {
+	f, reply := l.requestOnly(output)
+	if !reply.Forked {
+		return f, reply
+	}
+	t := l.t
+	t.Helper()
+	msg, fds := recvLine(t, f.ctl)
+	if msg != warmpool.PidfdMessage || len(fds) != 1 {
+		t.Fatalf("want G's pidfd, got %q with %d fds\nlog: %s", msg, len(fds), l.logText())
+	}
+	f.g = os.NewFile(uintptr(fds[0]), "pidfd-G")
+	return f, reply
+}
+
+// requestOnly is request without waiting for G's pidfd.
+func (l *tplLab) requestOnly(output bool) (*tplFork, warmpool.ForkReply) {
+	t := l.t
+	t.Helper()
+	f := &tplFork{}
+	ctl, ctlSandbox := socketpair(t)
+	f.ctl = ctl
+	_ = f.ctl.SetDeadline(time.Now().Add(5 * time.Minute))
+	var readyW, reportW, goR, outW, errW *os.File
+	f.ready, readyW = pipe(t)
+	f.report, reportW = pipe(t)
+	goR, f.goAhead = pipe(t)
+	files := []*os.File{ctlSandbox, readyW, reportW, goR}
+	if output {
+		f.stdout, outW = pipe(t)
+		f.stderr, errW = pipe(t)
+		files = append(files, outW, errW)
+	}
+	t.Cleanup(func() {
+		for _, c := range []io.Closer{f.ctl, f.ready, f.report, f.goAhead, f.stdout, f.stderr, f.g} {
+			if c != nil && !isNilFile(c) {
+				c.Close()
+			}
+		}
+	})
+	uidMap, gidMap := l.tpl.ForkIDMap()
+	line, err := warmpool.EncodeForkRequest(warmpool.ForkRequest{UIDMap: uidMap, GIDMap: gidMap})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendLine(t, l.ctl, line, files...)
+	for _, x := range files {
+		x.Close() // the sandbox's ends: T and the fork hold them now
+	}
+	msg, _ := recvLine(t, l.ctl)
+	reply, err := warmpool.DecodeForkReply([]byte(msg))
+	if err != nil {
+		t.Fatalf("T's reply: %v\nlog: %s", err, l.logText())
+	}
+	return f, reply
+}
+
+func isNilFile(c io.Closer) bool {
+	f, ok := c.(*os.File)
+	return ok && f == nil
+}
+
+// fork is request that must fork.
+func (l *tplLab) fork(output bool) *tplFork {
+	l.t.Helper()
+	f, reply := l.request(output)
+	if !reply.Forked {
+		l.t.Fatalf("T refused to fork: %s", reply.Refused)
+	}
+	return f
+}
+
+// place does what the pool does once G has its shell: MoveG, the go-ahead,
+// the join; then waits for G's READY.
+func (l *tplLab) place(f *tplFork, sh *nsjail.Shell) {
+	t := l.t
+	t.Helper()
+	if err := sh.MoveG(); err != nil {
+		t.Fatalf("MoveG: %v", err)
+	}
+	f.goAhead.Close()
+	line, err := warmpool.EncodeJoin(warmpool.JoinOf(sh))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendLine(t, f.ctl, line, sh.NamespaceFiles()...)
+	sh.CloseNamespaces()
+	b := make([]byte, 1)
+	if n, err := f.ready.Read(b); n != 1 || b[0] != warmpool.ReadyByte {
+		t.Fatalf("G not ready: %q, %v\nlog: %s", b[:n], err, l.logText())
+	}
+}
+
+// exitReport reads F's report of G's wait status, then waits for F to end
+// (the report pipe's EOF: F reaped G and exited).
+func (l *tplLab) exitReport(f *tplFork) syscall.WaitStatus {
+	t := l.t
+	t.Helper()
+	line := make([]byte, 0, 16)
+	b := make([]byte, 1)
+	for !bytes.HasSuffix(line, []byte{warmpool.MessageEnd}) {
+		n, err := f.report.Read(b)
+		if n == 0 || err != nil {
+			t.Fatalf("exit report: %v (read %q)\nlog: %s", err, line, l.logText())
+		}
+		line = append(line, b[0])
+	}
+	ws, err := warmpool.DecodeExitReport(line)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ws
+}
+
+// fEnds waits for F to end: EOF on the report pipe, which only F holds.
+func fEnds(t *testing.T, f *tplFork, within time.Duration) bool {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, f.report)
+		close(done)
+	}()
+	select {
+	case <-done:
+		return true
+	case <-time.After(within):
+		return false
+	}
+}
+
+// runView hands G the view script and returns what it printed on its own
+// stdout and G's wait status.
+func (l *tplLab) runView(f *tplFork, path string) (map[string]any, syscall.WaitStatus) {
+	t := l.t
+	t.Helper()
+	line, err := warmpool.EncodeHandoff(warmpool.Handoff{Path: path, Argv: []string{path}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendLine(t, f.ctl, line)
+	var stderr []byte
+	done := make(chan struct{})
+	go func() {
+		stderr, _ = io.ReadAll(f.stderr)
+		close(done)
+	}()
+	out, err := io.ReadAll(f.stdout)
+	<-done
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := l.exitReport(f)
+	var v map[string]any
+	if err := json.Unmarshal(out, &v); err != nil {
+		t.Fatalf("fork's view %q: %v\nstderr: %s\nlog: %s", out, err, stderr, l.logText())
+	}
+	return v, ws
+}
+
+func tplShellSpec(rootfs, ws string, lim nsjail.Limits) nsjail.Spec {
+	return nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}, Workspace: ws, WorkspaceReadOnly: true, Limits: lim}
+}
+
+// lowLimits are rlimits below a template's (the defaults): a fork has them
+// only if G sets them itself.
+var lowLimits = nsjail.Limits{OpenFiles: 256, FileSizeBytes: 64 << 20}
+
+// viewWorkspace is a workspace holding insideview.py.
+func viewWorkspace(t *testing.T) string {
+	t.Helper()
+	src, err := os.ReadFile("testdata/insideview.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := t.TempDir()
+	if err := os.Chmod(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ws, "view.py"), src, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return ws
+}
+
+const viewPath = "/workspace/view.py"
+
+// coldView runs insideview.py as a cold execution runs a file.
+func coldView(t *testing.T, r *nsjail.Runner, rootfs, ws string, lim nsjail.Limits) (map[string]any, string) {
+	t.Helper()
+	res, err := r.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: runner.Args("python3", runner.Job{Path: viewPath}),
+		Workspace: ws, WorkspaceReadOnly: true, Limits: lim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != nsjail.StatusSucceeded {
+		t.Fatalf("cold view: %s %s\n%s", res.Status, res.Error, res.Stderr)
+	}
+	var v map[string]any
+	if err := json.Unmarshal(res.Stdout, &v); err != nil {
+		t.Fatalf("cold view %q: %v", res.Stdout, err)
+	}
+	return v, res.ID
+}
+
+func compareViews(t *testing.T, who string, cold, fork map[string]any) {
+	t.Helper()
+	for _, k := range tplViewKeys {
+		a, _ := json.Marshal(cold[k])
+		b, _ := json.Marshal(fork[k])
+		if !bytes.Equal(a, b) {
+			t.Errorf("%s: %s differs from a cold run's:\ncold %s\nfork %s", who, k, a, b)
+		}
+	}
+}
+
+// TestTemplateForkMatchesCold: a fork of template.py, given its shell and
+// a hand-off of a file, runs it seeing what a cold execution of the file
+// sees (ids, capabilities, no_new_privs, seccomp, dumpable, maps, cgroups,
+// hostname, pids, mounts, interfaces, fds, cwd, the answers of denied
+// syscalls and writes, rlimits below the template's, which G sets);
+// its fds 0-2 are its own (the output fds of
+// its fork request: the view arrives on them, and none of them is one of
+// T's fds 0-2, the template's log); two forks of a template that imported
+// numpy and multiprocessing have different random, numpy.random and
+// multiprocessing authkey values (reseeded: E1 found numpy's and the
+// authkey equal in every fork without it); F reports G's exit and ends.
+func TestTemplateForkMatchesCold(t *testing.T) {
+	skipTemplatesOnV2(t)
+	r := newPoolRunner(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	ws := viewWorkspace(t)
+	cold, _ := coldView(t, r, rootfs, ws, lowLimits)
+	// numpy.random itself: `import numpy` (2.x) leaves it to its first use.
+	preload := []string{"numpy.random", "multiprocessing"}
+	if p := os.Getenv("SANDBOXD_TEMPLATE_PRELOAD"); p != "" {
+		// e.g. numpy,pandas,matplotlib.pyplot: fork a real template
+		preload = append(preload, strings.Split(p, ",")...)
+	}
+	lab := startTplLab(t, r, rootfs, preload, "")
+	tpid, err := lab.tpl.Pid()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// T's fds 0-2 that are channels (its log's pipes; a /dev/null is the
+	// same inode whoever opens it).
+	tplStdio := map[[2]uint64]int{}
+	for fd := range 3 {
+		var st unix.Stat_t
+		if err := unix.Stat(fmt.Sprintf("/proc/%d/fd/%d", tpid, fd), &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFCHR {
+			tplStdio[[2]uint64{st.Dev, st.Ino}] = fd
+		}
+	}
+	if len(tplStdio) == 0 {
+		t.Fatal("T's fds 0-2 are all devices: the test would compare nothing")
+	}
+	var randoms []map[string]any
+	for i := range 2 {
+		f := lab.fork(true)
+		sh, err := r.StartShell(context.Background(), lab.tpl, tplShellSpec(rootfs, ws, lowLimits), f.g)
+		if err != nil {
+			t.Fatalf("fork %d: StartShell: %v", i, err)
+		}
+		lab.place(f, sh)
+		view, st := lab.runView(f, viewPath)
+		if !st.Exited() || st.ExitStatus() != 0 {
+			t.Errorf("fork %d: G's wait status %#x, want exit 0", i, uint32(st))
+		}
+		if !fEnds(t, f, time.Minute) {
+			t.Errorf("fork %d: F did not end after G", i)
+		}
+		if err := sh.Destroy(); err != nil {
+			t.Errorf("fork %d: Destroy: %v", i, err)
+		}
+		compareViews(t, fmt.Sprintf("fork %d", i), cold, view)
+		var outSt unix.Stat_t
+		if err := unix.Fstat(int(f.stdout.Fd()), &outSt); err != nil {
+			t.Fatal(err)
+		}
+		stdio, _ := view["stdio"].([]any)
+		for fd, v := range stdio {
+			pair, _ := v.([]any)
+			if len(pair) != 2 {
+				t.Fatalf("fork %d: stdio %v", i, stdio)
+			}
+			key := [2]uint64{uint64(pair[0].(float64)), uint64(pair[1].(float64))}
+			if tfd, ok := tplStdio[key]; ok {
+				t.Errorf("fork %d: G's fd %d is T's fd %d", i, fd, tfd)
+			}
+			if fd == 1 && key[1] != outSt.Ino {
+				t.Errorf("fork %d: G's stdout is not the fork's own output pipe", i)
+			}
+		}
+		randoms = append(randoms, view["randoms"].(map[string]any))
+	}
+	for _, k := range []string{"random", "numpy", "authkey"} {
+		if randoms[0][k] == randoms[1][k] {
+			t.Errorf("two forks share %s: %v", k, randoms[0][k])
+		}
+	}
+	if log := lab.logText(); log != "" {
+		t.Errorf("the template logged: %s", log)
+	}
+}
+
+// TestTemplateForkKeyring: G joins a session keyring of its own before its
+// drop, named as runc names a cold sandbox's (_ses.<id>) and described as
+// a cold sandbox's (type, owner, permissions): not T's, whose name would be
+// _ses.<template id>, and not another fork's (SECURITY.md case 28). The
+// probe needs keyctl, which the production profile denies: this runner's
+// profile allows it, so the shells' program does too.
+func TestTemplateForkKeyring(t *testing.T) {
+	skipTemplatesOnV2(t)
+	p := seccomp.Default()
+	for i := range p.Denied {
+		p.Denied[i].Names = slices.DeleteFunc(p.Denied[i].Names, func(n string) bool { return n == "keyctl" })
+	}
+	p.Rules = append(p.Rules, seccomp.Rule{Names: []string{"keyctl"}, Action: seccomp.ActAllow, Group: "test",
+		Reason: "the test reads the sandbox's session keyring"})
+	filter, err := p.Libcontainer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := nsjailtest.NewRunner(t, nsjail.Options{StateRoot: nsjailtest.StateRoot, CgroupParent: nsjailtest.CgroupParent,
+		Seccomp: filter, Logger: poolQuietLog})
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	ws := viewWorkspace(t)
+	cold, coldID := coldView(t, r, rootfs, ws, nsjail.Limits{})
+	if cold["keyring_name"] != warmpool.SessionKeyringPrefix+coldID {
+		t.Fatalf("cold keyring %v %v: the probe does not work", cold["keyring_name"], cold["keyring"])
+	}
+	lab := startTplLab(t, r, rootfs, nil, "")
+	serials := map[float64]bool{cold["keyring_serial"].(float64): true}
+	for i := range 2 {
+		f := lab.fork(true)
+		sh, err := r.StartShell(context.Background(), lab.tpl, tplShellSpec(rootfs, ws, nsjail.Limits{}), f.g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lab.place(f, sh)
+		view, _ := lab.runView(f, viewPath)
+		sh.Destroy()
+		if view["keyring"] != cold["keyring"] {
+			t.Errorf("fork %d: keyring %v, cold %v", i, view["keyring"], cold["keyring"])
+		}
+		if want := warmpool.SessionKeyringPrefix + sh.ID(); view["keyring_name"] != want {
+			t.Errorf("fork %d: keyring named %v, want %s (T's is %s%s)", i, view["keyring_name"], want,
+				warmpool.SessionKeyringPrefix, lab.tpl.ID())
+		}
+		serial, _ := view["keyring_serial"].(float64)
+		if serials[serial] {
+			t.Errorf("fork %d: keyring %v is another's", i, serial)
+		}
+		serials[serial] = true
+	}
+}
+
+// TestTemplateRefusesToFork: T checks itself before every fork and refuses
+// (forking nothing, closing the fork's channels) while it holds a shared
+// mapping (a fork would share its pages with T and every other execution)
+// or an fd the code may not inherit (here: /dev/null, not a file of the
+// image); it keeps refusing while they last, and ends at EOF as usual. An
+// F with more than one thread (a library's at-fork handler started one)
+// gives up before its unshare, and T refuses.
+func TestTemplateRefusesToFork(t *testing.T) {
+	skipTemplatesOnV2(t)
+	r := newPoolRunner(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	for _, c := range []struct{ name, prelude, want, log string }{
+		{"writable shared mapping", "import mmap as _m\n_sandboxd_shared = _m.mmap(-1, 4096)", "rw-s", ""},
+		{"read-only shared mapping", "import mmap as _m\n_sandboxd_shared = _m.mmap(-1, 4096, prot=_m.PROT_READ)", "r--s", ""},
+		{"stray fd", "import os as _o\n_sandboxd_fd = _o.open('/dev/null', _o.O_RDONLY)\n_o.dup2(_sandboxd_fd, 9)\n_o.close(_sandboxd_fd)", "9 -> /dev/null", ""},
+		// A library whose at-fork handler starts a thread: F may not
+		// unshare a user namespace (the kernel would refuse it too).
+		{"threaded F", "import os as _o, threading as _th, time as _ti\n_o.register_at_fork(after_in_child=lambda: _th.Thread(target=_ti.sleep, args=(60,), daemon=True).start())",
+			"F died before it made its user namespace", "F has 2 threads"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			lab := startTplLab(t, r, rootfs, nil, c.prelude)
+			for range 2 {
+				f, reply := lab.request(false)
+				if reply.Forked || !strings.Contains(reply.Refused, c.want) {
+					t.Fatalf("T's reply %+v, want a refusal naming %q", reply, c.want)
+				}
+				b := make([]byte, 1)
+				if n, err := f.ready.Read(b); n != 0 || err != io.EOF {
+					t.Errorf("the ready pipe of a refused fork: %q, %v, want EOF", b[:n], err)
+				}
+			}
+			if log := lab.logText(); !strings.Contains(log, c.log) {
+				t.Errorf("T's log does not say %q:\n%s", c.log, log)
+			}
+			// T alone, but for the last F that died (T reaps it before its
+			// next request; the first was reaped before the second).
+			want := 1
+			if c.log != "" {
+				want = 2
+			}
+			if ps := cgroupProcs(t, lab.tpl.CgroupPaths()); len(ps) > want {
+				t.Errorf("the template's cgroup holds %v, want T alone (and at most one dead F)", ps)
+			}
+		})
+	}
+}
+
+// TestTemplateGRefusesWhatAtForkHandlersMade: T checks itself before the
+// fork, but at-fork handlers (a library's pthread_atfork, the preload's
+// os.register_at_fork) run after that check, in F and in G. An fd or a
+// shared mapping one of them made is refused by G itself: it never
+// becomes ready (the ready pipe reads EOF), F reports exit 71, and the log
+// names what was refused; the fd is never closed behind its library's
+// back, the mapping never left to the code.
+func TestTemplateGRefusesWhatAtForkHandlersMade(t *testing.T) {
+	skipTemplatesOnV2(t)
+	r := newPoolRunner(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	for _, c := range []struct{ name, prelude, log string }{
+		{"fd", "import os as _o\ndef _sandboxd_h():\n    fd = _o.open('/dev/null', _o.O_RDONLY | _o.O_CLOEXEC)\n    _o.dup2(fd, 9)\n    _o.close(fd)\n_o.register_at_fork(after_in_child=_sandboxd_h)",
+			"stray fds in G: 9 -> /dev/null"},
+		{"shared mapping", "import os as _o, mmap as _m\n_sandboxd_maps = []\n_o.register_at_fork(after_in_child=lambda: _sandboxd_maps.append(_m.mmap(-1, 4096)))",
+			"shared mappings in G"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			lab := startTplLab(t, r, rootfs, nil, c.prelude)
+			f, reply := lab.requestOnly(false)
+			if !reply.Forked {
+				t.Fatalf("T refused (%+v): its own check must pass, the handler runs only after the fork", reply)
+			}
+			b := make([]byte, 1)
+			if n, err := f.ready.Read(b); n != 0 || err != io.EOF {
+				t.Errorf("the ready pipe of a refusing G: %q, %v, want EOF", b[:n], err)
+			}
+			if ws := lab.exitReport(f); !ws.Exited() || ws.ExitStatus() != 71 {
+				t.Errorf("F reported %#x, want G's exit 71", uint32(ws))
+			}
+			f.goAhead.Close()
+			if log := lab.logText(); !strings.Contains(log, c.log) {
+				t.Errorf("the template's log does not say %q:\n%s", c.log, log)
+			}
+		})
+	}
+}
+
+// TestTemplateFReapsGOnlyAfterGoAhead: F reports G's exit at once but
+// leaves G a zombie (its pid still G's, never free for a host process that
+// Shell.MoveG's write would then move) until the worker's go-ahead; then it
+// reaps G and ends. And a fork without output fds gets /dev/null as fds
+// 0-2, never T's; the image files it keeps (libffi's) are opened again on
+// the shell's root mount, not held through T's mount namespace; closing
+// its control socket retires it (exit 0).
+func TestTemplateFReapsGOnlyAfterGoAhead(t *testing.T) {
+	skipTemplatesOnV2(t)
+	r := newPoolRunner(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	lab := startTplLab(t, r, rootfs, nil, "")
+
+	f := lab.fork(false)
+	gpid := pidOfPidfd(t, f.g)
+	fpid := parentOf(t, gpid)
+	if err := unix.PidfdSendSignal(int(f.g.Fd()), unix.SIGKILL, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	if ws := lab.exitReport(f); !ws.Signaled() || ws.Signal() != unix.SIGKILL {
+		t.Errorf("F reported %#x, want SIGKILL", uint32(ws))
+	}
+	for range 5 {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", gpid)); err != nil {
+			t.Fatalf("G (pid %d) was reaped before the go-ahead: %v", gpid, err)
+		}
+		if st := procStatus(t, gpid, "State"); !strings.HasPrefix(st, "Z") {
+			t.Fatalf("G (pid %d) is %q before the go-ahead, want a zombie", gpid, st)
+		}
+		if p := parentOf(t, gpid); p != fpid {
+			t.Fatalf("pid %d's parent is %d, want F (%d)", gpid, p, fpid)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if fEnds(t, f, 0) {
+		t.Fatal("F ended before the go-ahead")
+	}
+	f.goAhead.Close()
+	if !fEnds(t, f, time.Minute) {
+		t.Fatal("F did not end after the go-ahead")
+	}
+	if err := unix.PidfdSendSignal(int(f.g.Fd()), 0, nil, 0); err != unix.ESRCH {
+		t.Errorf("G after the go-ahead: %v, want reaped (ESRCH)", err)
+	}
+
+	// A fork without output fds, placed: fds 0-2 are /dev/null.
+	f = lab.fork(false)
+	sh, err := r.StartShell(context.Background(), lab.tpl, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}, f.g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sh.Destroy()
+	lab.place(f, sh)
+	for fd := range 3 {
+		var st unix.Stat_t
+		if err := unix.Stat(fmt.Sprintf("/proc/%d/fd/%d", sh.GPid(), fd), &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != unix.Mkdev(1, 3) {
+			t.Errorf("G's fd %d is not /dev/null (mode %o, rdev %#x)", fd, st.Mode, st.Rdev)
+		}
+	}
+	// The image files G kept (libffi's) are opened on the shell's root
+	// mount, not through T's mount namespace.
+	rootID, fileFds := "", 0
+	mountinfo, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", sh.GPid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(mountinfo), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && f[4] == "/" {
+			rootID = f[0]
+		}
+	}
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", sh.GPid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range fds {
+		var st unix.Stat_t
+		if err := unix.Stat(fmt.Sprintf("/proc/%d/fd/%s", sh.GPid(), e.Name()), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+			continue
+		}
+		fileFds++
+		info, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%s", sh.GPid(), e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(info), "\nmnt_id:\t"+rootID+"\n") {
+			t.Errorf("G's fd %s is not on the shell's root mount %s:\n%s", e.Name(), rootID, info)
+		}
+	}
+	if fileFds == 0 || rootID == "" {
+		t.Errorf("G holds no image file (libffi's) to check (root mount %q)", rootID)
+	}
+	f.ctl.Close() // EOF before a hand-off: the pool retires the fork
+	if ws := lab.exitReport(f); !ws.Exited() || ws.ExitStatus() != 0 {
+		t.Errorf("retired G's wait status %#x, want exit 0", uint32(ws))
+	}
+	if !fEnds(t, f, time.Minute) {
+		t.Error("F did not end after G")
+	}
+	if ps := cgroupProcs(t, sh.CgroupPaths()); len(ps) != 0 {
+		t.Errorf("processes left in the shell's cgroup: %v", ps)
+	}
+}
+
+func skipTemplatesOnV2(t *testing.T) {
+	t.Helper()
+	nsjailtest.RequireRoot(t)
+	if cgroup.DetectMode().V2() {
+		t.Skip("template forks are cgroup v1 only for now (TEMPLATE.md plan step 6)")
+	}
+}
+
+func pidOfPidfd(t *testing.T, f *os.File) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", f.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Pid:"); ok {
+			pid, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return pid
+		}
+	}
+	t.Fatalf("no Pid in fdinfo: %s", b)
+	return 0
+}
+
+func procStatus(t *testing.T, pid int, key string) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, key+":"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	t.Fatalf("no %s in the status of %d", key, pid)
+	return ""
+}
+
+func parentOf(t *testing.T, pid int) int {
+	t.Helper()
+	p, err := strconv.Atoi(procStatus(t, pid, "PPid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// cgroupProcs lists the pids in a cgroup's directories, each once.
+func cgroupProcs(t *testing.T, paths cgroup.Paths) []string {
+	t.Helper()
+	var out []string
+	for _, d := range paths {
+		b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		for _, p := range strings.Fields(string(b)) {
+			if !slices.Contains(out, p) {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+// TestTemplateForkServesAKernel: a fork handed off with Kernel set is a
+// session's kernel, run by zygote.py's own _kernel: it answers the
+// hand-off, runs a cell with the request's own stdout, as the sandbox user
+// and pid 1, keeps its namespace for the next cell, and exits 0 at EOF.
+// T's user namespace is still U_T after its forks (T never unshares one).
+func TestTemplateForkServesAKernel(t *testing.T) {
+	skipTemplatesOnV2(t)
+	r := newPoolRunner(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	lab := startTplLab(t, r, rootfs, nil, "")
+	tpid, err := lab.tpl.Pid()
+	if err != nil {
+		t.Fatal(err)
+	}
+	userNS := func() uint64 {
+		var st unix.Stat_t
+		if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/user", tpid), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Ino
+	}
+	before := userNS()
+	f := lab.fork(false)
+	sh, err := r.StartShell(context.Background(), lab.tpl, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}, f.g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sh.Destroy()
+	lab.place(f, sh)
+	line, err := warmpool.EncodeHandoff(warmpool.Handoff{Kernel: true, Cwd: "/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendLine(t, f.ctl, line)
+	reply := func(seq uint64) {
+		t.Helper()
+		msg, _ := recvLine(t, f.ctl)
+		if rep, err := warmpool.DecodeKernelReply([]byte(msg)); err != nil || rep.Seq != seq || rep.ExitCode != 0 {
+			t.Fatalf("kernel reply %q (%+v, %v), want seq %d exit 0\nlog: %s", msg, rep, err, seq, lab.logText())
+		}
+	}
+	reply(warmpool.KernelReadySeq)
+	for seq, c := range []struct{ code, want string }{
+		{"import os\nx = 41\nprint(os.getuid(), os.getpid())", "10001 1\n"},
+		{"print(x + 1)", "42\n"},
+	} {
+		outR, outW := pipe(t)
+		errR, errW := pipe(t)
+		evR, evW := pipe(t)
+		req, err := warmpool.EncodeKernelRequest(warmpool.KernelRequest{Seq: uint64(seq + 1), Code: c.code})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sendLine(t, f.ctl, req, outW, errW, evW)
+		outW.Close()
+		errW.Close()
+		evW.Close()
+		out, _ := io.ReadAll(outR)
+		stderr, _ := io.ReadAll(errR)
+		_, _ = io.ReadAll(evR)
+		outR.Close()
+		errR.Close()
+		evR.Close()
+		if string(out) != c.want {
+			t.Errorf("cell %d printed %q, want %q (stderr %q)", seq+1, out, c.want, stderr)
+		}
+		reply(uint64(seq + 1))
+	}
+	f.ctl.Close() // EOF: the session is over
+	if ws := lab.exitReport(f); !ws.Exited() || ws.ExitStatus() != 0 {
+		t.Errorf("the kernel's wait status %#x, want exit 0", uint32(ws))
+	}
+	if after := userNS(); after != before {
+		t.Errorf("T's user namespace changed from %d to %d", before, after)
+	}
+}
