@@ -21,7 +21,6 @@ import (
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
-	"github.com/sandboxd/sandboxd/seccomp"
 	"golang.org/x/sys/unix"
 )
 
@@ -456,16 +455,7 @@ func TestThermalThrottleIsMasked(t *testing.T) {
 // sandbox runs under the profile plus keyctl.
 func TestSessionKeyringIsTheSandboxOwn(t *testing.T) {
 	nsjailtest.RequireRoot(t)
-	p := seccomp.Default()
-	for i := range p.Denied {
-		p.Denied[i].Names = slices.DeleteFunc(p.Denied[i].Names, func(n string) bool { return n == "keyctl" })
-	}
-	p.Rules = append(p.Rules, seccomp.Rule{Names: []string{"keyctl"}, Action: seccomp.ActAllow, Group: "test",
-		Reason: "the test reads the sandbox's session keyring"})
-	filter, err := p.Libcontainer()
-	if err != nil {
-		t.Fatal(err)
-	}
+	filter := nsjailtest.KeyctlProfile(t)
 	r := nsjailtest.NewRunner(t, nsjail.Options{StateRoot: testStateRoot, CgroupParent: testCgroupParent, Seccomp: filter, Logger: quietLog})
 	worker, err := unix.KeyctlGetKeyringID(unix.KEY_SPEC_SESSION_KEYRING, false)
 	if err != nil {

@@ -220,7 +220,7 @@ func (l *templateLab) place(sh *nsjail.Shell, mode string) (view map[string]any,
 	if err := sh.MoveG(); err != nil { // already there: nothing to do
 		l.t.Fatalf("MoveG again: %v", err)
 	}
-	if tracer := statusOf(l.t, sh.GPid(), "TracerPid"); tracer != "0" {
+	if tracer := nsjailtest.ProcStatus(l.t, sh.GPid(), "TracerPid"); tracer != "0" {
 		l.t.Fatalf("G is traced by %s after MoveG", tracer)
 	}
 	l.send("join\n", sh.NamespaceFiles()...)
@@ -293,8 +293,8 @@ func TestTemplateForkMatchesCold(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := lab.fork()
-	gpid := pidfdPid(t, g)
-	fpid := ppid(t, gpid)
+	gpid := nsjailtest.PidfdPid(t, g)
+	fpid := nsjailtest.PPid(t, gpid)
 	for who, pid := range map[string]int{"the template": tpid, "F": fpid} {
 		fd, err := unix.PidfdOpen(pid, 0)
 		if err != nil {
@@ -328,7 +328,7 @@ func TestTemplateForkMatchesCold(t *testing.T) {
 			t.Errorf("the shell's memory cgroup %s is not a child of the template's %s", got, lab.tpl.CgroupPaths()["memory"])
 		}
 		// The shell's init is gone: nothing of the sandbox runs but G.
-		if ps := procsOf(t, sh.CgroupPaths()); len(ps) != 0 {
+		if ps := nsjailtest.CgroupProcs(t, sh.CgroupPaths()); len(ps) != 0 {
 			t.Errorf("fork %d: processes in the shell's cgroup before G moved in: %v", i, ps)
 		}
 		prog := sh.SeccompProgram()
@@ -341,7 +341,7 @@ func TestTemplateForkMatchesCold(t *testing.T) {
 			t.Errorf("fork %d: seccomp program differs from the first shell's", i)
 		}
 		view, status := lab.place(sh, mode)
-		if ps := procsOf(t, sh.CgroupPaths()); len(ps) != 0 {
+		if ps := nsjailtest.CgroupProcs(t, sh.CgroupPaths()); len(ps) != 0 {
 			t.Errorf("fork %d: processes left in the shell's cgroup after G ended: %v", i, ps)
 		}
 		shellStats, err := cgroup.ReadStats(sh.CgroupPaths())
@@ -422,7 +422,7 @@ func TestShellMoveGOnlyFromTheTemplate(t *testing.T) {
 	if err := b.MoveG(); err == nil || !strings.Contains(err.Error(), "not in the template's cgroup") {
 		t.Errorf("MoveG of a G in another shell's cgroup: %v, want a refusal", err)
 	}
-	if ps := procsOf(t, b.CgroupPaths()); len(ps) != 0 {
+	if ps := nsjailtest.CgroupProcs(t, b.CgroupPaths()); len(ps) != 0 {
 		t.Errorf("processes in the refused shell's cgroup: %v", ps)
 	}
 	if err := b.Destroy(); err != nil {
@@ -431,7 +431,7 @@ func TestShellMoveGOnlyFromTheTemplate(t *testing.T) {
 	if err := unix.PidfdSendSignal(int(g.Fd()), 0, nil, 0); err != nil {
 		t.Errorf("G did not survive the other shell's Destroy: %v", err)
 	}
-	if ps := procsOf(t, a.CgroupPaths()); len(ps) != 1 || ps[0] != strconv.Itoa(a.GPid()) {
+	if ps := nsjailtest.CgroupProcs(t, a.CgroupPaths()); len(ps) != 1 || ps[0] != strconv.Itoa(a.GPid()) {
 		t.Errorf("shell a's cgroup holds %v, want G (%d) alone", ps, a.GPid())
 	}
 	// Destroying a kills G; F reports it, then the template is done.
@@ -478,17 +478,17 @@ func TestShellMoveGPinsG(t *testing.T) {
 		if err := sh.MoveG(); err == nil || !strings.Contains(err.Error(), "unable to pin G") {
 			t.Errorf("MoveG of a G traced by another: %v, want a refusal", err)
 		}
-		if ps := procsOf(t, sh.CgroupPaths()); len(ps) != 0 {
+		if ps := nsjailtest.CgroupProcs(t, sh.CgroupPaths()); len(ps) != 0 {
 			t.Errorf("processes in the shell's cgroup after a refused MoveG: %v", ps)
 		}
 	}()
 	if err := sh.MoveG(); err != nil {
 		t.Fatal(err)
 	}
-	if tracer := statusOf(t, gpid, "TracerPid"); tracer != "0" {
+	if tracer := nsjailtest.ProcStatus(t, gpid, "TracerPid"); tracer != "0" {
 		t.Errorf("G is traced by %s after MoveG", tracer)
 	}
-	if ps := procsOf(t, sh.CgroupPaths()); len(ps) != 1 || ps[0] != strconv.Itoa(gpid) {
+	if ps := nsjailtest.CgroupProcs(t, sh.CgroupPaths()); len(ps) != 1 || ps[0] != strconv.Itoa(gpid) {
 		t.Errorf("the shell's cgroup holds %v, want G (%d) alone", ps, gpid)
 	}
 	lab.destroyKillsG(t, sh)
@@ -578,22 +578,6 @@ func (l *templateLab) destroyKillsG(t *testing.T, sh *nsjail.Shell) {
 	if forked, _ := l.recv(); forked != "forked\n" {
 		t.Errorf("want forked, got %q", forked)
 	}
-}
-
-// statusOf is field key of /proc/<pid>/status.
-func statusOf(t labT, pid int, key string) string {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, key+":"); ok {
-			return strings.TrimSpace(v)
-		}
-	}
-	t.Fatalf("no %s in the status of %d", key, pid)
-	return ""
 }
 
 // TestTemplateSandbox: the template's process has what TEMPLATE.md
@@ -696,59 +680,6 @@ func coldProgram(t *testing.T, r *nsjail.Runner, rootfs string) seccomp.Program 
 		t.Fatalf("the cold sandbox's program: %v", err)
 	}
 	return prog
-}
-
-func pidfdPid(t *testing.T, f *os.File) int {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", f.Fd()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "Pid:"); ok {
-			pid, err := strconv.Atoi(strings.TrimSpace(v))
-			if err != nil {
-				t.Fatal(err)
-			}
-			return pid
-		}
-	}
-	t.Fatalf("no Pid in fdinfo: %s", b)
-	return 0
-}
-
-func ppid(t *testing.T, pid int) int {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "PPid:"); ok {
-			p, _ := strconv.Atoi(strings.TrimSpace(v))
-			return p
-		}
-	}
-	t.Fatalf("no PPid in status of %d", pid)
-	return 0
-}
-
-// procsOf lists the pids in a cgroup's directories, each once.
-func procsOf(t *testing.T, paths cgroup.Paths) []string {
-	t.Helper()
-	var out []string
-	for _, d := range paths {
-		b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
-		if err != nil && !os.IsNotExist(err) {
-			t.Fatal(err)
-		}
-		for _, p := range strings.Fields(string(b)) {
-			if !slices.Contains(out, p) {
-				out = append(out, p)
-			}
-		}
-	}
-	return out
 }
 
 // hasCap tells whether this process has capability c in its effective set.

@@ -9,8 +9,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -22,7 +20,6 @@ import (
 	"github.com/sandboxd/sandboxd/cgroup"
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
-	"github.com/sandboxd/sandboxd/seccomp"
 	"github.com/sandboxd/sandboxd/server/runner"
 	"github.com/sandboxd/sandboxd/server/warmpool"
 )
@@ -487,16 +484,7 @@ func TestTemplateForkMatchesCold(t *testing.T) {
 // profile allows it, so the shells' program does too.
 func TestTemplateForkKeyring(t *testing.T) {
 	skipTemplatesOnV2(t)
-	p := seccomp.Default()
-	for i := range p.Denied {
-		p.Denied[i].Names = slices.DeleteFunc(p.Denied[i].Names, func(n string) bool { return n == "keyctl" })
-	}
-	p.Rules = append(p.Rules, seccomp.Rule{Names: []string{"keyctl"}, Action: seccomp.ActAllow, Group: "test",
-		Reason: "the test reads the sandbox's session keyring"})
-	filter, err := p.Libcontainer()
-	if err != nil {
-		t.Fatal(err)
-	}
+	filter := nsjailtest.KeyctlProfile(t)
 	r := nsjailtest.NewRunner(t, nsjail.Options{StateRoot: nsjailtest.StateRoot, CgroupParent: nsjailtest.CgroupParent,
 		Seccomp: filter, Logger: poolQuietLog})
 	rootfs := nsjailtest.RuntimeRootfs(t)
@@ -572,7 +560,7 @@ func TestTemplateRefusesToFork(t *testing.T) {
 			if c.log != "" {
 				want = 2
 			}
-			if ps := cgroupProcs(t, lab.tpl.CgroupPaths()); len(ps) > want {
+			if ps := nsjailtest.CgroupProcs(t, lab.tpl.CgroupPaths()); len(ps) > want {
 				t.Errorf("the template's cgroup holds %v, want T alone (and at most one dead F)", ps)
 			}
 		})
@@ -631,8 +619,8 @@ func TestTemplateFReapsGOnlyAfterGoAhead(t *testing.T) {
 	lab := startTplLab(t, r, rootfs, nil, "")
 
 	f := lab.fork(false)
-	gpid := pidOfPidfd(t, f.g)
-	fpid := parentOf(t, gpid)
+	gpid := nsjailtest.PidfdPid(t, f.g)
+	fpid := nsjailtest.PPid(t, gpid)
 	if err := unix.PidfdSendSignal(int(f.g.Fd()), unix.SIGKILL, nil, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -643,10 +631,10 @@ func TestTemplateFReapsGOnlyAfterGoAhead(t *testing.T) {
 		if _, err := os.Stat(fmt.Sprintf("/proc/%d", gpid)); err != nil {
 			t.Fatalf("G (pid %d) was reaped before the go-ahead: %v", gpid, err)
 		}
-		if st := procStatus(t, gpid, "State"); !strings.HasPrefix(st, "Z") {
+		if st := nsjailtest.ProcStatus(t, gpid, "State"); !strings.HasPrefix(st, "Z") {
 			t.Fatalf("G (pid %d) is %q before the go-ahead, want a zombie", gpid, st)
 		}
-		if p := parentOf(t, gpid); p != fpid {
+		if p := nsjailtest.PPid(t, gpid); p != fpid {
 			t.Fatalf("pid %d's parent is %d, want F (%d)", gpid, p, fpid)
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -719,7 +707,7 @@ func TestTemplateFReapsGOnlyAfterGoAhead(t *testing.T) {
 	if !fEnds(t, f, time.Minute) {
 		t.Error("F did not end after G")
 	}
-	if ps := cgroupProcs(t, sh.CgroupPaths()); len(ps) != 0 {
+	if ps := nsjailtest.CgroupProcs(t, sh.CgroupPaths()); len(ps) != 0 {
 		t.Errorf("processes left in the shell's cgroup: %v", ps)
 	}
 }
@@ -730,67 +718,6 @@ func skipTemplatesOnV2(t *testing.T) {
 	if cgroup.DetectMode().V2() {
 		t.Skip("template forks are cgroup v1 only for now (TEMPLATE.md plan step 6)")
 	}
-}
-
-func pidOfPidfd(t *testing.T, f *os.File) int {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", f.Fd()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "Pid:"); ok {
-			pid, err := strconv.Atoi(strings.TrimSpace(v))
-			if err != nil {
-				t.Fatal(err)
-			}
-			return pid
-		}
-	}
-	t.Fatalf("no Pid in fdinfo: %s", b)
-	return 0
-}
-
-func procStatus(t *testing.T, pid int, key string) string {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, key+":"); ok {
-			return strings.TrimSpace(v)
-		}
-	}
-	t.Fatalf("no %s in the status of %d", key, pid)
-	return ""
-}
-
-func parentOf(t *testing.T, pid int) int {
-	t.Helper()
-	p, err := strconv.Atoi(procStatus(t, pid, "PPid"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-// cgroupProcs lists the pids in a cgroup's directories, each once.
-func cgroupProcs(t *testing.T, paths cgroup.Paths) []string {
-	t.Helper()
-	var out []string
-	for _, d := range paths {
-		b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
-		if err != nil && !os.IsNotExist(err) {
-			t.Fatal(err)
-		}
-		for _, p := range strings.Fields(string(b)) {
-			if !slices.Contains(out, p) {
-				out = append(out, p)
-			}
-		}
-	}
-	return out
 }
 
 // TestTemplateForkServesAKernel: a fork handed off with Kernel set is a

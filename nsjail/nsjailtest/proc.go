@@ -1,0 +1,105 @@
+package nsjailtest
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/opencontainers/runc/libcontainer/configs"
+	"github.com/sandboxd/sandboxd/cgroup"
+	"github.com/sandboxd/sandboxd/seccomp"
+)
+
+// Fataler is what the helpers below need of a test (testing.TB has it, as
+// has a lab driven outside a test).
+type Fataler interface {
+	Helper()
+	Fatal(...any)
+	Fatalf(string, ...any)
+}
+
+// ProcStatus is field key of /proc/<pid>/status, trimmed.
+func ProcStatus(t Fataler, pid int, key string) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, key+":"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	t.Fatalf("no %s in the status of %d", key, pid)
+	return ""
+}
+
+// PPid is pid's parent.
+func PPid(t Fataler, pid int) int {
+	t.Helper()
+	p, err := strconv.Atoi(ProcStatus(t, pid, "PPid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// PidfdPid is the pid of the process f (a pidfd of this process) refers to,
+// from its fdinfo.
+func PidfdPid(t Fataler, f *os.File) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", f.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Pid:"); ok {
+			pid, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return pid
+		}
+	}
+	t.Fatalf("no Pid in fdinfo: %s", b)
+	return 0
+}
+
+// CgroupProcs lists the pids in a cgroup's directories, each once.
+func CgroupProcs(t Fataler, paths cgroup.Paths) []string {
+	t.Helper()
+	var out []string
+	for _, d := range paths {
+		b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		for _, p := range strings.Fields(string(b)) {
+			if !slices.Contains(out, p) {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+// KeyctlProfile is the default seccomp profile plus keyctl, compiled for
+// a Runner: for tests that read a sandbox's session keyring, which the
+// real profile denies (SECURITY.md case 9).
+func KeyctlProfile(t Fataler) *configs.Seccomp {
+	t.Helper()
+	p := seccomp.Default()
+	for i := range p.Denied {
+		p.Denied[i].Names = slices.DeleteFunc(p.Denied[i].Names, func(n string) bool { return n == "keyctl" })
+	}
+	p.Rules = append(p.Rules, seccomp.Rule{Names: []string{"keyctl"}, Action: seccomp.ActAllow, Group: "test",
+		Reason: "the test reads the sandbox's session keyring"})
+	filter, err := p.Libcontainer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filter
+}
