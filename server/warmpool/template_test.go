@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,6 +21,7 @@ import (
 	"github.com/sandboxd/sandboxd/cgroup"
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+	"github.com/sandboxd/sandboxd/server/config"
 	"github.com/sandboxd/sandboxd/server/runner"
 	"github.com/sandboxd/sandboxd/server/warmpool"
 )
@@ -38,7 +40,7 @@ var tplViewKeys = []string{"pid", "ppid", "uid", "gid", "groups", "caps", "no_ne
 
 // tplLab is one running template.py.
 type tplLab struct {
-	t   *testing.T
+	t   testing.TB
 	r   *nsjail.Runner
 	tpl *nsjail.Template
 	ctl *net.UnixConn
@@ -48,7 +50,7 @@ type tplLab struct {
 
 // startTplLab starts template.py with preload; prelude, if any, is Python
 // run in T before template.py's own code (what a preload could leave).
-func startTplLab(t *testing.T, r *nsjail.Runner, rootfs string, preload []string, prelude string) *tplLab {
+func startTplLab(t testing.TB, r *nsjail.Runner, rootfs string, preload []string, prelude string) *tplLab {
 	t.Helper()
 	ours, theirs := socketpair(t)
 	lab := &tplLab{t: t, r: r, ctl: ours}
@@ -86,7 +88,7 @@ func (l *tplLab) logText() string {
 	return l.log.String()
 }
 
-func socketpair(t *testing.T) (*net.UnixConn, *os.File) {
+func socketpair(t testing.TB) (*net.UnixConn, *os.File) {
 	t.Helper()
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -101,7 +103,7 @@ func socketpair(t *testing.T) (*net.UnixConn, *os.File) {
 	return c.(*net.UnixConn), os.NewFile(uintptr(pair[1]), "sandbox")
 }
 
-func pipe(t *testing.T) (r, w *os.File) {
+func pipe(t testing.TB) (r, w *os.File) {
 	t.Helper()
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -111,7 +113,7 @@ func pipe(t *testing.T) (r, w *os.File) {
 }
 
 // recvLine reads one line from c with the fds sent with it.
-func recvLine(t *testing.T, c *net.UnixConn) (string, []int) {
+func recvLine(t testing.TB, c *net.UnixConn) (string, []int) {
 	t.Helper()
 	buf := make([]byte, 1)
 	oob := make([]byte, unix.CmsgSpace(8*4))
@@ -140,7 +142,7 @@ func recvLine(t *testing.T, c *net.UnixConn) (string, []int) {
 	return string(line), fds
 }
 
-func sendLine(t *testing.T, c *net.UnixConn, line []byte, files ...*os.File) {
+func sendLine(t testing.TB, c *net.UnixConn, line []byte, files ...*os.File) {
 	t.Helper()
 	var oob []byte
 	if len(files) > 0 {
@@ -712,7 +714,7 @@ func TestTemplateFReapsGOnlyAfterGoAhead(t *testing.T) {
 	}
 }
 
-func skipTemplatesOnV2(t *testing.T) {
+func skipTemplatesOnV2(t testing.TB) {
 	t.Helper()
 	nsjailtest.RequireRoot(t)
 	if cgroup.DetectMode().V2() {
@@ -795,4 +797,75 @@ func TestTemplateForkServesAKernel(t *testing.T) {
 	if after := userNS(); after != before {
 		t.Errorf("T's user namespace changed from %d to %d", before, after)
 	}
+}
+
+// BenchmarkTemplateForkMemory: what an idle fork costs (issue 17: private
+// memory per idle warm sandbox, target ≤ 10 MiB; TEMPLATE.md §12 M2). A
+// template preloads the pool's default stack; b.N forks are made ready
+// (shell, MoveG, join, READY) and left idle; then, per fork, the private
+// memory (USS: Private_Clean + Private_Dirty of smaps_rollup) of G and of
+// F, and G's PSS, which shares the template's pages among T and every
+// fork alive. Run with a fixed count, e.g. -benchtime 20x: the forks stay
+// alive together until the end.
+func BenchmarkTemplateForkMemory(b *testing.B) {
+	skipTemplatesOnV2(b)
+	r := newPoolRunner(b)
+	rootfs := nsjailtest.RuntimeRootfs(b)
+	lab := startTplLab(b, r, rootfs, config.DefaultPreload, "")
+	var gs []int
+	for range b.N {
+		f := lab.fork(false)
+		sh, err := r.StartShell(context.Background(), lab.tpl, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}, f.g)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { sh.Destroy() })
+		lab.place(f, sh)
+		gs = append(gs, nsjailtest.PidfdPid(b, f.g))
+	}
+	b.StopTimer()
+	var gUSS, fUSS, gPSS float64
+	for _, g := range gs {
+		u, p := smapsRollup(b, g)
+		gUSS, gPSS = gUSS+u, gPSS+p
+		u, _ = smapsRollup(b, nsjailtest.PPid(b, g))
+		fUSS += u
+	}
+	tpid, err := lab.tpl.Pid()
+	if err != nil {
+		b.Fatal(err)
+	}
+	_, tPSS := smapsRollup(b, tpid)
+	n := float64(len(gs))
+	b.ReportMetric(gUSS/n/(1<<20), "G-USS-MiB/fork")
+	b.ReportMetric(fUSS/n/(1<<20), "F-USS-MiB/fork")
+	b.ReportMetric(gPSS/n/(1<<20), "G-PSS-MiB/fork")
+	b.ReportMetric(tPSS/(1<<20), "T-PSS-MiB")
+}
+
+// smapsRollup is pid's private memory (Private_Clean + Private_Dirty) and
+// PSS, in bytes.
+func smapsRollup(t testing.TB, pid int) (private, pss float64) {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 2 {
+			continue
+		}
+		kb, err := strconv.ParseFloat(f[1], 64)
+		if err != nil {
+			continue
+		}
+		switch f[0] {
+		case "Private_Clean:", "Private_Dirty:":
+			private += kb * 1024
+		case "Pss:":
+			pss = kb * 1024
+		}
+	}
+	return private, pss
 }
