@@ -190,6 +190,15 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, id, owner strin
 			msg: fmt.Sprintf("session %s lives on worker %s, whose address %q cannot be used: %v", id, a.Peer.WorkerID, clip(a.Peer.URL), err)})
 		return
 	}
+	// The owner may answer before it has read the whole body (an event
+	// stream's headers come first), and the answer is passed on as it
+	// comes: without full duplex, net/http would read and close what is
+	// left of the client's body as that answer starts, the transport's
+	// read of it would fail, and the transport would close the owner's
+	// connection mid-answer (an event stream cut before its first event;
+	// TestForwardStreamsWhileTheBodyIsSent). Unsupported (a recorder): no
+	// connection to share.
+	_ = http.NewResponseController(w).EnableFullDuplex()
 	// The client's body, its read deadline paced as a direct upload's
 	// (session_files.go): a large one is not cut at read_timeout.
 	body := &forwardBody{w: w, r: &paced{r: r.Body,

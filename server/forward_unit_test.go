@@ -5,7 +5,10 @@ package server
 // that records what reached it.
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"errors"
 
 	"fmt"
 	"io"
@@ -314,5 +317,95 @@ func TestForwardBadPeerURL(t *testing.T) {
 	code, _, body := u.do("GET", "/v1/sessions/"+sessionid.New(sessionid.Token("worker-b")), nil)
 	if eb := decodeErr(t, body); code != http.StatusBadGateway || eb.Code != "forward_failed" || !strings.Contains(eb.Error, "10.0.0.1:-1") {
 		t.Fatalf("a bad peer URL: %d %s", code, body)
+	}
+}
+
+// TestForwardStreamsWhileTheBodyIsSent: an owner may answer (headers
+// first, as an event stream does) before it has read the request's body;
+// the forwarder passes the answer on as it comes while the body is still
+// being sent. Without full duplex, net/http, as the forwarder's answer
+// started, read what was left of the client's body (under 256 KiB) and
+// closed it: here that waits for the rest of a body the client sends only
+// once it has the answer's first line (the answer never starts); in
+// TestSessionForwarding under load it raced the proxy's transport, whose
+// last read of the small body then failed, and the transport closed the
+// owner's connection: the event stream ended before its first event ("use
+// of closed network connection").
+func TestForwardStreamsWhileTheBodyIsSent(t *testing.T) {
+	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.NewResponseController(w).EnableFullDuplex() // the owner's own server too
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(http.StatusOK)
+		fmt.Fprint(w, "first\n")
+		http.NewResponseController(w).Flush()
+		n, err := io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, "read %d %v\n", n, err)
+	}))
+	defer owner.Close()
+	u := forwardingUnitEnv(t, &listedPeers{before: readyAt(owner.URL)}, nil)
+	// Half the body; the rest only once the answer's first line is here.
+	pr, pw := io.Pipe()
+	gotFirst := make(chan struct{})
+	go func() {
+		half := bytes.Repeat([]byte("b"), 1024)
+		pw.Write(half)
+		select {
+		case <-gotFirst:
+			pw.Write(half)
+			pw.Close()
+		case <-time.After(10 * time.Second):
+			pw.CloseWithError(errors.New("the answer's first line never came"))
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", u.http.URL+"/v1/sessions/"+sessionid.New(sessionid.Token("worker-b"))+"/executions", pr)
+	req.ContentLength = 2048
+	req.Header.Set("Authorization", "Bearer tok")
+	resp, err := u.http.Client().Do(req)
+	if err != nil {
+		t.Fatalf("the answer's headers never came (the forwarder waited for the whole body): %v", err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	first, err := br.ReadString('\n')
+	if first != "first\n" {
+		t.Fatalf("the answer's first line: %q, %v", first, err)
+	}
+	close(gotFirst)
+	rest, err := io.ReadAll(br)
+	if want := "read 2048 <nil>\n"; resp.StatusCode != http.StatusOK || string(rest) != want || err != nil {
+		t.Fatalf("the rest of an answer that started before the body was sent, through the forwarder = %d %q (%v), want %q", resp.StatusCode, rest, err, want)
+	}
+}
+
+// TestForwardedAnswerOutlivesReadTimeout: a forwarded request whose
+// answer comes later than read_timeout after its body was read (an
+// execution that runs longer) is not cut: the paced read deadline is never
+// armed again once the body is read (net/http lifts it as its background
+// read starts), so the connection's background read does not fail at it
+// and cancel the request's context.
+func TestForwardedAnswerOutlivesReadTimeout(t *testing.T) {
+	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		time.Sleep(900 * time.Millisecond)
+		fmt.Fprint(w, n)
+	}))
+	defer owner.Close()
+	u := forwardingUnitEnv(t, &listedPeers{before: readyAt(owner.URL)}, func(c *config.Config) {
+		c.ReadHeaderTimeout = config.Duration(200 * time.Millisecond)
+		c.ReadTimeout = config.Duration(300 * time.Millisecond)
+	})
+	req, _ := http.NewRequest("POST", u.http.URL+"/v1/sessions/"+sessionid.New(sessionid.Token("worker-b"))+"/executions",
+		strings.NewReader(`{"code":"print(1)"}`))
+	req.Header.Set("Authorization", "Bearer tok")
+	resp, err := u.http.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || string(got) != "19" || err != nil {
+		t.Fatalf("a forwarded answer 0.9 s after its body, read_timeout 0.3 s = %d %q (%v)", resp.StatusCode, got, err)
 	}
 }
