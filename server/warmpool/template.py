@@ -272,7 +272,7 @@ def _template():
     _template_sock = socket.socket(fileno=TEMPLATE_FD)
     while True:
         _reap()
-        got = _receive_line(_template_sock, FORK_FDS + FORK_OUTPUT_FDS + 1)
+        got = zygote._receive_request(_template_sock, FORK_FDS + FORK_OUTPUT_FDS + 1)
         if got is None:
             os._exit(0)
         msg, fds = got
@@ -285,21 +285,6 @@ def _template():
                 os.close(fd)
         reply = {"refused": why} if why else {"forked": True}
         _template_sock.sendall(json.dumps(reply).encode() + zygote.MESSAGE_END)
-
-
-def _receive_line(sock, maxfds):
-    """One line up to MESSAGE_END and the fds that came with it, or None at
-    EOF."""
-    data, fds = b"", []
-    while not data.endswith(zygote.MESSAGE_END):
-        chunk, got, _, _ = socket.recv_fds(sock, 1 << 16, maxfds)
-        fds += got
-        if not chunk:
-            for fd in fds:
-                os.close(fd)
-            return None
-        data += chunk
-    return data, fds
 
 
 # --- F ---
@@ -425,7 +410,7 @@ def _g(outputs):
         socket.send_fds(ctl, [PIDFD_MESSAGE], [me])  # the worker reads G's host pid from it
         os.close(me)
         namespaces = SHELL_NAMESPACES.split()
-        got = _receive_line(ctl, len(namespaces) + 1)
+        got = zygote._receive_request(ctl, len(namespaces) + 1)
     finally:
         ctl.detach()  # CONTROL_FD stays open: the hand-off comes on it
     if got is None:

@@ -466,13 +466,14 @@ def _kernel_setup(fd, cwd, cwd_on_path):
     return sock, main, ctypes.CDLL(None)
 
 
-def _receive_request(sock):
-    """One request line and the fds that came with it, or None at EOF."""
+def _receive_request(sock, maxfds=KERNEL_FDS):
+    """One request line and the fds that came with it (at most maxfds a
+    message), or None at EOF. template.py reads its lines with it too."""
     import socket
 
     chunks, fds = [], []
     while not chunks or not chunks[-1].endswith(MESSAGE_END):
-        chunk, got, _, _ = socket.recv_fds(sock, 1 << 16, KERNEL_FDS)
+        chunk, got, _, _ = socket.recv_fds(sock, 1 << 16, maxfds)
         fds += got
         if not chunk:
             for fd in fds:
