@@ -34,6 +34,7 @@ func BenchmarkAPIGroupby(b *testing.B) {
 			cfg.SessionsDir = filepath.Join(b.TempDir(), "sessions")
 			cfg.StateRoot = testStateRoot
 			cfg.PoolSize = size
+			cfg.SessionSpareKernels = 0 // no session here to take a warm sandbox
 			cfg.MaxConcurrent = 1
 			r := nsjailtest.NewRunner(b, nsjail.Options{StateRoot: cfg.StateRoot, CgroupParent: testCgroupParent, Logger: quietLog})
 			srv, err := New(Deps{Config: cfg, Sandbox: r, Logger: quietLog,
@@ -120,10 +121,11 @@ func benchServe(b *testing.B, ln net.Listener, with func(*config.Config)) (*Serv
 	return srv, hs
 }
 
-// waitBenchPool waits until a warm sandbox is ready for every policy.
+// waitBenchPool waits until a warm sandbox is ready for every policy, and
+// the spare session kernels (session_spare_kernels) too.
 func waitBenchPool(b *testing.B, srv *Server) {
 	deadline := time.Now().Add(2 * time.Minute)
-	for srv.PoolStats().Ready < uint64(len(srv.policies)) {
+	for srv.PoolStats().Ready < uint64(len(srv.policies)) || srv.SessionStats().SpareKernels < srv.SessionStats().SpareKernelsWanted {
 		if time.Now().After(deadline) {
 			b.Fatalf("pool never filled: %+v", srv.PoolStats())
 		}

@@ -160,6 +160,10 @@ func newEnvOn(t *testing.T, rootfs string, mod func(*config.Config), setup func(
 	cfg.StateRoot = testStateRoot
 	cfg.PythonImage = "dir:" + rootfs
 	cfg.PoolSize = 0 // the pool tests turn it on
+	// A spare session kernel takes a warm sandbox whenever the pool has
+	// refilled: the pool tests count what the pool served. The spare
+	// kernel tests turn it on.
+	cfg.SessionSpareKernels = 0
 	if mod != nil {
 		mod(&cfg)
 	}

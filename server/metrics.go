@@ -134,6 +134,8 @@ var (
 	sessionIdleDesc    = prometheus.NewDesc("sandboxd_session_idle_kernels", "Session kernels alive and waiting.", nil, nil)
 	sessionIdleMemDesc = prometheus.NewDesc("sandboxd_session_idle_kernel_memory_bytes",
 		"Memory the idle session kernels hold, as their cgroups account it (bounded by session_idle_memory_bytes).", nil, nil)
+	sessionSpareDesc = prometheus.NewDesc("sandboxd_session_spare_kernels",
+		"Default-type kernels kept ready in spare volumes for new sessions (session_spare_kernels), by state: ready, or missing (no warm sandbox to start one from yet).", []string{"state"}, nil)
 	sessionDiskDesc   = prometheus.NewDesc("sandboxd_session_bytes_on_disk", "Bytes the sessions' workspace volumes hold.", nil, nil)
 	sessionStartsDesc = prometheus.NewDesc("sandboxd_session_kernel_starts_total",
 		"Session kernels started, by state/reason of the execution that started them (new/first_execution, new/idle_timeout, new/memory_budget, restarted/worker_restart, new/timeout, new/oom, new/pids, new/exited, new/protocol, new/kernel_disabled, ...).",
@@ -141,7 +143,7 @@ var (
 )
 
 func (c *sessionCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{sessionsDesc, sessionsBusyDesc, sessionIdleDesc, sessionIdleMemDesc, sessionDiskDesc, sessionStartsDesc} {
+	for _, d := range []*prometheus.Desc{sessionsDesc, sessionsBusyDesc, sessionIdleDesc, sessionIdleMemDesc, sessionSpareDesc, sessionDiskDesc, sessionStartsDesc} {
 		ch <- d
 	}
 }
@@ -152,6 +154,8 @@ func (c *sessionCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(sessionsBusyDesc, prometheus.GaugeValue, float64(st.Busy))
 	ch <- prometheus.MustNewConstMetric(sessionIdleDesc, prometheus.GaugeValue, float64(st.IdleKernels))
 	ch <- prometheus.MustNewConstMetric(sessionIdleMemDesc, prometheus.GaugeValue, float64(st.IdleKernelBytes))
+	ch <- prometheus.MustNewConstMetric(sessionSpareDesc, prometheus.GaugeValue, float64(st.SpareKernels), "ready")
+	ch <- prometheus.MustNewConstMetric(sessionSpareDesc, prometheus.GaugeValue, float64(max(st.SpareKernelsWanted-st.SpareKernels, 0)), "missing")
 	ch <- prometheus.MustNewConstMetric(sessionDiskDesc, prometheus.GaugeValue, float64(st.BytesOnDisk))
 	for reason, n := range st.KernelStarts {
 		ch <- prometheus.MustNewConstMetric(sessionStartsDesc, prometheus.CounterValue, float64(n), reason)

@@ -346,6 +346,14 @@ func (s *Server) openSessions() {
 		return
 	}
 	s.mu.Unlock()
+	// The spare kernels are the default type's, and come only from its
+	// warm sandboxes: without those (pool_size 0, no warm workspace) none
+	// would ever start.
+	spareKernels := s.cfg.SessionSpareKernels
+	dyn, ok := s.policies[TypeDynamic]
+	if !ok || s.cfg.TemplateSize(dyn.Runtime, dyn.Runtime) == 0 || s.cfg.WorkspaceBytes == 0 {
+		spareKernels = 0
+	}
 	m, err := session.Open(session.Config{
 		Root:             s.cfg.SessionsDir,
 		MaxSessions:      s.cfg.MaxSessions,
@@ -356,6 +364,9 @@ func (s *Server) openSessions() {
 		MaxBytes:         s.cfg.SessionMaxBytes,
 		MaxFiles:         s.cfg.SessionMaxFiles,
 		SpareVolumes:     s.cfg.SessionSpareVolumes,
+		SpareKernels:     spareKernels,
+		SparePolicy:      TypeDynamic,
+		SpareRuntime:     dyn.Runtime,
 		Owner:            s.owner,
 		UID:              s.sandbox.HostUID(),
 		GID:              s.sandbox.HostGID(),

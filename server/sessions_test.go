@@ -594,6 +594,60 @@ func TestSessionKernelFromTheWarmPool(t *testing.T) {
 	}
 }
 
+// With session_spare_kernels, a kernel of the default type waits in a
+// spare volume (SECURITY.md case 62): the next default-type session
+// adopts it (its 201 says idle, started before the session), its first
+// execution says new/first_execution and runs there with the data stack
+// imported, and the refill starts the next one. A skill session never
+// takes it. The gauge says ready or missing.
+func TestSessionSpareKernel(t *testing.T) {
+	e := newSessionEnv(t, nsjailtest.RuntimeRootfs(t), func(c *config.Config) {
+		c.PoolSize = 1
+		c.PoolPreload = []string{"pandas"}
+		c.SessionSpareKernels = 1
+	})
+	spareReady := func() {
+		t.Helper()
+		for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
+			_, _, m := e.do("GET", "/metrics", nil)
+			if strings.Contains(string(m), `sandboxd_session_spare_kernels{state="ready"} 1`+"\n") &&
+				strings.Contains(string(m), `sandboxd_session_spare_kernels{state="missing"} 0`+"\n") {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no spare kernel ready: pool %+v, sessions %+v", e.srv.PoolStats(), e.srv.SessionStats())
+			}
+		}
+	}
+	spareReady()
+	v := e.createSession(SessionRequest{ID: "spare"})
+	if v.Kernel.State != session.KernelIdle || v.Kernel.StartedAt == nil || !v.Kernel.StartedAt.Before(v.CreatedAt) {
+		t.Fatalf("201 with a spare kernel ready: kernel %+v, created at %s", v.Kernel, v.CreatedAt)
+	}
+	r := e.sessionExec("spare", SessionExecutionRequest{Code: "import sys\nprint('pandas' in sys.modules)"})
+	wantExecStatus(t, r, "succeeded")
+	wantState(t, r, session.StateNew, session.ReasonFirst, 1)
+	if r.Stdout != "True\n" || e.sandbox.started.Load() != 0 {
+		t.Fatalf("a spare kernel: %q %q, %d cold sandboxes", r.Stdout, r.Stderr, e.sandbox.started.Load())
+	}
+	spareReady()
+	sk := e.createSession(SessionRequest{ID: "skill", Type: TypeSkill})
+	if sk.Kernel.StartedAt != nil && sk.Kernel.StartedAt.Before(sk.CreatedAt) {
+		t.Fatalf("a skill session adopted the default type's spare kernel: %+v", sk.Kernel)
+	}
+	r = e.sessionExec("skill", SessionExecutionRequest{Code: "print(1)"})
+	wantState(t, r, session.StateNew, session.ReasonFirst, 1)
+	if r.Policy.MemoryMB != e.cfg.SkillMemoryMB {
+		t.Fatalf("the skill session's kernel runs under %+v", r.Policy)
+	}
+	spareReady()
+	for _, id := range []string{"spare", "skill"} {
+		if code, _, body := e.do("DELETE", "/v1/sessions/"+id, nil); code != http.StatusNoContent {
+			t.Fatalf("DELETE %s = %d %s", id, code, body)
+		}
+	}
+}
+
 // The drain lets a session's execution finish, then stops every kernel
 // (nothing of its sandbox is left) and keeps the session's files, mounted
 // for the next worker.

@@ -159,6 +159,11 @@ type Config struct {
 	// mounted ahead of time, so that creating a session does not wait for
 	// mkfs (server/session: spares).
 	SessionSpareVolumes int `toml:"session_spare_volumes" doc:"empty session volumes kept ready so that a session's creation does not wait for mkfs (0: none)"`
+	// SessionSpareKernels of the spare volumes also hold a kernel of the
+	// default session type, handed off from a warm sandbox ahead of any
+	// request, which a new session of that type adopts (server/session:
+	// spares).
+	SessionSpareKernels int `toml:"session_spare_kernels" doc:"spare volumes that also hold a default-type kernel ready for a new session (0: none; at most session_spare_volumes)"`
 
 	// WorkerID names this worker among others (on Kubernetes: its node's
 	// name, from the downward API); GET /v1/capacity reports it. Empty:
@@ -284,6 +289,7 @@ func Default() Config {
 		SessionMaxBytes:        500 << 20,
 		SessionMaxFiles:        10_000,
 		SessionSpareVolumes:    2,
+		SessionSpareKernels:    1,
 
 		PeersService: "sandboxd-workers",
 		PeersRefresh: Duration(5 * time.Second),

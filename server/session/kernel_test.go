@@ -227,3 +227,50 @@ func TestRealKernelDisabledAndDeleteWhileRunning(t *testing.T) {
 	}
 	run.End()
 }
+
+// A spare kernel on the real pool and volumes (SECURITY.md case 62): the
+// kernel started in a spare volume before any session is adopted by the
+// next session of its kind, and its /workspace is that session's volume
+// (the spare's directory renamed with the bind in place): a file put
+// before the first execution is read by it, one the code writes is read
+// through the file API. It has run nothing before: its first execution
+// says new, first_execution. Close closes the spare that replaces it
+// (the cleanup finds no mount or loop device left).
+func TestRealSpareKernel(t *testing.T) {
+	var starter poolStarter
+	e := newRealEnv(t, func() Starter { starter = newPoolStarter(t); return starter })
+	e.m.Close()
+	e.cfg.SpareKernels, e.cfg.SparePolicy, e.cfg.SpareRuntime = 1, "default", config.DefaultRuntime
+	e.open(starter)
+	waitReal := func() {
+		t.Helper()
+		for deadline := time.Now().Add(2 * time.Minute); e.m.Stats().SpareKernels < 1; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no spare kernel ready: %+v, pool %+v", e.m.Stats(), starter.pool.Stats())
+			}
+		}
+	}
+	waitReal()
+	info, err := e.m.Create(Spec{ID: "s", Policy: "default", Kernel: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Kernel.State != KernelIdle || info.Kernel.StartedAt == nil || !info.Kernel.StartedAt.Before(info.CreatedAt) {
+		t.Fatalf("created with a spare kernel ready: %+v (created at %s), want an idle kernel started before", info.Kernel, info.CreatedAt)
+	}
+	if st := e.m.Stats(); st.SpareKernels != 0 {
+		t.Fatalf("the spare kernel still counted after its adoption: %+v", st)
+	}
+	e.put("s", "in.txt", "from the API")
+	res, xinfo := e.realExec("s", "names = [k for k in globals() if not k.startswith('_')]\nimport os\nprint(names, os.getcwd(), sorted(os.listdir('.')), open('in.txt').read())\nopen('out.txt', 'w').write('from the code')", 0)
+	e.wantOut(res, nsjail.StatusSucceeded, "[] /workspace ['in.txt', 'lost+found'] from the API\n")
+	wantInfo(t, xinfo, StateNew, ReasonFirst, 1)
+	if got, err := e.get("s", "out.txt"); err != nil || got != "from the code" {
+		t.Fatalf("the code's file through the file API: %q, %v", got, err)
+	}
+	// The refill starts the next one once the pool has refilled.
+	waitReal()
+	if err := e.m.Delete("s"); err != nil {
+		t.Fatal(err)
+	}
+}

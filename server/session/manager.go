@@ -285,7 +285,9 @@ func (m *Manager) Create(spec Spec) (Info, error) {
 		return Info{}, err
 	}
 	defer m.ops.Done()
-	if err := m.build(s); err != nil {
+	adopt := spec.Kernel && spec.Policy == m.cfg.SparePolicy && spec.Runtime == m.cfg.SpareRuntime
+	k, err := m.build(s, adopt)
+	if err != nil {
 		s.stop()
 		m.mu.Lock()
 		delete(m.sessions, spec.ID)
@@ -301,18 +303,34 @@ func (m *Manager) Create(spec Spec) (Info, error) {
 	m.mu.Lock()
 	s.gone = false
 	var ahead *aheadKernel
-	if spec.Kernel {
+	switch {
+	case k != nil && m.closed:
+		// Closing meanwhile: Close stops the kernels it found, not this
+		// one; the start Create recorded is taken back (Close writes it).
+		s.rec.Generation--
+		s.dirty = true
+	case k != nil:
+		// A spare's kernel (spares.go), adopted: this session's kernel
+		// started ahead, its start done.
+		s.kernel = k
+		s.ahead = &aheadKernel{kernel: k, info: s.next}
+		m.starts[s.next.State+"/"+s.next.Reason]++
+	case spec.Kernel:
 		ahead = &aheadKernel{done: make(chan struct{})}
 		s.ahead, s.starting = ahead, true // as Create answers
 		s.active.Add(1)
 		m.ops.Add(1)
 	}
+	adopted := s.kernel != nil
 	m.mu.Unlock()
-	info := m.info(s) // as Create answers: the kernel starting
+	if k != nil && !adopted {
+		k.Close()
+	}
+	info := m.info(s) // as Create answers: the kernel idle or starting
 	if ahead != nil {
 		go m.startAhead(s, ahead)
 	}
-	m.log.Info("session created", "session", s.id, "policy", spec.Policy, "kernel", spec.Kernel)
+	m.log.Info("session created", "session", s.id, "policy", spec.Policy, "kernel", spec.Kernel, "spare_kernel", adopted)
 	return info, nil
 }
 
@@ -362,22 +380,28 @@ func (m *Manager) checkSpec(spec *Spec) (time.Duration, error) {
 // order keeps a session half-made until its record exists: a directory
 // without session.json (or, after a host crash, with an empty one) is a
 // leftover for the next Open.
-func (m *Manager) build(s *session) (err error) {
+func (m *Manager) build(s *session, adopt bool) (k Kernel, err error) {
 	// A spare made ahead of time when one is ready (spares.go): its
-	// directory becomes the session's. Else both are made here.
-	s.ws, err = m.takeSpare(s.dir)
+	// directory becomes the session's, and its kernel, if it holds one
+	// and adopt, the session's. Else the directory and volume are made
+	// here.
+	s.ws, k, err = m.takeSpare(s.dir, adopt)
 	if err == nil && s.ws == nil {
 		err = os.Mkdir(s.dir, 0o711)
 	}
 	if errors.Is(err, fs.ErrExist) {
 		// A session on disk that Open could not load keeps its id.
-		return fmt.Errorf("%w (a directory %s is in the way)", ErrExists, s.dir)
+		return nil, fmt.Errorf("%w (a directory %s is in the way)", ErrExists, s.dir)
 	}
 	if err != nil {
-		return fmt.Errorf("create session %s: %w", s.id, err)
+		return nil, fmt.Errorf("create session %s: %w", s.id, err)
 	}
 	defer func() {
 		if err != nil {
+			if k != nil {
+				k.Close() // before its volume goes
+				k = nil
+			}
 			if rerr := m.removeDir(s.dir); rerr != nil {
 				m.log.Error("half-created session could not be removed; the next start sweeps it", "session", s.id, "err", rerr)
 			}
@@ -385,13 +409,13 @@ func (m *Manager) build(s *session) (err error) {
 	}()
 	if s.ws == nil {
 		if s.ws, err = m.newVolume(s.dir); err != nil {
-			return fmt.Errorf("create session %s: %w", s.id, err)
+			return nil, fmt.Errorf("create session %s: %w", s.id, err)
 		}
 	}
 	if err := writeNewRecord(s.dir, s.rec); err != nil {
-		return fmt.Errorf("create session %s: %w", s.id, err)
+		return k, fmt.Errorf("create session %s: %w", s.id, err)
 	}
-	return nil
+	return k, nil
 }
 
 // syncCreatedRecord is syncNewRecord; tests hold it back.
@@ -720,15 +744,19 @@ func (m *Manager) Close() {
 type Stats struct {
 	Sessions, Busy, IdleKernels int
 	IdleKernelBytes             int64
-	BytesOnDisk                 int64
-	KernelStarts                map[string]uint64 // by reason (state/reason)
+	// SpareKernels are the spares' live kernels (spares.go), of
+	// SpareKernelsWanted (Config.SpareKernels).
+	SpareKernels, SpareKernelsWanted int
+	BytesOnDisk                      int64
+	KernelStarts                     map[string]uint64 // by reason (state/reason)
 }
 
 // Stats is the manager's state. BytesOnDisk is what the sessions' files
 // take of their quotas (the volumes' usage).
 func (m *Manager) Stats() Stats {
 	m.mu.Lock()
-	st := Stats{KernelStarts: make(map[string]uint64, len(m.starts))}
+	st := Stats{KernelStarts: make(map[string]uint64, len(m.starts)),
+		SpareKernels: m.spareKernelsLocked(), SpareKernelsWanted: m.cfg.SpareKernels}
 	for k, v := range m.starts {
 		st.KernelStarts[k] = v
 	}

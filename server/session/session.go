@@ -83,6 +83,12 @@ type Config struct {
 	// SpareVolumes is session_spare_volumes: empty volumes kept ready so
 	// that Create need not make one (spares.go); 0: none.
 	SpareVolumes int
+	// SpareKernels is session_spare_kernels: how many of the spare volumes
+	// also hold a kernel of SparePolicy on SpareRuntime, started from a
+	// warm sandbox ahead of any request, which a Create of that kind
+	// adopts (spares.go); 0: none. At most SpareVolumes.
+	SpareKernels              int
+	SparePolicy, SpareRuntime string
 	// Owner is this worker's owner token (sessionid.Token of worker_id;
 	// "": none): generated ids carry it, and a client's id that names
 	// another owner is refused (server/sessionid).
@@ -129,6 +135,17 @@ func (c Config) check() error {
 	}
 	if c.SpareVolumes < 0 {
 		errs = append(errs, fmt.Errorf("spare volumes must be >= 0, got: %d", c.SpareVolumes))
+	}
+	if c.SpareKernels < 0 || c.SpareKernels > max(c.SpareVolumes, 0) {
+		errs = append(errs, fmt.Errorf("spare kernels must be in 0..%d (the spare volumes), got: %d", max(c.SpareVolumes, 0), c.SpareKernels))
+	}
+	if c.SpareKernels > 0 {
+		if err := checkPolicyName(c.SparePolicy); err != nil {
+			errs = append(errs, fmt.Errorf("spare kernels: %w", err))
+		}
+		if err := checkRuntimeName(c.SpareRuntime); err != nil {
+			errs = append(errs, fmt.Errorf("spare kernels: %w", err))
+		}
 	}
 	if c.IdleMemoryBudget <= 0 {
 		errs = append(errs, fmt.Errorf("idle memory budget must be > 0, got: %d", c.IdleMemoryBudget))

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/server/warmpool"
 )
 
 // Spare volumes on the fake disk: taken by Create, refilled in the
@@ -264,5 +266,211 @@ func TestConfigRefusesNegativeSpares(t *testing.T) {
 	cfg.SpareVolumes = -1
 	if err := cfg.check(); err == nil || !strings.Contains(err.Error(), "spare volumes must be >= 0, got: -1") {
 		t.Fatalf("check: %v", err)
+	}
+}
+
+// spareKernelEnv is a manager keeping two spares, one with a kernel of
+// the "default" policy on the "default" runtime; warm sandboxes come only
+// once the test gives some (setWarm).
+func spareKernelEnv(t *testing.T) *env {
+	return newEnv(t, func(c *Config) {
+		c.SpareVolumes, c.SpareKernels = 2, 1
+		c.SparePolicy, c.SpareRuntime = "default", "default"
+	})
+}
+
+func (st *fakeStarter) setWarm(n int) {
+	st.mu.Lock()
+	st.warm = n
+	st.mu.Unlock()
+}
+
+// waitSpareKernels waits until the manager's spares hold n live kernels
+// and returns them.
+func waitSpareKernels(t *testing.T, m *Manager, n int) []*fakeKernel {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		m.mu.Lock()
+		var ks []*fakeKernel
+		for _, sp := range m.spares {
+			if sp.live() {
+				ks = append(ks, sp.kernel.(*fakeKernel))
+			}
+		}
+		m.mu.Unlock()
+		if st := m.Stats(); len(ks) == n && st.SpareKernels == n {
+			return ks
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d spare kernels ready, want %d", len(ks), n)
+		}
+	}
+}
+
+// A spare kernel starts only from a warm sandbox (retried until one is
+// ready), is adopted by a session of its kind as the kernel started ahead
+// (its first execution says new, first_execution, generation 1), and is
+// replaced by the refill.
+func TestSpareKernelIsAdoptedBySessionOfItsKind(t *testing.T) {
+	e := spareKernelEnv(t)
+	waitSpares(t, e.m, e.root, 2)
+	if st := e.m.Stats(); st.SpareKernels != 0 || st.SpareKernelsWanted != 1 {
+		t.Fatalf("no warm sandbox yet: stats %+v, want 0 of 1 spare kernels", st)
+	}
+	e.starter.setWarm(2)
+	k := waitSpareKernels(t, e.m, 1)[0]
+	e.starter.mu.Lock()
+	warm := e.starter.warm
+	e.starter.mu.Unlock()
+	if warm != 1 {
+		t.Fatalf("%d warm sandboxes left, want one taken by the spare kernel", warm)
+	}
+
+	info := e.create(Spec{ID: "s1", Kernel: true, Runtime: "default"})
+	if info.Kernel.State != KernelIdle || info.Kernel.StartedAt == nil || !info.Kernel.StartedAt.Equal(k.started) || info.Kernel.Generation != 1 {
+		t.Fatalf("created with a spare kernel ready: kernel %+v, want the spare's, idle, generation 1", info.Kernel)
+	}
+	e.wantExec("s1", "x", ExecInfo{State: StateNew, Reason: ReasonFirst, KernelGeneration: 1})
+	if execs, closes, _ := k.counts(); execs != 1 || closes != 0 {
+		t.Fatalf("the spare kernel ran %d executions, closed %d times: want it the session's", execs, closes)
+	}
+	if n := e.m.Stats().KernelStarts[StateNew+"/"+ReasonFirst]; n != 1 {
+		t.Fatalf("kernel starts new/first_execution: %d, want 1", n)
+	}
+	if next := waitSpareKernels(t, e.m, 1)[0]; next == k {
+		t.Fatal("the adopted kernel is still a spare")
+	}
+	if err := e.m.Delete("s1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, closes, _ := k.counts(); closes != 1 {
+		t.Fatalf("the adopted kernel closed %d times by Delete, want 1", closes)
+	}
+}
+
+// A spare kernel serves only sessions of its policy and runtime that want
+// a kernel: other sessions take a spare without one, or make their own
+// volume, and start their own kernel.
+func TestSpareKernelIsNotAdoptedByAnotherKind(t *testing.T) {
+	e := spareKernelEnv(t)
+	e.starter.setWarm(10)
+	waitSpares(t, e.m, e.root, 2)
+	k := waitSpareKernels(t, e.m, 1)[0]
+	for i, spec := range []Spec{
+		{ID: "other-policy", Policy: "skill", Runtime: "default", Kernel: true},
+		{ID: "other-runtime", Runtime: "slim", Kernel: true},
+		{ID: "no-kernel", Runtime: "default"},
+	} {
+		info := e.create(spec)
+		if info.Kernel.StartedAt != nil && info.Kernel.StartedAt.Equal(k.started) {
+			t.Fatalf("%s adopted the spare kernel", spec.ID)
+		}
+		_, got := e.exec(spec.ID, "x")
+		if spec.Kernel && (got.State != StateNew || got.Reason != ReasonFirst) {
+			t.Fatalf("%s: first execution %+v", spec.ID, got)
+		}
+		if execs, closes, _ := k.counts(); execs != 0 || closes != 0 {
+			t.Fatalf("after %s: the spare kernel ran %d executions, closed %d times", spec.ID, execs, closes)
+		}
+		if i == 0 {
+			waitSpares(t, e.m, e.root, 2)
+		}
+	}
+	if ks := waitSpareKernels(t, e.m, 1); ks[0] != k {
+		t.Fatal("the spare kernel was replaced")
+	}
+}
+
+// A spare kernel that ended before a session took it is closed: the
+// session takes its volume as a plain spare and starts its own kernel,
+// and the refill starts a new spare kernel.
+func TestEndedSpareKernelIsNeverAdopted(t *testing.T) {
+	e := spareKernelEnv(t)
+	e.starter.setWarm(10)
+	waitSpares(t, e.m, e.root, 2)
+	k := waitSpareKernels(t, e.m, 1)[0]
+	k.end(warmpool.EndOOM)
+	info := e.create(Spec{ID: "s1", Kernel: true, Runtime: "default"})
+	if info.Kernel.StartedAt != nil && info.Kernel.StartedAt.Equal(k.started) {
+		t.Fatal("the ended spare kernel was adopted")
+	}
+	e.wantExec("s1", "x", ExecInfo{State: StateNew, Reason: ReasonFirst, KernelGeneration: 1})
+	// The refill (woken by the Create) closes it and starts another.
+	if ks := waitSpareKernels(t, e.m, 1); ks[0] == k {
+		t.Fatal("the ended spare kernel counts as ready")
+	}
+	if execs, closes, _ := k.counts(); execs != 0 || closes != 1 {
+		t.Fatalf("the ended spare kernel: %d executions, closed %d times; want none, closed once", execs, closes)
+	}
+}
+
+// Concurrent Creates of the spare kind never share a spare kernel.
+func TestConcurrentCreatesNeverShareASpareKernel(t *testing.T) {
+	e := newEnv(t, func(c *Config) {
+		c.SpareVolumes, c.SpareKernels = 3, 3
+		c.SparePolicy, c.SpareRuntime = "default", "default"
+	})
+	e.starter.setWarm(100)
+	waitSpares(t, e.m, e.root, 3)
+	spares := waitSpareKernels(t, e.m, 3)
+	var wg sync.WaitGroup
+	for i := range 6 {
+		wg.Go(func() {
+			if _, err := e.m.Create(Spec{ID: fmt.Sprintf("s%d", i), Policy: "default", Runtime: "default", Kernel: true}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	holders := map[Kernel]string{}
+	for i := range 6 {
+		id := fmt.Sprintf("s%d", i)
+		_, got := e.exec(id, "x")
+		if got.State != StateNew || got.Reason != ReasonFirst {
+			t.Fatalf("%s: first execution %+v", id, got)
+		}
+		e.m.mu.Lock()
+		k := e.m.sessions[id].kernel
+		e.m.mu.Unlock()
+		if other, ok := holders[k]; ok {
+			t.Fatalf("sessions %s and %s share a kernel", other, id)
+		}
+		holders[k] = id
+	}
+	adopted := 0
+	for _, k := range spares {
+		if _, ok := holders[k]; ok {
+			adopted++
+		}
+	}
+	if adopted == 0 {
+		t.Fatal("no spare kernel adopted by six creates")
+	}
+}
+
+// Close closes the spares' kernels before it removes their volumes.
+func TestCloseClosesTheSpareKernels(t *testing.T) {
+	e := spareKernelEnv(t)
+	e.starter.setWarm(10)
+	waitSpares(t, e.m, e.root, 2)
+	k := waitSpareKernels(t, e.m, 1)[0]
+	e.m.Close()
+	if _, closes, _ := k.counts(); closes != 1 {
+		t.Fatalf("spare kernel closed %d times by Close, want 1", closes)
+	}
+	if d := spareDirs(t, e.root); len(d) != 0 {
+		t.Fatalf("spares after Close: %v", d)
+	}
+}
+
+func TestConfigRefusesMoreSpareKernelsThanVolumes(t *testing.T) {
+	cfg := testConfig(t.TempDir(), newFakeClock())
+	cfg.SpareVolumes, cfg.SpareKernels, cfg.SparePolicy, cfg.SpareRuntime = 1, 2, "default", "default"
+	if err := cfg.check(); err == nil || !strings.Contains(err.Error(), "spare kernels must be in 0..1 (the spare volumes), got: 2") {
+		t.Fatalf("check: %v", err)
+	}
+	cfg.SpareKernels, cfg.SparePolicy = 1, ""
+	if err := cfg.check(); err == nil || !strings.Contains(err.Error(), "spare kernels: policy must be") {
+		t.Fatalf("check without a policy: %v", err)
 	}
 }

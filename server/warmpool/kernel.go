@@ -60,6 +60,11 @@ type KernelOptions struct {
 	// first execution (at its creation) only moves work the pool did
 	// already, never starts a cold sandbox outside admission.
 	WarmOnly bool
+	// RefillNow wakes the template's refill as the kernel starts, not
+	// after its first execution: a kernel started ahead of any request
+	// (a session manager's spare) has no execution a refill could slow,
+	// and its first may come much later.
+	RefillNow bool
 }
 
 // ErrNoWarmSandbox: StartKernel with WarmOnly found no warm sandbox ready.
@@ -364,6 +369,9 @@ func (p *Pool) handOffKernel(ctx context.Context, w *warmSandbox, spec nsjail.Sp
 		k.oomSeen = st.OOMKills
 		k.mu.Unlock()
 		k.idle, k.haveIdle = st, true
+	}
+	if o.RefillNow {
+		k.wakeRefill()
 	}
 	return k, nil
 }

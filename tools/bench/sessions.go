@@ -219,6 +219,9 @@ func runSessions(ctx context.Context, srv *serverProc, poolSize int, o sessionsO
 		if err := waitPool(ctx, srv, poolSize, poolSize*policyCount(ctx, srv.client), 2*time.Minute); err != nil {
 			fail("pool did not refill: %v", err)
 		}
+		if err := waitSpareKernels(ctx, srv, time.Minute); err != nil {
+			fail("spare kernels not refilled: %v", err)
+		}
 	}
 
 	// Create + first print(1), a full pool before each.
@@ -457,4 +460,29 @@ func metricValue(text, name string) float64 {
 		}
 	}
 	return 0
+}
+
+// waitSpareKernels waits until the server's spare session kernels are all
+// ready (sandboxd_session_spare_kernels{state="missing"} 0); at once for a
+// server that does not export the gauge.
+func waitSpareKernels(ctx context.Context, srv *serverProc, timeout time.Duration) error {
+	const missing = `sandboxd_session_spare_kernels{state="missing"} `
+	for deadline := time.Now().Add(timeout); ctx.Err() == nil; time.Sleep(20 * time.Millisecond) {
+		_, text, err := srv.client.getText(ctx, "/metrics")
+		if err != nil {
+			return err
+		}
+		i := strings.Index(text, missing)
+		if i < 0 {
+			return nil
+		}
+		v, _, _ := strings.Cut(text[i+len(missing):], "\n")
+		if v == "0" {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s spare kernels missing after %s", v, timeout)
+		}
+	}
+	return ctx.Err()
 }
