@@ -135,7 +135,7 @@ var (
 	sessionIdleMemDesc = prometheus.NewDesc("sandboxd_session_idle_kernel_memory_bytes",
 		"Memory the idle session kernels hold, as their cgroups account it (bounded by session_idle_memory_bytes).", nil, nil)
 	sessionSpareDesc = prometheus.NewDesc("sandboxd_session_spare_kernels",
-		"Default-type kernels kept ready in spare volumes for new sessions (session_spare_kernels), by state: ready, or missing (no warm sandbox to start one from yet).", []string{"state"}, nil)
+		"Default-type kernels kept ready in spare volumes for new sessions (session_spare_kernels), by state: ready, or missing (wanted but not ready: no warm sandbox yet, no spare volume, or being replaced).", []string{"state"}, nil)
 	sessionDiskDesc   = prometheus.NewDesc("sandboxd_session_bytes_on_disk", "Bytes the sessions' workspace volumes hold.", nil, nil)
 	sessionStartsDesc = prometheus.NewDesc("sandboxd_session_kernel_starts_total",
 		"Session kernels started, by state/reason of the execution that started them (new/first_execution, new/idle_timeout, new/memory_budget, restarted/worker_restart, new/timeout, new/oom, new/pids, new/exited, new/protocol, new/kernel_disabled, ...).",

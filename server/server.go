@@ -346,12 +346,12 @@ func (s *Server) openSessions() {
 		return
 	}
 	s.mu.Unlock()
-	// The spare kernels are the default type's, and come only from its
-	// warm sandboxes: without those (pool_size 0, no warm workspace) none
-	// would ever start.
-	spareKernels := s.cfg.SessionSpareKernels
+	// The spare kernels are the default type's, in spare volumes (at most
+	// that many), and come only from its warm sandboxes: without those
+	// (pool_size 0, no warm workspace) none would ever start.
+	spareKernels := min(s.cfg.SessionSpareKernels, s.cfg.SessionSpareVolumes)
 	dyn, ok := s.policies[TypeDynamic]
-	if !ok || s.cfg.TemplateSize(dyn.Runtime, dyn.Runtime) == 0 || s.cfg.WorkspaceBytes == 0 {
+	if !ok || s.cfg.PoolSize == 0 || s.cfg.WorkspaceBytes == 0 {
 		spareKernels = 0
 	}
 	m, err := session.Open(session.Config{
@@ -367,6 +367,7 @@ func (s *Server) openSessions() {
 		SpareKernels:     spareKernels,
 		SparePolicy:      TypeDynamic,
 		SpareRuntime:     dyn.Runtime,
+		SpareMaxAge:      time.Duration(s.cfg.PoolMaxIdle),
 		Owner:            s.owner,
 		UID:              s.sandbox.HostUID(),
 		GID:              s.sandbox.HostGID(),

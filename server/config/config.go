@@ -163,7 +163,7 @@ type Config struct {
 	// default session type, handed off from a warm sandbox ahead of any
 	// request, which a new session of that type adopts (server/session:
 	// spares).
-	SessionSpareKernels int `toml:"session_spare_kernels" doc:"spare volumes that also hold a default-type kernel ready for a new session (0: none; at most session_spare_volumes)"`
+	SessionSpareKernels int `toml:"session_spare_kernels" doc:"spare volumes that also hold a default-type kernel ready for a new session (0: none; at most session_spare_volumes are used)"`
 
 	// WorkerID names this worker among others (on Kubernetes: its node's
 	// name, from the downward API); GET /v1/capacity reports it. Empty:

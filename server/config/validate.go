@@ -356,8 +356,10 @@ func sessionsCheck(c Config) (errs []error) {
 	if c.SessionSpareVolumes < 0 || c.SessionSpareVolumes > MaxSpareVolumes {
 		errs = append(errs, fmt.Errorf("session_spare_volumes must be in 0..%d, got: %d", MaxSpareVolumes, c.SessionSpareVolumes))
 	}
-	if c.SessionSpareKernels < 0 || c.SessionSpareKernels > max(c.SessionSpareVolumes, 0) {
-		errs = append(errs, fmt.Errorf("session_spare_kernels must be in 0..session_spare_volumes (%d), got: %d", max(c.SessionSpareVolumes, 0), c.SessionSpareKernels))
+	// Not checked against session_spare_volumes: a config that turns the
+	// spare volumes off (0) keeps working, with no spare kernel.
+	if c.SessionSpareKernels < 0 || c.SessionSpareKernels > MaxSpareVolumes {
+		errs = append(errs, fmt.Errorf("session_spare_kernels must be in 0..%d, got: %d", MaxSpareVolumes, c.SessionSpareKernels))
 	}
 	for _, p := range []struct {
 		key string

@@ -79,8 +79,8 @@ var validateCases = []struct {
 	{"session files", "sessions", func(c *Config) { c.SessionMaxFiles = 1 << 23 }, "session_max_files must be in 16..4194304, got: 8388608"},
 	{"spare volumes negative", "sessions", func(c *Config) { c.SessionSpareVolumes = -1 }, "session_spare_volumes must be in 0..16, got: -1"},
 	{"spare volumes many", "sessions", func(c *Config) { c.SessionSpareVolumes = 17 }, "session_spare_volumes must be in 0..16, got: 17"},
-	{"spare kernels negative", "sessions", func(c *Config) { c.SessionSpareKernels = -1 }, "session_spare_kernels must be in 0..session_spare_volumes (2), got: -1"},
-	{"spare kernels above volumes", "sessions", func(c *Config) { c.SessionSpareVolumes, c.SessionSpareKernels = 1, 2 }, "session_spare_kernels must be in 0..session_spare_volumes (1), got: 2"},
+	{"spare kernels negative", "sessions", func(c *Config) { c.SessionSpareKernels = -1 }, "session_spare_kernels must be in 0..16, got: -1"},
+	{"spare kernels many", "sessions", func(c *Config) { c.SessionSpareKernels = 17 }, "session_spare_kernels must be in 0..16, got: 17"},
 	{"session retention", "sessions", func(c *Config) { c.SessionRetention = Duration(time.Millisecond) }, "session_retention must be >= 1s, got: 1ms"},
 	{"session idle above max", "sessions", func(c *Config) { c.SessionIdleTimeout = Duration(3 * time.Hour) },
 		"session_idle_timeout must be <= session_max_idle_timeout (2h0m0s), got: 3h0m0s"},
@@ -124,6 +124,13 @@ var validateCases = []struct {
 func TestValidateMessages(t *testing.T) {
 	if err := Default().Validate(); err != nil {
 		t.Fatalf("the defaults must be valid: %v", err)
+	}
+	// Spare volumes turned off keep a valid config: the default spare
+	// kernel is then simply not kept (the server uses at most that many).
+	noSpares := Default()
+	noSpares.SessionSpareVolumes = 0
+	if err := noSpares.Validate(); err != nil {
+		t.Fatalf("session_spare_volumes 0 with the default session_spare_kernels: %v", err)
 	}
 	for _, tc := range validateCases {
 		c := Default()

@@ -93,7 +93,7 @@ func (m *Manager) janitor() {
 			return
 		case <-t.C:
 			m.Tidy()
-			m.wakeSpares() // a spare that failed to be made is retried
+			m.wakeSpares() // a spare that failed to be made is retried, a spare kernel that ended or aged replaced
 		}
 	}
 }

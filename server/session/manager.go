@@ -75,8 +75,9 @@ type session struct {
 	// starting / executing: a kernel is starting (for the Run, or ahead
 	// of it: startAhead) / the Run runs code.
 	starting, executing bool
-	// ahead is the kernel Create started ahead of the first execution,
-	// until that execution takes it (Run.kernel).
+	// ahead is the kernel Create started ahead of the first execution
+	// (startAhead), or adopted from a spare (done and cancel nil from the
+	// start), until that execution takes it (Run.kernel).
 	ahead *aheadKernel
 	// cancel cancels the running execution's context (Delete).
 	cancel context.CancelFunc
@@ -303,12 +304,14 @@ func (m *Manager) Create(spec Spec) (Info, error) {
 	m.mu.Lock()
 	s.gone = false
 	var ahead *aheadKernel
+	closeK := false
 	switch {
 	case k != nil && m.closed:
 		// Closing meanwhile: Close stops the kernels it found, not this
 		// one; the start Create recorded is taken back (Close writes it).
 		s.rec.Generation--
 		s.dirty = true
+		closeK = true
 	case k != nil:
 		// A spare's kernel (spares.go), adopted: this session's kernel
 		// started ahead, its start done.
@@ -321,16 +324,15 @@ func (m *Manager) Create(spec Spec) (Info, error) {
 		s.active.Add(1)
 		m.ops.Add(1)
 	}
-	adopted := s.kernel != nil
 	m.mu.Unlock()
-	if k != nil && !adopted {
+	if closeK {
 		k.Close()
 	}
 	info := m.info(s) // as Create answers: the kernel idle or starting
 	if ahead != nil {
 		go m.startAhead(s, ahead)
 	}
-	m.log.Info("session created", "session", s.id, "policy", spec.Policy, "kernel", spec.Kernel, "spare_kernel", adopted)
+	m.log.Info("session created", "session", s.id, "policy", spec.Policy, "kernel", spec.Kernel, "spare_kernel", k != nil && !closeK)
 	return info, nil
 }
 
@@ -1035,7 +1037,9 @@ func (m *Manager) goneLocked(s *session) error {
 
 // aheadKernel is a new session's kernel started ahead of its first
 // execution (startAhead): in flight while done is open, then the kernel
-// (nil if none was started) and what its first execution says.
+// (nil if none was started) and what its first execution says. A kernel
+// adopted from a spare (Create) is one whose done and cancel are nil from
+// the start.
 type aheadKernel struct {
 	done   chan struct{}
 	cancel context.CancelFunc // ends the start (Delete, Close)

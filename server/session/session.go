@@ -89,6 +89,10 @@ type Config struct {
 	// adopts (spares.go); 0: none. At most SpareVolumes.
 	SpareKernels              int
 	SparePolicy, SpareRuntime string
+	// SpareMaxAge retires a spare kernel started this long ago (at the
+	// next wake of the refill: the janitor's round at the latest), as the
+	// warm pool retires its sandboxes (pool_max_idle); 0: never.
+	SpareMaxAge time.Duration
 	// Owner is this worker's owner token (sessionid.Token of worker_id;
 	// "": none): generated ids carry it, and a client's id that names
 	// another owner is refused (server/sessionid).
@@ -138,6 +142,9 @@ func (c Config) check() error {
 	}
 	if c.SpareKernels < 0 || c.SpareKernels > max(c.SpareVolumes, 0) {
 		errs = append(errs, fmt.Errorf("spare kernels must be in 0..%d (the spare volumes), got: %d", max(c.SpareVolumes, 0), c.SpareKernels))
+	}
+	if c.SpareMaxAge < 0 {
+		errs = append(errs, fmt.Errorf("spare max age must be >= 0, got: %s", c.SpareMaxAge))
 	}
 	if c.SpareKernels > 0 {
 		if err := checkPolicyName(c.SparePolicy); err != nil {

@@ -38,7 +38,8 @@ import (
 // exactly one Create, it serves that session only and ends with it. A
 // Create of another kind takes a spare without a kernel, or makes its own.
 // A spare kernel that ended (OOM of the host, a kill) is closed and its
-// volume serves as a plain spare. Spare kernels are outside the idle
+// volume serves as a plain spare; one older than Config.SpareMaxAge
+// (pool_max_idle, as the pool's warm sandboxes) is closed and replaced. Spare kernels are outside the idle
 // kernels' budget and metrics (they are the warm pool's cost: one warm
 // sandbox each, which the pool refills at once, RefillNow).
 //
@@ -162,9 +163,10 @@ func (m *Manager) refillSpares() {
 }
 
 // fillSpareKernels starts kernels in spares until Config.SpareKernels of
-// them hold a live one, closing those that ended. It says whether one is
-// still missing because the start failed (mostly: no warm sandbox ready);
-// not for want of a spare volume, which the volume refill's retry brings.
+// them hold a live one, closing those that ended or aged (SpareMaxAge). It
+// says whether one is still missing because the start failed (mostly: no
+// warm sandbox ready); not for want of a spare volume, which the volume
+// refill's retry brings.
 func (m *Manager) fillSpareKernels(ctx context.Context) (retry bool) {
 	for {
 		m.mu.Lock()
@@ -176,7 +178,10 @@ func (m *Manager) fillSpareKernels(ctx context.Context) (retry bool) {
 		live, free := 0, -1
 		for i := range m.spares {
 			sp := &m.spares[i]
-			if sp.kernel != nil && !sp.live() {
+			// A kernel's StartedAt is the real clock's (Config.Now is
+			// the sessions').
+			aged := sp.kernel != nil && m.cfg.SpareMaxAge > 0 && time.Since(sp.kernel.StartedAt()) >= m.cfg.SpareMaxAge
+			if sp.kernel != nil && (!sp.live() || aged) {
 				dead = append(dead, sp.kernel)
 				sp.kernel = nil
 			}
@@ -196,7 +201,11 @@ func (m *Manager) fillSpareKernels(ctx context.Context) (retry bool) {
 		}
 		m.mu.Unlock()
 		for _, k := range dead {
-			m.log.Warn("spare session kernel ended before a session took it; replaced", "reason", k.EndReason())
+			if ended(k) {
+				m.log.Warn("spare session kernel ended before a session took it; replaced", "reason", k.EndReason())
+			} else {
+				m.log.Info("spare session kernel retired after session_spare_kernels' max age (pool_max_idle); replaced", "started_at", k.StartedAt())
+			}
 			k.Close()
 		}
 		if !start {
@@ -348,15 +357,9 @@ func (m *Manager) closeSpares() {
 	m.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, sp := range spares {
-		if sp.kernel != nil {
-			wg.Go(sp.kernel.Close)
-		}
+		wg.Go(func() { m.dropSpare(sp) })
 	}
 	wg.Wait()
-	for _, sp := range spares {
-		sp.kernel = nil
-		m.dropSpare(sp)
-	}
 }
 
 // spareKernelsLocked counts the spares' live kernels.

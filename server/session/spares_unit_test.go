@@ -1,6 +1,7 @@
 package session
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -472,5 +473,86 @@ func TestConfigRefusesMoreSpareKernelsThanVolumes(t *testing.T) {
 	cfg.SpareKernels, cfg.SparePolicy = 1, ""
 	if err := cfg.check(); err == nil || !strings.Contains(err.Error(), "spare kernels: policy must be") {
 		t.Fatalf("check without a policy: %v", err)
+	}
+}
+
+// A spare kernel older than SpareMaxAge is closed and replaced at the
+// refill's next wake, as the pool retires its warm sandboxes.
+func TestAgedSpareKernelIsReplaced(t *testing.T) {
+	e := newEnv(t, func(c *Config) {
+		c.SpareVolumes, c.SpareKernels = 1, 1
+		c.SparePolicy, c.SpareRuntime = "default", "default"
+		c.SpareMaxAge = 50 * time.Millisecond
+	})
+	e.starter.setWarm(100)
+	k := waitSpareKernels(t, e.m, 1)[0]
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		e.m.wakeSpares() // the janitor's round
+		if _, closes, _ := k.counts(); closes == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("an aged spare kernel was not retired")
+		}
+	}
+	if execs, _, _ := k.counts(); execs != 0 {
+		t.Fatalf("the retired spare kernel ran %d executions", execs)
+	}
+	if ks := waitSpareKernels(t, e.m, 1); ks[0] == k {
+		t.Fatal("the retired spare kernel still counts as ready")
+	}
+}
+
+// A directory in the way of a new session's keeps the spare it would have
+// taken with its kernel: the kernel neither closed nor run, and adopted by
+// the next session.
+func TestADirectoryInTheWayKeepsTheSpareKernel(t *testing.T) {
+	e := newEnv(t, func(c *Config) {
+		c.SpareVolumes, c.SpareKernels = 1, 1
+		c.SparePolicy, c.SpareRuntime = "default", "default"
+	})
+	e.starter.setWarm(10)
+	waitSpares(t, e.m, e.root, 1)
+	k := waitSpareKernels(t, e.m, 1)[0]
+	if err := os.Mkdir(filepath.Join(e.root, "s1"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Create(Spec{ID: "s1", Policy: "default", Runtime: "default", Kernel: true}); !errors.Is(err, ErrExists) {
+		t.Fatalf("Create over a directory in the way: %v, want ErrExists", err)
+	}
+	if execs, closes, _ := k.counts(); execs != 0 || closes != 0 {
+		t.Fatalf("the kept spare's kernel: %d executions, closed %d times", execs, closes)
+	}
+	info := e.create(Spec{ID: "s2", Kernel: true, Runtime: "default"})
+	if info.Kernel.StartedAt == nil || !info.Kernel.StartedAt.Equal(k.started) {
+		t.Fatalf("the next session did not adopt the kept spare kernel: %+v", info.Kernel)
+	}
+}
+
+// Close during a spare kernel's start cancels the start, and the kernel
+// that start returns is closed with its spare: nothing is left.
+func TestCloseDuringASpareKernelStart(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.SpareVolumes = 1 })
+	e.m.Close()
+	started := make(chan struct{})
+	var once sync.Once
+	e.starter.hook = func(ctx context.Context) {
+		once.Do(func() { close(started) })
+		<-ctx.Done() // held until Close cancels it
+	}
+	e.starter.setWarm(10)
+	e.cfg.SpareKernels, e.cfg.SparePolicy, e.cfg.SpareRuntime = 1, "default", "default"
+	e.reopen()
+	<-started
+	e.m.Close()
+	ks := e.starter.all()
+	if len(ks) != 1 {
+		t.Fatalf("%d kernels started, want the one in flight at Close", len(ks))
+	}
+	if _, closes, _ := ks[0].counts(); closes != 1 {
+		t.Fatalf("the kernel started during Close closed %d times, want 1", closes)
+	}
+	if d := spareDirs(t, e.root); len(d) != 0 {
+		t.Fatalf("spares after Close: %v", d)
 	}
 }

@@ -215,12 +215,15 @@ func runSessions(ctx context.Context, srv *serverProc, poolSize int, o sessionsO
 		logf("sessions: %s", msg)
 		res.Errors = append(res.Errors, msg)
 	}
+	// The spare kernels first: after a session adopted one, the refill
+	// takes a warm sandbox for the next ~0.1 s later, and the pool then
+	// refills that one.
 	wait := func() {
-		if err := waitPool(ctx, srv, poolSize, poolSize*policyCount(ctx, srv.client), 2*time.Minute); err != nil {
-			fail("pool did not refill: %v", err)
-		}
 		if err := waitSpareKernels(ctx, srv, time.Minute); err != nil {
 			fail("spare kernels not refilled: %v", err)
+		}
+		if err := waitPool(ctx, srv, poolSize, poolSize*policyCount(ctx, srv.client), 2*time.Minute); err != nil {
+			fail("pool did not refill: %v", err)
 		}
 	}
 
