@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 	"unicode"
@@ -130,19 +131,27 @@ func writeNewRecord(dir string, r record) error { return putRecord(dir, r, false
 // syncNewRecord makes what writeNewRecord wrote, and the session
 // directory's other entries, durable: the record's data, dir's entries
 // (the record, the volume moved in) and dir's own entry in its parent.
+// The three fsyncs run at once: everything they cover was written before,
+// so each still guarantees what it does alone, and on a journaling file
+// system they wait for one commit instead of a commit and two more cache
+// flushes in a row (ext4 on this VM: 1.5-1.6 ms instead of 2.1-2.3, the
+// median of 40 each). The first execution of a new session waits for it
+// (Run.kernel).
 func syncNewRecord(dir string) error {
-	f, err := os.OpenFile(filepath.Join(dir, recordName), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
+	record := func() error {
+		f, err := os.OpenFile(filepath.Join(dir, recordName), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		return errors.Join(f.Sync(), f.Close())
 	}
-	err = errors.Join(f.Sync(), f.Close())
-	if err == nil {
-		err = volume.SyncDir(dir)
-	}
-	if err == nil {
-		err = volume.SyncDir(filepath.Dir(dir))
-	}
-	return err
+	var wg sync.WaitGroup
+	var errDir, errParent error
+	wg.Go(func() { errDir = volume.SyncDir(dir) })
+	wg.Go(func() { errParent = volume.SyncDir(filepath.Dir(dir)) })
+	err := record()
+	wg.Wait()
+	return errors.Join(err, errDir, errParent)
 }
 
 func putRecord(dir string, r record, durable bool) error {
