@@ -63,6 +63,7 @@ import (
 	"syscall"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/server/runner"
 	"golang.org/x/sys/unix"
 )
@@ -391,11 +392,16 @@ type Join struct {
 	// Keyring names G's new session keyring (SessionKeyringPrefix and the
 	// shell's id).
 	Keyring string `json:"keyring"`
+	// UID and GID are the ids G takes (inside.UID, inside.GID: the one
+	// definition; template.py refuses 0).
+	UID int `json:"uid"`
+	GID int `json:"gid"`
 }
 
 // JoinOf is the Join for shell sh.
 func JoinOf(sh *nsjail.Shell) Join {
-	return Join{Seccomp: sh.SeccompProgram(), Rlimits: sh.Rlimits(), Keyring: SessionKeyringPrefix + sh.ID()}
+	return Join{Seccomp: sh.SeccompProgram(), Rlimits: sh.Rlimits(), Keyring: SessionKeyringPrefix + sh.ID(),
+		UID: inside.UID, GID: inside.GID}
 }
 
 // EncodeForkRequest is r as its line (the fds go beside it).

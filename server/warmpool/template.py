@@ -72,11 +72,10 @@ _PR_CAPBSET_DROP = 24
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
-_SANDBOX_ID = 10001  # nsjail/inside's UID and GID
 
 zygote = None  # zygote.py, loaded by _load_zygote
 _template_sock = None  # T's end of TEMPLATE_FD
-_libc = None
+_libc = None  # libc through ctypes: T's handle, which every G inherits
 
 
 def _load_zygote(source):
@@ -261,7 +260,8 @@ def _template():
     _reserve_fork_fds()
     zygote._load_runner(sys.argv[2])
     zygote._preload(sys.argv[3].split(zygote.PRELOAD_SEP) if len(sys.argv) > 3 else [])
-    libc = zygote._libc()
+    global _libc
+    _libc = libc = zygote._libc()  # G inherits it
     # Not dumpable (TEMPLATE.md section 5): ptrace of T and its /proc mem,
     # fd and environ files then need CAP_SYS_PTRACE over U_T, not merely
     # T's host uid, which F and every G before its drop share. Forks
@@ -378,12 +378,8 @@ def _g(outputs):
     """G: pid 1 of PID_F, root of U_F, still in T's other namespaces and
     cgroup. Waits for its shell, confines itself, then serves as a zygote's
     child does."""
-    global _libc
-    import ctypes
-
     for fd in (zygote.EXIT_REPORT_FD, GO_AHEAD_FD):
         os.close(fd)
-    _libc = ctypes.CDLL(None, use_errno=True)
     # The fds G keeps past its drop: 0-2 (replaced below), its channels, and
     # what T's check admitted (read-only files of the image: libffi keeps
     # one and maps it again later, so it is not closed behind its back).
@@ -426,12 +422,15 @@ def _g(outputs):
     os.chdir("/")
     _reopen_image_files(images)
     _take_stdio(outputs)
-    _drop(join)
+    uid, gid = join["uid"], join["gid"]
+    if not (isinstance(uid, int) and isinstance(gid, int) and uid > 0 and gid > 0):
+        raise RuntimeError("the join's ids %r:%r are not a sandbox user's" % (uid, gid))
+    _drop(join, uid, gid)
     # Nothing but what was kept (the namespace fds are closed, T's are gone).
     extra = [fd for fd in _open_fds() if fd not in keep]
     if extra:
         raise RuntimeError("fds open in G besides those kept: %s" % extra)
-    _check_dropped()
+    _check_dropped(uid, gid)
     _reseed()
     zygote._serve()
 
@@ -509,7 +508,7 @@ def _syscall(table):
     return nr
 
 
-def _drop(join):
+def _drop(join, uid, gid):
     """Bring G to a cold sandbox's process's end state (TEMPLATE.md section
     3 step 7: libcontainer's standard init reaches it in another order),
     checked after by _check_dropped."""
@@ -518,8 +517,9 @@ def _drop(join):
 
     libc = _libc
     # G's ids are the template root's (host HostIDBase+1), unmapped in U_F:
-    # become U_F's root first, so that the change to 10001 below clears
-    # every capability (a uid change clears them only when it leaves 0).
+    # become U_F's root first, so that the change to the sandbox user's ids
+    # (the join's uid and gid) below clears every capability (a uid change
+    # clears them only when it leaves 0).
     os.setresgid(0, 0, 0)
     os.setresuid(0, 0, 0)
     # A session keyring of its own, named as runc names a container's
@@ -545,8 +545,8 @@ def _drop(join):
     for cap in range(last + 1):
         _check(libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) == 0, "prctl(PR_CAPBSET_DROP)")
     os.setgroups([])
-    os.setresgid(_SANDBOX_ID, _SANDBOX_ID, _SANDBOX_ID)
-    os.setresuid(_SANDBOX_ID, _SANDBOX_ID, _SANDBOX_ID)
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
     _check(libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) == 0, "prctl(PR_CAP_AMBIENT_CLEAR_ALL)")
     _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0, "prctl(PR_SET_NO_NEW_PRIVS)")
     # As a cold process after its execve (the id change cleared it).
@@ -571,7 +571,7 @@ def _rlim(v):
     return resource.RLIM_INFINITY if v >= 1 << 63 else v
 
 
-def _check_dropped():
+def _check_dropped(uid, gid):
     """G refuses to become ready unless the kernel says it is confined: no
     capability in any set, the sandbox's ids, no_new_privs, a seccomp
     filter, one thread."""
@@ -580,7 +580,7 @@ def _check_dropped():
     want = {
         "CapInh": "0" * 16, "CapPrm": "0" * 16, "CapEff": "0" * 16, "CapBnd": "0" * 16, "CapAmb": "0" * 16,
         "NoNewPrivs": "1", "Seccomp": "2", "Threads": "1",
-        "Uid": "\t".join([str(_SANDBOX_ID)] * 4), "Gid": "\t".join([str(_SANDBOX_ID)] * 4), "Groups": "",
+        "Uid": "\t".join([str(uid)] * 4), "Gid": "\t".join([str(gid)] * 4), "Groups": "",
     }
     bad = {k: status.get(k, "").strip() for k, v in want.items() if status.get(k, "").strip() != v.strip()}
     if bad:
