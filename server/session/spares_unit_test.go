@@ -270,14 +270,23 @@ func TestConfigRefusesNegativeSpares(t *testing.T) {
 	}
 }
 
-// spareKernelEnv is a manager keeping two spares, one with a kernel of
-// the "default" policy on the "default" runtime; warm sandboxes come only
-// once the test gives some (setWarm).
-func spareKernelEnv(t *testing.T) *env {
+// spareKernelEnv is a manager keeping volumes spares, kernels of them with
+// a kernel of the "default" policy on the "default" runtime; warm
+// sandboxes come only once the test gives some (setWarm).
+func spareKernelEnv(t *testing.T, volumes, kernels int) *env {
 	return newEnv(t, func(c *Config) {
-		c.SpareVolumes, c.SpareKernels = 2, 1
+		c.SpareVolumes, c.SpareKernels = volumes, kernels
 		c.SparePolicy, c.SpareRuntime = "default", "default"
 	})
+}
+
+// readySpareKernel is spareKernelEnv with warm sandboxes, once its spares
+// and their kernel are ready.
+func readySpareKernel(t *testing.T) (*env, *fakeKernel) {
+	e := spareKernelEnv(t, 2, 1)
+	e.starter.setWarm(10)
+	waitSpares(t, e.m, e.root, 2)
+	return e, waitSpareKernels(t, e.m, 1)[0]
 }
 
 func (st *fakeStarter) setWarm(n int) {
@@ -313,7 +322,7 @@ func waitSpareKernels(t *testing.T, m *Manager, n int) []*fakeKernel {
 // (its first execution says new, first_execution, generation 1), and is
 // replaced by the refill.
 func TestSpareKernelIsAdoptedBySessionOfItsKind(t *testing.T) {
-	e := spareKernelEnv(t)
+	e := spareKernelEnv(t, 2, 1)
 	waitSpares(t, e.m, e.root, 2)
 	if st := e.m.Stats(); st.SpareKernels != 0 || st.SpareKernelsWanted != 1 {
 		t.Fatalf("no warm sandbox yet: stats %+v, want 0 of 1 spare kernels", st)
@@ -353,10 +362,7 @@ func TestSpareKernelIsAdoptedBySessionOfItsKind(t *testing.T) {
 // a kernel: other sessions take a spare without one, or make their own
 // volume, and start their own kernel.
 func TestSpareKernelIsNotAdoptedByAnotherKind(t *testing.T) {
-	e := spareKernelEnv(t)
-	e.starter.setWarm(10)
-	waitSpares(t, e.m, e.root, 2)
-	k := waitSpareKernels(t, e.m, 1)[0]
+	e, k := readySpareKernel(t)
 	for i, spec := range []Spec{
 		{ID: "other-policy", Policy: "skill", Runtime: "default", Kernel: true},
 		{ID: "other-runtime", Runtime: "slim", Kernel: true},
@@ -386,10 +392,7 @@ func TestSpareKernelIsNotAdoptedByAnotherKind(t *testing.T) {
 // session takes its volume as a plain spare and starts its own kernel,
 // and the refill starts a new spare kernel.
 func TestEndedSpareKernelIsNeverAdopted(t *testing.T) {
-	e := spareKernelEnv(t)
-	e.starter.setWarm(10)
-	waitSpares(t, e.m, e.root, 2)
-	k := waitSpareKernels(t, e.m, 1)[0]
+	e, k := readySpareKernel(t)
 	k.end(warmpool.EndOOM)
 	info := e.create(Spec{ID: "s1", Kernel: true, Runtime: "default"})
 	if info.Kernel.StartedAt != nil && info.Kernel.StartedAt.Equal(k.started) {
@@ -407,10 +410,7 @@ func TestEndedSpareKernelIsNeverAdopted(t *testing.T) {
 
 // Concurrent Creates of the spare kind never share a spare kernel.
 func TestConcurrentCreatesNeverShareASpareKernel(t *testing.T) {
-	e := newEnv(t, func(c *Config) {
-		c.SpareVolumes, c.SpareKernels = 3, 3
-		c.SparePolicy, c.SpareRuntime = "default", "default"
-	})
+	e := spareKernelEnv(t, 3, 3)
 	e.starter.setWarm(100)
 	waitSpares(t, e.m, e.root, 3)
 	spares := waitSpareKernels(t, e.m, 3)
@@ -451,10 +451,7 @@ func TestConcurrentCreatesNeverShareASpareKernel(t *testing.T) {
 
 // Close closes the spares' kernels before it removes their volumes.
 func TestCloseClosesTheSpareKernels(t *testing.T) {
-	e := spareKernelEnv(t)
-	e.starter.setWarm(10)
-	waitSpares(t, e.m, e.root, 2)
-	k := waitSpareKernels(t, e.m, 1)[0]
+	e, k := readySpareKernel(t)
 	e.m.Close()
 	if _, closes, _ := k.counts(); closes != 1 {
 		t.Fatalf("spare kernel closed %d times by Close, want 1", closes)
@@ -507,10 +504,7 @@ func TestAgedSpareKernelIsReplaced(t *testing.T) {
 // taken with its kernel: the kernel neither closed nor run, and adopted by
 // the next session.
 func TestADirectoryInTheWayKeepsTheSpareKernel(t *testing.T) {
-	e := newEnv(t, func(c *Config) {
-		c.SpareVolumes, c.SpareKernels = 1, 1
-		c.SparePolicy, c.SpareRuntime = "default", "default"
-	})
+	e := spareKernelEnv(t, 1, 1)
 	e.starter.setWarm(10)
 	waitSpares(t, e.m, e.root, 1)
 	k := waitSpareKernels(t, e.m, 1)[0]
