@@ -166,6 +166,30 @@ func (p *listedPeers) Refresh(ctx context.Context) {
 }
 
 // forwardingUnitEnv is a worker-a forwarding to p, with a token.
+// shortTimeoutForwarder is worker-a forwarding to the owner at ownerURL
+// with read_header_timeout 0.2 s and read_timeout 0.3 s: what a forwarded
+// request's body or answer outlives.
+func shortTimeoutForwarder(t *testing.T, ownerURL string) *unitEnv {
+	return forwardingUnitEnv(t, &listedPeers{before: readyAt(ownerURL)}, func(c *config.Config) {
+		c.ReadHeaderTimeout = config.Duration(200 * time.Millisecond)
+		c.ReadTimeout = config.Duration(300 * time.Millisecond)
+	})
+}
+
+// sendAuthorized sends req with the worker's token and reads the whole
+// answer; the error is the body's read.
+func (u *unitEnv) sendAuthorized(t *testing.T, req *http.Request) (*http.Response, []byte, error) {
+	t.Helper()
+	req.Header.Set("Authorization", "Bearer tok")
+	resp, err := u.http.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, got, err
+}
+
 func forwardingUnitEnv(t *testing.T, p peers.Resolver, mod func(*config.Config)) *unitEnv {
 	u := newUnitEnv(t, false, func(c *config.Config) {
 		c.WorkerID, c.WorkerToken, c.PeersSource = "worker-a", "tok", config.PeersStatic
@@ -257,20 +281,10 @@ func TestForwardPacesUploads(t *testing.T) {
 		fmt.Fprint(w, n)
 	}))
 	defer owner.Close()
-	u := forwardingUnitEnv(t, &listedPeers{before: readyAt(owner.URL)}, func(c *config.Config) {
-		c.ReadHeaderTimeout = config.Duration(200 * time.Millisecond)
-		c.ReadTimeout = config.Duration(300 * time.Millisecond)
-	})
-	pr := pacedBody()
-	req, _ := http.NewRequest("PUT", u.http.URL+"/v1/sessions/"+sessionid.New(sessionid.Token("worker-b"))+"/files/paced.bin", pr)
+	u := shortTimeoutForwarder(t, owner.URL)
+	req, _ := http.NewRequest("PUT", u.http.URL+"/v1/sessions/"+sessionid.New(sessionid.Token("worker-b"))+"/files/paced.bin", pacedBody())
 	req.ContentLength = 8 << 20
-	req.Header.Set("Authorization", "Bearer tok")
-	resp, err := u.http.Client().Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	resp, got, _ := u.sendAuthorized(t, req)
 	if resp.StatusCode != http.StatusOK || string(got) != fmt.Sprint(8<<20) {
 		t.Fatalf("a paced 8 MiB upload through the forwarder = %d %s", resp.StatusCode, got)
 	}
@@ -297,13 +311,7 @@ func TestForwardCutAnswer(t *testing.T) {
 	defer owner.Close()
 	u := forwardingUnitEnv(t, &listedPeers{before: readyAt(owner.URL)}, nil)
 	req, _ := http.NewRequest("GET", u.http.URL+"/v1/sessions/"+sessionid.New(sessionid.Token("worker-b"))+"/files/f", nil)
-	req.Header.Set("Authorization", "Bearer tok")
-	resp, err := u.http.Client().Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	resp, got, err := u.sendAuthorized(t, req)
 	if err == nil {
 		t.Fatalf("a cut answer read whole: %d %q", resp.StatusCode, got)
 	}
@@ -392,19 +400,10 @@ func TestForwardedAnswerOutlivesReadTimeout(t *testing.T) {
 		fmt.Fprint(w, n)
 	}))
 	defer owner.Close()
-	u := forwardingUnitEnv(t, &listedPeers{before: readyAt(owner.URL)}, func(c *config.Config) {
-		c.ReadHeaderTimeout = config.Duration(200 * time.Millisecond)
-		c.ReadTimeout = config.Duration(300 * time.Millisecond)
-	})
+	u := shortTimeoutForwarder(t, owner.URL)
 	req, _ := http.NewRequest("POST", u.http.URL+"/v1/sessions/"+sessionid.New(sessionid.Token("worker-b"))+"/executions",
 		strings.NewReader(`{"code":"print(1)"}`))
-	req.Header.Set("Authorization", "Bearer tok")
-	resp, err := u.http.Client().Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	resp, got, err := u.sendAuthorized(t, req)
 	if resp.StatusCode != http.StatusOK || string(got) != "19" || err != nil {
 		t.Fatalf("a forwarded answer 0.9 s after its body, read_timeout 0.3 s = %d %q (%v)", resp.StatusCode, got, err)
 	}
