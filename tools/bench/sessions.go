@@ -469,22 +469,18 @@ func metricValue(text, name string) float64 {
 // ready (sandboxd_session_spare_kernels{state="missing"} 0); at once for a
 // server that does not export the gauge.
 func waitSpareKernels(ctx context.Context, srv *serverProc, timeout time.Duration) error {
-	const missing = `sandboxd_session_spare_kernels{state="missing"} `
 	for deadline := time.Now().Add(timeout); ctx.Err() == nil; time.Sleep(20 * time.Millisecond) {
 		_, text, err := srv.client.getText(ctx, "/metrics")
 		if err != nil {
 			return err
 		}
-		i := strings.Index(text, missing)
-		if i < 0 {
-			return nil
-		}
-		v, _, _ := strings.Cut(text[i+len(missing):], "\n")
-		if v == "0" {
+		// 0 also for a series the server does not export.
+		missing := metricValue(text, `sandboxd_session_spare_kernels{state="missing"}`)
+		if missing == 0 {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s spare kernels missing after %s", v, timeout)
+			return fmt.Errorf("%.0f spare kernels missing after %s", missing, timeout)
 		}
 	}
 	return ctx.Err()
