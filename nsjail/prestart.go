@@ -76,7 +76,9 @@ func (p *Pending) ID() string { return p.s.id }
 
 // Pid is the host pid of the sandbox's first process. It stays that
 // process's until Handoff's Sandbox or Retire has waited for it (only the
-// Runner reaps it), so a pidfd opened for it before then is the process's.
+// Runner reaps it), so a pidfd opened for it before then is the process's;
+// except in a template fork (Shell.Pending), whose G is F's to reap: its
+// pid is G's only while G lives, and G's pidfd is the shell's.
 func (p *Pending) Pid() (int, error) { return p.s.proc.Pid() }
 
 // Alive reports whether the sandbox's first process is running and has not
@@ -85,6 +87,16 @@ func (p *Pending) Pid() (int, error) { return p.s.proc.Pid() }
 // process takes milliseconds during which wait(2) still sees it alive: the
 // kill shows at once in its pending signals.
 func (p *Pending) Alive() bool {
+	if g, ok := p.s.proc.(gProcess); ok {
+		// A template fork's G: the status read is G's only if G's pidfd
+		// says G had not exited before it nor after it (SECURITY.md case
+		// 41's pattern; F may reap G and free its pid).
+		if g.exited() {
+			return false
+		}
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", g.pid))
+		return err == nil && !g.exited() && statusAlive(string(status))
+	}
 	pid, err := p.s.proc.Pid()
 	if err != nil {
 		return false
@@ -141,6 +153,11 @@ func (p *Pending) OpenCounters() error {
 // processes created later inherit it). The warm pool prepares at nice 19,
 // so refills use idle CPU only, and restores 0 before the hand-off.
 func (p *Pending) SetNice(nice int) error {
+	if p.s.shell != nil {
+		// It walks pids, and a template fork's are not the worker's
+		// children: one could be another process's by the time it is set.
+		return errors.New("a template fork's niceness is its template's: not set by pid")
+	}
 	pid, err := p.s.proc.Pid()
 	if err != nil {
 		return err

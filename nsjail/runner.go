@@ -163,11 +163,16 @@ func (e *StartError) Result() *Result {
 
 // Sandbox is one started execution. It must be waited for.
 type Sandbox struct {
-	r         *Runner
-	id        string
-	lim       Limits
-	c         *libcontainer.Container
-	proc      *libcontainer.Process
+	r    *Runner
+	id   string
+	lim  Limits
+	c    *libcontainer.Container
+	proc firstProcess
+	// shell is set when the sandbox is a template fork's (Shell.Pending):
+	// its first process is G, whom the worker did not start and cannot
+	// reap, and it is killed through its cgroup and removed by the shell's
+	// Destroy.
+	shell     *Shell
 	stdout    *capture
 	stderr    *capture
 	startedAt time.Time
@@ -208,6 +213,16 @@ type Sandbox struct {
 	// countersClosed: closePeak ran (the cgroup is about to go); Stats
 	// opens nothing again.
 	countersClosed bool
+}
+
+// firstProcess is what a Sandbox knows of its first process: a
+// *libcontainer.Process (the init, the worker's child), or a template
+// fork's G (gProcess).
+type firstProcess interface {
+	Pid() (int, error)
+	// Wait returns once the process has exited; the state is nil when the
+	// worker cannot reap it (G: its parent is F).
+	Wait() (*os.ProcessState, error)
 }
 
 // ID is the sandbox's id (its container, cgroup and state directory name).

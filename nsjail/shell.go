@@ -77,6 +77,10 @@ type Shell struct {
 	prog seccomp.Program
 	// rlimits are the shell's config's (buildConfig's for spec).
 	rlimits []Rlimit
+	// lim and output are spec's, for the sandbox the shell becomes
+	// (Pending).
+	lim    Limits
+	output OutputFunc
 	// cgroupPaths are the shell's cgroup directories, children of the
 	// template's.
 	cgroupPaths cgroup.Paths
@@ -216,7 +220,7 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 		r.destroy(c, log)
 		return fail("unable to read the shell init's pid: %w", err)
 	}
-	s := &Shell{r: r, id: id, tpl: t, c: c, log: log, g: gfile, gpid: gpid}
+	s := &Shell{r: r, id: id, tpl: t, c: c, log: log, g: gfile, gpid: gpid, lim: lim, output: spec.Output}
 	for _, l := range cfg.Rlimits {
 		s.rlimits = append(s.rlimits, Rlimit{Resource: l.Type, Soft: l.Soft, Hard: l.Hard})
 	}

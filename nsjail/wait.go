@@ -94,10 +94,20 @@ func (s *Sandbox) await(ctx context.Context) awaited {
 
 	a := awaited{exited: exited}
 	report := s.exitReport
+	exitCase := (<-chan reaped)(exited)
 wait:
 	for {
 		select {
-		case r := <-exited:
+		case r := <-exitCase:
+			if s.shell != nil && report != nil && r.err == nil {
+				// A template fork's G ended: its pidfd may tell before F's
+				// report of how does, which F writes as soon as the
+				// kernel tells it. Wait for the report (or its absence),
+				// and keep the exit for those who read it later.
+				exitCase = nil
+				exited <- r
+				continue
+			}
 			a.state, a.waitErr = r.state, r.err
 			break wait
 		case <-expired:
@@ -117,26 +127,40 @@ wait:
 	// kill, which a frozen task only takes once thawed (freeze.go).
 	s.endFreezing()
 	if a.killedFor != "" || a.haveReport {
-		// SIGKILL to the sandbox's init: the kernel then kills every other
-		// process of its pid namespace (pid_namespaces(7)), double-forked,
-		// setsid and signal-ignoring ones included. After an exit report the
-		// init is exiting anyway; this ends what it leaves behind.
-		if err := s.c.Signal(unix.SIGKILL); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
-			s.log.Error("unable to kill sandbox", "error", err)
-		}
+		// After an exit report the init is exiting anyway; this ends what
+		// it leaves behind.
+		s.killFirst()
 	}
 	s.thawForEnd()
-	if !a.haveReport && a.killedFor != "" {
+	if (!a.haveReport && a.killedFor != "") || s.shell != nil {
 		// And the cgroup, should anything of the sandbox live outside its
 		// pid namespace's reach: cgroup.kill on v2 (Linux 5.14+), else a
-		// SIGKILL per pid until cgroup.procs is empty.
+		// SIGKILL per pid until cgroup.procs is empty. A template fork's
+		// only kill is this one: its pid 1, G, is not the worker's to
+		// signal by pid, and everything of the execution (G and what it
+		// started) is in the shell's cgroup, F and T outside it.
 		if err := cgroup.KillAll(s.cgroupPaths); err != nil {
 			s.log.Error("unable to kill the sandbox's cgroup", "error", err)
 		}
-		r := <-exited
-		a.state, a.waitErr = r.state, r.err
+		if !a.haveReport && a.killedFor != "" {
+			r := <-exited
+			a.state, a.waitErr = r.state, r.err
+		}
 	}
 	return a
+}
+
+// killFirst sends SIGKILL to the sandbox's init: the kernel then kills
+// every other process of its pid namespace (pid_namespaces(7)),
+// double-forked, setsid and signal-ignoring ones included. A template
+// fork has no init of the worker's: await kills its cgroup instead.
+func (s *Sandbox) killFirst() {
+	if s.shell != nil {
+		return
+	}
+	if err := s.c.Signal(unix.SIGKILL); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
+		s.log.Error("unable to kill sandbox", "error", err)
+	}
 }
 
 // collect reads the rest of the output and the cgroup's counters, then
@@ -167,7 +191,11 @@ func (s *Sandbox) collect(a awaited) cgroup.Stats {
 			s.crossCheckReport(a.reported, r.state)
 		}
 		s.closePeak()
-		s.r.destroy(s.c, s.log)
+		if s.shell != nil {
+			_ = s.shell.Destroy() // logs its own failure
+		} else {
+			s.r.destroy(s.c, s.log)
+		}
 		s.dropAnchor()
 		if s.mntns != nil {
 			s.mntns.Close()

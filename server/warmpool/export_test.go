@@ -33,6 +33,10 @@ func ReadyPid(p *Pool) (int, error) {
 	return 0, errors.New("no ready warm sandbox")
 }
 
+// ReadExitReport is readExitReport: F's report of G's wait status is the
+// zygote's (template.py's G is zygote.py's code).
+var ReadExitReport = readExitReport
+
 // ZygoteSource is zygote.py.
 var ZygoteSource = zygoteSource
 

@@ -1,0 +1,81 @@
+package nsjail
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// A shell becomes a sandbox like a pre-started one (Shell.Pending): the
+// warm pool hands its execution to G over G's own channel, and Wait
+// reports what a cold run of it would. What differs is the first process:
+// G is F's child, not the worker's, so the worker learns that G ended from
+// G's pidfd (never by pid: SECURITY.md case 41) and how from F's exit
+// report (HandoffOptions.ExitReport, required in practice: without it the
+// status is unknown and Wait reports sandbox_error), kills through the
+// shell's cgroup, and removes the sandbox with Shell.Destroy.
+
+// Pending makes the shell a pre-started sandbox whose first process is G,
+// from the moment G is in its cgroup (MoveG) and waits for its execution.
+// stdout and stderr are the read ends of the pipes G has on fds 1 and 2
+// (the fork request's); Pending takes them over. Called before
+// CloseNamespaces it holds the shell's mount namespace as Prestart does,
+// so that G's exit does not wait for its teardown. The Pending owns the
+// shell: its Retire, or its Handoff's Sandbox's Wait, destroys it; never
+// call Destroy while it may be waited for.
+func (s *Shell) Pending(stdout, stderr *os.File) *Pending {
+	var mntns *os.File
+	s.nsMu.Lock()
+	if len(s.ns) > 0 && shellNamespaces[0] == "mnt" {
+		if fd, err := unix.FcntlInt(s.ns[0].Fd(), unix.F_DUPFD_CLOEXEC, 0); err == nil {
+			mntns = os.NewFile(uintptr(fd), "mntns-"+s.id)
+		}
+	}
+	s.nsMu.Unlock()
+	sb := &Sandbox{
+		r: s.r, id: s.id, lim: s.lim, c: s.c, shell: s, log: s.log,
+		proc:        gProcess{pid: s.gpid, pidfd: s.g},
+		stdout:      newCapture(stdout, s.lim.StdoutBytes, s.output.ForStream(StreamStdout)),
+		stderr:      newCapture(stderr, s.lim.StderrBytes, s.output.ForStream(StreamStderr)),
+		cgroupPaths: s.cgroupPaths, mntns: mntns,
+	}
+	return &Pending{s: sb}
+}
+
+// gProcess is a template fork's G as a sandbox's first process.
+type gProcess struct {
+	pid   int
+	pidfd *os.File
+}
+
+// Pid is G's pid: G's only while G lives (a zombie included); F reaps it
+// once the worker's go-ahead came, after which the number may be anyone's.
+func (g gProcess) Pid() (int, error) { return g.pid, nil }
+
+// Wait returns once G has exited: its pidfd polls readable then (Linux
+// 5.3+), zombie or reaped. The state is nil: G's wait status is F's to
+// collect, and reaches the worker as F's exit report.
+func (g gProcess) Wait() (*os.ProcessState, error) {
+	fds := []unix.PollFd{{Fd: int32(g.pidfd.Fd()), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, -1)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("unable to wait for G: %w", err)
+		}
+		if n > 0 {
+			return nil, nil
+		}
+	}
+}
+
+// exited tells, without blocking, whether G has exited.
+func (g gProcess) exited() bool {
+	fds := []unix.PollFd{{Fd: int32(g.pidfd.Fd()), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	return err != nil || n > 0
+}
