@@ -154,9 +154,10 @@ func (p *Pending) OpenCounters() error {
 // so refills use idle CPU only, and restores 0 before the hand-off.
 func (p *Pending) SetNice(nice int) error {
 	if p.s.shell != nil {
-		// It walks pids, and a template fork's are not the worker's
-		// children: one could be another process's by the time it is set.
-		return errors.New("a template fork's niceness is its template's: not set by pid")
+		// A no-op: a template fork imports nothing to be niced for, and
+		// its pids are not the worker's children (one could be another
+		// process's by the time it is set).
+		return nil
 	}
 	pid, err := p.s.proc.Pid()
 	if err != nil {

@@ -255,6 +255,7 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 		return fail("shell start past its deadline: %w", ctx.Err())
 	}
 	keepG = true
+	t.shells.Add(1)
 	return s, nil
 }
 
@@ -913,6 +914,7 @@ func (s *Shell) Destroy() error {
 			errs = append(errs, err)
 		}
 		s.g.Close()
+		s.tpl.shells.Done()
 		s.destroyErr = errors.Join(errs...)
 		if s.destroyErr != nil {
 			s.log.Error("unable to destroy shell", "error", s.destroyErr)

@@ -79,3 +79,18 @@ func (g gProcess) exited() bool {
 	n, err := unix.Poll(fds, 0)
 	return err != nil || n > 0
 }
+
+// GPidfd returns a new pidfd of a template fork's G, the process that runs
+// the code (a kernel's, say), which the caller must close; ok is false for
+// a sandbox that is not a template fork (its first process is a zygote,
+// whose child runs the code).
+func (p *Pending) GPidfd() (fd int, ok bool, err error) {
+	if p.s.shell == nil {
+		return -1, false, nil
+	}
+	fd, err = unix.FcntlInt(p.s.shell.g.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return -1, true, fmt.Errorf("unable to duplicate G's pidfd: %w", err)
+	}
+	return fd, true, nil
+}

@@ -68,8 +68,11 @@ type Template struct {
 	// not reused while a file holds it): a fork's namespaces must be their
 	// children (StartShell).
 	userNS, pidNS *os.File
-	stopOnce      sync.Once
-	result        *Result
+	// shells counts the shells StartShell made for it that Destroy has not
+	// ended yet (WaitShells).
+	shells   sync.WaitGroup
+	stopOnce sync.Once
+	result   *Result
 }
 
 // StartTemplate starts a template sandbox: spec's command runs as root of
@@ -218,6 +221,12 @@ func (t *Template) Stop(grace time.Duration) *Result {
 	})
 	return t.result
 }
+
+// WaitShells returns once every shell made for the template has been
+// destroyed: its forks are then over, and Stop kills none that serves an
+// execution. No StartShell may begin while it waits (the caller has
+// stopped asking the template for forks).
+func (t *Template) WaitShells() { t.shells.Wait() }
 
 // nsID identifies a namespace: the device and inode of its nsfs file.
 type nsID struct{ dev, ino uint64 }

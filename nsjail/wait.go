@@ -145,10 +145,22 @@ wait:
 		if !a.haveReport && a.killedFor != "" {
 			r := <-exited
 			a.state, a.waitErr = r.state, r.err
+			if s.shell != nil {
+				// G's status (the kill's, as a cold init's would be)
+				// comes in F's report, written as G ends.
+				exited <- r
+				select {
+				case a.reported, a.haveReport = <-report:
+				case <-time.After(shellReportGrace):
+				}
+			}
 		}
 	}
 	return a
 }
+
+// shellReportGrace bounds the wait for F's report of a killed G.
+const shellReportGrace = time.Second
 
 // killFirst sends SIGKILL to the sandbox's init: the kernel then kills
 // every other process of its pid namespace (pid_namespaces(7)),

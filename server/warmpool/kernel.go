@@ -422,6 +422,11 @@ func (k *Kernel) handOff(ctx context.Context, msg []byte) error {
 // Signals then go to that process, never to a pid that could be reused
 // after it exited (SECURITY.md case 41).
 func kernelPidfd(p *nsjail.Pending) (int, error) {
+	if fd, ok, err := p.GPidfd(); ok {
+		// A template fork: its G is the kernel process itself (F, outside
+		// the sandbox, is what reports its exit).
+		return fd, err
+	}
 	zpid, err := p.Pid()
 	if err != nil {
 		return -1, err
@@ -452,6 +457,13 @@ func kernelPidfd(p *nsjail.Pending) (int, error) {
 	if again, err := only(); err != nil || again != kpid {
 		unix.Close(fd)
 		return -1, fmt.Errorf("the kernel process changed while its pidfd was opened (%v)", err)
+	}
+	// And zpid was the zygote's all along: a template fork's zygote, G, is
+	// F's to reap, and its pid anyone's after that; Alive checks G's
+	// pidfd (SECURITY.md case 41).
+	if !p.Alive() {
+		unix.Close(fd)
+		return -1, errors.New("the zygote ended while its kernel's pidfd was opened")
 	}
 	return fd, nil
 }

@@ -36,12 +36,34 @@ func newKernelEnv(t testing.TB, size int) *kernelEnv {
 	r := newPoolRunner(t)
 	tpl := poolTemplate(rootfs)
 	workRoot := t.TempDir()
-	pool, err := warmpool.New(r, poolConfig(size, workRoot, 64<<20), []warmpool.Template{tpl}, poolQuietLog)
+	cfg := poolConfig(size, workRoot, 64<<20)
+	cfg.Forks = kernelsOnForks
+	pool, err := warmpool.New(r, cfg, []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
 	return &kernelEnv{r: r, pool: pool, rootfs: rootfs, tpl: tpl, workRoot: workRoot}
+}
+
+// kernelsOnForks makes newKernelEnv's warm sandboxes template forks
+// (TestKernelsOnForks; the tests of this package run one at a time).
+var kernelsOnForks bool
+
+// TestKernelsOnForks runs the warm kernel tests with template forks as
+// the pool's warm sandboxes (Config.Forks): a session's kernel from a fork
+// keeps its state, idles frozen in the shell's cgroup, sees its volume,
+// and is signalled by the pidfd of its own process.
+func TestKernelsOnForks(t *testing.T) {
+	skipTemplatesOnV2(t)
+	kernelsOnForks = true
+	defer func() { kernelsOnForks = false }()
+	t.Run("KeepsStateAcrossExecutions", TestKernelKeepsStateAcrossExecutions)
+	t.Run("IdlesFrozen", TestKernelIdlesFrozen)
+	t.Run("WorkspaceIsTheVolume", TestKernelWorkspaceIsTheVolume)
+	t.Run("RequestAfterTheHandOffDeadline", TestKernelRequestAfterTheHandOffDeadline)
+	t.Run("ReadOnlyIgnoresPlantedModules", TestReadOnlyKernelIgnoresPlantedModules)
+	t.Run("IsSignalledByPidfd", TestKernelIsSignalledByPidfd)
 }
 
 // sessionDir is a directory standing in for a session's volume, owned by

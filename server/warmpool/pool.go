@@ -72,6 +72,10 @@ type Config struct {
 	// WorkspaceInodes is the tmpfs's nr_inodes. Required (> 0) when
 	// WorkspaceBytes > 0: tmpfs reads 0 as unlimited.
 	WorkspaceInodes int64
+	// Forks makes each warm sandbox a fork of a template that imported
+	// the preload once per template (fork.go; TEMPLATE.md), instead of a
+	// zygote that imports it itself. The sandboxer must be a Forker.
+	Forks bool
 }
 
 // Stats is the pool's state, for /metrics.
@@ -108,7 +112,11 @@ type Pool struct {
 }
 
 type templatePool struct {
-	t       Template
+	t Template
+	// proc is the running template process, with Config.Forks (nil
+	// until the first refill, or after one broke); only keepFull's
+	// goroutine touches it, and Close once that goroutine ended.
+	proc    *templateProc
 	ready   []*warmSandbox
 	refill  chan struct{}
 	backoff time.Duration
@@ -167,6 +175,9 @@ func New(sandboxer Sandboxer, cfg Config, templates []Template, log *slog.Logger
 		}
 		if cfg.WorkspaceBytes > 0 && cfg.WorkspaceInodes <= 0 {
 			return nil, fmt.Errorf("pool workspace inodes must be > 0 with a workspace tmpfs, got: %d", cfg.WorkspaceInodes)
+		}
+		if _, ok := sandboxer.(Forker); cfg.Forks && !ok {
+			return nil, fmt.Errorf("template forks need a sandboxer that starts templates (%T does not)", sandboxer)
 		}
 	}
 	p := &Pool{sandboxer: sandboxer, cfg: cfg, log: log, stop: make(chan struct{})}
@@ -478,7 +489,13 @@ func (p *Pool) startOne(tp *templatePool) bool {
 		p.stats.Starting--
 		p.mu.Unlock()
 	}()
-	w, err := p.start(tp.t)
+	var w *warmSandbox
+	var err error
+	if f, ok := p.sandboxer.(Forker); ok && p.cfg.Forks {
+		w, err = p.startFork(f, tp)
+	} else {
+		w, err = p.start(tp.t)
+	}
 	if errors.Is(err, errPoolClosed) {
 		return true // keepFull sees the stop and returns
 	}
@@ -619,4 +636,17 @@ func (p *Pool) Close() {
 		p.retire(w)
 	}
 	p.retiring.Wait()
+	// A template's forks are in its pid namespace: it is stopped only once
+	// every fork handed off has ended (the server closes its sessions'
+	// kernels first).
+	for _, tp := range p.templates {
+		if tp.proc != nil {
+			tp.proc.tpl.WaitShells()
+			if res := tp.proc.stop(); res.Status != nsjail.StatusSucceeded {
+				p.log.Warn("warm pool: template ended badly", "template", tp.proc.tpl.ID(), "status", res.Status,
+					"stderr", truncateForLog(res.Stderr))
+			}
+			tp.proc = nil
+		}
+	}
 }

@@ -193,17 +193,24 @@ var conformanceStatus = map[string]nsjail.Status{
 // and warm, and status, exit code, signal, stdout, stderr, limits_hit and
 // the files left in output/ must be identical. It runs with plain-directory
 // workspaces and with tmpfs workspaces (what the server uses: the request is
-// copied in and the warm tmpfs is moved back by a bind mount).
+// copied in and the warm tmpfs is moved back by a bind mount), and with
+// warm sandboxes that are template forks (Config.Forks, tmpfs workspaces).
 func TestWarmMatchesCold(t *testing.T) {
 	for _, mode := range []struct {
 		name       string
 		tmpfsBytes int64
-	}{{"plain", 0}, {"tmpfs", 256 << 20}} {
-		t.Run(mode.name, func(t *testing.T) { testWarmMatchesCold(t, mode.tmpfsBytes) })
+		forks      bool
+	}{{"plain", 0, false}, {"tmpfs", 256 << 20, false}, {"forks", 256 << 20, true}} {
+		t.Run(mode.name, func(t *testing.T) {
+			if mode.forks {
+				skipTemplatesOnV2(t)
+			}
+			testWarmMatchesCold(t, mode.tmpfsBytes, mode.forks)
+		})
 	}
 }
 
-func testWarmMatchesCold(t *testing.T, tmpfsBytes int64) {
+func testWarmMatchesCold(t *testing.T, tmpfsBytes int64, forks bool) {
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	r := newPoolRunner(t)
 	tpl := poolTemplate(rootfs)
@@ -212,7 +219,9 @@ func testWarmMatchesCold(t *testing.T, tmpfsBytes int64) {
 		names = append(names, n)
 	}
 	slices.Sort(names)
-	pool, err := warmpool.New(r, poolConfig(2, t.TempDir(), tmpfsBytes), []warmpool.Template{tpl}, poolQuietLog)
+	cfg := poolConfig(2, t.TempDir(), tmpfsBytes)
+	cfg.Forks = forks
+	pool, err := warmpool.New(r, cfg, []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -88,7 +88,7 @@ func TestShellSandboxResult(t *testing.T) {
 		stderr  string
 	}{
 		{file: "exit3.py", timeout: time.Minute, status: nsjail.StatusFailed, code: 3, stdout: "to stdout\n", stderr: "to stderr\n"},
-		{file: "spin.py", timeout: 2 * time.Second, status: nsjail.StatusTimeout, code: -1},
+		{file: "spin.py", timeout: 2 * time.Second, status: nsjail.StatusTimeout, code: 137}, // SIGKILL, as a cold run reports it
 		{file: "bomb.py", timeout: time.Minute, status: nsjail.StatusOOM},
 		{file: "leave.py", timeout: time.Minute, status: nsjail.StatusSucceeded, code: 0, stdout: "left one\n"},
 	}

@@ -1,0 +1,314 @@
+package warmpool
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
+	"github.com/sandboxd/sandboxd/server/workspace"
+)
+
+// Template forks (issue 17, TEMPLATE.md plan step 5): with Config.Forks,
+// a warm sandbox is not a zygote that imported the preload itself but a
+// fork of a template process (template.py, T) that imported it once per
+// Template. The pool asks T for a fork (protocol.go T2), gives the fork's
+// G a shell (nsjail.Runner.StartShell: the namespaces, cgroup and seccomp
+// program of a cold sandbox of the Template), moves G into it, gives the
+// go-ahead and the join (T4), and waits for G's READY: from there on the
+// fork is a warmSandbox like any other (nsjail.Shell.Pending), served by
+// runWarm and handOffKernel unchanged.
+
+// Forker is a Sandboxer that also starts templates and their forks'
+// shells: *nsjail.Runner.
+type Forker interface {
+	StartTemplate(spec nsjail.Spec, files ...*os.File) (*nsjail.Template, error)
+	StartShell(ctx context.Context, t *nsjail.Template, spec nsjail.Spec, g *os.File) (*nsjail.Shell, error)
+}
+
+// forkTimeout bounds each exchange with T and with a fork before it is
+// ready (T's reply, G's pidfd, the shell's start, G's READY): template
+// code that stalls one is broken or hostile.
+const forkTimeout = 30 * time.Second
+
+// templateProc is one running template of a Template.
+type templateProc struct {
+	tpl *nsjail.Template
+	// ctl is the pool's end of T's control socket (TemplateFD). Only the
+	// template pool's refill goroutine uses it: one request at a time.
+	ctl *net.UnixConn
+	// forks counts the forks asked for.
+	forks int
+}
+
+// startTemplate starts t's template process and waits until it took its
+// first request (T imports the preload before it reads one: the reply to
+// that request is its readiness).
+func (p *Pool) startTemplate(f Forker, t Template) (*templateProc, error) {
+	ctl, peer, err := controlPair()
+	if err != nil {
+		return nil, err
+	}
+	tpl, err := f.StartTemplate(nsjail.Spec{Rootfs: t.Rootfs, Args: templateArgs(p.cfg.Preload),
+		Env: slices.Clone(t.Env), Limits: t.Limits}, peer)
+	peer.Close()
+	if err != nil {
+		ctl.Close()
+		return nil, err
+	}
+	return &templateProc{tpl: tpl, ctl: ctl}, nil
+}
+
+// stop ends the template: EOF on its socket, then a bounded wait. Its
+// forks die with it (they are in its pid namespace): call it once none is
+// in use.
+func (tp *templateProc) stop() *nsjail.Result {
+	tp.ctl.Close()
+	return tp.tpl.Stop(retireGrace)
+}
+
+// startFork makes one warm sandbox of t, a fork of tp's template, with
+// its own workspace.
+func (p *Pool) startFork(f Forker, tp *templatePool) (*warmSandbox, error) {
+	if tp.proc == nil {
+		proc, err := p.startTemplate(f, tp.t)
+		if err != nil {
+			return nil, fmt.Errorf("unable to start the template: %w", err)
+		}
+		tp.proc = proc
+	}
+	ws, err := workspace.CreateWarm(p.cfg.WorkRoot, workspace.Options{
+		Bytes: p.cfg.WorkspaceBytes, Inodes: p.cfg.WorkspaceInodes, UID: p.sandboxer.HostUID(), GID: p.sandboxer.HostGID(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	spec := nsjail.Spec{Rootfs: tp.t.Rootfs, Args: []string{"python3"}, Cwd: inside.Workspace, Workspace: ws, Limits: tp.t.Limits}
+	w, refused, err := p.fork(f, tp.proc, spec)
+	if err != nil {
+		workspace.Remove(ws)
+		if refused || errors.Is(err, errTemplateBroken) {
+			// A template that refuses (it holds what a fork must not
+			// inherit) or breaks the protocol is never asked again.
+			p.log.Error("warm pool: template retired", "template", tp.proc.tpl.ID(), "error", err)
+			res := tp.proc.stop()
+			p.log.Info("warm pool: template ended", "template", tp.proc.tpl.ID(), "status", res.Status,
+				"stderr", truncateForLog(res.Stderr))
+			tp.proc = nil
+		}
+		return nil, err
+	}
+	return w, nil
+}
+
+// errTemplateBroken: T did not answer its fork request as the protocol
+// says.
+var errTemplateBroken = errors.New("the template broke the fork protocol")
+
+// fork asks tproc for one fork and makes it ready in a shell of spec.
+// refused says T refused to fork.
+func (p *Pool) fork(f Forker, tproc *templateProc, spec nsjail.Spec) (w *warmSandbox, refused bool, err error) {
+	// The fork's channels; the pool keeps its ends and, of the control
+	// socket, the sandbox's end too (runWarm's unread check).
+	ctl, ctlPeer, err := controlPair()
+	if err != nil {
+		return nil, false, err
+	}
+	var ours, theirs []*os.File // the pool's ends; those sent to T
+	closeAll := func(fs []*os.File) {
+		for _, f := range fs {
+			f.Close()
+		}
+	}
+	defer func() { closeAll(theirs) }()
+	fail := func(e error) (*warmSandbox, bool, error) {
+		ctl.Close()
+		ctlPeer.Close()
+		closeAll(ours)
+		return nil, false, e
+	}
+	// ready, exit report, go-ahead, stdout, stderr: ForkFDs and
+	// ForkOutputFDs, in T2's order; the go-ahead's read end is the fork's.
+	var ends [5][2]*os.File
+	for i := range ends {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return fail(err)
+		}
+		ends[i] = [2]*os.File{r, w}
+		ours = append(ours, r, w) // until sorted below
+	}
+	readyR, reportR, goAheadW, stdoutR, stderrR := ends[0][0], ends[1][0], ends[2][1], ends[3][0], ends[4][0]
+	ours = []*os.File{readyR, reportR, goAheadW, stdoutR, stderrR}
+	theirs = []*os.File{ends[0][1], ends[1][1], ends[2][0], ends[3][1], ends[4][1]}
+	// ctlPeer is sent too but kept: runWarm's unread check reads it.
+	sent := append([]*os.File{ctlPeer}, theirs...)
+
+	uidMap, gidMap := tproc.tpl.ForkIDMap()
+	req, err := EncodeForkRequest(ForkRequest{UIDMap: uidMap, GIDMap: gidMap})
+	if err != nil {
+		return fail(err)
+	}
+	tproc.forks++
+	if err := sendWithFiles(tproc.ctl, req, sent); err != nil {
+		return fail(fmt.Errorf("%w: the fork request: %v", errTemplateBroken, err))
+	}
+	closeAll(theirs)
+	theirs = nil
+	line, _, err := recvLine(tproc.ctl, maxForkReplyBytes, 0)
+	if err != nil {
+		return fail(fmt.Errorf("%w: its reply: %v", errTemplateBroken, err))
+	}
+	reply, err := DecodeForkReply(line)
+	if err != nil {
+		return fail(fmt.Errorf("%w: %v", errTemplateBroken, err))
+	}
+	if !reply.Forked {
+		_, _, e := fail(fmt.Errorf("the template refused to fork: %s", reply.Refused))
+		return nil, true, e
+	}
+	// G's pidfd (T3): one message, one fd.
+	msg, gfds, err := recvLine(ctl, len(PidfdMessage), 1)
+	if err != nil || string(msg) != PidfdMessage || len(gfds) != 1 {
+		for _, fd := range gfds {
+			unix.Close(fd)
+		}
+		goAheadW.Close() // F may reap whatever G became
+		return fail(fmt.Errorf("%w: G's pidfd message %q with %d fds (%v)", errTemplateBroken, msg, len(gfds), err))
+	}
+	g := os.NewFile(uintptr(gfds[0]), "pidfd-G")
+	defer g.Close() // StartShell keeps its own duplicate
+	ctx, cancel := context.WithTimeout(context.Background(), forkTimeout)
+	defer cancel()
+	sh, err := f.StartShell(ctx, tproc.tpl, spec, g)
+	if err != nil {
+		// G, a fork of ours that will never be used, is killed through
+		// its pidfd (never by pid), in the template's cgroup; F, given
+		// the go-ahead, reaps it.
+		_ = unix.PidfdSendSignal(int(g.Fd()), unix.SIGKILL, nil, 0)
+		goAheadW.Close()
+		return fail(fmt.Errorf("%w: %v", errTemplateBroken, err))
+	}
+	pending := sh.Pending(stdoutR, stderrR) // owns the shell and the two pipes from here
+	ours = []*os.File{readyR, reportR, goAheadW}
+	abandon := func(e error) (*warmSandbox, bool, error) {
+		sh.CloseNamespaces()
+		// Through its pidfd: G may not be in the shell's cgroup, whose
+		// kill Retire makes.
+		_ = unix.PidfdSendSignal(int(g.Fd()), unix.SIGKILL, nil, 0)
+		goAheadW.Close()
+		ctl.Close()
+		pending.Retire(0)
+		ctlPeer.Close()
+		closeAll(ours)
+		return nil, false, e
+	}
+	err = sh.MoveG()
+	// The go-ahead, whatever MoveG did: F may reap G from now on.
+	goAheadW.Close()
+	if err != nil {
+		return abandon(fmt.Errorf("%w: %v", errTemplateBroken, err))
+	}
+	join, err := EncodeJoin(JoinOf(sh))
+	if err == nil {
+		err = sendWithFiles(ctl, join, sh.NamespaceFiles())
+	}
+	sh.CloseNamespaces()
+	if err != nil {
+		return abandon(fmt.Errorf("the join: %w", err))
+	}
+	got := make(chan error, 1)
+	go func() { got <- readReady(readyR) }()
+	timer := time.NewTimer(forkTimeout)
+	defer timer.Stop()
+	select {
+	case err = <-got:
+	case <-timer.C:
+		err = fmt.Errorf("the fork was not ready within %s", forkTimeout)
+	}
+	if err != nil {
+		return abandon(fmt.Errorf("the fork did not become ready: %w", err))
+	}
+	readyR.Close()
+	if err := pending.OpenCounters(); err != nil {
+		p.log.Debug("warm pool: counters not opened ahead (the hand-off opens them)", "sandbox", pending.ID(), "error", err)
+	}
+	return &warmSandbox{pending: pending, workspace: spec.Workspace, control: ctl, peer: ctlPeer,
+		exit: readExitReport(reportR), readyAt: time.Now()}, false, nil
+}
+
+// sendWithFiles writes msg on c with files attached (SCM_RIGHTS) to its
+// first byte, under c's write deadline of forkTimeout.
+func sendWithFiles(c *net.UnixConn, msg []byte, files []*os.File) error {
+	fds := make([]int, len(files))
+	for i, f := range files {
+		fds[i] = int(f.Fd())
+	}
+	_ = c.SetWriteDeadline(time.Now().Add(forkTimeout))
+	defer c.SetWriteDeadline(time.Time{})
+	var rights []byte
+	if len(fds) > 0 {
+		rights = unix.UnixRights(fds...)
+	}
+	return writeMessage(c, msg, rights)
+}
+
+// recvLine reads one line (up to and including MessageEnd, at most max
+// bytes) from c within forkTimeout, with the fds that came with it: at most
+// wantFDs are kept; any more, or a truncated control message, is an error
+// and every fd received is closed (a template must not be able to make the
+// worker hold fds it did not ask for). The peer writes nothing after the
+// line before the pool's next message, so reading whole chunks takes
+// nothing of the next.
+func recvLine(c *net.UnixConn, max, wantFDs int) (line []byte, fds []int, err error) {
+	_ = c.SetReadDeadline(time.Now().Add(forkTimeout))
+	defer c.SetReadDeadline(time.Time{})
+	buf := make([]byte, max)
+	oob := make([]byte, unix.CmsgSpace(4*(wantFDs+1)))
+	closeFDs := func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		fds = nil
+	}
+	for !bytes.HasSuffix(line, []byte{MessageEnd}) {
+		if len(line) >= max {
+			closeFDs()
+			return line, nil, fmt.Errorf("a line longer than %d bytes", max)
+		}
+		n, oobn, flags, _, err := c.ReadMsgUnix(buf[:max-len(line)], oob)
+		if oobn > 0 {
+			msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
+			for _, m := range msgs {
+				got, _ := unix.ParseUnixRights(&m)
+				fds = append(fds, got...)
+			}
+			if perr != nil && err == nil {
+				err = perr
+			}
+		}
+		if err == nil && flags&unix.MSG_CTRUNC != 0 {
+			err = errors.New("too many fds (control message truncated)")
+		}
+		if err == nil && n == 0 {
+			err = errors.New("EOF")
+		}
+		if err == nil && len(fds) > wantFDs {
+			err = fmt.Errorf("%d fds, want at most %d", len(fds), wantFDs)
+		}
+		if err != nil {
+			closeFDs()
+			return line, nil, err
+		}
+		line = append(line, buf[:n]...)
+	}
+	return line, fds, nil
+}
