@@ -309,6 +309,7 @@ func (s *Server) Prepare(ctx context.Context) error {
 		WorkRoot:        s.cfg.WorkRoot,
 		WorkspaceBytes:  s.cfg.WorkspaceBytes,
 		WorkspaceInodes: s.cfg.WorkspaceInodes,
+		Forks:           s.cfg.PoolTemplateForks,
 	}, templates, s.log)
 	if err != nil {
 		err = fmt.Errorf("warm pool: %w", err)

@@ -114,6 +114,12 @@ type Config struct {
 	PoolMaxIdle Duration `toml:"pool_max_idle" doc:"retire a warm sandbox idle this long (Go duration)"`
 	// PoolPreload are the modules a warm sandbox imports before hand-off.
 	PoolPreload []string `toml:"pool_preload" doc:"modules imported by warm sandboxes (comma-separated in the env)"`
+	// PoolTemplateForks makes each warm sandbox a copy-on-write fork of a
+	// template process that imported pool_preload once per policy
+	// (server/warmpool/TEMPLATE.md), instead of a sandbox that imports it
+	// itself. Off by default while the design's build plan is not done;
+	// cgroup v1 only for now.
+	PoolTemplateForks bool `toml:"pool_template_forks" doc:"warm sandboxes are forks of a per-policy template process (experimental; cgroup v1 only)"`
 
 	// What one client may make the worker itself hold (SECURITY.md cases
 	// 32 and 33): request files and workspace inodes, bodies being decoded
@@ -467,6 +473,12 @@ func setFromString(v reflect.Value, raw string) error {
 	switch v.Kind() {
 	case reflect.String:
 		v.SetString(raw)
+	case reflect.Bool:
+		b, err := strconv.ParseBool(raw)
+		if err != nil {
+			return fmt.Errorf("not a boolean (true or false)")
+		}
+		v.SetBool(b)
 	case reflect.Int, reflect.Int64:
 		n, err := strconv.ParseInt(raw, 10, 64)
 		if err != nil {
