@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/cgroup"
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
@@ -388,16 +391,110 @@ func BenchmarkWarmPrintTmpfs(b *testing.B) {
 	benchPool(b, `print(1)`, 2, 64<<20)
 }
 
+// BenchmarkForkPrintTmpfs is BenchmarkWarmPrintTmpfs with template forks
+// as the warm sandboxes (Config.Forks; TEMPLATE.md M5).
+func BenchmarkForkPrintTmpfs(b *testing.B) {
+	skipTemplatesOnV2(b)
+	benchPool(b, `print(1)`, 2, 64<<20, true)
+}
+
 // BenchmarkColdPrint is the same execution on the cold path.
 func BenchmarkColdPrint(b *testing.B) {
 	benchPool(b, `print(1)`, 0, 0)
 }
 
-func benchPool(b *testing.B, code string, size int, workspaceBytes int64) {
+// BenchmarkWarmReadyCPU is the CPU it takes to make one warm sandbox ready
+// (TEMPLATE.md M1), a zygote that imports the preload ("import") or a
+// template fork ("fork"): a pool of b.N+1 fills, and the CPU spent between
+// its first ready sandbox and its last is divided by b.N (a template's own
+// import comes before the first). Reported apart: the sandboxes' cgroups
+// (every sandbox, template and shell, nested under the test's parent; the
+// runc inits' stages after they joined them), the worker process itself,
+// and its reaped children (the runc inits, whose CPU in their cgroups is
+// counted twice when the two are summed).
+func BenchmarkWarmReadyCPU(b *testing.B) {
+	for _, forks := range []bool{false, true} {
+		b.Run(map[bool]string{false: "import", true: "fork"}[forks], func(b *testing.B) {
+			if forks {
+				skipTemplatesOnV2(b)
+			}
+			benchReadyCPU(b, forks)
+		})
+	}
+}
+
+func benchReadyCPU(b *testing.B, forks bool) {
 	rootfs := nsjailtest.RuntimeRootfs(b)
 	r := newPoolRunner(b)
 	tpl := poolTemplate(rootfs)
-	pool, err := warmpool.New(r, poolConfig(size, b.TempDir(), workspaceBytes), []warmpool.Template{tpl}, poolQuietLog)
+	dirs, err := nsjailtest.ParentCgroupDirs(nsjailtest.CgroupParent)
+	if err != nil {
+		b.Fatal(err)
+	}
+	paths := cgroup.Paths{}
+	for _, d := range dirs {
+		if strings.Contains(d, "cpuacct") {
+			paths["cpuacct"] = d
+		} else if cgroup.DetectMode().V2() {
+			paths[""] = d
+		}
+	}
+	type sample struct{ cgroup, self, children time.Duration }
+	take := func() sample {
+		cg, err := cgroup.ReadCPUUsage(paths)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var self, kids unix.Rusage
+		_ = unix.Getrusage(unix.RUSAGE_SELF, &self)
+		_ = unix.Getrusage(unix.RUSAGE_CHILDREN, &kids)
+		cpu := func(u unix.Rusage) time.Duration {
+			return time.Duration(u.Utime.Nano() + u.Stime.Nano())
+		}
+		return sample{time.Duration(cg), cpu(self), cpu(kids)}
+	}
+	n := b.N
+	cfg := poolConfig(n+1, b.TempDir(), 64<<20)
+	cfg.Forks = forks
+	b.ResetTimer()
+	pool, err := warmpool.New(r, cfg, []warmpool.Template{tpl}, poolQuietLog)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pool.Close()
+	wait := func(k uint64) {
+		deadline := time.Now().Add(10 * time.Minute)
+		for pool.Stats().Ready < k {
+			if time.Now().After(deadline) {
+				b.Fatalf("pool not ready: %+v", pool.Stats())
+			}
+			// Stats reads every ready sandbox's cgroup: a slow poll,
+			// so that the worker's CPU is the pool's.
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	wait(1)
+	first, start := take(), time.Now()
+	wait(uint64(n + 1))
+	last, wall := take(), time.Since(start)
+	b.StopTimer()
+	per := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / float64(n) }
+	b.ReportMetric(per(last.cgroup-first.cgroup), "sandbox-cpu-ms/ready")
+	b.ReportMetric(per(last.self-first.self), "worker-cpu-ms/ready")
+	b.ReportMetric(per(last.children-first.children), "children-cpu-ms/ready")
+	b.ReportMetric(per(wall), "wall-ms/ready")
+	if st := pool.Stats(); st.RefillFailures != 0 {
+		b.Fatalf("refill failures: %+v", st)
+	}
+}
+
+func benchPool(b *testing.B, code string, size int, workspaceBytes int64, forks ...bool) {
+	rootfs := nsjailtest.RuntimeRootfs(b)
+	r := newPoolRunner(b)
+	tpl := poolTemplate(rootfs)
+	cfg := poolConfig(size, b.TempDir(), workspaceBytes)
+	cfg.Forks = len(forks) > 0 && forks[0]
+	pool, err := warmpool.New(r, cfg, []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {
 		b.Fatal(err)
 	}
