@@ -40,6 +40,14 @@ type Options struct {
 	// Seccomp is the filter every sandbox gets (default: the seccomp
 	// package's audited profile).
 	Seccomp *configs.Seccomp
+	// TemplateSeccomp is the filter of every template's process
+	// (StartTemplate), which its forks keep under the execution filter
+	// they load: it must allow everything Seccomp allows and answer no
+	// call with a harsher action (SECURITY.md case 63). Default, when
+	// Seccomp is left to its default too: the seccomp package's template
+	// profile (seccomp.Template). A Runner given its own Seccomp and no
+	// TemplateSeccomp starts no template.
+	TemplateSeccomp *configs.Seccomp
 	// Logger receives one line per event; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -98,6 +106,11 @@ func NewRunner(opts Options) (*Runner, error) {
 			return nil, fmt.Errorf("unable to compile the seccomp profile: %w", err)
 		}
 		opts.Seccomp = filter
+		if opts.TemplateSeccomp == nil {
+			if opts.TemplateSeccomp, err = seccomp.Template().Libcontainer(); err != nil {
+				return nil, fmt.Errorf("unable to compile the template seccomp profile: %w", err)
+			}
+		}
 	}
 	r := &Runner{opts: opts, log: opts.Logger, seccomp: opts.Seccomp}
 	if r.log == nil {

@@ -38,9 +38,10 @@ import (
 // capability in that namespace and in every namespace it owns (PID_F,
 // each shell's mount, net, ipc, uts and cgroup namespaces). T could ptrace,
 // signal or join any fork of its own as far as its seccomp filter allows:
-// the template seccomp profile (below) is a requirement before the pool
-// uses forks (TEMPLATE.md plan step 5), not an option (SECURITY.md,
-// "Template forks").
+// hence the template seccomp profile (StartTemplate; SECURITY.md case 63),
+// which denies ptrace, process_vm_* and pidfd_getfd as the execution
+// profile does, and allows setns only into the five namespace types G
+// joins (never a user or pid namespace).
 var templateCaps = []string{"CAP_SETUID", "CAP_SETGID"}
 
 // templateOOMScoreAdj keeps the kernel's OOM killer off the template
@@ -94,11 +95,13 @@ type Template struct {
 //
 // cgroup v1 only for now (plan step 6 adds v2's layout).
 //
-// Seccomp: none yet. The design's template profile (the execution
-// allowlist plus unshare, setns, the id changes and the keyring call F and
-// G need, TEMPLATE.md section 6) is not written; until it is, the template
-// runs without a filter, as experiment E4 did, and the pool must not use
-// forks (see templateCaps for why).
+// Seccomp: the Runner's template filter (Options.TemplateSeccomp: the
+// execution profile plus exactly the namespace, id, keyring and seccomp
+// calls F and G make before G's drop, TEMPLATE.md section 6), loaded by
+// libcontainer just before the command's execve, as a sandbox's. Every
+// fork inherits it and G loads the execution filter over it, so a fork's
+// effective policy is the execution filter's (SECURITY.md case 63). A
+// Runner with its own execution filter and no template filter refuses.
 //
 // files are passed to the command as fds FirstFileFD, ... (its control
 // socket). Errors are Start's.
@@ -119,6 +122,10 @@ func (r *Runner) StartTemplate(spec Spec, files ...*os.File) (*Template, error) 
 		// step 6, not built.
 		return nil, errors.New("template forks are not built for cgroup v2 yet")
 	}
+	if r.opts.TemplateSeccomp == nil {
+		return nil, errors.New("this Runner has an execution seccomp filter of its own (Options.Seccomp) and no template filter " +
+			"(Options.TemplateSeccomp), which must allow everything the execution filter does (SECURITY.md case 63)")
+	}
 	if spec.ID == "" {
 		spec.ID = "tpl-" + newID()[len("sbx-"):]
 	}
@@ -137,7 +144,7 @@ func (r *Runner) StartTemplate(spec Spec, files ...*os.File) (*Template, error) 
 	tune := func(cfg *configs.Config) {
 		cfg.UIDMappings, cfg.GIDMappings = ids, gids
 		cfg.Capabilities = &configs.Capabilities{Bounding: templateCaps, Effective: templateCaps, Permitted: templateCaps}
-		cfg.Seccomp = nil // no template profile yet: see the doc comment
+		cfg.Seccomp = r.opts.TemplateSeccomp
 		res := cfg.Cgroups.Resources
 		res.Memory, res.MemorySwap, res.PidsLimit, res.CpuQuota, res.CpuPeriod = 0, 0, nil, 0, 0
 		cgroupRel = cfg.Cgroups.Path

@@ -37,7 +37,8 @@ import (
 // way in server/warmpool (template_test.go).
 
 // forkViewKeys are the fields of the inside view that a fork must share
-// with a cold run: all of them but the template-only ones.
+// with a cold run, all of them but the template-only ones, apart from the
+// one stated difference (nsjailtest.ForkViewDifference).
 var forkViewKeys = []string{"seccomp_filters", "unshare_user", "mount_syscall", "uid", "gid", "groups", "caps",
 	"no_new_privs", "seccomp", "uid_map", "gid_map", "cgroup", "oom_score_adj", "hostname", "mounts",
 	"root_mount_options", "net", "cwd", "procs", "pid", "ppid", "fds", "rootfs_write", "oom_lower"}
@@ -248,8 +249,10 @@ func templateSource(t labT) string {
 
 // TestTemplateForkMatchesCold: a fork placed in a shell sees what a cold
 // sandbox's process sees (ids, maps, capabilities, no_new_privs, seccomp
-// mode and filter count, the answers of denied syscalls, cgroups,
-// hostname, mounts and their options, interfaces, pids, cwd, fds); a
+// mode, the answers of denied syscalls, cgroups, hostname, mounts and
+// their options, interfaces, pids, cwd, fds), but for the one stated
+// difference: two seccomp filters, the template's and the execution's,
+// where a cold process has one (nsjailtest.ForkViewDifference); a
 // memory bomb in a fork is OOM-killed in the shell's own cgroup, not the
 // template's; the seccomp program a shell hands over is the one the kernel
 // holds for a cold sandbox's process, the same for every shell; a pidfd
@@ -361,7 +364,11 @@ func TestTemplateForkMatchesCold(t *testing.T) {
 		for _, k := range forkViewKeys {
 			a, _ := json.Marshal(coldView[k])
 			b, _ := json.Marshal(view[k])
-			if !bytes.Equal(a, b) {
+			if d, ok := nsjailtest.ForkViewDifference[k]; ok {
+				if coldView[k] != d[0] || view[k] != d[1] {
+					t.Errorf("fork %d: %s is %s cold and %s forked, want %q and %q", i, k, a, b, d[0], d[1])
+				}
+			} else if !bytes.Equal(a, b) {
 				t.Errorf("fork %d: %s differs from a cold run's:\ncold %s\nfork %s", i, k, a, b)
 			}
 		}
@@ -583,9 +590,14 @@ func (l *templateLab) destroyKillsG(t *testing.T, sh *nsjail.Shell) {
 // TestTemplateSandbox: the template's process has what TEMPLATE.md
 // section 2 gives it and nothing more: CAP_SETUID and CAP_SETGID (all
 // five sets), root of U_T = host HostIDBase+1 with the
-// sandbox's two host ids mapped to themselves, no_new_privs,
+// sandbox's two host ids mapped to themselves, no_new_privs, one seccomp
+// filter, the template profile's (SECURITY.md case 63: the kernel's
+// program ends with libseccomp's export of seccomp.Template(), after
+// runc's stub, not with the execution profile's),
 // oom_score_adj -1000, a read-only rootfs and no workspace; its cgroup is
 // tpl-<id> under the Runner's parent, with no memory limit of its own.
+// A Runner with an execution filter of its own and no template filter
+// starts no template.
 func TestTemplateSandbox(t *testing.T) {
 	skipOnV2(t)
 	r := newRunner(t)
@@ -603,7 +615,7 @@ func TestTemplateSandbox(t *testing.T) {
 		"uid": []any{0.0, 0.0, 0.0}, "gid": []any{0.0, 0.0, 0.0},
 		"caps":         map[string]any{"CapInh": "0000000000000000", "CapPrm": caps, "CapEff": caps, "CapBnd": caps, "CapAmb": "0000000000000000"},
 		"no_new_privs": "1", "oom_score_adj": "-1000", "pid": 1.0,
-		"rootfs_write": "EROFS", "seccomp": "0",
+		"rootfs_write": "EROFS", "seccomp": "2", "seccomp_filters": "1",
 	}
 	if !hasCap(t, unix.CAP_SYS_RESOURCE) {
 		t.Log("no CAP_SYS_RESOURCE here: the template's oom_score_adj cannot be lowered, not checked")
@@ -629,6 +641,37 @@ func TestTemplateSandbox(t *testing.T) {
 	if opts := fmt.Sprint(v["root_mount_options"]); !strings.Contains(opts, "ro") {
 		t.Errorf("the template's root is mounted %s, want ro", opts)
 	}
+	tpid, err := lab.tpl.Pid()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prog, err := seccomp.LoadedProgram(tpid)
+	if err != nil {
+		t.Fatalf("the template's seccomp program: %v", err)
+	}
+	native, err := seccomp.NativeArch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tplBPF, err := seccomp.Template().BPF(native)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(prog) <= len(tplBPF) || !bytes.HasSuffix(prog, tplBPF) {
+		t.Errorf("the template's program (%d instructions) does not end with the template profile's (%d)", prog.Len(), len(tplBPF)/8)
+	}
+	if exec, err := seccomp.Default().BPF(native); err != nil || bytes.HasSuffix(prog, exec) {
+		t.Errorf("the template runs under the execution filter, not the template's (%v)", err)
+	}
+	own := nsjailtest.NewRunner(t, nsjail.Options{StateRoot: testStateRoot, CgroupParent: testCgroupParent,
+		Seccomp: nsjailtest.KeyctlProfile(t), Logger: quietLog})
+	if tpl, err := own.StartTemplate(nsjail.Spec{Rootfs: rootfs, Args: []string{"true"}}); err == nil {
+		tpl.Stop(0)
+		t.Error("StartTemplate of a Runner with its own execution filter and no template filter succeeded")
+	} else if !strings.Contains(err.Error(), "TemplateSeccomp") {
+		t.Errorf("StartTemplate without a template filter: %v, want a refusal naming Options.TemplateSeccomp", err)
+	}
+
 	paths := lab.tpl.CgroupPaths()
 	if filepath.Base(paths["memory"]) != lab.tpl.ID() || !strings.HasPrefix(lab.tpl.ID(), "tpl-") {
 		t.Errorf("template cgroup %s, id %s: want tpl-<id>", paths["memory"], lab.tpl.ID())

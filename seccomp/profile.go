@@ -333,4 +333,5 @@ var flagArgs = map[string]map[uint]bool{
 	"openat":  {2: true},
 	"mmap":    {2: true, 3: true},
 	"prctl":   {},
+	"seccomp": {1: true},
 }

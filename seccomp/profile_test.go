@@ -10,9 +10,17 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// profiles are the package's two profiles, which every property test
+// below holds to: the execution profile and the template profile.
+func profiles() map[string]*Profile {
+	return map[string]*Profile{"execution": Default(), "template": Template()}
+}
+
 func TestDefaultValidates(t *testing.T) {
-	if err := Default().Validate(); err != nil {
-		t.Fatal(err)
+	for name, p := range profiles() {
+		if err := p.Validate(); err != nil {
+			t.Fatalf("%s profile: %v", name, err)
+		}
 	}
 }
 
@@ -21,7 +29,12 @@ func TestDefaultValidates(t *testing.T) {
 // syscall ignored"), so a typo would quietly deny a syscall, or, worse,
 // drop an errno rule and let the default apply.
 func TestNamesResolveOnDeclaredArches(t *testing.T) {
-	p := Default()
+	for name, p := range profiles() {
+		t.Run(name, func(t *testing.T) { namesResolve(t, p) })
+	}
+}
+
+func namesResolve(t *testing.T, p *Profile) {
 	for _, r := range p.Rules {
 		for _, a := range p.RuleArches(&r) {
 			for _, n := range r.Names {
@@ -67,7 +80,12 @@ func TestNamesResolveOnDeclaredArches(t *testing.T) {
 // (matchCall: "This rule is redundant, silently skip it"). Check the
 // compiled config, not only the Go data, for every architecture.
 func TestNoRuleEqualsDefaultAction(t *testing.T) {
-	p := Default()
+	for name, p := range profiles() {
+		t.Run(name, func(t *testing.T) { noRuleEqualsDefault(t, p) })
+	}
+}
+
+func noRuleEqualsDefault(t *testing.T, p *Profile) {
 	for _, a := range p.Arches {
 		cfg, err := p.libcontainerFor(a)
 		if err != nil {
@@ -83,7 +101,12 @@ func TestNoRuleEqualsDefaultAction(t *testing.T) {
 }
 
 func TestEveryRuleHasReasonAndGroup(t *testing.T) {
-	p := Default()
+	for name, p := range profiles() {
+		t.Run(name, func(t *testing.T) { everyRuleHasReasonAndGroup(t, p) })
+	}
+}
+
+func everyRuleHasReasonAndGroup(t *testing.T, p *Profile) {
 	for _, r := range p.Rules {
 		if len(strings.TrimSpace(r.Reason)) < 10 {
 			t.Errorf("rule %v: reason %q is not an explanation", r.Names, r.Reason)

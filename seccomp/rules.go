@@ -1,6 +1,9 @@
 package seccomp
 
 import (
+	"slices"
+
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"golang.org/x/sys/unix"
 )
 
@@ -261,4 +264,139 @@ func defaultDenied() []Denial {
 			Reason: "newer interfaces the stack does not need",
 			Ref:    ""},
 	}
+}
+
+// Template returns the template profile (server/warmpool/TEMPLATE.md
+// section 6, SECURITY.md case 63): the filter of a template sandbox's
+// process T (nsjail.Runner.StartTemplate, running
+// server/warmpool/template.py), which the forks F and G inherit.
+// Each call returns a fresh copy.
+func Template() *Profile { return TemplateOf(Default()) }
+
+// TemplateOf returns exec plus templateRules, without what exec already
+// allows unconditionally (its Rules are exec's, in order, then the added
+// ones): exactly what template.py's T, F and G do before
+// G loads exec's own program, and that exec refuses. G then runs under
+// both filters; the kernel answers each call with the answer of higher
+// precedence, and on a tie with the execution filter's (loaded last). So
+// the template profile may only add allow rules to exec's, never remove
+// or harden one: G's effective policy is then exactly exec's
+// (TestTemplateStacksToTheExecutionProfile checks the compiled pair). The
+// names the added rules allow leave Denied: they are allowed only under
+// the rules' conditions, and every other call of them keeps exec's
+// answer. exec is not changed.
+func TemplateOf(exec *Profile) *Profile {
+	always := map[string]bool{} // allowed by exec on every architecture, whatever the arguments
+	for _, r := range exec.Rules {
+		if r.Action == ActAllow && len(r.Args) == 0 && len(r.Arches) == 0 {
+			for _, n := range r.Names {
+				always[n] = true
+			}
+		}
+	}
+	p := &Profile{Default: exec.Default, Arches: slices.Clone(exec.Arches)}
+	for _, r := range exec.Rules {
+		r.Names, r.Args, r.Arches = slices.Clone(r.Names), slices.Clone(r.Args), slices.Clone(r.Arches)
+		p.Rules = append(p.Rules, r)
+	}
+	added := map[string]bool{}
+	for _, r := range templateRules() {
+		r.Names = slices.DeleteFunc(slices.Clone(r.Names), func(n string) bool { return always[n] })
+		if len(r.Names) == 0 {
+			continue
+		}
+		for _, n := range r.Names {
+			added[n] = true
+		}
+		p.Rules = append(p.Rules, r)
+	}
+	for _, d := range exec.Denied {
+		d.Names = slices.DeleteFunc(slices.Clone(d.Names), func(n string) bool { return added[n] })
+		if len(d.Names) > 0 {
+			p.Denied = append(p.Denied, d)
+		}
+	}
+	return p
+}
+
+// templateRules are what template.py's F and G need, before G's drop, that
+// the execution profile refuses; each reason names the step. T itself
+// needs nothing more than a sandbox's process (it forks, writes each F's
+// id maps and talks over its socket). Not here because the execution
+// profile allows them already: fork (clone without CLONE_NEW*),
+// pidfd_open, prctl (PR_CAPBSET_DROP, PR_CAP_AMBIENT, no_new_privs,
+// dumpable), prlimit64, chdir, sendmsg/recvmsg with fds. Not here yet:
+// clone3 with CLONE_INTO_CGROUP for F on cgroup v2 (TEMPLATE.md plan
+// step 6).
+func templateRules() []Rule {
+	var rules []Rule
+	// unshare: F, once for each namespace. The mask leaves only those two
+	// bits free, so no other namespace (and no CLONE_FILES etc.) passes.
+	rules = append(rules, Rule{
+		Names: []string{"unshare"}, Action: ActAllow, Group: "isolation",
+		Args: []Cond{{Index: 0, Name: "flags", Op: MaskedEqual, Mask: ^uint64(unix.CLONE_NEWUSER | unix.CLONE_NEWPID), Value: 0}},
+		Reason: "template.py F (_f): unshare(CLONE_NEWUSER) makes the execution's user namespace U_F, whose maps T writes, then " +
+			"unshare(CLONE_NEWPID) makes its pid namespace PID_F, whose pid 1 is G (TEMPLATE.md section 3 step 2); no other flag",
+		Ref: "CVE-2023-32233",
+	})
+	// setns: G, one fd per namespace, each with its type. Never a user or
+	// pid namespace (the shell joins G's, not G the shell's), nor nstype 0
+	// (any type).
+	for _, ns := range []struct {
+		flag uint64
+		name string
+	}{{unix.CLONE_NEWNS, "mount"}, {unix.CLONE_NEWNET, "net"}, {unix.CLONE_NEWIPC, "ipc"},
+		{unix.CLONE_NEWUTS, "uts"}, {unix.CLONE_NEWCGROUP, "cgroup"}} {
+		rules = append(rules, Rule{
+			Names: []string{"setns"}, Action: ActAllow, Group: "isolation",
+			Args: []Cond{{Index: 1, Name: "nstype", Op: MaskedEqual, Mask: cloneNewMask, Value: ns.flag}},
+			Reason: "template.py G (_g): setns into the shell's " + ns.name + " namespace, from the fd the worker sent, its type named " +
+				"(TEMPLATE.md section 3 step 7); never a user or pid namespace, nor nstype 0 (any)",
+		})
+	}
+	// The id changes of G's drop: to root of U_F, then to the sandbox user.
+	ids := func(v uint64) []Cond {
+		return []Cond{{Index: 0, Name: "real", Op: Equal, Value: v}, {Index: 1, Name: "effective", Op: Equal, Value: v},
+			{Index: 2, Name: "saved", Op: Equal, Value: v}}
+	}
+	const idReason = "template.py G (_drop): first to 0, root of U_F (G's ids are T's, unmapped there, and only a change away from 0 clears " +
+		"capabilities), then to the sandbox user (TEMPLATE.md section 3 step 7); no other ids, so T itself (in U_T, where the sandbox " +
+		"user is unmapped) takes none of U_T's others, the host ids of a cold sandbox's root and user"
+	for _, v := range []uint64{0, inside.UID} {
+		rules = append(rules, Rule{Names: []string{"setresuid"}, Action: ActAllow, Group: "credentials", Args: ids(v), Reason: idReason})
+	}
+	for _, v := range []uint64{0, inside.GID} {
+		rules = append(rules, Rule{Names: []string{"setresgid"}, Action: ActAllow, Group: "credentials", Args: ids(v), Reason: idReason})
+	}
+	rules = append(rules, Rule{
+		Names: []string{"setgroups"}, Action: ActAllow, Group: "credentials",
+		Args:   []Cond{{Index: 0, Name: "size", Op: Equal, Value: 0}},
+		Reason: "template.py G (_drop): setgroups([]) empties the supplementary groups before the change to the sandbox user; the empty list only",
+	})
+	// keyctl: G's own session keyring, as runc gives a cold sandbox.
+	for _, op := range []struct {
+		op   uint64
+		what string
+	}{
+		{unix.KEYCTL_JOIN_SESSION_KEYRING, "KEYCTL_JOIN_SESSION_KEYRING joins a new session keyring named _ses.<shell id>"},
+		{unix.KEYCTL_DESCRIBE, "KEYCTL_DESCRIBE reads its permissions"},
+		{unix.KEYCTL_SETPERM, "KEYCTL_SETPERM lets others search it, as runc does"},
+	} {
+		rules = append(rules, Rule{
+			Names: []string{"keyctl"}, Action: ActAllow, Group: "isolation",
+			Args: []Cond{{Index: 0, Name: "operation", Op: Equal, Value: op.op}},
+			Reason: "template.py G (_drop): " + op.what + " (SECURITY.md case 28: a fork would otherwise share T's keyring with every " +
+				"other fork); no other keyctl operation",
+			Ref: "CVE-2016-0728",
+		})
+	}
+	rules = append(rules, Rule{
+		Names: []string{"seccomp"}, Action: ActAllow, Group: "process",
+		Args: []Cond{{Index: 0, Name: "operation", Op: Equal, Value: unix.SECCOMP_SET_MODE_FILTER},
+			{Index: 1, Name: "flags", Op: MaskedEqual, Mask: 0xffffffff, Value: unix.SECCOMP_FILTER_FLAG_TSYNC}},
+		Reason: "template.py G (_drop): G loads the execution's program (the one the kernel holds for the shell's init) with " +
+			"SECCOMP_FILTER_FLAG_TSYNC, the last step of its drop (TEMPLATE.md section 6); a filter only adds refusals. No other " +
+			"operation or flag (SPEC_ALLOW would turn off the speculative store bypass mitigation)",
+	})
+	return rules
 }

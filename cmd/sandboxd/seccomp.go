@@ -12,14 +12,14 @@ import (
 
 func init() {
 	commands["seccomp"] = command{
-		summary: "show the seccomp profile (print [--format table|json|pfc] [--arch ARCH]) or compare two JSON profiles (diff OLD.json NEW.json)",
+		summary: "show the seccomp profile (print [--format table|json|pfc] [--arch ARCH] [--template]) or compare two JSON profiles (diff OLD.json NEW.json)",
 		run:     runSeccomp,
 	}
 }
 
 func runSeccomp(args []string) error {
 	if len(args) == 0 {
-		return usagef("usage: sandboxd seccomp print [--format table|json|pfc] [--arch ARCH] | diff OLD.json NEW.json")
+		return usagef("usage: sandboxd seccomp print [--format table|json|pfc] [--arch ARCH] [--template] | diff OLD.json NEW.json")
 	}
 	switch args[0] {
 	case "print":
@@ -35,11 +35,15 @@ func seccompPrint(w io.Writer, args []string) error {
 	fs.SetOutput(io.Discard)
 	format := fs.String("format", "table", "table (SECCOMP.md), json (Docker/OCI profile) or pfc (libseccomp's export)")
 	archFlag := fs.String("arch", "", "x86_64 or aarch64 (pfc defaults to this machine's; table and json to all)")
+	template := fs.Bool("template", false, "json and pfc: the template profile (a template sandbox's process) instead of the execution profile; the table covers both")
 	if err := fs.Parse(args); err != nil {
 		return usagef("%v", err)
 	}
 	if fs.NArg() > 0 {
 		return usagef("unexpected argument %q", fs.Arg(0))
+	}
+	if *template && *format == "table" {
+		return usagef("--template: the table (SECCOMP.md) covers both profiles; use --format json or pfc")
 	}
 	p := seccomp.Default()
 	var arches []seccomp.Arch
@@ -56,7 +60,11 @@ func seccompPrint(w io.Writer, args []string) error {
 	case "table":
 		out, err = audit.Markdown(p, arches...)
 	case "json":
-		out, err = audit.JSON(p, arches...)
+		if *template {
+			out, err = audit.TemplateJSON(p, arches...)
+		} else {
+			out, err = audit.JSON(p, arches...)
+		}
 	case "pfc":
 		a := seccomp.Arch("")
 		if len(arches) == 1 {
@@ -64,7 +72,11 @@ func seccompPrint(w io.Writer, args []string) error {
 		} else if a, err = seccomp.NativeArch(); err != nil {
 			return err
 		}
-		out, err = audit.PFC(p, a)
+		if *template {
+			out, err = audit.TemplatePFC(p, a)
+		} else {
+			out, err = audit.PFC(p, a)
+		}
 	default:
 		return usagef("unknown format %q: want table, json or pfc", *format)
 	}

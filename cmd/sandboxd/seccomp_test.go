@@ -25,6 +25,8 @@ func TestSeccompPrint(t *testing.T) {
 		{[]string{"--format", "json", "--arch", "amd64"}, `"SCMP_ARCH_X86_64"`},
 		{[]string{"--format", "pfc", "--arch", "arm64"}, "filter for arch aarch64"},
 		{[]string{"--format", "pfc"}, "# pseudo filter code start"},
+		{[]string{"--format", "pfc", "--template"}, "template seccomp filter"},
+		{[]string{"--format", "json", "--template"}, `"setns"`},
 	} {
 		var out bytes.Buffer
 		if err := seccompPrint(&out, c.args); err != nil {
@@ -42,7 +44,7 @@ func TestSeccompPrint(t *testing.T) {
 		t.Error("--arch aarch64 JSON mentions x86_64 or its legacy open(2)")
 	}
 	for _, bad := range [][]string{
-		{"--format", "yaml"}, {"--arch", "i386"}, {"--arch", "x32"}, {"--bogus"}, {"extra"},
+		{"--format", "yaml"}, {"--arch", "i386"}, {"--arch", "x32"}, {"--bogus"}, {"extra"}, {"--template"},
 	} {
 		err := seccompPrint(&out, bad)
 		var ue usageError

@@ -91,15 +91,40 @@ func CgroupProcs(t Fataler, paths cgroup.Paths) []string {
 // real profile denies (SECURITY.md case 9).
 func KeyctlProfile(t Fataler) *configs.Seccomp {
 	t.Helper()
+	return compile(t, keyctlProfile())
+}
+
+// KeyctlTemplateProfile is the template profile over KeyctlProfile's
+// (seccomp.TemplateOf), for a Runner with KeyctlProfile that starts
+// templates (Options.TemplateSeccomp).
+func KeyctlTemplateProfile(t Fataler) *configs.Seccomp {
+	t.Helper()
+	return compile(t, seccomp.TemplateOf(keyctlProfile()))
+}
+
+func keyctlProfile() *seccomp.Profile {
 	p := seccomp.Default()
 	for i := range p.Denied {
 		p.Denied[i].Names = slices.DeleteFunc(p.Denied[i].Names, func(n string) bool { return n == "keyctl" })
 	}
 	p.Rules = append(p.Rules, seccomp.Rule{Names: []string{"keyctl"}, Action: seccomp.ActAllow, Group: "test",
 		Reason: "the test reads the sandbox's session keyring"})
+	return p
+}
+
+func compile(t Fataler, p *seccomp.Profile) *configs.Seccomp {
+	t.Helper()
 	filter, err := p.Libcontainer()
 	if err != nil {
 		t.Fatal(err)
 	}
 	return filter
 }
+
+// ForkViewDifference is the one way the inside view of a template fork's
+// code differs from a cold sandbox's (server/warmpool/TEMPLATE.md section
+// 6, SECURITY.md case 63): G holds the template's seccomp filter under the
+// execution filter it loaded, a cold process the execution filter alone.
+// Key: the view's field (/proc/self/status Seccomp_filters); value: what a
+// cold run and a fork read.
+var ForkViewDifference = map[string][2]string{"seccomp_filters": {"1", "2"}}

@@ -1,8 +1,10 @@
 // Package audit renders sandboxd's seccomp profile (package seccomp, the
 // policy the sandboxes run under) into what a security reviewer reads, and
 // compares profiles: SECCOMP.md (Markdown), profile.json (Docker/OCI JSON),
-// pfc/<arch>.pfc (libseccomp's PFC export), and a diff of two JSON profiles
-// by syscall and architecture. Nothing here runs in the worker's sandbox
+// pfc/<arch>.pfc (libseccomp's PFC export), the same two of the template
+// profile derived from it (template.json, pfc/template-<arch>.pfc; its
+// additions are SECCOMP.md's last section), and a diff of two JSON
+// profiles by syscall and architecture. Nothing here runs in the worker's sandbox
 // path; tools/seccompgen and `sandboxd seccomp` use it.
 package audit
 
@@ -16,7 +18,8 @@ import (
 	"github.com/sandboxd/sandboxd/seccomp"
 )
 
-// Artifacts renders every committed audit file of p, keyed by its path
+// Artifacts renders every committed audit file of p and of the template
+// profile over it (seccomp.TemplateOf), keyed by its path
 // relative to the seccomp/ directory. The output depends only on the profile
 // and on libseccomp's version (which the files name), so it is
 // byte-reproducible.
@@ -32,12 +35,19 @@ func Artifacts(p *seccomp.Profile) (map[string][]byte, error) {
 		return nil, err
 	}
 	out["profile.json"] = js
+	if out["template.json"], err = TemplateJSON(p); err != nil {
+		return nil, err
+	}
 	for _, a := range p.Arches {
 		pfc, err := PFC(p, a)
 		if err != nil {
 			return nil, fmt.Errorf("PFC for %s: %w", a, err)
 		}
 		out[filepath.Join("pfc", string(a)+".pfc")] = pfc
+		if pfc, err = TemplatePFC(p, a); err != nil {
+			return nil, fmt.Errorf("template PFC for %s: %w", a, err)
+		}
+		out[filepath.Join("pfc", "template-"+string(a)+".pfc")] = pfc
 	}
 	return out, nil
 }

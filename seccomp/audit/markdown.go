@@ -37,7 +37,7 @@ func Markdown(p *seccomp.Profile, arches ...seccomp.Arch) ([]byte, error) {
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	w("# sandboxd seccomp profile\n\n")
 	w("Generated from `seccomp/rules.go` by `make seccomp` (libseccomp %s); do not edit by hand.\n", seccomp.LibseccompVersion())
-	w("`make seccomp-check` fails when this file, `profile.json` or `pfc/*.pfc` differ from the source.\n")
+	w("`make seccomp-check` fails when this file, `profile.json`, `template.json` or `pfc/*.pfc` differ from the source.\n")
 	w("See [README.md](README.md) for how to review, change and verify the profile.\n\n")
 	w("- **Default action:** %s: every syscall that no rule below allows fails with `%s` without running.\n", p.Default, errnoName(p.Default.Errno))
 	var an []string
@@ -51,15 +51,93 @@ func Markdown(p *seccomp.Profile, arches ...seccomp.Arch) ([]byte, error) {
 	w("- **Conditions:** a rule's conditions are ANDed; several rules for one syscall are ORed. Flag arguments are always tested with a masked compare.\n\n")
 
 	w("## Rules compiled into the filter\n\n")
-	w("| syscall | number (%s) | architectures | action | argument conditions | group | reason | reference |\n", archList(arches, "/"))
-	w("|---|---|---|---|---|---|---|---|\n")
+	b.WriteString(rulesTable(p, 0, arches, nums))
+
+	w("\n## Denied: not in the allowlist\n\n")
+	w("These are absent from the rules above, so the default action (or the ENOSYS stub) refuses them; they are listed for review and are each probed on a real kernel by `TestProbeDenied`.\n\n")
+	w("| syscall |")
+	for _, a := range arches {
+		w(" %s |", a)
+	}
+	w(" group | reason | reference |\n|---|")
+	for range arches {
+		w("---|")
+	}
+	w("---|---|---|\n")
+	type row struct {
+		group, name string
+		line        string
+	}
+	var drows []row
+	for _, d := range p.Denied {
+		for _, n := range d.Names {
+			var line strings.Builder
+			fmt.Fprintf(&line, "| `%s` |", n)
+			for _, a := range arches {
+				fmt.Fprintf(&line, " %s |", deniedErrno(nums[a], above[a], n, p.Default))
+			}
+			fmt.Fprintf(&line, " %s | %s | %s |\n", d.Group, cell(d.Reason), ref(d.Ref))
+			drows = append(drows, row{d.Group, n, line.String()})
+		}
+	}
+	sort.SliceStable(drows, func(i, j int) bool {
+		if drows[i].group != drows[j].group {
+			return drows[i].group < drows[j].group
+		}
+		return drows[i].name < drows[j].name
+	})
+	for _, r := range drows {
+		b.WriteString(r.line)
+	}
+	if err := templateSection(&b, p, arches); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// templateSection renders the template profile over p
+// (seccomp.TemplateOf): what it adds to p, from the same data.
+func templateSection(b *bytes.Buffer, p *seccomp.Profile, arches []seccomp.Arch) error {
+	tpl := seccomp.TemplateOf(p)
+	if err := tpl.Validate(); err != nil {
+		return fmt.Errorf("invalid template seccomp profile: %w", err)
+	}
+	nums := map[seccomp.Arch]map[string]int{}
+	var an []string
+	for _, a := range arches {
+		nums[a] = numbered(tpl, a)
+		n, err := tpl.ENOSYSAbove(a)
+		if err != nil {
+			return err
+		}
+		an = append(an, fmt.Sprintf("%s above %d", a, n))
+	}
+	w := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
+	w("\n## Template profile: what it adds\n\n")
+	w("The process of a template sandbox, T (`nsjail.Runner.StartTemplate` running `server/warmpool/template.py`; issue 17, ")
+	w("`server/warmpool/TEMPLATE.md` section 6), and the forks F and G it makes run under the **template profile**: every rule above ")
+	w("plus the rules below, which are what F and G do before G loads the execution filter and the execution profile refuses ")
+	w("(`seccomp.TemplateOf`). Everything else is the execution profile's: the default action, the architectures, the ENOSYS ")
+	w("threshold (%s), and the denials above, which keep every call of the syscalls below that their conditions do not match.\n\n", strings.Join(an, ", "))
+	w("A fork G holds both filters (`Seccomp_filters: 2` in `/proc/self/status`, where a cold sandbox's process has 1). ")
+	w("The kernel runs both and takes the answer of higher precedence (kill > trap > errno > allow), on a tie the execution ")
+	w("filter's (loaded last): the template profile only adds allow rules, so a fork's effective policy is exactly the execution ")
+	w("profile's. `TestTemplateStacksToTheExecutionProfile` checks that on the compiled filters of both architectures ")
+	w("(SECURITY.md case 63). The compiled template filter: `template.json`, `pfc/template-<arch>.pfc`.\n\n")
+	b.WriteString(rulesTable(tpl, len(p.Rules), arches, nums))
+	return nil
+}
+
+// rulesTable is the Markdown table of p.Rules[from:] on arches, sorted by
+// group, then syscall, then rule order.
+func rulesTable(p *seccomp.Profile, from int, arches []seccomp.Arch, nums map[seccomp.Arch]map[string]int) string {
 	type row struct {
 		group, name string
 		idx         int
 		line        string
 	}
 	var rows []row
-	for i := range p.Rules {
+	for i := from; i < len(p.Rules); i++ {
 		r := &p.Rules[i]
 		ra := archesIn(p, r, arches)
 		if len(ra) == 0 {
@@ -87,43 +165,13 @@ func Markdown(p *seccomp.Profile, arches ...seccomp.Arch) ([]byte, error) {
 		}
 		return rows[i].idx < rows[j].idx
 	})
+	var b strings.Builder
+	fmt.Fprintf(&b, "| syscall | number (%s) | architectures | action | argument conditions | group | reason | reference |\n", archList(arches, "/"))
+	b.WriteString("|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		b.WriteString(r.line)
 	}
-
-	w("\n## Denied: not in the allowlist\n\n")
-	w("These are absent from the rules above, so the default action (or the ENOSYS stub) refuses them; they are listed for review and are each probed on a real kernel by `TestProbeDenied`.\n\n")
-	w("| syscall |")
-	for _, a := range arches {
-		w(" %s |", a)
-	}
-	w(" group | reason | reference |\n|---|")
-	for range arches {
-		w("---|")
-	}
-	w("---|---|---|\n")
-	var drows []row
-	for i, d := range p.Denied {
-		for _, n := range d.Names {
-			var line strings.Builder
-			fmt.Fprintf(&line, "| `%s` |", n)
-			for _, a := range arches {
-				fmt.Fprintf(&line, " %s |", deniedErrno(nums[a], above[a], n, p.Default))
-			}
-			fmt.Fprintf(&line, " %s | %s | %s |\n", d.Group, cell(d.Reason), ref(d.Ref))
-			drows = append(drows, row{d.Group, n, i, line.String()})
-		}
-	}
-	sort.SliceStable(drows, func(i, j int) bool {
-		if drows[i].group != drows[j].group {
-			return drows[i].group < drows[j].group
-		}
-		return drows[i].name < drows[j].name
-	})
-	for _, r := range drows {
-		b.WriteString(r.line)
-	}
-	return b.Bytes(), nil
+	return b.String()
 }
 
 // deniedErrno is the documented outcome of a syscall no rule allows: the

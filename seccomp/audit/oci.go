@@ -162,6 +162,23 @@ func JSON(p *seccomp.Profile, arches ...seccomp.Arch) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	return render(o)
+}
+
+// TemplateJSON is JSON of the template profile over p (seccomp.TemplateOf,
+// the filter of a template's process): template.json. `sandboxd seccomp
+// diff profile.json template.json` lists exactly what it adds.
+func TemplateJSON(p *seccomp.Profile, arches ...seccomp.Arch) ([]byte, error) {
+	o, err := OCI(seccomp.TemplateOf(p), arches...)
+	if err != nil {
+		return nil, err
+	}
+	o.Comment = "sandboxd template seccomp profile (a template's process: the execution profile plus SECCOMP.md's \"Template profile\" rules), " +
+		"generated from seccomp/rules.go by `make seccomp`; do not edit"
+	return render(o)
+}
+
+func render(o *OCIProfile) ([]byte, error) {
 	b, err := json.MarshalIndent(o, "", "  ")
 	if err != nil {
 		return nil, err

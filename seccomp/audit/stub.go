@@ -19,3 +19,6 @@ func Markdown(p *seccomp.Profile, arches ...seccomp.Arch) ([]byte, error) {
 
 // PFC needs libseccomp.
 func PFC(p *seccomp.Profile, a seccomp.Arch) ([]byte, error) { return nil, errNoLibseccomp }
+
+// TemplatePFC needs libseccomp.
+func TemplatePFC(p *seccomp.Profile, a seccomp.Arch) ([]byte, error) { return nil, errNoLibseccomp }

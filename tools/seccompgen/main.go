@@ -1,5 +1,6 @@
 // Command seccompgen writes the seccomp audit artifacts (SECCOMP.md,
-// profile.json, pfc/<arch>.pfc, rendered by seccomp/audit) from
+// profile.json, pfc/<arch>.pfc, and the template profile's template.json
+// and pfc/template-<arch>.pfc, rendered by seccomp/audit) from
 // seccomp.Default(), or with -check fails when the committed ones differ.
 // Used by `make seccomp` and `make seccomp-check`; build it with cgo and
 // -tags seccomp.
