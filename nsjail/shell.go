@@ -95,7 +95,8 @@ type Shell struct {
 // missing, and never executed; Env and Cwd are G's business, Stdin and
 // ExtraFiles are not allowed).
 //
-// Before anything is created StartShell checks that G is a fork of t:
+// Before anything is created StartShell checks that G is a fork of t
+// (SECURITY.md case 65):
 // G's user namespace is a child of t's (U_F of U_T), its pid namespace is a
 // child of t's, owned by G's user namespace, and G is its pid 1, its uid and gid maps, as the host sees
 // them, are a cold sandbox's, and G has no shell yet: it is still the
@@ -243,9 +244,9 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 		return fail("%w", err)
 	}
 	// The init dies before it ever execs: no process but G's will be in
-	// the sandbox, and no unfiltered one (SECURITY.md section "Template
-	// forks"). It must be reaped too: G, pid 1 of PID_F, cannot finish
-	// exiting while any process of PID_F is unreaped (E4).
+	// the sandbox, and no unfiltered one (SECURITY.md case 66). It must be
+	// reaped too: G, pid 1 of PID_F, cannot finish exiting while any
+	// process of PID_F is unreaped (E4).
 	killInit()
 	if !stopWatch() {
 		// The deadline came (its kill may have hit the init at any step

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -299,20 +300,7 @@ func TestTemplateForkMatchesCold(t *testing.T) {
 	gpid := nsjailtest.PidfdPid(t, g)
 	fpid := nsjailtest.PPid(t, gpid)
 	for who, pid := range map[string]int{"the template": tpid, "F": fpid} {
-		fd, err := unix.PidfdOpen(pid, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f := os.NewFile(uintptr(fd), "pidfd")
-		sh, err := r.StartShell(context.Background(), lab.tpl, shellSpec, f)
-		f.Close()
-		if err == nil {
-			sh.Destroy()
-			t.Fatalf("StartShell accepted %s's pidfd", who)
-		}
-		if !strings.Contains(err.Error(), "not a fork") {
-			t.Errorf("StartShell with %s's pidfd: %v, want a \"not a fork\" refusal", who, err)
-		}
+		lab.refuse(t, shellSpec, who, pidfdOf(t, pid), "not a fork")
 	}
 
 	var firstProg seccomp.Program
@@ -395,6 +383,113 @@ func TestTemplateForkMatchesCold(t *testing.T) {
 	}
 }
 
+// refuse checks that StartShell refuses pidfd f (of who) for the
+// template, with an error that says want, and creates nothing: no state
+// directory or owner marker, no cgroup under the template's
+// (SECURITY.md case 65).
+func (l *templateLab) refuse(t *testing.T, spec nsjail.Spec, who string, f *os.File, want string) {
+	t.Helper()
+	before := l.shellLeftovers(t)
+	sh, err := l.r.StartShell(context.Background(), l.tpl, spec, f)
+	if err == nil {
+		sh.Destroy()
+		t.Errorf("StartShell accepted the pidfd of %s", who)
+		return
+	}
+	if !strings.Contains(err.Error(), want) {
+		t.Errorf("StartShell with the pidfd of %s: %v, want a refusal saying %q", who, err, want)
+	}
+	for _, p := range l.shellLeftovers(t) {
+		if !slices.Contains(before, p) {
+			t.Errorf("StartShell with the pidfd of %s created %s", who, p)
+		}
+	}
+}
+
+// shellLeftovers lists what a shell's start creates: the state root's
+// entries (state directories, owner markers) and the template's cgroup
+// directories' children.
+func (l *templateLab) shellLeftovers(t *testing.T) []string {
+	t.Helper()
+	var out []string
+	for _, d := range append([]string{l.r.StateRoot()}, slices.Collect(maps.Values(l.tpl.CgroupPaths()))...) {
+		entries, err := os.ReadDir(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range entries {
+			if d == l.r.StateRoot() || e.IsDir() {
+				out = append(out, filepath.Join(d, e.Name()))
+			}
+		}
+	}
+	return out
+}
+
+// pidfdOf is a pidfd of pid, closed at the test's end.
+func pidfdOf(t *testing.T, pid int) *os.File {
+	t.Helper()
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fd), "pidfd")
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// SECURITY.md case 65: StartShell makes a shell only for a fork of its
+// template that has none yet, whatever pidfd the template sends, and
+// refuses anything else before it creates or changes anything: here a
+// process unrelated to the template (whose oom_score_adj the worker must
+// not reset either) and a fork whose id maps the template forged (U_F's
+// root on the sandbox user's host id, the sandbox user on HostIDBase: a
+// real fork otherwise, which only the map check tells apart). The
+// template's and F's pidfds are refused in TestTemplateForkMatchesCold, a
+// G already in a shell's cgroup in TestShellMoveGOnlyFromTheTemplate, all
+// through refuse.
+func TestShellRefusesAForgedFork(t *testing.T) {
+	skipOnV2(t)
+	r := newRunner(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	lab := startTemplateLab(t, r, rootfs, templateSource(t))
+	spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}
+
+	cmd := exec.Command("sleep", "600")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}()
+	adj := fmt.Sprintf("/proc/%d/oom_score_adj", cmd.Process.Pid)
+	if err := os.WriteFile(adj, []byte("500"), 0); err != nil {
+		t.Fatal(err)
+	}
+	lab.refuse(t, spec, "an unrelated process", pidfdOf(t, cmd.Process.Pid), "not a fork")
+	if b, err := os.ReadFile(adj); err != nil || strings.TrimSpace(string(b)) != "500" {
+		t.Errorf("the unrelated process's oom_score_adj is %q (%v), want its own 500", b, err)
+	}
+
+	base := r.HostUID() - 10001
+	forged := fmt.Sprintf("0 %d 1\n10001 %d 1\n", base+10001, base)
+	g := lab.forkWith(map[string]any{"uid_map": forged, "gid_map": forged})
+	defer g.Close()
+	lab.refuse(t, spec, "a fork with forged maps", g, "uid_map is")
+	// G is still the template's, waiting for a join: end it (F reports,
+	// the template goes on).
+	if err := unix.PidfdSendSignal(int(g.Fd()), unix.SIGKILL, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	if status, _ := lab.recv(); status != fmt.Sprintf("status %d\n", unix.SIGKILL) {
+		t.Errorf("the forged fork's wait status: %q", status)
+	}
+	if forked, _ := lab.recv(); forked != "forked\n" {
+		t.Errorf("want forked, got %q", forked)
+	}
+}
+
 // TestShellMoveGOnlyFromTheTemplate: Shell.MoveG moves G only out of the
 // template's own cgroup: of two shells made for the same G, the second to
 // move it is refused once the first has (the move would take G out of the
@@ -420,12 +515,7 @@ func TestShellMoveGOnlyFromTheTemplate(t *testing.T) {
 	if err := a.MoveG(); err != nil {
 		t.Fatal(err)
 	}
-	if c, err := r.StartShell(context.Background(), lab.tpl, spec, g); err == nil {
-		c.Destroy()
-		t.Error("StartShell accepted a G already in another shell's cgroup")
-	} else if !strings.Contains(err.Error(), "not the template's own") {
-		t.Errorf("StartShell of a G in another shell's cgroup: %v, want a cgroup refusal", err)
-	}
+	lab.refuse(t, spec, "a G already in another shell's cgroup", g, "not the template's own")
 	if err := b.MoveG(); err == nil || !strings.Contains(err.Error(), "not in the template's cgroup") {
 		t.Errorf("MoveG of a G in another shell's cgroup: %v, want a refusal", err)
 	}

@@ -329,14 +329,18 @@ func readExitReport(r *os.File) <-chan syscall.WaitStatus {
 //      and answers one ForkReply line (DecodeForkReply); it closes its
 //      copies of the fork's fds whatever it answers.
 //  T3. Pidfd. G, pid 1 of its pid namespace, sends PidfdMessage with a
-//      pidfd of itself on ControlFD (nsjail.Runner.StartShell takes it).
+//      pidfd of itself on ControlFD (nsjail.Runner.StartShell takes it,
+//      and refuses anything but a fresh fork of its template: SECURITY.md
+//      case 65).
 //  T4. Join. After StartShell and Shell.MoveG the pool closes its end of
 //      GoAheadFD (the go-ahead: F may reap G from then on; until then a G
 //      that died stays a zombie) and sends a Join line (EncodeJoin) on
 //      ControlFD with the shell's namespace fds (Shell.NamespaceFiles, in
 //      nsjail.ShellNamespaces order). G joins them, drops to a cold
 //      process's ids, capabilities, rlimits, keyring and seccomp program,
-//      reseeds, rehearses and writes ReadyByte: step 2 on.
+//      reseeds, rehearses and writes ReadyByte: step 2 on. Nothing of a
+//      request is sent before ReadyByte, when G is confined (SECURITY.md
+//      case 67).
 //  T5. Exit report. F writes G's wait status on ExitReportFD as soon as G
 //      has exited (as step 4), and reaps G after the go-ahead.
 //

@@ -296,7 +296,7 @@ def _f(fds, t):
     import fcntl
     import signal
 
-    # T's socket first: no fork can talk to T.
+    # T's socket first: no fork can talk to T (SECURITY.md case 68).
     os.close(_template_sock.detach())
     # The fork's fds onto their protocol numbers (over the reserved ones),
     # by way of numbers above them, so no dup2 closes one still to be moved.
@@ -320,7 +320,8 @@ def _f(fds, t):
     t.close()
     # A pid namespace can be joined only once it has an init, and only from
     # an ancestor: F makes PID_F (owned by U_F), G is its pid 1, the shell
-    # joins it.
+    # joins it. The code sees and signals nothing above it: not F, not T
+    # (SECURITY.md case 69).
     os.unshare(os.CLONE_NEWPID)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     g = os.fork()
@@ -426,7 +427,8 @@ def _g(outputs):
     if not (isinstance(uid, int) and isinstance(gid, int) and uid > 0 and gid > 0):
         raise RuntimeError("the join's ids %r:%r are not a sandbox user's" % (uid, gid))
     _drop(join, uid, gid)
-    # Nothing but what was kept (the namespace fds are closed, T's are gone).
+    # Nothing but what was kept (the namespace fds are closed, T's are gone:
+    # SECURITY.md case 68).
     extra = [fd for fd in _open_fds() if fd not in keep]
     if extra:
         raise RuntimeError("fds open in G besides those kept: %s" % extra)
@@ -574,7 +576,8 @@ def _rlim(v):
 def _check_dropped(uid, gid):
     """G refuses to become ready unless the kernel says it is confined: no
     capability in any set, the sandbox's ids, no_new_privs, a seccomp
-    filter, one thread."""
+    filter, one thread (SECURITY.md case 67: no request data reaches G
+    before this)."""
     with open("/proc/self/status") as f:
         status = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
     want = {

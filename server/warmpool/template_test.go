@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -305,13 +306,22 @@ func fEnds(t *testing.T, f *tplFork, within time.Duration) bool {
 // runView hands G the view script and returns what it printed on its own
 // stdout and G's wait status.
 func (l *tplLab) runView(f *tplFork, path string) (map[string]any, syscall.WaitStatus) {
+	var v map[string]any
+	ws := l.runHandoff(f, warmpool.Handoff{Path: path, Argv: []string{path}}, &v)
+	return v, ws
+}
+
+// runHandoff hands G h with files (SCM_RIGHTS), decodes what the code
+// printed on the fork's own stdout (one JSON value) into v, and returns
+// G's wait status.
+func (l *tplLab) runHandoff(f *tplFork, h warmpool.Handoff, v any, files ...*os.File) syscall.WaitStatus {
 	t := l.t
 	t.Helper()
-	line, err := warmpool.EncodeHandoff(warmpool.Handoff{Path: path, Argv: []string{path}})
+	line, err := warmpool.EncodeHandoff(h)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sendLine(t, f.ctl, line)
+	sendLine(t, f.ctl, line, files...)
 	var stderr []byte
 	done := make(chan struct{})
 	go func() {
@@ -324,11 +334,10 @@ func (l *tplLab) runView(f *tplFork, path string) (map[string]any, syscall.WaitS
 		t.Fatal(err)
 	}
 	ws := l.exitReport(f)
-	var v map[string]any
-	if err := json.Unmarshal(out, &v); err != nil {
-		t.Fatalf("fork's view %q: %v\nstderr: %s\nlog: %s", out, err, stderr, l.logText())
+	if err := json.Unmarshal(out, v); err != nil {
+		t.Fatalf("fork's output %q: %v\nstderr: %s\nlog: %s", out, err, stderr, l.logText())
 	}
-	return v, ws
+	return ws
 }
 
 func tplShellSpec(rootfs, ws string, lim nsjail.Limits) nsjail.Spec {
@@ -339,24 +348,30 @@ func tplShellSpec(rootfs, ws string, lim nsjail.Limits) nsjail.Spec {
 // only if G sets them itself.
 var lowLimits = nsjail.Limits{OpenFiles: 256, FileSizeBytes: 64 << 20}
 
-// viewWorkspace is a workspace holding insideview.py.
+// viewWorkspace is a workspace holding the code these tests hand off:
+// insideview.py (viewPath) and forkprobe.py (probePath).
 func viewWorkspace(t *testing.T) string {
 	t.Helper()
-	src, err := os.ReadFile("testdata/insideview.py")
-	if err != nil {
-		t.Fatal(err)
-	}
 	ws := t.TempDir()
 	if err := os.Chmod(ws, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(ws, "view.py"), src, 0o644); err != nil {
-		t.Fatal(err)
+	for src, dst := range map[string]string{"testdata/insideview.py": viewPath, "testdata/forkprobe.py": probePath} {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(ws, filepath.Base(dst)), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return ws
 }
 
-const viewPath = "/workspace/view.py"
+const (
+	viewPath  = "/workspace/view.py"
+	probePath = "/workspace/probe.py"
+)
 
 // coldView runs insideview.py as a cold execution runs a file.
 func coldView(t *testing.T, r *nsjail.Runner, rootfs, ws string, lim nsjail.Limits) (map[string]any, string) {
@@ -804,6 +819,227 @@ func TestTemplateForkServesAKernel(t *testing.T) {
 	if after := userNS(); after != before {
 		t.Errorf("T's user namespace changed from %d to %d", before, after)
 	}
+}
+
+// forkProbe is what testdata/forkprobe.py prints.
+type forkProbe struct {
+	Self  int `json:"self"`
+	Child int `json:"child"`
+	// Procs are /proc's processes by pid: Name, State, PPid, NSpid.
+	Procs map[string]map[string]string `json:"procs"`
+	// Signalable are the pids kill(pid, 0) did not answer ESRCH, with
+	// its answer.
+	Signalable map[string]string `json:"signalable"`
+	RootMnt    string            `json:"root_mnt"`
+	FDs        map[string]struct {
+		Target string `json:"target"`
+		Mode   uint32 `json:"mode"`
+		Ino    uint64 `json:"ino"`
+		Rdev   uint64 `json:"rdev"`
+		Flags  int    `json:"flags"`
+		MntID  string `json:"mnt_id"`
+	} `json:"fds"`
+}
+
+// TestTemplateForkIsConfined: the template-fork defences of SECURITY.md
+// cases 66-69 on one fork of template.py, each case a subtest checked at
+// its moment: after StartShell, the shell's init is gone (reaped: no
+// process but G in G's pid namespace) without ever having been exec'd
+// (66); after READY and before the hand-off, G's status as the host reads
+// it shows it confined (67); the code, handed off with an events pipe,
+// sees only its own processes (66), only its own pid namespace, and
+// signals nothing else among pids 1-32768 (69), and holds no fd but 0-2,
+// the hand-off's channels and read-only image files (68).
+func TestTemplateForkIsConfined(t *testing.T) {
+	skipTemplatesOnV2(t)
+	r := newPoolRunner(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	ws := viewWorkspace(t)
+	lab := startTplLab(t, r, rootfs, nil, "")
+	tpid, err := lab.tpl.Pid()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tplSocket, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", tpid, warmpool.TemplateFD))
+	if err != nil || !strings.HasPrefix(tplSocket, "socket:") {
+		t.Fatalf("T's control socket: %q, %v", tplSocket, err)
+	}
+	f := lab.fork(true)
+	sh, err := r.StartShell(context.Background(), lab.tpl, tplShellSpec(rootfs, ws, nsjail.Limits{}), f.g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sh.Destroy()
+	gpid := sh.GPid()
+
+	t.Run("66 the shell's init is gone before G moves in", func(t *testing.T) {
+		if got := pidNamespaceMembers(t, gpid); len(got) != 1 || got[0] != gpid {
+			t.Errorf("processes in G's pid namespace after StartShell: %v, want G (%d) alone", got, gpid)
+		}
+		// libcontainer removes its exec fifo when the init is let exec
+		// (Container.Exec; its own Created-or-Running test): still there,
+		// the init died without running the shell's command.
+		if _, err := os.Stat(filepath.Join(r.StateRoot(), sh.ID(), "exec.fifo")); err != nil {
+			t.Errorf("the shell's exec fifo: %v (was its init exec'd?)", err)
+		}
+	})
+
+	lab.place(f, sh)
+	t.Run("67 G is confined before its hand-off", func(t *testing.T) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", gpid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// G's pidfd still names an unreaped process after the read: its
+		// pid was not reused, the status read was G's.
+		if err := unix.PidfdSendSignal(int(f.g.Fd()), 0, nil, 0); err != nil {
+			t.Fatalf("G is gone: %v", err)
+		}
+		got := map[string]string{}
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(l, ":"); ok {
+				got[k] = strings.Join(strings.Fields(v), " ")
+			}
+		}
+		ids := func(id int) string { return strings.TrimSpace(strings.Repeat(strconv.Itoa(id)+" ", 4)) }
+		none := "0000000000000000"
+		want := map[string]string{"CapInh": none, "CapPrm": none, "CapEff": none, "CapBnd": none, "CapAmb": none,
+			// As the host sees them: the sandbox user's (inside.UID and
+			// inside.GID in U_F).
+			"Uid": ids(r.HostUID()), "Gid": ids(r.HostGID()), "Groups": "",
+			"NoNewPrivs": "1", "Seccomp": "2", "Threads": "1"}
+		for k, w := range want {
+			if got[k] != w {
+				t.Errorf("G's %s before its hand-off is %q, want %q", k, got[k], w)
+			}
+		}
+	})
+
+	// The hand-off, with an events pipe: a channel of the hand-off's own.
+	evR, evW := pipe(t)
+	defer evR.Close()
+	go func() { _, _ = io.Copy(io.Discard, evR) }()
+	var probe forkProbe
+	st := lab.runHandoff(f, warmpool.Handoff{Path: probePath, Argv: []string{probePath}, Events: true}, &probe, evW)
+	evW.Close()
+	if !st.Exited() || st.ExitStatus() != 0 {
+		t.Errorf("G's wait status %#x, want exit 0", uint32(st))
+	}
+	own := []string{strconv.Itoa(probe.Self), strconv.Itoa(probe.Child)}
+	slices.Sort(own)
+	if probe.Self != 1 || probe.Child <= 1 {
+		t.Fatalf("the code is pid %d, its child %d: want pid 1 and another", probe.Self, probe.Child)
+	}
+
+	t.Run("66 the code sees only its own processes", func(t *testing.T) {
+		var pids []string
+		for p := range probe.Procs {
+			pids = append(pids, p)
+		}
+		slices.Sort(pids)
+		if !slices.Equal(pids, own) {
+			t.Errorf("the code's /proc lists %v, want only the code and its child %v: %v", pids, own, probe.Procs)
+		}
+	})
+
+	t.Run("68 the code holds no namespace fd and nothing of T's", func(t *testing.T) {
+		ino := func(f *os.File) uint64 {
+			var st unix.Stat_t
+			if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+				t.Fatal(err)
+			}
+			return st.Ino
+		}
+		// nsfs links read TYPE:[INODE].
+		nsTypes := append(nsjail.ShellNamespaces(), "user", "pid", "pid_for_children", "time", "time_for_children")
+		// Pipes: one inode for both ends.
+		channels := map[int]uint64{1: ino(f.stdout), 2: ino(f.stderr), runner.EventsFD: ino(evR)}
+		for name, fd := range probe.FDs {
+			n, _ := strconv.Atoi(name)
+			switch {
+			case fd.Target == tplSocket:
+				t.Errorf("fd %d is T's control socket", n)
+			case slices.Contains(nsTypes, strings.SplitN(fd.Target, ":[", 2)[0]):
+				t.Errorf("fd %d is a namespace (%s)", n, fd.Target)
+			case n == 0:
+				if fd.Mode&unix.S_IFMT != unix.S_IFCHR || fd.Rdev != unix.Mkdev(1, 3) {
+					t.Errorf("fd 0 is %s, want /dev/null", fd.Target)
+				}
+			case channels[n] != 0:
+				if !strings.HasPrefix(fd.Target, "pipe:") || fd.Ino != channels[n] {
+					t.Errorf("fd %d is %s (inode %d), not the hand-off's own pipe (inode %d)", n, fd.Target, fd.Ino, channels[n])
+				}
+			default:
+				// An image file T's check admits: read-only, a regular
+				// file, on the shell's read-only root mount.
+				if fd.Mode&unix.S_IFMT != unix.S_IFREG || fd.Flags&(unix.O_ACCMODE|unix.O_PATH) != unix.O_RDONLY ||
+					fd.MntID != probe.RootMnt {
+					t.Errorf("fd %d is %s (mode %o, flags %o, mount %s; root %s): neither 0-2, a channel of the hand-off nor a read-only image file",
+						n, fd.Target, fd.Mode, fd.Flags, fd.MntID, probe.RootMnt)
+				}
+			}
+		}
+		for n := range channels {
+			if _, ok := probe.FDs[strconv.Itoa(n)]; !ok {
+				t.Errorf("the code has no fd %d: the listing missed a channel of the hand-off", n)
+			}
+		}
+	})
+
+	t.Run("69 the code cannot see or signal F or T", func(t *testing.T) {
+		// /proc is the code's own pid namespace's: an ancestor's procfs
+		// would list each process's pid in both (NSpid).
+		for p, s := range probe.Procs {
+			if len(strings.Fields(s["NSpid"])) != 1 {
+				t.Errorf("pid %s's NSpid in the code's /proc is %q: not its own pid namespace's", p, s["NSpid"])
+			}
+		}
+		var reached []string
+		for p, answer := range probe.Signalable {
+			if answer != "ok" || !slices.Contains(own, p) {
+				reached = append(reached, p+" "+answer)
+			}
+		}
+		if len(reached) > 0 {
+			t.Errorf("kill(pid, 0) from the code found processes not its own: %v", reached)
+		}
+		for _, p := range own {
+			if probe.Signalable[p] != "ok" {
+				t.Errorf("kill(%s, 0) of the code's own process: %q, want ok (the sweep sees nothing)", p, probe.Signalable[p])
+			}
+		}
+	})
+
+	if !fEnds(t, f, time.Minute) {
+		t.Error("F did not end after G")
+	}
+}
+
+// pidNamespaceMembers are the host pids of the processes in pid's pid
+// namespace, sorted.
+func pidNamespaceMembers(t *testing.T, pid int) []int {
+	t.Helper()
+	var want unix.Stat_t
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/pid", pid), &want); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Stat(fmt.Sprintf("/proc/%d/ns/pid", p), &st) == nil && st.Dev == want.Dev && st.Ino == want.Ino {
+			out = append(out, p)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // BenchmarkTemplateForkMemory: what an idle fork costs (issue 17: private
