@@ -303,13 +303,15 @@ func (s *Server) Prepare(ctx context.Context) error {
 	// execution does. Built with pool_size 0 too: session kernels then
 	// start cold through it.
 	pool, err := warmpool.New(s.sandbox, warmpool.Config{
-		Size:            s.cfg.PoolSize,
-		MaxIdle:         time.Duration(s.cfg.PoolMaxIdle),
-		Preload:         s.cfg.PoolPreload,
-		WorkRoot:        s.cfg.WorkRoot,
-		WorkspaceBytes:  s.cfg.WorkspaceBytes,
-		WorkspaceInodes: s.cfg.WorkspaceInodes,
-		Forks:           s.cfg.PoolTemplateForks,
+		Size:             s.cfg.PoolSize,
+		MaxIdle:          time.Duration(s.cfg.PoolMaxIdle),
+		Preload:          s.cfg.PoolPreload,
+		WorkRoot:         s.cfg.WorkRoot,
+		WorkspaceBytes:   s.cfg.WorkspaceBytes,
+		WorkspaceInodes:  s.cfg.WorkspaceInodes,
+		Forks:            s.cfg.PoolTemplateForks,
+		TemplateMaxForks: s.cfg.PoolTemplateMaxForks,
+		TemplateMaxAge:   time.Duration(s.cfg.PoolTemplateMaxAge),
 	}, templates, s.log)
 	if err != nil {
 		err = fmt.Errorf("warm pool: %w", err)

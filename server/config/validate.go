@@ -298,6 +298,12 @@ func poolCheck(c Config) (errs []error) {
 		errs = append(errs, fmt.Errorf("pool_size must be <= max_concurrent + max_sessions (%d: more cannot be in use at once), got: %d",
 			c.maxTemplateSize(), c.PoolSize))
 	}
+	if c.PoolTemplateMaxForks < 1 {
+		errs = append(errs, fmt.Errorf("pool_template_max_forks must be >= 1, got: %d", c.PoolTemplateMaxForks))
+	}
+	if time.Duration(c.PoolTemplateMaxAge) < time.Minute {
+		errs = append(errs, fmt.Errorf("pool_template_max_age must be >= 1m, got: %s", time.Duration(c.PoolTemplateMaxAge)))
+	}
 	if time.Duration(c.PoolMaxIdle) < time.Second {
 		errs = append(errs, fmt.Errorf("pool_max_idle must be >= 1s, got: %s", time.Duration(c.PoolMaxIdle)))
 	}

@@ -68,6 +68,8 @@ var validateCases = []struct {
 	{"pool size", "pool", func(c *Config) { c.PoolSize, c.MaxConcurrent = 100, 4 },
 		"pool_size must be <= max_concurrent + max_sessions (68: more cannot be in use at once), got: 100"},
 	{"pool idle", "pool", func(c *Config) { c.PoolMaxIdle = Duration(time.Millisecond) }, "pool_max_idle must be >= 1s, got: 1ms"},
+	{"template forks", "pool", func(c *Config) { c.PoolTemplateMaxForks = 0 }, "pool_template_max_forks must be >= 1, got: 0"},
+	{"template age", "pool", func(c *Config) { c.PoolTemplateMaxAge = Duration(time.Second) }, "pool_template_max_age must be >= 1m, got: 1s"},
 	{"pool preload", "pool", func(c *Config) { c.PoolPreload = []string{"a-b"} }, `pool_preload entries must be Python module names, got: "a-b"`},
 	{"env name", "allowed_env", func(c *Config) { c.AllowedEnv = []string{"1X"} }, `allowed_env entries must be variable names, got: "1X"`},
 	{"sessions dir", "paths", func(c *Config) { c.SessionsDir = "sessions" }, `sessions_dir must be an absolute path, got: "sessions"`},

@@ -45,8 +45,10 @@ type templateProc struct {
 	// ctl is the pool's end of T's control socket (TemplateFD). Only the
 	// template pool's refill goroutine uses it: one request at a time.
 	ctl *net.UnixConn
-	// forks counts the forks asked for.
-	forks int
+	// forks counts the forks asked for; started is when it was started
+	// (rotation: Config.TemplateMaxForks, Config.TemplateMaxAge).
+	forks   int
+	started time.Time
 }
 
 // startTemplate starts t's template process and waits until it took its
@@ -64,7 +66,7 @@ func (p *Pool) startTemplate(f Forker, t Template) (*templateProc, error) {
 		ctl.Close()
 		return nil, err
 	}
-	return &templateProc{tpl: tpl, ctl: ctl}, nil
+	return &templateProc{tpl: tpl, ctl: ctl, started: time.Now()}, nil
 }
 
 // stop ends the template: EOF on its socket, then a bounded wait. Its
@@ -75,9 +77,40 @@ func (tp *templateProc) stop() *nsjail.Result {
 	return tp.tpl.Stop(retireGrace)
 }
 
+// rotates tells whether tproc has served its share (Config.TemplateMaxForks,
+// Config.TemplateMaxAge; 0: no bound).
+func (p *Pool) rotates(tproc *templateProc) bool {
+	return (p.cfg.TemplateMaxForks > 0 && tproc.forks >= p.cfg.TemplateMaxForks) ||
+		(p.cfg.TemplateMaxAge > 0 && time.Since(tproc.started) >= p.cfg.TemplateMaxAge)
+}
+
+// retireTemplate asks tproc for no more forks and stops it once every
+// fork it made has ended (its forks, ready or serving an execution or a
+// session's kernel, are in its pid namespace: stopping it earlier would
+// kill them). Close waits for it.
+func (p *Pool) retireTemplate(tproc *templateProc) {
+	p.retiring.Add(1)
+	go func() {
+		defer p.retiring.Done()
+		tproc.tpl.WaitShells()
+		res := tproc.stop()
+		p.log.Info("warm pool: template ended", "template", tproc.tpl.ID(), "forks", tproc.forks,
+			"status", res.Status, "stderr", truncateForLog(res.Stderr))
+	}()
+}
+
 // startFork makes one warm sandbox of t, a fork of tp's template, with
 // its own workspace.
 func (p *Pool) startFork(f Forker, tp *templatePool) (*warmSandbox, error) {
+	if old := tp.proc; old != nil && p.rotates(old) {
+		// TEMPLATE.md section 7: what forks share with their template
+		// (its address-space layout, its hash secret) is bounded by how
+		// many forks, and for how long, one template serves.
+		p.log.Info("warm pool: template rotated", "template", old.tpl.ID(), "forks", old.forks,
+			"age", time.Since(old.started).Round(time.Second))
+		p.retireTemplate(old)
+		tp.proc = nil
+	}
 	if tp.proc == nil {
 		proc, err := p.startTemplate(f, tp.t)
 		if err != nil {
@@ -99,9 +132,7 @@ func (p *Pool) startFork(f Forker, tp *templatePool) (*warmSandbox, error) {
 			// A template that refuses (it holds what a fork must not
 			// inherit) or breaks the protocol is never asked again.
 			p.log.Error("warm pool: template retired", "template", tp.proc.tpl.ID(), "error", err)
-			res := tp.proc.stop()
-			p.log.Info("warm pool: template ended", "template", tp.proc.tpl.ID(), "status", res.Status,
-				"stderr", truncateForLog(res.Stderr))
+			p.retireTemplate(tp.proc)
 			tp.proc = nil
 		}
 		return nil, err

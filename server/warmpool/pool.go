@@ -77,6 +77,11 @@ type Config struct {
 	// the preload once per template (fork.go; TEMPLATE.md), instead of a
 	// zygote that imports it itself. The sandboxer must be a Forker.
 	Forks bool
+	// TemplateMaxForks and TemplateMaxAge rotate a template (a new one is
+	// started, the old one stopped once its forks have ended) after it
+	// made this many forks or lived this long (0: no bound).
+	TemplateMaxForks int
+	TemplateMaxAge   time.Duration
 }
 
 // Stats is the pool's state, for /metrics.
@@ -639,18 +644,14 @@ func (p *Pool) Close() {
 	for _, w := range all {
 		p.retire(w)
 	}
-	p.retiring.Wait()
 	// A template's forks are in its pid namespace: it is stopped only once
 	// every fork handed off has ended (the server closes its sessions'
 	// kernels first).
 	for _, tp := range p.templates {
 		if tp.proc != nil {
-			tp.proc.tpl.WaitShells()
-			if res := tp.proc.stop(); res.Status != nsjail.StatusSucceeded {
-				p.log.Warn("warm pool: template ended badly", "template", tp.proc.tpl.ID(), "status", res.Status,
-					"stderr", truncateForLog(res.Stderr))
-			}
+			p.retireTemplate(tp.proc)
 			tp.proc = nil
 		}
 	}
+	p.retiring.Wait()
 }

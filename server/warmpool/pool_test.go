@@ -543,3 +543,49 @@ func benchWorkspace(b *testing.B, r *nsjail.Runner, code string) string {
 	_ = filepath.WalkDir(ws, func(p string, _ fs.DirEntry, err error) error { return os.Lchown(p, r.HostUID(), r.HostGID()) })
 	return ws
 }
+
+// TestTemplateRotation: with Config.TemplateMaxForks, a template serves at
+// most that many forks before a new one replaces it (SECURITY.md case 64:
+// what forks share with their template, the str hash secret among it, is
+// bounded so); the old one ends once its forks have, and Close leaves no
+// template behind (RunAndCheck).
+func TestTemplateRotation(t *testing.T) {
+	skipTemplatesOnV2(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	r := newPoolRunner(t)
+	tpl := poolTemplate(rootfs)
+	cfg := poolConfig(1, t.TempDir(), 64<<20)
+	cfg.Forks, cfg.TemplateMaxForks = true, 2
+	pool, err := warmpool.New(r, cfg, []warmpool.Template{tpl}, poolQuietLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	seen := map[string]int{}
+	for i := range 6 {
+		waitReady(t, pool, 1)
+		ws := poolWorkspace(t, r, `print(hash("sandboxd"))`, 64<<20)
+		res, out, err := pool.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+			Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits})
+		if err != nil || res.Status != nsjail.StatusSucceeded {
+			t.Fatalf("run %d: %v %+v", i, err, res)
+		}
+		if out != ws {
+			workspace.Remove(out)
+		}
+		seen[strings.TrimSpace(string(res.Stdout))]++
+	}
+	if st := pool.Stats(); st.Taken != 6 || st.RefillFailures != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	// Each template's forks share its hash secret: 6 executions of
+	// templates of 2 forks each are 3 or more secrets, none seen thrice.
+	if len(seen) < 3 {
+		t.Errorf("hash secrets seen: %v, want one per template of at most 2 forks", seen)
+	}
+	for h, n := range seen {
+		if n > 2 {
+			t.Errorf("hash secret %s served %d executions, more than a template's 2 forks", h, n)
+		}
+	}
+}
