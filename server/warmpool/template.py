@@ -591,18 +591,39 @@ def _check_dropped(uid, gid):
 
 
 def _reseed():
-    """Give G its own state where the preload seeded some at import (E1,
-    TEMPLATE.md section 7): a fork starts with T's. Only what is imported
-    is touched (nothing new is imported here)."""
-    # random: CPython reseeds it in every fork (os.register_at_fork).
-    # NumPy's legacy global RandomState, seeded once at `import numpy`.
+    """Give G its own state wherever the preload left per-process random
+    state at import (TEMPLATE.md section 7, experiment E6; SECURITY.md case
+    64): a fork starts with T's memory, and G is pid 1 as T is, so a
+    library's own after-fork check by pid does not fire either. Only what
+    is imported is touched (nothing new is imported here); each line names
+    what it reseeds. random's global generator needs nothing: CPython
+    reseeds it in every fork (os.register_at_fork)."""
+    # NumPy's legacy global RandomState (numpy.random.random, pandas'
+    # sample), seeded at import: a fresh bit generator, as a cold import
+    # makes it (seed() leaves it without a seed sequence to spawn from;
+    # NumPy before 1.25 has only seed()).
     np_random = sys.modules.get("numpy.random")
     if np_random is not None:
-        np_random.seed()
-    # multiprocessing's authkey, made from os.urandom at import.
+        if hasattr(np_random, "set_bit_generator"):
+            np_random.set_bit_generator(np_random.MT19937())
+        else:
+            np_random.seed()
+    # multiprocessing's authkey (its connections' HMAC key), made from
+    # os.urandom at import.
     mp_process = sys.modules.get("multiprocessing.process")
     if mp_process is not None:
         mp_process.current_process().authkey = os.urandom(32)
+    # OpenSSL's DRBG, if T drew from it (an SSLContext made at import
+    # does): OpenSSL reseeds after a fork only when getpid() changed.
+    ssl = sys.modules.get("_ssl")
+    if ssl is not None:
+        ssl.RAND_add(os.urandom(32), 32.0)
+    # tempfile's name generator, if T named a temporary file: it makes a
+    # new one only when getpid() changed. Dropped, as in a cold process
+    # before its first temporary file.
+    tempfile = sys.modules.get("tempfile")
+    if tempfile is not None:
+        tempfile._name_sequence = None
 
 
 if __name__ == "__main__":

@@ -54,6 +54,12 @@ type tplLab struct {
 // run in T before template.py's own code (what a preload could leave).
 func startTplLab(t testing.TB, r *nsjail.Runner, rootfs string, preload []string, prelude string) *tplLab {
 	t.Helper()
+	return startTplLabEnv(t, r, rootfs, preload, prelude, []string{"HOME=/tmp"})
+}
+
+// startTplLabEnv is startTplLab with T's environment.
+func startTplLabEnv(t testing.TB, r *nsjail.Runner, rootfs string, preload []string, prelude string, env []string) *tplLab {
+	t.Helper()
 	ours, theirs := socketpair(t)
 	lab := &tplLab{t: t, r: r, ctl: ours}
 	args := warmpool.TemplateArgs(preload)
@@ -65,7 +71,7 @@ func startTplLab(t testing.TB, r *nsjail.Runner, rootfs string, preload []string
 		defer lab.mu.Unlock()
 		lab.log.Write(chunk)
 	}
-	tpl, err := r.StartTemplate(nsjail.Spec{Rootfs: rootfs, Args: args, Env: []string{"HOME=/tmp"}, Output: out}, theirs)
+	tpl, err := r.StartTemplate(nsjail.Spec{Rootfs: rootfs, Args: args, Env: env, Output: out}, theirs)
 	theirs.Close()
 	if err != nil {
 		ours.Close()
@@ -352,12 +358,24 @@ var lowLimits = nsjail.Limits{OpenFiles: 256, FileSizeBytes: 64 << 20}
 // insideview.py (viewPath) and forkprobe.py (probePath).
 func viewWorkspace(t *testing.T) string {
 	t.Helper()
+	return testdataWorkspace(t, map[string]string{"insideview.py": viewPath, "forkprobe.py": probePath})
+}
+
+const (
+	viewPath  = "/workspace/view.py"
+	probePath = "/workspace/probe.py"
+)
+
+// testdataWorkspace is a workspace holding each testdata file src (a key
+// of files) at its path in /workspace (the value).
+func testdataWorkspace(t *testing.T, files map[string]string) string {
+	t.Helper()
 	ws := t.TempDir()
 	if err := os.Chmod(ws, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for src, dst := range map[string]string{"testdata/insideview.py": viewPath, "testdata/forkprobe.py": probePath} {
-		b, err := os.ReadFile(src)
+	for src, dst := range files {
+		b, err := os.ReadFile(filepath.Join("testdata", src))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -367,11 +385,6 @@ func viewWorkspace(t *testing.T) string {
 	}
 	return ws
 }
-
-const (
-	viewPath  = "/workspace/view.py"
-	probePath = "/workspace/probe.py"
-)
 
 // coldView runs insideview.py as a cold execution runs a file.
 func coldView(t *testing.T, r *nsjail.Runner, rootfs, ws string, lim nsjail.Limits) (map[string]any, string) {
@@ -497,6 +510,116 @@ func TestTemplateForkMatchesCold(t *testing.T) {
 	}
 	if log := lab.logText(); log != "" {
 		t.Errorf("the template logged: %s", log)
+	}
+}
+
+const seedProbePath = "/workspace/seedprobe.py"
+
+// TestTemplateForkSecretsDiffer (SECURITY.md case 64, TEMPLATE.md section
+// 7): the code of two forks of one template draws from every
+// pseudo-random source it can reach (testdata/seedprobe.py: each
+// generator object the collector lists, random.Random but SystemRandom and
+// NumPy's RandomState, Generator, BitGenerator and SeedSequence, keyed by
+// where it is reachable from; and the per-process sources: the
+// multiprocessing authkey, tempfile's names, OpenSSL's DRBG, uuid1's
+// clock sequence, Arrow's seeds, arc4random), and no draw is the same in
+// both: G reseeds what T seeded at import (template.py _reseed). Two
+// templates: the pool's, with the production preload and environment
+// (SANDBOXD_TEMPLATE_PRELOAD replaces the preload: the audit a change of
+// pool_preload needs), and one whose T made the state a check by pid
+// would leave shared, G being pid 1 as T is (OpenSSL drawn from, a
+// temporary file named; and multiprocessing imported). Each must find the
+// sources it names, so that it cannot pass comparing nothing, and its two
+// forks must share the str hash secret and layout, which only forks of
+// one template do.
+func TestTemplateForkSecretsDiffer(t *testing.T) {
+	skipTemplatesOnV2(t)
+	r := newPoolRunner(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	ws := testdataWorkspace(t, map[string]string{"seedprobe.py": "/workspace/seedprobe.py"})
+	const randomInst = "random._inst (random.Random)"
+	preload := config.Default().PoolPreload
+	// NumPy's global generator, its bit generator and that one's seed
+	// sequence (a fresh one, as a cold import makes), and the
+	// per-process sources the default stack imports (pyarrow's only where
+	// the image has pyarrow: not required).
+	must := []string{randomInst, "numpy.random.mtrand._rand (numpy.random.RandomState)",
+		"numpy.random.mtrand._rand._bit_generator (numpy.random.BitGenerator)",
+		"numpy.random.mtrand._rand._bit_generator._seed_seq (numpy.random.SeedSequence)",
+		"tempfile names", "OpenSSL RAND_bytes", "uuid1 clock_seq"}
+	if p := os.Getenv("SANDBOXD_TEMPLATE_PRELOAD"); p != "" {
+		preload, must = strings.Split(p, ","), []string{randomInst}
+	}
+	for _, c := range []struct {
+		name    string
+		preload []string
+		prelude string
+		must    []string
+	}{
+		{"pool template", preload, "", must},
+		{"pid-keyed state", nil, "import ssl as _s, tempfile as _t, multiprocessing as _m\n_s.RAND_bytes(1)\nnext(_t._get_candidate_names())",
+			[]string{randomInst, "OpenSSL RAND_bytes", "tempfile names", "multiprocessing authkey"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			lab := startTplLabEnv(t, r, rootfs, c.preload, c.prelude, poolTemplate(rootfs).Env)
+			var draws [2]map[string]any
+			for i := range draws {
+				f := lab.fork(true)
+				sh, err := r.StartShell(context.Background(), lab.tpl, tplShellSpec(rootfs, ws, nsjail.Limits{}), f.g)
+				if err != nil {
+					t.Fatalf("fork %d: StartShell: %v", i, err)
+				}
+				lab.place(f, sh)
+				v, st := lab.runView(f, seedProbePath)
+				if !st.Exited() || st.ExitStatus() != 0 {
+					t.Errorf("fork %d: G's wait status %#x, want exit 0", i, uint32(st))
+				}
+				if !fEnds(t, f, time.Minute) {
+					t.Errorf("fork %d: F did not end after G", i)
+				}
+				if err := sh.Destroy(); err != nil {
+					t.Errorf("fork %d: Destroy: %v", i, err)
+				}
+				draws[i] = v
+			}
+			var found, same []string
+			for _, part := range []string{"generators", "process"} {
+				a, _ := draws[0][part].(map[string]any)
+				b, _ := draws[1][part].(map[string]any)
+				for k, v := range a {
+					found = append(found, k)
+					if w, ok := b[k]; !ok {
+						t.Errorf("%s: fork 0 drew from %s, fork 1 did not find it", part, k)
+					} else if v == w {
+						same = append(same, fmt.Sprintf("%s: %v", k, v))
+					}
+				}
+				for k := range b {
+					if _, ok := a[k]; !ok {
+						t.Errorf("%s: fork 1 drew from %s, fork 0 did not find it", part, k)
+					}
+				}
+			}
+			slices.Sort(found)
+			slices.Sort(same)
+			if len(same) > 0 {
+				t.Errorf("the two forks drew the same from:\n%s", strings.Join(same, "\n"))
+			}
+			for _, k := range c.must {
+				if !slices.Contains(found, k) {
+					t.Errorf("the probe did not find %s; it found:\n%s", k, strings.Join(found, "\n"))
+				}
+			}
+			a, _ := json.Marshal(draws[0]["shared"])
+			b, _ := json.Marshal(draws[1]["shared"])
+			if draws[0]["shared"] == nil || !bytes.Equal(a, b) {
+				t.Errorf("the forks' hash secret and layout differ (%s, %s): not forks of one template", a, b)
+			}
+			if log := lab.logText(); log != "" {
+				t.Errorf("the template logged: %s", log)
+			}
+			t.Logf("compared %d sources:\n%s", len(found), strings.Join(found, "\n"))
+		})
 	}
 }
 
