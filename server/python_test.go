@@ -172,11 +172,23 @@ func TestPythonFailures(t *testing.T) {
 // The warm pool through the HTTP API: with the pool on, a script's response
 // is the one the pool-off server gives, and the pool served it.
 func TestPoolThroughAPI(t *testing.T) {
+	for _, forks := range []bool{false, true} {
+		t.Run(map[bool]string{false: "import", true: "forks"}[forks], func(t *testing.T) {
+			if forks {
+				skipForksOnV2(t)
+			}
+			testPoolThroughAPI(t, forks)
+		})
+	}
+}
+
+func testPoolThroughAPI(t *testing.T, forks bool) {
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	cold := newEnv(t, rootfs, nil)
 	warm := newEnv(t, rootfs, func(c *config.Config) {
 		c.PoolSize = 1
 		c.PoolPreload = []string{"pandas", "matplotlib.pyplot"}
+		c.PoolTemplateForks = forks
 	})
 	deadline := time.Now().Add(2 * time.Minute)
 	for warm.srv.PoolStats().Ready < 2 { // one per policy

@@ -561,9 +561,21 @@ func TestSessionUploadsAreBounded(t *testing.T) {
 // stack is imported already, no sandbox is started cold, and the pool
 // counts it taken. The metrics show the session.
 func TestSessionKernelFromTheWarmPool(t *testing.T) {
+	for _, forks := range []bool{false, true} {
+		t.Run(map[bool]string{false: "import", true: "forks"}[forks], func(t *testing.T) {
+			if forks {
+				skipForksOnV2(t)
+			}
+			testSessionKernelFromTheWarmPool(t, forks)
+		})
+	}
+}
+
+func testSessionKernelFromTheWarmPool(t *testing.T, forks bool) {
 	e := newSessionEnv(t, nsjailtest.RuntimeRootfs(t), func(c *config.Config) {
 		c.PoolSize = 1
 		c.PoolPreload = []string{"pandas"}
+		c.PoolTemplateForks = forks
 	})
 	deadline := time.Now().Add(2 * time.Minute)
 	for e.srv.PoolStats().Ready < 2 { // one per policy
