@@ -76,9 +76,9 @@ func (p *Pending) ID() string { return p.s.id }
 
 // Pid is the host pid of the sandbox's first process. It stays that
 // process's until Handoff's Sandbox or Retire has waited for it (only the
-// Runner reaps it), so a pidfd opened for it before then is the process's;
-// except in a template fork (Shell.Pending), whose G is F's to reap: its
-// pid is G's only while G lives, and G's pidfd is the shell's.
+// Runner reaps it), so a pidfd opened for it before then is the process's.
+// A template fork (Shell.Pending) has none to give: its G is F's to reap,
+// so its pid may be reused; GPidfd gives G's pidfd.
 func (p *Pending) Pid() (int, error) { return p.s.proc.Pid() }
 
 // Alive reports whether the sandbox's first process is running and has not

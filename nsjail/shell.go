@@ -146,7 +146,7 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 	}()
 	gpid, userNS, pidNS, err := r.openFork(t, gfd)
 	if err != nil {
-		return fail("not a fork of template %s: %w", t.ID(), err)
+		return fail("%w %s: %w", ErrNotAFork, t.ID(), err)
 	}
 	defer userNS.Close()
 	defer pidNS.Close()

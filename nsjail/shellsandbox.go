@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -16,6 +19,55 @@ import (
 // report (HandoffOptions.ExitReport, required in practice: without it the
 // status is unknown and Wait reports sandbox_error), kills through the
 // shell's cgroup, and removes the sandbox with Shell.Destroy.
+
+// ErrNotAFork is StartShell's error for a pidfd that is not of a fresh fork
+// of the template (SECURITY.md case 65): the template sent something else,
+// so it is broken or compromised.
+var ErrNotAFork = errors.New("not a fork of template")
+
+// CheckConfined checks from the host that G has confined itself as a cold
+// sandbox's process is, before it is given any request (SECURITY.md case
+// 67; G does it itself, and says READY on a pipe its template held too: a
+// broken or compromised template could say it early). No capability in
+// any set, the sandbox user's ids in every slot, no_new_privs, a seccomp
+// filter. G's status is read between two checks of its pidfd, so it is
+// G's.
+func (s *Shell) CheckConfined() error {
+	g := gProcess{pid: s.gpid, pidfd: s.g}
+	if g.exited() {
+		return errors.New("G has ended")
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.gpid))
+	if g.exited() {
+		return errors.New("G has ended")
+	}
+	if err != nil {
+		return fmt.Errorf("unable to read G's status: %w", err)
+	}
+	status := string(b)
+	var bad []string
+	for _, k := range []string{"CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"} {
+		if v := statusField(status, k); len(v) != 1 || strings.Trim(v[0], "0") != "" {
+			bad = append(bad, fmt.Sprintf("%s %v", k, v))
+		}
+	}
+	for k, id := range map[string]int{"Uid": s.r.HostUID(), "Gid": s.r.HostGID()} {
+		v := statusField(status, k)
+		if len(v) != 4 || slices.ContainsFunc(v, func(x string) bool { return x != strconv.Itoa(id) }) {
+			bad = append(bad, fmt.Sprintf("%s %v, want %d", k, v, id))
+		}
+	}
+	if v := statusField(status, "NoNewPrivs"); len(v) != 1 || v[0] != "1" {
+		bad = append(bad, fmt.Sprintf("NoNewPrivs %v", v))
+	}
+	if v := statusField(status, "Seccomp"); len(v) != 1 || v[0] != "2" {
+		bad = append(bad, fmt.Sprintf("Seccomp %v", v))
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("G is not confined: %s", strings.Join(bad, "; "))
+	}
+	return nil
+}
 
 // Pending makes the shell a pre-started sandbox whose first process is G,
 // from the moment G is in its cgroup (MoveG) and waits for its execution.
@@ -50,9 +102,12 @@ type gProcess struct {
 	pidfd *os.File
 }
 
-// Pid is G's pid: G's only while G lives (a zombie included); F reaps it
-// once the worker's go-ahead came, after which the number may be anyone's.
-func (g gProcess) Pid() (int, error) { return g.pid, nil }
+// Pid refuses: G's pid is G's only while G lives (a zombie included), and
+// F reaps it once the worker's go-ahead came, after which the number may be
+// anyone's. G is reached through its pidfd (Pending.GPidfd).
+func (g gProcess) Pid() (int, error) {
+	return 0, errors.New("a template fork's G is not the worker's child: its pid may be reused; use its pidfd")
+}
 
 // Wait returns once G has exited: its pidfd polls readable then (Linux
 // 5.3+), zombie or reaped. The state is nil: G's wait status is F's to

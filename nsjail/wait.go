@@ -95,6 +95,10 @@ func (s *Sandbox) await(ctx context.Context) awaited {
 	a := awaited{exited: exited}
 	report := s.exitReport
 	exitCase := (<-chan reaped)(exited)
+	// gEnded: a template fork's G has ended and its report is awaited
+	// (shellReportGrace); gExit is that end.
+	var gEnded <-chan time.Time
+	var gExit reaped
 wait:
 	for {
 		select {
@@ -102,13 +106,19 @@ wait:
 			if s.shell != nil && report != nil && r.err == nil {
 				// A template fork's G ended: its pidfd may tell before F's
 				// report of how does, which F writes as soon as the
-				// kernel tells it. Wait for the report (or its absence),
-				// and keep the exit for those who read it later.
-				exitCase = nil
+				// kernel tells it. Wait a moment for the report, and keep
+				// the exit for those who read it later.
+				exitCase, gExit = nil, r
 				exited <- r
+				gEnded = time.After(shellReportGrace)
 				continue
 			}
 			a.state, a.waitErr = r.state, r.err
+			break wait
+		case <-gEnded:
+			// No report (F died, or will not say): G's status is unknown.
+			<-exited
+			a.state, a.waitErr = gExit.state, gExit.err
 			break wait
 		case <-expired:
 			a.killedFor = StatusTimeout
@@ -121,6 +131,12 @@ wait:
 				break wait
 			}
 			report = nil // closed without a report: wait for the exit
+			if exitCase == nil {
+				// ... which G's pidfd told already.
+				<-exited
+				a.state, a.waitErr = gExit.state, gExit.err
+				break wait
+			}
 		}
 	}
 	// Never frozen from now on; one frozen before is thawed after the
@@ -145,7 +161,7 @@ wait:
 		if !a.haveReport && a.killedFor != "" {
 			r := <-exited
 			a.state, a.waitErr = r.state, r.err
-			if s.shell != nil {
+			if s.shell != nil && report != nil {
 				// G's status (the kill's, as a cold init's would be)
 				// comes in F's report, written as G ends.
 				exited <- r

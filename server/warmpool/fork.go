@@ -51,9 +51,9 @@ type templateProc struct {
 	started time.Time
 }
 
-// startTemplate starts t's template process and waits until it took its
-// first request (T imports the preload before it reads one: the reply to
-// that request is its readiness).
+// startTemplate starts t's template process. It does not wait for T's
+// import of the preload: T reads no request before it is done, so the
+// first fork's reply waits for it (within readyTimeout, as a zygote's).
 func (p *Pool) startTemplate(f Forker, t Template) (*templateProc, error) {
 	ctl, peer, err := controlPair()
 	if err != nil {
@@ -84,15 +84,34 @@ func (p *Pool) rotates(tproc *templateProc) bool {
 		(p.cfg.TemplateMaxAge > 0 && time.Since(tproc.started) >= p.cfg.TemplateMaxAge)
 }
 
+// closeShellsGrace bounds how long a closed pool waits for the forks
+// still in use (the server ends its sessions' kernels before it closes
+// the pool; a fork that outlives that is killed with its template).
+const closeShellsGrace = 30 * time.Second
+
 // retireTemplate asks tproc for no more forks and stops it once every
 // fork it made has ended (its forks, ready or serving an execution or a
 // session's kernel, are in its pid namespace: stopping it earlier would
-// kill them). Close waits for it.
+// kill them), or closeShellsGrace after the pool closed. Close waits for
+// it.
 func (p *Pool) retireTemplate(tproc *templateProc) {
 	p.retiring.Add(1)
 	go func() {
 		defer p.retiring.Done()
-		tproc.tpl.WaitShells()
+		idle := make(chan struct{})
+		go func() {
+			tproc.tpl.WaitShells()
+			close(idle)
+		}()
+		select {
+		case <-idle:
+		case <-p.stop:
+			select {
+			case <-idle:
+			case <-time.After(closeShellsGrace):
+				p.log.Warn("warm pool: forks still in use at close; ending them with their template", "template", tproc.tpl.ID())
+			}
+		}
 		res := tproc.stop()
 		p.log.Info("warm pool: template ended", "template", tproc.tpl.ID(), "forks", tproc.forks,
 			"status", res.Status, "stderr", truncateForLog(res.Stderr))
@@ -128,6 +147,9 @@ func (p *Pool) startFork(f Forker, tp *templatePool) (*warmSandbox, error) {
 	w, refused, err := p.fork(f, tp.proc, spec)
 	if err != nil {
 		workspace.Remove(ws)
+		if errors.Is(err, errPoolClosed) {
+			return nil, err
+		}
 		if refused || errors.Is(err, errTemplateBroken) {
 			// A template that refuses (it holds what a fork must not
 			// inherit) or breaks the protocol is never asked again.
@@ -183,20 +205,48 @@ func (p *Pool) fork(f Forker, tproc *templateProc, spec nsjail.Spec) (w *warmSan
 	// ctlPeer is sent too but kept: runWarm's unread check reads it.
 	sent := append([]*os.File{ctlPeer}, theirs...)
 
+	// Every exchange below ends at the pool's Close, which makes it
+	// errPoolClosed, or at its bound.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-p.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	defer context.AfterFunc(ctx, func() {
+		now := time.Now()
+		_ = tproc.ctl.SetDeadline(now)
+		_ = ctl.SetDeadline(now)
+	})()
+	closedOr := func(err error) error {
+		if ctx.Err() != nil {
+			return errPoolClosed
+		}
+		return err
+	}
+
 	uidMap, gidMap := tproc.tpl.ForkIDMap()
 	req, err := EncodeForkRequest(ForkRequest{UIDMap: uidMap, GIDMap: gidMap})
 	if err != nil {
 		return fail(err)
 	}
+	// T reads its first request only once it has imported the preload.
+	replyWithin := forkTimeout
+	if tproc.forks == 0 {
+		replyWithin = readyTimeout
+	}
 	tproc.forks++
-	if err := sendWithFiles(tproc.ctl, req, sent); err != nil {
-		return fail(fmt.Errorf("%w: the fork request: %v", errTemplateBroken, err))
+	if err := sendWithFiles(ctx, tproc.ctl, req, sent); err != nil {
+		return fail(closedOr(fmt.Errorf("%w: the fork request: %v", errTemplateBroken, err)))
 	}
 	closeAll(theirs)
 	theirs = nil
-	line, _, err := recvLine(tproc.ctl, maxForkReplyBytes, 0)
+	line, _, err := recvLine(ctx, tproc.ctl, replyWithin, maxForkReplyBytes, 0)
 	if err != nil {
-		return fail(fmt.Errorf("%w: its reply: %v", errTemplateBroken, err))
+		return fail(closedOr(fmt.Errorf("%w: its reply: %v", errTemplateBroken, err)))
 	}
 	reply, err := DecodeForkReply(line)
 	if err != nil {
@@ -207,26 +257,32 @@ func (p *Pool) fork(f Forker, tproc *templateProc, spec nsjail.Spec) (w *warmSan
 		return nil, true, e
 	}
 	// G's pidfd (T3): one message, one fd.
-	msg, gfds, err := recvLine(ctl, len(PidfdMessage), 1)
+	msg, gfds, err := recvLine(ctx, ctl, forkTimeout, len(PidfdMessage), 1)
 	if err != nil || string(msg) != PidfdMessage || len(gfds) != 1 {
 		for _, fd := range gfds {
 			unix.Close(fd)
 		}
 		goAheadW.Close() // F may reap whatever G became
-		return fail(fmt.Errorf("%w: G's pidfd message %q with %d fds (%v)", errTemplateBroken, msg, len(gfds), err))
+		return fail(closedOr(fmt.Errorf("%w: G's pidfd message %q with %d fds (%v)", errTemplateBroken, msg, len(gfds), err)))
 	}
 	g := os.NewFile(uintptr(gfds[0]), "pidfd-G")
 	defer g.Close() // StartShell keeps its own duplicate
-	ctx, cancel := context.WithTimeout(context.Background(), forkTimeout)
-	defer cancel()
-	sh, err := f.StartShell(ctx, tproc.tpl, spec, g)
+	shellCtx, shellCancel := context.WithTimeout(ctx, forkTimeout)
+	defer shellCancel()
+	sh, err := f.StartShell(shellCtx, tproc.tpl, spec, g)
 	if err != nil {
-		// G, a fork of ours that will never be used, is killed through
-		// its pidfd (never by pid), in the template's cgroup; F, given
-		// the go-ahead, reaps it.
-		_ = unix.PidfdSendSignal(int(g.Fd()), unix.SIGKILL, nil, 0)
 		goAheadW.Close()
-		return fail(fmt.Errorf("%w: %v", errTemplateBroken, err))
+		if errors.Is(err, nsjail.ErrNotAFork) {
+			// The template sent the pidfd of something else (SECURITY.md
+			// case 65): it is retired; whatever the pidfd is, it is left
+			// alone (the pool kills only its own forks).
+			return fail(fmt.Errorf("%w: %v", errTemplateBroken, err))
+		}
+		// G, a fork that will never be used, is killed through its pidfd
+		// (never by pid), in the template's cgroup; F, given the
+		// go-ahead, reaps it.
+		_ = unix.PidfdSendSignal(int(g.Fd()), unix.SIGKILL, nil, 0)
+		return fail(closedOr(err))
 	}
 	pending := sh.Pending(stdoutR, stderrR) // owns the shell and the two pipes from here
 	ours = []*os.File{readyR, reportR, goAheadW}
@@ -246,15 +302,15 @@ func (p *Pool) fork(f Forker, tproc *templateProc, spec nsjail.Spec) (w *warmSan
 	// The go-ahead, whatever MoveG did: F may reap G from now on.
 	goAheadW.Close()
 	if err != nil {
-		return abandon(fmt.Errorf("%w: %v", errTemplateBroken, err))
+		return abandon(fmt.Errorf("unable to move G into its shell: %w", err))
 	}
 	join, err := EncodeJoin(JoinOf(sh))
 	if err == nil {
-		err = sendWithFiles(ctl, join, sh.NamespaceFiles())
+		err = sendWithFiles(ctx, ctl, join, sh.NamespaceFiles())
 	}
 	sh.CloseNamespaces()
 	if err != nil {
-		return abandon(fmt.Errorf("the join: %w", err))
+		return abandon(closedOr(fmt.Errorf("the join: %w", err)))
 	}
 	got := make(chan error, 1)
 	go func() { got <- readReady(readyR) }()
@@ -264,8 +320,18 @@ func (p *Pool) fork(f Forker, tproc *templateProc, spec nsjail.Spec) (w *warmSan
 	case err = <-got:
 	case <-timer.C:
 		err = fmt.Errorf("the fork was not ready within %s", forkTimeout)
+	case <-ctx.Done():
+		err = errPoolClosed
+	}
+	if err == nil {
+		// G says so itself, on a pipe its template held too: the host
+		// checks (SECURITY.md case 67).
+		err = sh.CheckConfined()
 	}
 	if err != nil {
+		if errors.Is(err, errPoolClosed) {
+			return abandon(err)
+		}
 		return abandon(fmt.Errorf("the fork did not become ready: %w", err))
 	}
 	readyR.Close()
@@ -277,14 +343,18 @@ func (p *Pool) fork(f Forker, tproc *templateProc, spec nsjail.Spec) (w *warmSan
 }
 
 // sendWithFiles writes msg on c with files attached (SCM_RIGHTS) to its
-// first byte, under c's write deadline of forkTimeout.
-func sendWithFiles(c *net.UnixConn, msg []byte, files []*os.File) error {
+// first byte, within forkTimeout; ctx's end sets c's deadline to now (the
+// caller's AfterFunc), and is checked after this one is set.
+func sendWithFiles(ctx context.Context, c *net.UnixConn, msg []byte, files []*os.File) error {
 	fds := make([]int, len(files))
 	for i, f := range files {
 		fds[i] = int(f.Fd())
 	}
 	_ = c.SetWriteDeadline(time.Now().Add(forkTimeout))
 	defer c.SetWriteDeadline(time.Time{})
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	var rights []byte
 	if len(fds) > 0 {
 		rights = unix.UnixRights(fds...)
@@ -293,15 +363,19 @@ func sendWithFiles(c *net.UnixConn, msg []byte, files []*os.File) error {
 }
 
 // recvLine reads one line (up to and including MessageEnd, at most max
-// bytes) from c within forkTimeout, with the fds that came with it: at most
+// bytes) from c within timeout (and ctx, as sendWithFiles), with the fds
+// that came with it: at most
 // wantFDs are kept; any more, or a truncated control message, is an error
 // and every fd received is closed (a template must not be able to make the
 // worker hold fds it did not ask for). The peer writes nothing after the
 // line before the pool's next message, so reading whole chunks takes
 // nothing of the next.
-func recvLine(c *net.UnixConn, max, wantFDs int) (line []byte, fds []int, err error) {
-	_ = c.SetReadDeadline(time.Now().Add(forkTimeout))
+func recvLine(ctx context.Context, c *net.UnixConn, timeout time.Duration, max, wantFDs int) (line []byte, fds []int, err error) {
+	_ = c.SetReadDeadline(time.Now().Add(timeout))
 	defer c.SetReadDeadline(time.Time{})
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
 	buf := make([]byte, max)
 	oob := make([]byte, unix.CmsgSpace(4*(wantFDs+1)))
 	closeFDs := func() {

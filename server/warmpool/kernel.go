@@ -458,13 +458,6 @@ func kernelPidfd(p *nsjail.Pending) (int, error) {
 		unix.Close(fd)
 		return -1, fmt.Errorf("the kernel process changed while its pidfd was opened (%v)", err)
 	}
-	// And zpid was the zygote's all along: a template fork's zygote, G, is
-	// F's to reap, and its pid anyone's after that; Alive checks G's
-	// pidfd (SECURITY.md case 41).
-	if !p.Alive() {
-		unix.Close(fd)
-		return -1, errors.New("the zygote ended while its kernel's pidfd was opened")
-	}
 	return fd, nil
 }
 

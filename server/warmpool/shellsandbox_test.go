@@ -158,3 +158,42 @@ func TestShellSandboxRetire(t *testing.T) {
 		t.Error("F did not end after the retirement")
 	}
 }
+
+// TestShellCheckConfined: the host's check of G before the pool counts a
+// fork ready (SECURITY.md case 67) refuses a G that has not dropped (no
+// join yet: the template's root, every capability) and passes one that
+// has.
+func TestShellCheckConfined(t *testing.T) {
+	skipTemplatesOnV2(t)
+	r := newPoolRunner(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}, Workspace: codeWorkspace(t, nil), WorkspaceReadOnly: true}
+	lab := startTplLab(t, r, rootfs, nil, "")
+	f := lab.fork(true)
+	sh, err := r.StartShell(context.Background(), lab.tpl, spec, f.g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := sh.Pending(f.stdout, f.stderr)
+	defer p.Retire(time.Second)
+	if err := sh.MoveG(); err != nil {
+		t.Fatal(err)
+	}
+	if err := sh.CheckConfined(); err == nil || !strings.Contains(err.Error(), "CapEff") {
+		t.Errorf("G before its join: %v, want refused for its capabilities", err)
+	}
+	f.goAhead.Close()
+	line, err := warmpool.EncodeJoin(warmpool.JoinOf(sh))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendLine(t, f.ctl, line, sh.NamespaceFiles()...)
+	sh.CloseNamespaces()
+	b := make([]byte, 1)
+	if n, err := f.ready.Read(b); n != 1 || b[0] != warmpool.ReadyByte {
+		t.Fatalf("G not ready: %q, %v\nlog: %s", b[:n], err, lab.logText())
+	}
+	if err := sh.CheckConfined(); err != nil {
+		t.Errorf("G after READY: %v", err)
+	}
+}
