@@ -182,17 +182,7 @@ func TestShellCheckConfined(t *testing.T) {
 	if err := sh.CheckConfined(); err == nil || !strings.Contains(err.Error(), "CapEff") {
 		t.Errorf("G before its join: %v, want refused for its capabilities", err)
 	}
-	f.goAhead.Close()
-	line, err := warmpool.EncodeJoin(warmpool.JoinOf(sh))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sendLine(t, f.ctl, line, sh.NamespaceFiles()...)
-	sh.CloseNamespaces()
-	b := make([]byte, 1)
-	if n, err := f.ready.Read(b); n != 1 || b[0] != warmpool.ReadyByte {
-		t.Fatalf("G not ready: %q, %v\nlog: %s", b[:n], err, lab.logText())
-	}
+	lab.join(f, sh)
 	if err := sh.CheckConfined(); err != nil {
 		t.Errorf("G after READY: %v", err)
 	}

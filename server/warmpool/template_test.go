@@ -254,11 +254,17 @@ func (l *tplLab) fork(output bool) *tplFork {
 // place does what the pool does once G has its shell: MoveG, the go-ahead,
 // the join; then waits for G's READY.
 func (l *tplLab) place(f *tplFork, sh *nsjail.Shell) {
+	l.t.Helper()
+	if err := sh.MoveG(); err != nil {
+		l.t.Fatalf("MoveG: %v", err)
+	}
+	l.join(f, sh)
+}
+
+// join is place after MoveG: the go-ahead, the join, G's READY.
+func (l *tplLab) join(f *tplFork, sh *nsjail.Shell) {
 	t := l.t
 	t.Helper()
-	if err := sh.MoveG(); err != nil {
-		t.Fatalf("MoveG: %v", err)
-	}
 	f.goAhead.Close()
 	line, err := warmpool.EncodeJoin(warmpool.JoinOf(sh))
 	if err != nil {
@@ -293,8 +299,33 @@ func (l *tplLab) exitReport(f *tplFork) syscall.WaitStatus {
 	return ws
 }
 
+// forkAndRun forks, places the fork in a shell of spec, hands it path and
+// returns what it printed (JSON), once G exited 0, F ended and the shell is
+// destroyed; f is the fork, for what the caller checks beyond.
+func (l *tplLab) forkAndRun(r *nsjail.Runner, spec nsjail.Spec, path, who string) (map[string]any, *tplFork) {
+	t := l.t
+	t.Helper()
+	f := l.fork(true)
+	sh, err := r.StartShell(context.Background(), l.tpl, spec, f.g)
+	if err != nil {
+		t.Fatalf("%s: StartShell: %v", who, err)
+	}
+	l.place(f, sh)
+	v, st := l.runView(f, path)
+	if !st.Exited() || st.ExitStatus() != 0 {
+		t.Errorf("%s: G's wait status %#x, want exit 0", who, uint32(st))
+	}
+	if !fEnds(t, f, time.Minute) {
+		t.Errorf("%s: F did not end after G", who)
+	}
+	if err := sh.Destroy(); err != nil {
+		t.Errorf("%s: Destroy: %v", who, err)
+	}
+	return v, f
+}
+
 // fEnds waits for F to end: EOF on the report pipe, which only F holds.
-func fEnds(t *testing.T, f *tplFork, within time.Duration) bool {
+func fEnds(t testing.TB, f *tplFork, within time.Duration) bool {
 	t.Helper()
 	done := make(chan struct{})
 	go func() {
@@ -466,22 +497,7 @@ func TestTemplateForkMatchesCold(t *testing.T) {
 	}
 	var randoms []map[string]any
 	for i := range 2 {
-		f := lab.fork(true)
-		sh, err := r.StartShell(context.Background(), lab.tpl, tplShellSpec(rootfs, ws, lowLimits), f.g)
-		if err != nil {
-			t.Fatalf("fork %d: StartShell: %v", i, err)
-		}
-		lab.place(f, sh)
-		view, st := lab.runView(f, viewPath)
-		if !st.Exited() || st.ExitStatus() != 0 {
-			t.Errorf("fork %d: G's wait status %#x, want exit 0", i, uint32(st))
-		}
-		if !fEnds(t, f, time.Minute) {
-			t.Errorf("fork %d: F did not end after G", i)
-		}
-		if err := sh.Destroy(); err != nil {
-			t.Errorf("fork %d: Destroy: %v", i, err)
-		}
+		view, f := lab.forkAndRun(r, tplShellSpec(rootfs, ws, lowLimits), viewPath, fmt.Sprintf("fork %d", i))
 		compareViews(t, fmt.Sprintf("fork %d", i), cold, view)
 		var outSt unix.Stat_t
 		if err := unix.Fstat(int(f.stdout.Fd()), &outSt); err != nil {
@@ -564,23 +580,7 @@ func TestTemplateForkSecretsDiffer(t *testing.T) {
 			lab := startTplLabEnv(t, r, rootfs, c.preload, c.prelude, poolTemplate(rootfs).Env)
 			var draws [2]map[string]any
 			for i := range draws {
-				f := lab.fork(true)
-				sh, err := r.StartShell(context.Background(), lab.tpl, tplShellSpec(rootfs, ws, nsjail.Limits{}), f.g)
-				if err != nil {
-					t.Fatalf("fork %d: StartShell: %v", i, err)
-				}
-				lab.place(f, sh)
-				v, st := lab.runView(f, seedProbePath)
-				if !st.Exited() || st.ExitStatus() != 0 {
-					t.Errorf("fork %d: G's wait status %#x, want exit 0", i, uint32(st))
-				}
-				if !fEnds(t, f, time.Minute) {
-					t.Errorf("fork %d: F did not end after G", i)
-				}
-				if err := sh.Destroy(); err != nil {
-					t.Errorf("fork %d: Destroy: %v", i, err)
-				}
-				draws[i] = v
+				draws[i], _ = lab.forkAndRun(r, tplShellSpec(rootfs, ws, nsjail.Limits{}), seedProbePath, fmt.Sprintf("fork %d", i))
 			}
 			var found, same []string
 			for _, part := range []string{"generators", "process"} {
