@@ -146,7 +146,7 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 	}()
 	gpid, userNS, pidNS, err := r.openFork(t, gfd)
 	if err != nil {
-		return fail("%w %s: %w", ErrNotAFork, t.ID(), err)
+		return fail("%w", err)
 	}
 	defer userNS.Close()
 	defer pidNS.Close()
@@ -471,7 +471,7 @@ func (r *Runner) openFork(t *Template, gfd int) (gpid int, userNS, pidNS *os.Fil
 	}
 	if err := errors.Join(errs...); err != nil {
 		closeAll()
-		return 0, nil, nil, err
+		return 0, nil, nil, fmt.Errorf("%w %s: %w", ErrNotAFork, t.ID(), err)
 	}
 	if err := resetOOMScoreAdj(dirfd); err != nil {
 		closeAll()

@@ -29,9 +29,10 @@ var ErrNotAFork = errors.New("not a fork of template")
 // sandbox's process is, before it is given any request (SECURITY.md case
 // 67; G does it itself, and says READY on a pipe its template held too: a
 // broken or compromised template could say it early). No capability in
-// any set, the sandbox user's ids in every slot, no_new_privs, a seccomp
-// filter. G's status is read between two checks of its pidfd, so it is
-// G's.
+// any set, the sandbox user's ids in every slot and no supplementary
+// group, no_new_privs, the execution's seccomp filter on top of the
+// template's (one filter more than T holds), one thread. G's status is
+// read between two checks of its pidfd, so it is G's.
 func (s *Shell) CheckConfined() error {
 	g := gProcess{pid: s.gpid, pidfd: s.g}
 	if g.exited() {
@@ -62,6 +63,15 @@ func (s *Shell) CheckConfined() error {
 	}
 	if v := statusField(status, "Seccomp"); len(v) != 1 || v[0] != "2" {
 		bad = append(bad, fmt.Sprintf("Seccomp %v", v))
+	}
+	if v := statusField(status, "Seccomp_filters"); len(v) != 1 || v[0] != strconv.Itoa(s.tpl.seccompFilters+1) {
+		bad = append(bad, fmt.Sprintf("Seccomp_filters %v, want the template's %d and one more", v, s.tpl.seccompFilters))
+	}
+	if v := statusField(status, "Groups"); len(v) != 0 {
+		bad = append(bad, fmt.Sprintf("Groups %v", v))
+	}
+	if v := statusField(status, "Threads"); len(v) != 1 || v[0] != "1" {
+		bad = append(bad, fmt.Sprintf("Threads %v", v))
 	}
 	if len(bad) > 0 {
 		return fmt.Errorf("G is not confined: %s", strings.Join(bad, "; "))

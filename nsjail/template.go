@@ -69,6 +69,9 @@ type Template struct {
 	// not reused while a file holds it): a fork's namespaces must be their
 	// children (StartShell).
 	userNS, pidNS *os.File
+	// seccompFilters is how many seccomp filters T holds (read at its
+	// start).
+	seccompFilters int
 	// shells counts the shells StartShell made for it that Destroy has not
 	// ended yet (WaitShells).
 	shells   sync.WaitGroup
@@ -162,6 +165,18 @@ func (r *Runner) StartTemplate(spec Spec, files ...*os.File) (*Template, error) 
 	}
 	if err == nil {
 		t.pidNS, err = os.Open(fmt.Sprintf("/proc/%d/ns/pid", pid))
+	}
+	if err == nil {
+		// The filters T holds (its template profile's), which every fork
+		// inherits: a confined G holds one more (Shell.CheckConfined).
+		var b []byte
+		if b, err = os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
+			if v := statusField(string(b), "Seccomp_filters"); len(v) == 1 {
+				t.seccompFilters, err = strconv.Atoi(v[0])
+			} else {
+				err = fmt.Errorf("no Seccomp_filters in its status (%v)", v)
+			}
+		}
 	}
 	if err == nil {
 		err = os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte(strconv.Itoa(templateOOMScoreAdj)), 0)

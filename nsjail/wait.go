@@ -96,9 +96,9 @@ func (s *Sandbox) await(ctx context.Context) awaited {
 	report := s.exitReport
 	exitCase := (<-chan reaped)(exited)
 	// gEnded: a template fork's G has ended and its report is awaited
-	// (shellReportGrace); gExit is that end.
+	// (shellReportGrace).
 	var gEnded <-chan time.Time
-	var gExit reaped
+	ctxDone := ctx.Done()
 wait:
 	for {
 		select {
@@ -108,22 +108,28 @@ wait:
 				// report of how does, which F writes as soon as the
 				// kernel tells it. Wait a moment for the report, and keep
 				// the exit for those who read it later.
-				exitCase, gExit = nil, r
+				exitCase = nil
 				exited <- r
 				gEnded = time.After(shellReportGrace)
+				// It ended in time: no deadline or cancellation while
+				// its report is awaited (a cold run has no such window).
+				expired, ctxDone = nil, nil
 				continue
 			}
 			a.state, a.waitErr = r.state, r.err
+			if s.shell != nil && r.err == nil {
+				a.waitErr = errNoReport // G's status is F's to tell
+			}
 			break wait
 		case <-gEnded:
 			// No report (F died, or will not say): G's status is unknown.
 			<-exited
-			a.state, a.waitErr = gExit.state, gExit.err
+			a.state, a.waitErr = nil, errNoReport
 			break wait
 		case <-expired:
 			a.killedFor = StatusTimeout
 			break wait
-		case <-ctx.Done():
+		case <-ctxDone:
 			a.killedFor = StatusCancelled
 			break wait
 		case a.reported, a.haveReport = <-report:
@@ -134,7 +140,7 @@ wait:
 			if exitCase == nil {
 				// ... which G's pidfd told already.
 				<-exited
-				a.state, a.waitErr = gExit.state, gExit.err
+				a.state, a.waitErr = nil, errNoReport
 				break wait
 			}
 		}
@@ -175,7 +181,10 @@ wait:
 	return a
 }
 
-// shellReportGrace bounds the wait for F's report of a killed G.
+// errNoReport: a template fork's G ended, and F reported no status.
+var errNoReport = errors.New("the fork's process ended without an exit report from its parent")
+
+// shellReportGrace bounds the wait for F's report of a G that ended.
 const shellReportGrace = time.Second
 
 // killFirst sends SIGKILL to the sandbox's init: the kernel then kills

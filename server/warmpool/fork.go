@@ -216,11 +216,12 @@ func (p *Pool) fork(f Forker, tproc *templateProc, spec nsjail.Spec) (w *warmSan
 		case <-ctx.Done():
 		}
 	}()
-	defer context.AfterFunc(ctx, func() {
+	stopIO := context.AfterFunc(ctx, func() {
 		now := time.Now()
 		_ = tproc.ctl.SetDeadline(now)
 		_ = ctl.SetDeadline(now)
-	})()
+	})
+	defer stopIO()
 	closedOr := func(err error) error {
 		if ctx.Err() != nil {
 			return errPoolClosed
@@ -278,9 +279,10 @@ func (p *Pool) fork(f Forker, tproc *templateProc, spec nsjail.Spec) (w *warmSan
 			// alone (the pool kills only its own forks).
 			return fail(fmt.Errorf("%w: %v", errTemplateBroken, err))
 		}
-		// G, a fork that will never be used, is killed through its pidfd
-		// (never by pid), in the template's cgroup; F, given the
-		// go-ahead, reaps it.
+		// G (the pidfd T sent, found a fork when StartShell got as far as
+		// its checks, else a process of T's pid namespace at worst) will
+		// never be used: killed through the pidfd, never by pid; F, given
+		// the go-ahead, reaps it.
 		_ = unix.PidfdSendSignal(int(g.Fd()), unix.SIGKILL, nil, 0)
 		return fail(closedOr(err))
 	}
@@ -325,14 +327,21 @@ func (p *Pool) fork(f Forker, tproc *templateProc, spec nsjail.Spec) (w *warmSan
 	}
 	if err == nil {
 		// G says so itself, on a pipe its template held too: the host
-		// checks (SECURITY.md case 67).
-		err = sh.CheckConfined()
+		// checks (SECURITY.md case 67). A G that said READY unconfined
+		// makes its template broken.
+		if err = sh.CheckConfined(); err != nil {
+			err = fmt.Errorf("%w: %v", errTemplateBroken, err)
+		}
 	}
 	if err != nil {
 		if errors.Is(err, errPoolClosed) {
 			return abandon(err)
 		}
 		return abandon(fmt.Errorf("the fork did not become ready: %w", err))
+	}
+	if !stopIO() {
+		// The pool closed just now: its deadline may be on ctl.
+		return abandon(errPoolClosed)
 	}
 	readyR.Close()
 	if err := pending.OpenCounters(); err != nil {

@@ -518,7 +518,11 @@ func (p *Pool) startOne(tp *templatePool) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		go p.retire(w)
+		p.retiring.Add(1)
+		go func() {
+			defer p.retiring.Done()
+			p.retire(w)
+		}()
 		return true
 	}
 	tp.ready = append(tp.ready, w)

@@ -547,34 +547,48 @@ func benchWorkspace(b *testing.B, r *nsjail.Runner, code string) string {
 // TestTemplateRotation: with Config.TemplateMaxForks, a template serves at
 // most that many forks before a new one replaces it (SECURITY.md case 64:
 // what forks share with their template, the str hash secret among it, is
-// bounded so); the old one ends once its forks have, and Close leaves no
-// template behind (RunAndCheck).
+// bounded so); the old one ends only once its forks have (an execution
+// that runs through two rotations succeeds), and Close leaves no template
+// behind (RunAndCheck).
 func TestTemplateRotation(t *testing.T) {
 	skipTemplatesOnV2(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	r := newPoolRunner(t)
 	tpl := poolTemplate(rootfs)
-	cfg := poolConfig(1, t.TempDir(), 64<<20)
+	cfg := poolConfig(2, t.TempDir(), 64<<20)
 	cfg.Forks, cfg.TemplateMaxForks = true, 2
 	pool, err := warmpool.New(r, cfg, []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	seen := map[string]int{}
-	for i := range 6 {
+	run := func(code string) *nsjail.Result {
 		waitReady(t, pool, 1)
-		ws := poolWorkspace(t, r, `print(hash("sandboxd"))`, 64<<20)
+		ws := poolWorkspace(t, r, code, 64<<20)
 		res, out, err := pool.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
 			Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits})
 		if err != nil || res.Status != nsjail.StatusSucceeded {
-			t.Fatalf("run %d: %v %+v", i, err, res)
+			t.Errorf("%q: %v %+v", code, err, res)
+			return &nsjail.Result{}
 		}
 		if out != ws {
 			workspace.Remove(out)
 		}
-		seen[strings.TrimSpace(string(res.Stdout))]++
+		return res
 	}
+	// The first template's first fork runs through two rotations: a
+	// template is stopped only once its forks have ended.
+	waitReady(t, pool, 2)
+	busy := make(chan *nsjail.Result, 1)
+	go func() { busy <- run("import time; time.sleep(5); print(hash(\"sandboxd\"))") }()
+	for pool.Stats().Ready != 1 { // taken by the busy one
+		time.Sleep(time.Millisecond)
+	}
+	seen := map[string]int{}
+	for range 5 {
+		seen[strings.TrimSpace(string(run(`print(hash("sandboxd"))`).Stdout))]++
+	}
+	seen[strings.TrimSpace(string((<-busy).Stdout))]++
 	if st := pool.Stats(); st.Taken != 6 || st.RefillFailures != 0 {
 		t.Fatalf("stats %+v", st)
 	}
