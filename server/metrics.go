@@ -98,13 +98,17 @@ var (
 	poolFailDesc     = prometheus.NewDesc("sandboxd_pool_refill_failures_total", "Warm sandboxes that failed to start.", nil, nil)
 	poolRetiredDesc  = prometheus.NewDesc("sandboxd_pool_retired_total", "Warm sandboxes retired unused after pool_max_idle.", nil, nil)
 	poolMemDesc      = prometheus.NewDesc("sandboxd_pool_idle_memory_bytes", "Memory the ready warm sandboxes hold, as their cgroups account it.", nil, nil)
+	poolTplDesc      = prometheus.NewDesc("sandboxd_pool_templates", "Template processes running (pool_template_forks), retired ones included until their last fork ends.", nil, nil)
+	poolTplStartDesc = prometheus.NewDesc("sandboxd_pool_templates_started_total", "Template processes started (pool_template_forks), rotations included.", nil, nil)
+	poolTplForkDesc  = prometheus.NewDesc("sandboxd_pool_template_forks_total", "Forks the template processes made (pool_template_forks).", nil, nil)
 	poolFallbackDesc = prometheus.NewDesc("sandboxd_pool_fallback_total",
 		"Executions that matched a warm template but ran cold, by reason: dead (the warm sandbox had died), env (the request sets a variable a warm sandbox cannot apply).",
 		[]string{"reason"}, nil)
 )
 
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{poolSizeDesc, poolReadyDesc, poolStartingDesc, poolTakenDesc, poolFailDesc, poolRetiredDesc, poolMemDesc, poolFallbackDesc} {
+	for _, d := range []*prometheus.Desc{poolSizeDesc, poolReadyDesc, poolStartingDesc, poolTakenDesc, poolFailDesc, poolRetiredDesc, poolMemDesc,
+		poolTplDesc, poolTplStartDesc, poolTplForkDesc, poolFallbackDesc} {
 		ch <- d
 	}
 }
@@ -118,6 +122,9 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(poolFailDesc, prometheus.CounterValue, float64(st.RefillFailures))
 	ch <- prometheus.MustNewConstMetric(poolRetiredDesc, prometheus.CounterValue, float64(st.Retired))
 	ch <- prometheus.MustNewConstMetric(poolMemDesc, prometheus.GaugeValue, float64(st.IdleMemoryBytes))
+	ch <- prometheus.MustNewConstMetric(poolTplDesc, prometheus.GaugeValue, float64(st.Templates))
+	ch <- prometheus.MustNewConstMetric(poolTplStartDesc, prometheus.CounterValue, float64(st.TemplatesStarted))
+	ch <- prometheus.MustNewConstMetric(poolTplForkDesc, prometheus.CounterValue, float64(st.TemplateForks))
 	ch <- prometheus.MustNewConstMetric(poolFallbackDesc, prometheus.CounterValue, float64(st.FallbackDead), "dead")
 	ch <- prometheus.MustNewConstMetric(poolFallbackDesc, prometheus.CounterValue, float64(st.FallbackEnv), "env")
 }

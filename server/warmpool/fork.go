@@ -66,6 +66,10 @@ func (p *Pool) startTemplate(f Forker, t Template) (*templateProc, error) {
 		ctl.Close()
 		return nil, err
 	}
+	p.mu.Lock()
+	p.stats.Templates++
+	p.stats.TemplatesStarted++
+	p.mu.Unlock()
 	return &templateProc{tpl: tpl, ctl: ctl, started: time.Now()}, nil
 }
 
@@ -113,6 +117,9 @@ func (p *Pool) retireTemplate(tproc *templateProc) {
 			}
 		}
 		res := tproc.stop()
+		p.mu.Lock()
+		p.stats.Templates--
+		p.mu.Unlock()
 		p.log.Info("warm pool: template ended", "template", tproc.tpl.ID(), "forks", tproc.forks,
 			"status", res.Status, "stderr", truncateForLog(res.Stderr))
 	}()
@@ -257,6 +264,9 @@ func (p *Pool) fork(f Forker, tproc *templateProc, spec nsjail.Spec) (w *warmSan
 		_, _, e := fail(fmt.Errorf("the template refused to fork: %s", reply.Refused))
 		return nil, true, e
 	}
+	p.mu.Lock()
+	p.stats.TemplateForks++
+	p.mu.Unlock()
 	// G's pidfd (T3): one message, one fd.
 	msg, gfds, err := recvLine(ctx, ctl, forkTimeout, len(PidfdMessage), 1)
 	if err != nil || string(msg) != PidfdMessage || len(gfds) != 1 {

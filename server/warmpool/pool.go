@@ -95,6 +95,12 @@ type Stats struct {
 	IdleMemoryBytes int64
 	// TakenBy is Taken by template name (a policy on a runtime).
 	TakenBy map[string]uint64
+	// With Config.Forks: Templates is the number of template processes
+	// running (retired ones included until they end), TemplatesStarted
+	// and TemplateForks count those started (rotations included) and the
+	// forks they made.
+	Templates                       int
+	TemplatesStarted, TemplateForks uint64
 }
 
 // Pool keeps pre-started, single-use sandboxes whose Python has already

@@ -589,13 +589,17 @@ func TestTemplateRotation(t *testing.T) {
 		seen[strings.TrimSpace(string(run(`print(hash("sandboxd"))`).Stdout))]++
 	}
 	seen[strings.TrimSpace(string((<-busy).Stdout))]++
-	if st := pool.Stats(); st.Taken != 6 || st.RefillFailures != 0 {
+	if st := pool.Stats(); st.Taken != 6 || st.RefillFailures != 0 || st.TemplatesStarted < 3 || st.TemplateForks < 6 || st.Templates < 1 {
 		t.Fatalf("stats %+v", st)
 	}
 	// Each template's forks share its hash secret: 6 executions of
 	// templates of 2 forks each are 3 or more secrets, none seen thrice.
 	if len(seen) < 3 {
 		t.Errorf("hash secrets seen: %v, want one per template of at most 2 forks", seen)
+	}
+	pool.Close()
+	if st := pool.Stats(); st.Templates != 0 {
+		t.Errorf("%d templates running after Close", st.Templates)
 	}
 	for h, n := range seen {
 		if n > 2 {
