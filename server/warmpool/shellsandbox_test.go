@@ -109,6 +109,17 @@ func TestShellSandboxResult(t *testing.T) {
 			if c.status == nsjail.StatusOOM && !strings.Contains(strings.Join(res.LimitsHit, ","), nsjail.LimitMemory) {
 				t.Errorf("limits hit %v, want memory", res.LimitsHit)
 			}
+			// Nothing of the execution outlives its result (leave.py's
+			// grandchild among it): after F's report Wait kills nothing,
+			// relying on G's exit as PID_F's init having taken every
+			// process of the namespace with it. Read before the shell's
+			// removal, which runs in the background, kills the cgroup and
+			// removes it (a cgroup already gone shows nothing).
+			for ctrl, dir := range paths {
+				if b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs")); err == nil && len(strings.Fields(string(b))) > 0 {
+					t.Errorf("the shell's %s cgroup still holds %v when its result is out", ctrl, strings.Fields(string(b)))
+				}
+			}
 			r.WaitForCleanup()
 			for ctrl, dir := range paths {
 				if _, err := os.Stat(dir); !os.IsNotExist(err) {
