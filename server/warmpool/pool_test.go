@@ -149,6 +149,10 @@ print(g)`,
 	"matplotlib artifact": `import matplotlib.pyplot as plt
 plt.plot([1, 2, 3]); plt.savefig("/workspace/output/artifacts/chart.png", dpi=50)
 print("saved")`,
+	// What a template's warm-up (template.py _warm_up) must not change.
+	"library state": `import matplotlib, matplotlib.pyplot as plt, numpy as np, pandas as pd
+print(plt.get_fignums(), plt.figure().number, matplotlib.get_backend(), len(matplotlib.rcParams), matplotlib.rcParams["font.family"])
+print(pd.get_option("display.max_rows"), np.get_printoptions()["precision"], np.geterr())`,
 	"memory limit": `x = bytearray(2 * 1024 * 1024 * 1024); print(len(x))`,
 	"pids limit": `import threading, time
 ts = []

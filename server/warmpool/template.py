@@ -187,6 +187,45 @@ def _shared_mappings():
 _harmless_shared = None
 
 
+def _warm_up():
+    """Run, once, the data stack's first-use work that every execution
+    would otherwise repeat in its own fork: a pandas group-by and a
+    matplotlib figure rendered to PNG (font loading and caching, the Agg
+    renderer, the PNG writer), each only if the preload imported it. SOCK
+    (Oakes et al., ATC '18) and Android's zygote pre-initialise the same
+    way. Fixed inputs, no randomness and no request data (SECURITY.md case
+    64: nothing secret is made here); what it leaves is the libraries'
+    caches, not state a cold run would see differently: no pyplot figure
+    (its numbering starts at 1 in the code, as cold), rcParams and options
+    untouched. A font file it opens stays open read-only, which T's fd
+    check admits and G reopens in the shell's mount namespace as it does
+    libffi's. A failure is logged on T's stderr and changes nothing else:
+    the forks then pay that first use themselves."""
+    try:
+        if "pandas" in sys.modules and "numpy" in sys.modules:
+            np, pd = sys.modules["numpy"], sys.modules["pandas"]
+            df = pd.DataFrame({"key": np.arange(1000) % 10, "x": np.linspace(0.0, 1.0, 1000)})
+            df.groupby("key").agg(x_mean=("x", "mean"), x_sum=("x", "sum"), rows=("x", "size"))
+            df.describe()
+        if "matplotlib" in sys.modules:
+            import io
+
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+            from matplotlib.figure import Figure
+
+            fig = Figure(figsize=(2, 1.5), dpi=50)
+            FigureCanvasAgg(fig)
+            ax = fig.subplots()
+            ax.bar([0, 1, 2], [1.0, 2.0, 1.5])
+            ax.plot([0, 1, 2], [1.0, 0.5, 2.0])
+            ax.set_xlabel("key")
+            ax.set_ylabel("value")
+            ax.set_title("warm-up")
+            fig.savefig(io.BytesIO(), format="png")
+    except Exception as exc:
+        sys.stderr.write("template: warm-up failed: %r\n" % (exc,))
+
+
 def _why_not_fork(fds):
     """Why T must not fork now, or None. Checked before every fork, as the
     preload (its threads, a lazy import) may have changed T since the last."""
@@ -272,6 +311,7 @@ def _template():
     _reserve_fork_fds()
     zygote._load_runner(sys.argv[2])
     zygote._preload(sys.argv[3].split(zygote.PRELOAD_SEP) if len(sys.argv) > 3 else [])
+    _warm_up()
     global _libc
     _libc = libc = zygote._libc()  # G inherits it
     # Not dumpable (TEMPLATE.md section 5): ptrace of T and its /proc mem,
