@@ -100,11 +100,14 @@ func poolWorkspace(t *testing.T, r *nsjail.Runner, code string, tmpfsBytes ...in
 func waitReady(t *testing.T, p *warmpool.Pool, n uint64) {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
-	for p.Stats().Ready < n {
+	for p.Ready() < n {
 		if time.Now().After(deadline) {
 			t.Fatalf("pool not ready: %+v", p.Stats())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	if st := p.Stats(); st.Ready < n {
+		t.Fatalf("Ready said %d ready, Stats %+v", n, st)
 	}
 }
 
@@ -510,7 +513,7 @@ func benchPool(b *testing.B, code string, size int, workspaceBytes int64, forks 
 			deadline := time.Now().Add(time.Minute)
 			// Measure a worker that is not saturated: the refill of the
 			// previous take (an import of the data stack) is done.
-			for pool.Stats().Ready < uint64(size) && time.Now().Before(deadline) {
+			for pool.Ready() < uint64(size) && time.Now().Before(deadline) {
 				time.Sleep(time.Millisecond)
 			}
 		}
