@@ -434,32 +434,7 @@ func benchReadyCPU(b *testing.B, forks bool) {
 	rootfs := nsjailtest.RuntimeRootfs(b)
 	r := newPoolRunner(b)
 	tpl := poolTemplate(rootfs)
-	dirs, err := nsjailtest.ParentCgroupDirs(nsjailtest.CgroupParent)
-	if err != nil {
-		b.Fatal(err)
-	}
-	paths := cgroup.Paths{}
-	for _, d := range dirs {
-		if strings.Contains(d, "cpuacct") {
-			paths["cpuacct"] = d
-		} else if cgroup.DetectMode().V2() {
-			paths[""] = d
-		}
-	}
-	type sample struct{ cgroup, self, children time.Duration }
-	take := func() sample {
-		cg, err := cgroup.ReadCPUUsage(paths)
-		if err != nil {
-			b.Fatal(err)
-		}
-		var self, kids unix.Rusage
-		_ = unix.Getrusage(unix.RUSAGE_SELF, &self)
-		_ = unix.Getrusage(unix.RUSAGE_CHILDREN, &kids)
-		cpu := func(u unix.Rusage) time.Duration {
-			return time.Duration(u.Utime.Nano() + u.Stime.Nano())
-		}
-		return sample{time.Duration(cg), cpu(self), cpu(kids)}
-	}
+	take := cpuSampler(b)
 	n := min(b.N, 50) // a pool of n+1: each iteration is one sandbox made ready
 	cfg := poolConfig(n+1, b.TempDir(), 64<<20)
 	cfg.Forks = forks
@@ -492,6 +467,138 @@ func benchReadyCPU(b *testing.B, forks bool) {
 	b.ReportMetric(per(wall), "wall-ms/ready")
 	if st := pool.Stats(); st.RefillFailures != 0 {
 		b.Fatalf("refill failures: %+v", st)
+	}
+}
+
+// pandasStep is an Agent's typical step, in the shape of tools/bench's
+// pandas workload: a 100k-row frame grouped, one matplotlib chart saved as
+// a PNG.
+const pandasStep = `import numpy as np, pandas as pd, matplotlib.pyplot as plt
+rng = np.random.default_rng(0)
+df = pd.DataFrame({"key": rng.integers(0, 100, 100_000), "x": rng.random(100_000)})
+g = df.groupby("key").agg(x_mean=("x", "mean"), rows=("x", "size"))
+fig, ax = plt.subplots(figsize=(4, 3), dpi=80)
+ax.bar(g.index, g["x_mean"])
+fig.savefig("/workspace/output/artifacts/groupby.png")
+print(len(g))
+`
+
+// BenchmarkExecCPU is the CPU one execution costs the host, the pool's
+// refill of the sandbox it took included (TEMPLATE.md M3: on a saturated
+// 2-core host, throughput is at most 2 s of CPU per second over this):
+// print(1) and pandasStep, cold, on a zygote that imported the preload
+// ("import") and on a template fork ("fork"). Executions run one at a
+// time, each once the pool is full again. Reported as in
+// BenchmarkWarmReadyCPU: the sandboxes' cgroups (the code, the zygotes or
+// the template and its forks, the runc inits after they joined them), the
+// worker process, its reaped children (the runc inits, partly counted in
+// the cgroups too).
+func BenchmarkExecCPU(b *testing.B) {
+	for _, w := range []struct{ name, code string }{{"print", `print(1)`}, {"pandas", pandasStep}} {
+		for _, mode := range []string{"cold", "import", "fork"} {
+			b.Run(w.name+"/"+mode, func(b *testing.B) {
+				if mode == "fork" {
+					skipTemplatesOnV2(b)
+				}
+				benchExecCPU(b, w.code, mode)
+			})
+		}
+	}
+}
+
+func benchExecCPU(b *testing.B, code, mode string) {
+	rootfs := nsjailtest.RuntimeRootfs(b)
+	r := newPoolRunner(b)
+	tpl := poolTemplate(rootfs)
+	take := cpuSampler(b)
+	size := 1
+	if mode == "cold" {
+		size = 0
+	}
+	cfg := poolConfig(size, b.TempDir(), 64<<20)
+	cfg.Forks = mode == "fork"
+	pool, err := warmpool.New(r, cfg, []warmpool.Template{tpl}, poolQuietLog)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pool.Close()
+	full := func() {
+		deadline := time.Now().Add(10 * time.Minute)
+		for pool.Ready() < uint64(size) {
+			if time.Now().After(deadline) {
+				b.Fatalf("pool not ready: %+v", pool.Stats())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	full()
+	var sum cpuSample
+	n := 0
+	for b.Loop() {
+		ws := benchWorkspace(b, r, code)
+		before := take()
+		res, out, err := pool.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+			Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits})
+		if err != nil || res.Status != nsjail.StatusSucceeded {
+			b.Fatalf("%v %+v %s", err, res, res.Stderr)
+		}
+		r.WaitForCleanup()
+		full()
+		sum = sum.add(take().sub(before))
+		n++
+		os.RemoveAll(ws)
+		if out != ws {
+			workspace.Remove(out)
+		}
+	}
+	if st := pool.Stats(); mode != "cold" && st.Taken != uint64(n) {
+		b.Fatalf("%d of %d executions were warm: %+v", st.Taken, n, st)
+	}
+	per := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / float64(n) }
+	b.ReportMetric(per(sum.cgroup), "sandbox-cpu-ms/exec")
+	b.ReportMetric(per(sum.self), "worker-cpu-ms/exec")
+	b.ReportMetric(per(sum.children), "children-cpu-ms/exec")
+}
+
+// cpuSample is the CPU of the sandboxes' cgroups (everything nested under
+// the tests' cgroup parent), of the test process and of its reaped
+// children.
+type cpuSample struct{ cgroup, self, children time.Duration }
+
+func (a cpuSample) add(d cpuSample) cpuSample {
+	return cpuSample{a.cgroup + d.cgroup, a.self + d.self, a.children + d.children}
+}
+
+func (a cpuSample) sub(d cpuSample) cpuSample {
+	return cpuSample{a.cgroup - d.cgroup, a.self - d.self, a.children - d.children}
+}
+
+// cpuSampler returns a function that reads a cpuSample now.
+func cpuSampler(b *testing.B) func() cpuSample {
+	dirs, err := nsjailtest.ParentCgroupDirs(nsjailtest.CgroupParent)
+	if err != nil {
+		b.Fatal(err)
+	}
+	paths := cgroup.Paths{}
+	for _, d := range dirs {
+		if strings.Contains(d, "cpuacct") {
+			paths["cpuacct"] = d
+		} else if cgroup.DetectMode().V2() {
+			paths[""] = d
+		}
+	}
+	return func() cpuSample {
+		cg, err := cgroup.ReadCPUUsage(paths)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var self, kids unix.Rusage
+		_ = unix.Getrusage(unix.RUSAGE_SELF, &self)
+		_ = unix.Getrusage(unix.RUSAGE_CHILDREN, &kids)
+		cpu := func(u unix.Rusage) time.Duration {
+			return time.Duration(u.Utime.Nano() + u.Stime.Nano())
+		}
+		return cpuSample{time.Duration(cg), cpu(self), cpu(kids)}
 	}
 }
 
