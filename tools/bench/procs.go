@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -24,12 +25,42 @@ type sandboxMemory struct {
 	// so it is the per-sandbox cost.
 	RSSBytes int64 `json:"rss_bytes"`
 	PSSBytes int64 `json:"pss_bytes"`
+	// USSBytes sums Private_Clean and Private_Dirty: the pages only this
+	// sandbox's processes map, what ending it would give back.
+	USSBytes int64 `json:"uss_bytes"`
 	Python   bool  `json:"python"` // a python process is among them
+	// Frozen: the sandbox's freezer cgroup is FROZEN (v1 freezer.state,
+	// v2 cgroup.events "frozen 1"). A session kernel idles frozen between
+	// its executions; warm and spare sandboxes are never frozen.
+	Frozen bool `json:"frozen,omitempty"`
+	// ForkParent is the process of a template fork that waits for the
+	// sandbox's process outside its cgroup (TEMPLATE.md's F: the parent of
+	// the sandbox's top process, in the template's cgroup, an ancestor of
+	// the sandbox's); 0 for a sandbox that is not a template fork. F exists
+	// for this sandbox alone, so it is part of its cost, but it is charged
+	// to the template's cgroup and counted in that group's sums as well.
+	ForkParent         int   `json:"fork_parent,omitempty"`
+	ForkParentPSSBytes int64 `json:"fork_parent_pss_bytes,omitempty"`
+	ForkParentUSSBytes int64 `json:"fork_parent_uss_bytes,omitempty"`
 }
+
+// TotalPSS is the sandbox's PSS with its fork parent's (F's), if any.
+func (m sandboxMemory) TotalPSS() int64 { return m.PSSBytes + m.ForkParentPSSBytes }
+
+// TotalUSS is the sandbox's USS with its fork parent's, if any.
+func (m sandboxMemory) TotalUSS() int64 { return m.USSBytes + m.ForkParentUSSBytes }
 
 // descendants returns every process below pid (not pid itself), from /proc.
 func descendants(pid int) []int {
+	out, _ := processTree(pid)
+	return out
+}
+
+// processTree returns every process below pid (not pid itself), from
+// /proc, and each one's parent.
+func processTree(pid int) ([]int, map[int]int) {
 	children := map[int][]int{}
+	parent := map[int]int{}
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		p, err := strconv.Atoi(e.Name())
@@ -52,6 +83,7 @@ func descendants(pid int) []int {
 		}
 		ppid, _ := strconv.Atoi(f[1])
 		children[ppid] = append(children[ppid], p)
+		parent[p] = ppid
 	}
 	var out []int
 	queue := []int{pid}
@@ -64,12 +96,18 @@ func descendants(pid int) []int {
 		}
 	}
 	slices.Sort(out)
-	return out
+	return out, parent
 }
 
 // memoryCgroup returns the path of pid's memory cgroup: the v1 memory
 // controller's line of /proc/PID/cgroup, else the v2 line.
 func memoryCgroup(pid int) (string, bool) {
+	return controllerCgroup(pid, "memory")
+}
+
+// controllerCgroup returns the path of pid's cgroup of the v1 controller
+// ctl, else its v2 cgroup, as memoryCgroup does.
+func controllerCgroup(pid int, ctl string) (string, bool) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	if err != nil {
 		return "", false
@@ -80,7 +118,7 @@ func memoryCgroup(pid int) (string, bool) {
 		if len(parts) != 3 {
 			continue
 		}
-		if slices.Contains(strings.Split(parts[1], ","), "memory") {
+		if slices.Contains(strings.Split(parts[1], ","), ctl) {
 			return "v1:" + parts[2], true
 		}
 		if parts[0] == "0" && parts[1] == "" {
@@ -106,14 +144,42 @@ func cgroupCharge(cg string) int64 {
 	return 0
 }
 
-// smapsRollup returns Rss and Pss of pid in bytes.
-func smapsRollup(pid int) (rss, pss int64) {
+// cgroupFrozen says whether the freezer cgroup pid is in is frozen (v1
+// freezer.state FROZEN, v2 cgroup.events "frozen 1").
+func cgroupFrozen(pid int) bool {
+	cg, ok := controllerCgroup(pid, "freezer")
+	if !ok {
+		return false
+	}
+	if p, ok := strings.CutPrefix(cg, "v1:"); ok {
+		data, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/freezer", p, "freezer.state"))
+		return err == nil && strings.TrimSpace(string(data)) == "FROZEN"
+	}
+	for _, dir := range cgroupDirs(cg) {
+		if data, err := os.ReadFile(filepath.Join(dir, "cgroup.events")); err == nil {
+			return slices.Contains(strings.Split(string(data), "\n"), "frozen 1")
+		}
+	}
+	return false
+}
+
+// rollup is what smapsRollup reads, in bytes.
+type rollup struct{ RSS, PSS, USS int64 }
+
+// smapsRollup returns Rss, Pss and USS (Private_Clean + Private_Dirty) of
+// pid.
+func smapsRollup(pid int) rollup {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
 	if err != nil {
-		return 0, 0
+		return rollup{}
 	}
 	defer f.Close()
-	sc := bufio.NewScanner(f)
+	return parseRollup(f)
+}
+
+func parseRollup(r io.Reader) rollup {
+	var out rollup
+	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
 		if len(fields) < 2 {
@@ -122,41 +188,66 @@ func smapsRollup(pid int) (rss, pss int64) {
 		kb, _ := strconv.ParseInt(fields[1], 10, 64)
 		switch fields[0] {
 		case "Rss:":
-			rss = kb << 10
+			out.RSS = kb << 10
 		case "Pss:":
-			pss = kb << 10
+			out.PSS = kb << 10
+		case "Private_Clean:", "Private_Dirty:":
+			out.USS += kb << 10
 		}
 	}
-	return rss, pss
+	return out
 }
 
 // sandboxesBelow groups the processes below serverPid by memory cgroup,
 // keeping those in cgroups nested below the server's own (leaving out, for
 // instance, libcontainer's init helpers before they join the sandbox's
-// cgroup). At idle these are the pool.
+// cgroup). At idle these are the pool, and the session kernels (Frozen).
+// A template fork's F (ForkParent) is found as the parent of a sandbox's
+// top process when that parent sits in a cgroup between the server's and
+// the sandbox's (the template's, tpl-<id>).
 func sandboxesBelow(serverPid int) []sandboxMemory {
 	own, _ := memoryCgroup(serverPid)
+	below := func(cg string) bool { return strings.HasPrefix(cg, strings.TrimSuffix(own, "/")+"/") }
+	pids, parent := processTree(serverPid)
+	cgOf := map[int]string{}
 	byCg := map[string]*sandboxMemory{}
 	var order []string
-	for _, p := range descendants(serverPid) {
+	for _, p := range pids {
 		cg, ok := memoryCgroup(p)
 		// Sandboxes nest below the server's own cgroup; anything else (a
 		// process caught between cgroups while it starts) is not one.
-		if !ok || !strings.HasPrefix(cg, strings.TrimSuffix(own, "/")+"/") {
+		if !ok || !below(cg) {
 			continue
 		}
+		cgOf[p] = cg
 		m := byCg[cg]
 		if m == nil {
-			m = &sandboxMemory{Cgroup: cg}
+			m = &sandboxMemory{Cgroup: cg, Frozen: cgroupFrozen(p)}
 			byCg[cg] = m
 			order = append(order, cg)
 		}
 		m.Procs++
-		rss, pss := smapsRollup(p)
-		m.RSSBytes += rss
-		m.PSSBytes += pss
+		r := smapsRollup(p)
+		m.RSSBytes += r.RSS
+		m.PSSBytes += r.PSS
+		m.USSBytes += r.USS
 		if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p)); err == nil && strings.HasPrefix(string(comm), "python") {
 			m.Python = true
+		}
+	}
+	for _, p := range pids {
+		cg, ok := cgOf[p]
+		if !ok {
+			continue
+		}
+		pp := parent[p]
+		pcg, ok := cgOf[pp]
+		if !ok || pcg == cg || !strings.HasPrefix(cg, pcg+"/") {
+			continue
+		}
+		if m := byCg[cg]; m.ForkParent == 0 {
+			r := smapsRollup(pp)
+			m.ForkParent, m.ForkParentPSSBytes, m.ForkParentUSSBytes = pp, r.PSS, r.USS
 		}
 	}
 	out := make([]sandboxMemory, 0, len(order))
