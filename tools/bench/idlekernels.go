@@ -43,15 +43,22 @@ type IdleKernels struct {
 	// ServerMeanMiB is the worker's view (sandboxd_session_idle_kernel_
 	// memory_bytes over sandboxd_session_idle_kernels).
 	ServerMeanMiB float64 `json:"server_mean_mib"`
-	// MemAvailableDropMiB is /proc/meminfo MemAvailable before the K
-	// sessions (the pool and spare kernels full) minus after (the same, K
-	// sessions idle), over K: everything the host gave them, kernel memory
-	// included (page tables, slab: namespaces, mounts, cgroups; tmpfs and
-	// the session volumes), and whatever else moved on the host meanwhile.
-	MemAvailableDropMiB float64 `json:"mem_available_drop_mib"`
-	// MeminfoGrowthMiB is the growth of other /proc/meminfo fields (Slab,
-	// SUnreclaim, PageTables, KernelStack, Shmem, AnonPages) over the same
-	// interval, over K.
+	// MemAvailableDropMiB is what the host gave each session, from
+	// /proc/meminfo MemAvailable: read before the K sessions (the pool and
+	// spare kernels full), with the K idle (the same, refilled), and after
+	// their removal (the same again); the mean of the drop at their
+	// creation and the rise at their removal, over K (a steady drift of
+	// the rest of the host cancels out). MemAvailableCreateMiB and
+	// MemAvailableRemoveMiB are the two. It is everything the sessions
+	// cost the host, kernel memory included (page tables, slab:
+	// namespaces, mounts, cgroups; tmpfs and the session volumes), and
+	// whatever else moved on the host meanwhile.
+	MemAvailableDropMiB   float64 `json:"mem_available_drop_mib"`
+	MemAvailableCreateMiB float64 `json:"mem_available_create_mib"`
+	MemAvailableRemoveMiB float64 `json:"mem_available_remove_mib,omitempty"`
+	// MeminfoGrowthMiB is, the same way, the growth of other /proc/meminfo
+	// fields (Slab, SUnreclaim, PageTables, KernelStack, Shmem,
+	// AnonPages) per session.
 	MeminfoGrowthMiB map[string]float64 `json:"meminfo_growth_mib"`
 
 	// The fixed cost, not per session: the templates' own memory (T: the
@@ -73,6 +80,8 @@ type IdleKernels struct {
 	WorstMiB   float64        `json:"worst_mib"`
 	Fit        int            `json:"fit"`
 	FitBy      map[string]int `json:"fit_by"`
+	// Kernels are the measured kernels' sandboxes.
+	Kernels []sandboxMemory `json:"kernels"`
 }
 
 // idleKernelCell is what each session runs once: pandas imported (from the
@@ -111,8 +120,9 @@ func nestedBelow(s sandboxMemory, sandboxes []sandboxMemory) []sandboxMemory {
 
 // idleKernelCosts computes everything but the worker's view from what was
 // read: the sandboxes below the server with the k sessions idle, and
-// /proc/meminfo (bytes) before the sessions and after.
-func idleKernelCosts(sandboxes []sandboxMemory, k int, before, after map[string]int64, budget int64) *IdleKernels {
+// /proc/meminfo (bytes) before the sessions, with them, and after their
+// removal (nil: not read).
+func idleKernelCosts(sandboxes []sandboxMemory, k int, before, with, after map[string]int64, budget int64) *IdleKernels {
 	r := &IdleKernels{Sessions: k, Cell: idleKernelCell, BudgetGiB: round3(float64(budget) / (1 << 30)), FitBy: map[string]int{}}
 	var pss, uss, cg, fpss, fuss []float64
 	var fixed int64
@@ -142,6 +152,7 @@ func idleKernelCosts(sandboxes []sandboxMemory, k int, before, after map[string]
 			continue
 		}
 		r.Measured++
+		r.Kernels = append(r.Kernels, s)
 		pss = append(pss, float64(s.TotalPSS()))
 		uss = append(uss, float64(s.TotalUSS()))
 		cg = append(cg, float64(s.CgroupBytes))
@@ -159,12 +170,24 @@ func idleKernelCosts(sandboxes []sandboxMemory, k int, before, after map[string]
 	r.FixedMiB = round3(float64(fixed) / (1 << 20))
 	r.PSSMiB, r.USSMiB, r.CgroupMiB = medianMiB(pss), medianMiB(uss), medianMiB(cg)
 	r.ForkParentPSSMiB, r.ForkParentUSSMiB = medianMiB(fpss), medianMiB(fuss)
-	if k > 0 && before["MemAvailable"] > 0 && after["MemAvailable"] > 0 {
-		r.MemAvailableDropMiB = round3(float64(before["MemAvailable"]-after["MemAvailable"]) / float64(k) / (1 << 20))
+	if k > 0 && before["MemAvailable"] > 0 && with["MemAvailable"] > 0 {
+		// growth is the growth of key per session: at the creation, and
+		// the mean with the fall at the removal when that was read.
+		growth := func(key string) (create, remove, mean float64) {
+			create = float64(with[key]-before[key]) / float64(k) / (1 << 20)
+			if after[key] == 0 && after["MemAvailable"] == 0 {
+				return create, 0, create
+			}
+			remove = float64(with[key]-after[key]) / float64(k) / (1 << 20)
+			return create, remove, (create + remove) / 2
+		}
+		c, rm, mean := growth("MemAvailable")
+		r.MemAvailableCreateMiB, r.MemAvailableRemoveMiB, r.MemAvailableDropMiB = round3(-c), round3(-rm), round3(-mean)
 		r.MeminfoGrowthMiB = map[string]float64{}
 		for _, key := range meminfoGrowthKeys {
-			if b, ok := before[key]; ok {
-				r.MeminfoGrowthMiB[key] = round3(float64(after[key]-b) / float64(k) / (1 << 20))
+			if _, ok := before[key]; ok {
+				_, _, mean := growth(key)
+				r.MeminfoGrowthMiB[key] = round3(mean)
 			}
 		}
 	}
@@ -282,6 +305,12 @@ func idleKernels(ctx context.Context, srv *serverProc, c sessionClient, k int, w
 	time.Sleep(2 * time.Second)
 	before := readMeminfo()
 	for i := 0; i < k; i++ {
+		// The pool full before each: every kernel a warm one (with the
+		// pool empty, a session's kernel is started cold, a zygote even
+		// with template forks on).
+		if i > 0 {
+			wait()
+		}
 		id, err := c.create(ctx)
 		if err != nil {
 			fail("idle kernels: create: %v", err)
@@ -298,8 +327,27 @@ func idleKernels(ctx context.Context, srv *serverProc, c sessionClient, k int, w
 		fail("idle kernels: %v", err)
 	}
 	time.Sleep(2 * time.Second) // the pool's last refill's exit, freed arenas
-	after := readMeminfo()
-	r := idleKernelCosts(sandboxesBelow(srv.pid()), k, before, after, idleKernelBudget)
+	with := readMeminfo()
+	sandboxes := sandboxesBelow(srv.pid())
+	// Their removal, for the second reading of the host's memory.
+	var after map[string]int64
+	removed := true
+	for _, id := range ids {
+		if err := c.remove(ctx, id); err != nil {
+			fail("idle kernels: remove: %v", err)
+			removed = false
+		}
+	}
+	ids = nil
+	if removed {
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && len(idleSessionKernels(sandboxesBelow(srv.pid()))) > 0; {
+			time.Sleep(100 * time.Millisecond)
+		}
+		wait()
+		time.Sleep(2 * time.Second)
+		after = readMeminfo()
+	}
+	r := idleKernelCosts(sandboxes, k, before, with, after, idleKernelBudget)
 	if _, text, err := srv.client.getText(ctx, "/metrics"); err == nil {
 		bytes, n := metricValue(text, "sandboxd_session_idle_kernel_memory_bytes"), metricValue(text, "sandboxd_session_idle_kernels")
 		if n > 0 {
@@ -314,9 +362,9 @@ func idleKernels(ctx context.Context, srv *serverProc, c sessionClient, k int, w
 		fail("idle kernels: %d of %d session kernels found idle", r.Measured, k)
 	}
 	if r.NotForks > 0 {
-		fail("idle kernels: %d of %d session kernels are not template forks", r.NotForks, r.Measured)
+		fail("idle kernels: %d of %d session kernels are not template forks (started cold?)", r.NotForks, r.Measured)
 	}
-	logf("sessions: %d idle kernels before data: PSS %.1f MiB, USS %.1f MiB, cgroup %.1f MiB, worker's view %.1f MiB, MemAvailable drop %.1f MiB per session; fixed %.1f MiB (templates %.1f, pool %d: %.1f); %d fit in %.0f GiB at the %s",
-		r.Measured, r.PSSMiB, r.USSMiB, r.CgroupMiB, r.ServerMeanMiB, r.MemAvailableDropMiB, r.FixedMiB, r.TemplatesPSSMiB, r.PoolSandboxes, r.PoolPSSMiB, r.Fit, r.BudgetGiB, r.WorstBasis)
+	logf("sessions: %d idle kernels before data: PSS %.1f MiB, USS %.1f MiB, cgroup %.1f MiB, worker's view %.1f MiB, MemAvailable drop %.1f MiB per session (%.1f at the creation, %.1f at the removal); fixed %.1f MiB (templates %.1f, pool %d: %.1f); %d fit in %.0f GiB at the %s",
+		r.Measured, r.PSSMiB, r.USSMiB, r.CgroupMiB, r.ServerMeanMiB, r.MemAvailableDropMiB, r.MemAvailableCreateMiB, r.MemAvailableRemoveMiB, r.FixedMiB, r.TemplatesPSSMiB, r.PoolSandboxes, r.PoolPSSMiB, r.Fit, r.BudgetGiB, r.WorstBasis)
 	return r
 }

@@ -27,7 +27,7 @@ func forkSandboxes() []sandboxMemory {
 func TestIdleKernelCostsForks(t *testing.T) {
 	before := map[string]int64{"MemAvailable": 1000 * mib, "Slab": 100 * mib, "PageTables": 10 * mib}
 	after := map[string]int64{"MemAvailable": 970 * mib, "Slab": 104 * mib, "PageTables": 12 * mib}
-	r := idleKernelCosts(forkSandboxes(), 2, before, after, 24<<30)
+	r := idleKernelCosts(forkSandboxes(), 2, before, after, nil, 24<<30)
 	if r.Templates != 1 || r.Measured != 2 || r.NotForks != 0 || r.PoolSandboxes != 2 {
 		t.Fatalf("templates %d, measured %d, not forks %d, pool %d; want 1, 2, 0, 2", r.Templates, r.Measured, r.NotForks, r.PoolSandboxes)
 	}
@@ -60,12 +60,27 @@ func TestIdleKernelCostsForks(t *testing.T) {
 	}
 }
 
+// With the reading after the removal, the per-session cost is the mean of
+// the creation's and the removal's: a steady drift of the host cancels.
+func TestIdleKernelCostsRemoval(t *testing.T) {
+	before := map[string]int64{"MemAvailable": 1000 * mib, "Slab": 100 * mib}
+	with := map[string]int64{"MemAvailable": 970 * mib, "Slab": 104 * mib}
+	after := map[string]int64{"MemAvailable": 990 * mib, "Slab": 101 * mib}
+	r := idleKernelCosts(forkSandboxes(), 2, before, with, after, 24<<30)
+	if r.MemAvailableCreateMiB != 15 || r.MemAvailableRemoveMiB != 10 || r.MemAvailableDropMiB != 12.5 || r.MeminfoGrowthMiB["Slab"] != 1.75 {
+		t.Errorf("create %v, remove %v, drop %v, Slab %v; want 15, 10, 12.5, 1.75", r.MemAvailableCreateMiB, r.MemAvailableRemoveMiB, r.MemAvailableDropMiB, r.MeminfoGrowthMiB["Slab"])
+	}
+	if r.WorstBasis != "MemAvailable drop" || r.Fit != 1961 {
+		t.Errorf("worst %s, fit %d; want MemAvailable drop, 1961", r.WorstBasis, r.Fit)
+	}
+}
+
 func TestIdleKernelCostsZygotes(t *testing.T) {
 	sbs := []sandboxMemory{
 		{Cgroup: "v1:/own/p/a", Python: true, PSSBytes: 60 * mib, USSBytes: 50 * mib, CgroupBytes: 58 * mib},
 		{Cgroup: "v1:/own/p/b", Python: true, Frozen: true, PSSBytes: 62 * mib, USSBytes: 52 * mib, CgroupBytes: 64 * mib},
 	}
-	r := idleKernelCosts(sbs, 1, nil, nil, 24<<30)
+	r := idleKernelCosts(sbs, 1, nil, nil, nil, 24<<30)
 	if r.Templates != 0 || r.NotForks != 0 || r.Measured != 1 || r.FixedMiB != 60 {
 		t.Errorf("templates %d, not forks %d, measured %d, fixed %v; want 0, 0, 1, 60", r.Templates, r.NotForks, r.Measured, r.FixedMiB)
 	}
@@ -80,7 +95,7 @@ func TestIdleKernelCostsZygotes(t *testing.T) {
 func TestIdleKernelCostsNotForks(t *testing.T) {
 	sbs := forkSandboxes()
 	sbs = append(sbs, sandboxMemory{Cgroup: "v1:/own/p/zyg", Python: true, Frozen: true, PSSBytes: 60 * mib})
-	if r := idleKernelCosts(sbs, 3, nil, nil, 24<<30); r.NotForks != 1 || r.Measured != 3 {
+	if r := idleKernelCosts(sbs, 3, nil, nil, nil, 24<<30); r.NotForks != 1 || r.Measured != 3 {
 		t.Errorf("not forks %d of %d, want 1 of 3", r.NotForks, r.Measured)
 	}
 }
@@ -115,7 +130,7 @@ Private_Hugetlb:       0 kB
 }
 
 func TestIdleKernelsMarkdown(t *testing.T) {
-	r := idleKernelCosts(forkSandboxes(), 2, map[string]int64{"MemAvailable": 1000 * mib, "Slab": 100 * mib}, map[string]int64{"MemAvailable": 970 * mib, "Slab": 104 * mib}, 24<<30)
+	r := idleKernelCosts(forkSandboxes(), 2, map[string]int64{"MemAvailable": 1000 * mib, "Slab": 100 * mib}, map[string]int64{"MemAvailable": 970 * mib, "Slab": 104 * mib}, nil, 24<<30)
 	rep := &Report{Sessions: &SessionsResult{PoolSize: 4, IdleKernels: r}}
 	md := rep.Markdown("")
 	for _, want := range []string{

@@ -623,7 +623,8 @@ func idleKernelsMarkdown(b *strings.Builder, m *IdleKernels) {
 	fmt.Fprintf(b, "| USS, private (of which F) | %.1f (%.1f) |\n", m.USSMiB, m.ForkParentUSSMiB)
 	fmt.Fprintf(b, "| session cgroup charge | %.1f |\n", m.CgroupMiB)
 	fmt.Fprintf(b, "| the worker's view (idle kernel memory / idle kernels) | %.1f |\n", m.ServerMeanMiB)
-	fmt.Fprintf(b, "| host MemAvailable drop over the %d, per session (kernel memory included: page tables, slab, tmpfs; and whatever else ran) | %.1f |\n", m.Sessions, m.MemAvailableDropMiB)
+	fmt.Fprintf(b, "| host MemAvailable drop over the %d, per session (kernel memory included: page tables, slab, tmpfs; and whatever else ran): mean of the creation's and the removal's | %.1f (%.1f, %.1f) |\n",
+		m.Sessions, m.MemAvailableDropMiB, m.MemAvailableCreateMiB, m.MemAvailableRemoveMiB)
 	if len(m.MeminfoGrowthMiB) > 0 {
 		var parts []string
 		for _, k := range meminfoGrowthKeys {
