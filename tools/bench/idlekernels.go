@@ -29,15 +29,16 @@ type IdleKernels struct {
 	Templates int `json:"templates"`
 	NotForks  int `json:"not_forks"`
 
-	// Per session, medians over the measured kernels. PSS and USS are the
-	// sandbox's processes' (smaps_rollup) plus its fork parent F's; the
-	// cgroup charge is the session cgroup's alone (F is charged to the
-	// template's cgroup).
+	// Per session, medians over the measured kernels. PSS is the
+	// sandbox's processes' (smaps_rollup) plus its fork parent F's; USS is
+	// what they (F included) map and no other process does (pagemap and
+	// kpagecount: sandboxMemory.TotalUSS); the cgroup charge is the
+	// session cgroup's alone (F is charged to the template's cgroup).
 	PSSMiB    float64 `json:"median_pss_mib"`
 	USSMiB    float64 `json:"median_uss_mib"`
 	CgroupMiB float64 `json:"median_cgroup_mib"`
-	// ForkParentPSSMiB and ForkParentUSSMiB are F's share of PSSMiB and
-	// USSMiB (0 without forks).
+	// ForkParentPSSMiB is F's share of PSSMiB, ForkParentUSSMiB F's own
+	// USS (smaps Private_*) (0 without forks).
 	ForkParentPSSMiB float64 `json:"median_fork_parent_pss_mib"`
 	ForkParentUSSMiB float64 `json:"median_fork_parent_uss_mib"`
 	// ServerMeanMiB is the worker's view (sandboxd_session_idle_kernel_
@@ -329,6 +330,20 @@ func idleKernels(ctx context.Context, srv *serverProc, c sessionClient, k int, w
 	time.Sleep(2 * time.Second) // the pool's last refill's exit, freed arenas
 	with := readMeminfo()
 	sandboxes := sandboxesBelow(srv.pid())
+	for i := range sandboxes {
+		if s := &sandboxes[i]; s.Python && s.Frozen {
+			if err := s.readPrivate(); err != nil {
+				fail("idle kernels: private memory of %s: %v", s.Cgroup, err)
+			}
+		}
+	}
+	var serverMean float64
+	if _, text, err := srv.client.getText(ctx, "/metrics"); err == nil {
+		bytes, n := metricValue(text, "sandboxd_session_idle_kernel_memory_bytes"), metricValue(text, "sandboxd_session_idle_kernels")
+		if n > 0 {
+			serverMean = round3(bytes / n / (1 << 20))
+		}
+	}
 	// Their removal, for the second reading of the host's memory.
 	var after map[string]int64
 	removed := true
@@ -348,12 +363,9 @@ func idleKernels(ctx context.Context, srv *serverProc, c sessionClient, k int, w
 		after = readMeminfo()
 	}
 	r := idleKernelCosts(sandboxes, k, before, with, after, idleKernelBudget)
-	if _, text, err := srv.client.getText(ctx, "/metrics"); err == nil {
-		bytes, n := metricValue(text, "sandboxd_session_idle_kernel_memory_bytes"), metricValue(text, "sandboxd_session_idle_kernels")
-		if n > 0 {
-			r.ServerMeanMiB = round3(bytes / n / (1 << 20))
-			r.setFit(idleKernelBudget)
-		}
+	if serverMean > 0 {
+		r.ServerMeanMiB = serverMean
+		r.setFit(idleKernelBudget)
 	}
 	if total := hostMemBytes(); total > 0 {
 		r.HostMemGiB = round3(float64(total) / (1 << 30))

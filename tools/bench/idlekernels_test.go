@@ -1,8 +1,12 @@
 package main
 
 import (
+	"os"
+	"os/exec"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 )
 
 const mib = 1 << 20
@@ -100,6 +104,17 @@ func TestIdleKernelCostsNotForks(t *testing.T) {
 	}
 }
 
+func TestTotalUSS(t *testing.T) {
+	m := sandboxMemory{USSBytes: 3, ForkParentUSSBytes: 1}
+	if m.TotalUSS() != 4 {
+		t.Errorf("without PrivateBytes: %d, want 4", m.TotalUSS())
+	}
+	m.PrivateBytes = 9 // the pages the processes share only with each other too
+	if m.TotalUSS() != 9 {
+		t.Errorf("with PrivateBytes: %d, want 9", m.TotalUSS())
+	}
+}
+
 func TestIdleSessionKernels(t *testing.T) {
 	got := idleSessionKernels(forkSandboxes())
 	if len(got) != 2 || got[0].Cgroup != "v1:/own/p/tpl-1/sbx-c" || got[1].Cgroup != "v1:/own/p/tpl-1/sbx-d" {
@@ -145,4 +160,54 @@ func TestIdleKernelsMarkdown(t *testing.T) {
 			t.Errorf("markdown lacks %q\n%s", want, md)
 		}
 	}
+}
+
+func TestParseMapsRange(t *testing.T) {
+	lo, hi, ok := parseMapsRange("7f0000001000-7f0000003000 r-xp 00000000 fd:01 123  /usr/lib/x.so")
+	if !ok || lo != 0x7f0000001000 || hi != 0x7f0000003000 {
+		t.Errorf("range %x-%x %v", lo, hi, ok)
+	}
+	if _, _, ok := parseMapsRange(""); ok {
+		t.Error("empty line parsed")
+	}
+}
+
+// TestGroupPrivate reads this process's private memory with a touched
+// buffer, alone and with a child that shares none of it.
+func TestGroupPrivate(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("pagemap's page frame numbers need root")
+	}
+	buf := make([]byte, 16<<20)
+	for i := range buf {
+		buf[i] = 1
+	}
+	self, err := groupPrivateBytes([]int{os.Getpid()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := smapsRollup(os.Getpid())
+	if self < 16<<20 || self > r.RSS {
+		t.Errorf("private %d bytes, want ≥ 16 MiB and ≤ RSS %d", self, r.RSS)
+	}
+	// A page shared with another process (the read-only text of a
+	// library both map) is the pair's, not either's alone.
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	time.Sleep(200 * time.Millisecond)
+	child, err := groupPrivateBytes([]int{cmd.Process.Pid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	both, err := groupPrivateBytes([]int{os.Getpid(), cmd.Process.Pid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if both < self+child {
+		t.Errorf("private of both %d < self %d + child %d", both, self, child)
+	}
+	runtime.KeepAlive(buf)
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"os"
@@ -16,6 +17,7 @@ import (
 type sandboxMemory struct {
 	Cgroup string `json:"cgroup"` // memory cgroup path (v1 memory controller, or v2)
 	Procs  int    `json:"procs"`
+	PIDs   []int  `json:"pids,omitempty"`
 	// CgroupBytes is the cgroup's charge (v1 memory.usage_in_bytes, v2
 	// memory.current): anonymous memory plus the page cache this sandbox
 	// touched first (shared rootfs pages are charged to whoever read them first).
@@ -42,13 +44,36 @@ type sandboxMemory struct {
 	ForkParent         int   `json:"fork_parent,omitempty"`
 	ForkParentPSSBytes int64 `json:"fork_parent_pss_bytes,omitempty"`
 	ForkParentUSSBytes int64 `json:"fork_parent_uss_bytes,omitempty"`
+	// PrivateBytes, when read (groupPrivateBytes, of the sandbox's
+	// processes and its fork parent), is what they map that no other
+	// process does.
+	PrivateBytes int64 `json:"private_bytes,omitempty"`
 }
 
 // TotalPSS is the sandbox's PSS with its fork parent's (F's), if any.
 func (m sandboxMemory) TotalPSS() int64 { return m.PSSBytes + m.ForkParentPSSBytes }
 
-// TotalUSS is the sandbox's USS with its fork parent's, if any.
-func (m sandboxMemory) TotalUSS() int64 { return m.USSBytes + m.ForkParentUSSBytes }
+// TotalUSS is the sandbox's USS with its fork parent's, if any: its
+// PrivateBytes when read, else the sum of each process's USS (which leaves
+// out the pages its processes share only with each other).
+func (m sandboxMemory) TotalUSS() int64 {
+	if m.PrivateBytes > 0 {
+		return m.PrivateBytes
+	}
+	return m.USSBytes + m.ForkParentUSSBytes
+}
+
+// readPrivate sets PrivateBytes (groupPrivateBytes of the sandbox's
+// processes and its fork parent).
+func (m *sandboxMemory) readPrivate() error {
+	pids := slices.Clone(m.PIDs)
+	if m.ForkParent != 0 {
+		pids = append(pids, m.ForkParent)
+	}
+	b, err := groupPrivateBytes(pids)
+	m.PrivateBytes = b
+	return err
+}
 
 // descendants returns every process below pid (not pid itself), from /proc.
 func descendants(pid int) []int {
@@ -227,6 +252,7 @@ func sandboxesBelow(serverPid int) []sandboxMemory {
 			order = append(order, cg)
 		}
 		m.Procs++
+		m.PIDs = append(m.PIDs, p)
 		r := smapsRollup(p)
 		m.RSSBytes += r.RSS
 		m.PSSBytes += r.PSS
@@ -442,4 +468,105 @@ func removeOwnCgroupDir(rel string) {
 			_ = os.Remove(filepath.Join(m, p, rel))
 		}
 	}
+}
+
+// groupPrivateBytes is the memory mapped by the processes pids and by no
+// other process: every present page of theirs (/proc/PID/pagemap) whose
+// system-wide map count (/proc/kpagecount) equals its mappings among them.
+// Unlike a sum of each process's USS (smaps Private_*), it counts a page
+// the group's processes share with each other and nobody else (a zygote
+// and the kernel it forked; a template fork's F and G) as the group's.
+// Needs root (the page frame numbers). Pages of a transparent huge page
+// count as the kernel reports each one's map count.
+func groupPrivateBytes(pids []int) (int64, error) {
+	mapped := map[uint64]int64{} // pfn -> mappings among pids
+	for _, pid := range pids {
+		if err := countPresentPages(pid, mapped); err != nil {
+			return 0, err
+		}
+	}
+	pfns := make([]uint64, 0, len(mapped))
+	for pfn := range mapped {
+		pfns = append(pfns, pfn)
+	}
+	slices.Sort(pfns)
+	kc, err := os.Open("/proc/kpagecount")
+	if err != nil {
+		return 0, err
+	}
+	defer kc.Close()
+	const block = 512 // entries read at once
+	buf := make([]byte, block*8)
+	var start uint64 = ^uint64(0)
+	var n int
+	private := int64(0)
+	for _, pfn := range pfns {
+		if start == ^uint64(0) || pfn < start || pfn >= start+uint64(n) {
+			start = pfn
+			got, err := kc.ReadAt(buf, int64(pfn*8))
+			if got < 8 && err != nil {
+				return 0, fmt.Errorf("kpagecount at pfn %d: %w", pfn, err)
+			}
+			n = got / 8
+		}
+		count := int64(binary.LittleEndian.Uint64(buf[(pfn-start)*8:]))
+		if count == mapped[pfn] {
+			private += int64(os.Getpagesize())
+		}
+	}
+	return private, nil
+}
+
+// countPresentPages adds the page frames pid maps (present in memory, not
+// swapped) to mapped, one per mapping.
+func countPresentPages(pid int, mapped map[uint64]int64) error {
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return err
+	}
+	pm, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", pid))
+	if err != nil {
+		return err
+	}
+	defer pm.Close()
+	page := uint64(os.Getpagesize())
+	buf := make([]byte, 8*4096)
+	for _, line := range strings.Split(string(maps), "\n") {
+		lo, hi, ok := parseMapsRange(line)
+		if !ok || strings.HasSuffix(line, "[vsyscall]") {
+			continue
+		}
+		for addr := lo; addr < hi; {
+			pages := min((hi-addr)/page, uint64(len(buf)/8))
+			got, err := pm.ReadAt(buf[:pages*8], int64(addr/page*8))
+			if got == 0 {
+				if err != nil {
+					break // the mapping went away
+				}
+			}
+			for i := 0; i+8 <= got; i += 8 {
+				e := binary.LittleEndian.Uint64(buf[i:])
+				// Bit 63 present, bit 62 swapped, bits 0-54 the pfn.
+				if e&(1<<63) != 0 && e&(1<<62) == 0 {
+					if pfn := e & (1<<55 - 1); pfn != 0 {
+						mapped[pfn]++
+					}
+				}
+			}
+			addr += pages * page
+		}
+	}
+	return nil
+}
+
+// parseMapsRange reads the address range of a /proc/PID/maps line.
+func parseMapsRange(line string) (lo, hi uint64, ok bool) {
+	r, _, _ := strings.Cut(line, " ")
+	a, b, found := strings.Cut(r, "-")
+	if !found {
+		return 0, 0, false
+	}
+	lo, err1 := strconv.ParseUint(a, 16, 64)
+	hi, err2 := strconv.ParseUint(b, 16, 64)
+	return lo, hi, err1 == nil && err2 == nil && hi > lo
 }

@@ -616,11 +616,12 @@ func idleKernelsMarkdown(b *strings.Builder, m *IdleKernels) {
 		pool = fmt.Sprintf("template forks (%d templates)", m.Templates)
 	}
 	fmt.Fprintf(b, "\nIdle session kernels before they load data (issue 17, M2): %d sessions, each ran `%s` once and idles frozen; "+
-		"%d found idle; the pool is %s. Per session (medians; PSS and USS include the fork's F, charged to the template's cgroup):\n\n",
+		"%d found idle; the pool is %s. Per session (medians; PSS and USS include the fork's F, charged to the template's cgroup; "+
+		"USS is the pages the session's processes map and no other process does, from pagemap and kpagecount):\n\n",
 		m.Sessions, strings.ReplaceAll(strings.TrimSpace(m.Cell), "\n", "; "), m.Measured, pool)
 	b.WriteString("| per session | MiB |\n|---|---:|\n")
 	fmt.Fprintf(b, "| PSS (of which F) | **%.1f** (%.1f) |\n", m.PSSMiB, m.ForkParentPSSMiB)
-	fmt.Fprintf(b, "| USS, private (of which F) | %.1f (%.1f) |\n", m.USSMiB, m.ForkParentUSSMiB)
+	fmt.Fprintf(b, "| USS, private (F's own USS) | %.1f (%.1f) |\n", m.USSMiB, m.ForkParentUSSMiB)
 	fmt.Fprintf(b, "| session cgroup charge | %.1f |\n", m.CgroupMiB)
 	fmt.Fprintf(b, "| the worker's view (idle kernel memory / idle kernels) | %.1f |\n", m.ServerMeanMiB)
 	fmt.Fprintf(b, "| host MemAvailable drop over the %d, per session (kernel memory included: page tables, slab, tmpfs; and whatever else ran): mean of the creation's and the removal's | %.1f (%.1f, %.1f) |\n",
