@@ -61,6 +61,10 @@ type IdleKernels struct {
 	// fields (Slab, SUnreclaim, PageTables, KernelStack, Shmem,
 	// AnonPages) per session.
 	MeminfoGrowthMiB map[string]float64 `json:"meminfo_growth_mib"`
+	// WorkerGrowthMiB is the worker process's own PSS growth per session,
+	// the same way (its bookkeeping; in AnonPages and the MemAvailable
+	// drop, in none of the per-sandbox numbers).
+	WorkerGrowthMiB float64 `json:"worker_growth_mib"`
 
 	// The fixed cost, not per session: the templates' own memory (T: the
 	// template cgroup's processes less the forks' F) and the warm pool's
@@ -94,6 +98,9 @@ const idleKernelBudget = 24 << 30
 
 // meminfoGrowthKeys are the /proc/meminfo fields whose growth is reported.
 var meminfoGrowthKeys = []string{"Slab", "SUnreclaim", "PageTables", "KernelStack", "Shmem", "AnonPages"}
+
+// workerPSSKey carries the worker's PSS among the /proc/meminfo readings.
+const workerPSSKey = "worker Pss"
 
 // idleSessionKernels are the session kernels among sandboxes: the python
 // sandboxes idling frozen (a session kernel is frozen between executions;
@@ -184,6 +191,10 @@ func idleKernelCosts(sandboxes []sandboxMemory, k int, before, with, after map[s
 		}
 		c, rm, mean := growth("MemAvailable")
 		r.MemAvailableCreateMiB, r.MemAvailableRemoveMiB, r.MemAvailableDropMiB = round3(-c), round3(-rm), round3(-mean)
+		if _, ok := before[workerPSSKey]; ok {
+			_, _, mean := growth(workerPSSKey)
+			r.WorkerGrowthMiB = round3(mean)
+		}
 		r.MeminfoGrowthMiB = map[string]float64{}
 		for _, key := range meminfoGrowthKeys {
 			if _, ok := before[key]; ok {
@@ -305,6 +316,7 @@ func idleKernels(ctx context.Context, srv *serverProc, c sessionClient, k int, w
 	}
 	time.Sleep(2 * time.Second)
 	before := readMeminfo()
+	before[workerPSSKey] = smapsRollup(srv.pid()).PSS
 	for i := 0; i < k; i++ {
 		// The pool full before each: every kernel a warm one (with the
 		// pool empty, a session's kernel is started cold, a zygote even
@@ -329,6 +341,7 @@ func idleKernels(ctx context.Context, srv *serverProc, c sessionClient, k int, w
 	}
 	time.Sleep(2 * time.Second) // the pool's last refill's exit, freed arenas
 	with := readMeminfo()
+	with[workerPSSKey] = smapsRollup(srv.pid()).PSS
 	sandboxes := sandboxesBelow(srv.pid())
 	for i := range sandboxes {
 		if s := &sandboxes[i]; s.Python && s.Frozen {
@@ -361,6 +374,7 @@ func idleKernels(ctx context.Context, srv *serverProc, c sessionClient, k int, w
 		wait()
 		time.Sleep(2 * time.Second)
 		after = readMeminfo()
+		after[workerPSSKey] = smapsRollup(srv.pid()).PSS
 	}
 	r := idleKernelCosts(sandboxes, k, before, with, after, idleKernelBudget)
 	if serverMean > 0 {
@@ -376,7 +390,7 @@ func idleKernels(ctx context.Context, srv *serverProc, c sessionClient, k int, w
 	if r.NotForks > 0 {
 		fail("idle kernels: %d of %d session kernels are not template forks (started cold?)", r.NotForks, r.Measured)
 	}
-	logf("sessions: %d idle kernels before data: PSS %.1f MiB, USS %.1f MiB, cgroup %.1f MiB, worker's view %.1f MiB, MemAvailable drop %.1f MiB per session (%.1f at the creation, %.1f at the removal); fixed %.1f MiB (templates %.1f, pool %d: %.1f); %d fit in %.0f GiB at the %s",
-		r.Measured, r.PSSMiB, r.USSMiB, r.CgroupMiB, r.ServerMeanMiB, r.MemAvailableDropMiB, r.MemAvailableCreateMiB, r.MemAvailableRemoveMiB, r.FixedMiB, r.TemplatesPSSMiB, r.PoolSandboxes, r.PoolPSSMiB, r.Fit, r.BudgetGiB, r.WorstBasis)
+	logf("sessions: %d idle kernels before data: PSS %.1f MiB, USS %.1f MiB, cgroup %.1f MiB, worker's view %.1f MiB, MemAvailable drop %.1f MiB per session (%.1f at the creation, %.1f at the removal), the worker's own growth %.2f MiB; fixed %.1f MiB (templates %.1f, pool %d: %.1f); %d fit in %.0f GiB at the %s",
+		r.Measured, r.PSSMiB, r.USSMiB, r.CgroupMiB, r.ServerMeanMiB, r.MemAvailableDropMiB, r.MemAvailableCreateMiB, r.MemAvailableRemoveMiB, r.WorkerGrowthMiB, r.FixedMiB, r.TemplatesPSSMiB, r.PoolSandboxes, r.PoolPSSMiB, r.Fit, r.BudgetGiB, r.WorstBasis)
 	return r
 }

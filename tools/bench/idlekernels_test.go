@@ -70,7 +70,11 @@ func TestIdleKernelCostsRemoval(t *testing.T) {
 	before := map[string]int64{"MemAvailable": 1000 * mib, "Slab": 100 * mib}
 	with := map[string]int64{"MemAvailable": 970 * mib, "Slab": 104 * mib}
 	after := map[string]int64{"MemAvailable": 990 * mib, "Slab": 101 * mib}
+	before[workerPSSKey], with[workerPSSKey], after[workerPSSKey] = 50*mib, 52*mib, 51*mib
 	r := idleKernelCosts(forkSandboxes(), 2, before, with, after, 24<<30)
+	if r.WorkerGrowthMiB != 0.75 {
+		t.Errorf("worker growth %v, want 0.75", r.WorkerGrowthMiB)
+	}
 	if r.MemAvailableCreateMiB != 15 || r.MemAvailableRemoveMiB != 10 || r.MemAvailableDropMiB != 12.5 || r.MeminfoGrowthMiB["Slab"] != 1.75 {
 		t.Errorf("create %v, remove %v, drop %v, Slab %v; want 15, 10, 12.5, 1.75", r.MemAvailableCreateMiB, r.MemAvailableRemoveMiB, r.MemAvailableDropMiB, r.MeminfoGrowthMiB["Slab"])
 	}

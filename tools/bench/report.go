@@ -634,6 +634,7 @@ func idleKernelsMarkdown(b *strings.Builder, m *IdleKernels) {
 			}
 		}
 		fmt.Fprintf(b, "| /proc/meminfo growth per session | %s |\n", strings.Join(parts, ", "))
+		fmt.Fprintf(b, "| the worker process's own PSS growth per session | %.2f |\n", m.WorkerGrowthMiB)
 	}
 	fmt.Fprintf(b, "\nFixed cost, not per session (PSS): templates %.1f MiB (USS %.1f, own cgroup charge %.1f with every F), "+
 		"%d idle pool and spare sandboxes %.1f MiB: %.1f MiB. **%d sessions fit in %.0f GiB** less the fixed cost, at the worst per-session cost (%s, %.1f MiB)",
