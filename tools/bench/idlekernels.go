@@ -269,7 +269,7 @@ func readMeminfo() map[string]int64 {
 		}
 		f, err := os.Open("/proc/meminfo")
 		if err != nil {
-			return nil
+			return map[string]int64{}
 		}
 		reads = append(reads, parseMeminfo(f))
 		f.Close()
