@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -65,6 +66,17 @@ type IdleKernels struct {
 	// the same way (its bookkeeping; in AnonPages and the MemAvailable
 	// drop, in none of the per-sandbox numbers).
 	WorkerGrowthMiB float64 `json:"worker_growth_mib"`
+	// KernelMiB is the kernel memory per session: the growth of Slab,
+	// PageTables and KernelStack (namespaces, mounts, cgroups, the
+	// processes' page tables and stacks); USSKernelMiB is USSMiB plus it
+	// plus WorkerGrowthMiB: what a session takes from the host by parts,
+	// steadier than the MemAvailable drop on a shared host.
+	KernelMiB    float64 `json:"kernel_mib"`
+	USSKernelMiB float64 `json:"uss_kernel_mib"`
+	// MemAvailableNoisy: the creation's and the removal's MemAvailable
+	// readings differ by more than a quarter of the larger (the rest of
+	// the host moved meanwhile); the drop is then left out of the worst.
+	MemAvailableNoisy bool `json:"mem_available_noisy,omitempty"`
 
 	// The fixed cost, not per session: the templates' own memory (T: the
 	// template cgroup's processes less the forks' F) and the warm pool's
@@ -195,6 +207,9 @@ func idleKernelCosts(sandboxes []sandboxMemory, k int, before, with, after map[s
 			_, _, mean := growth(workerPSSKey)
 			r.WorkerGrowthMiB = round3(mean)
 		}
+		if rm != 0 && math.Abs(c-rm) > 0.25*max(math.Abs(c), math.Abs(rm)) {
+			r.MemAvailableNoisy = true
+		}
 		r.MeminfoGrowthMiB = map[string]float64{}
 		for _, key := range meminfoGrowthKeys {
 			if _, ok := before[key]; ok {
@@ -202,19 +217,25 @@ func idleKernelCosts(sandboxes []sandboxMemory, k int, before, with, after map[s
 				r.MeminfoGrowthMiB[key] = round3(mean)
 			}
 		}
+		g := r.MeminfoGrowthMiB
+		r.KernelMiB = round3(g["Slab"] + g["PageTables"] + g["KernelStack"])
+	}
+	if r.USSMiB > 0 {
+		r.USSKernelMiB = round3(r.USSMiB + max(0, r.KernelMiB) + max(0, r.WorkerGrowthMiB))
 	}
 	r.setFit(budget)
 	return r
 }
 
 // setFit fills Worst* and Fit* from the per-session costs and FixedMiB
-// (and ServerMeanMiB, when set).
+// (and ServerMeanMiB, when set); a noisy MemAvailable drop is in FitBy but
+// not a candidate for the worst.
 func (r *IdleKernels) setFit(budget int64) {
 	costs := []struct {
 		basis string
 		mib   float64
 	}{
-		{"PSS", r.PSSMiB}, {"USS", r.USSMiB}, {"cgroup charge", r.CgroupMiB},
+		{"PSS", r.PSSMiB}, {"USS", r.USSMiB}, {"USS + kernel memory", r.USSKernelMiB}, {"cgroup charge", r.CgroupMiB},
 		{"worker's view", r.ServerMeanMiB}, {"MemAvailable drop", r.MemAvailableDropMiB},
 	}
 	room := float64(budget)/(1<<20) - r.FixedMiB
@@ -225,6 +246,9 @@ func (r *IdleKernels) setFit(budget int64) {
 			continue
 		}
 		r.FitBy[c.basis] = max(0, int(room/c.mib))
+		if c.basis == "MemAvailable drop" && r.MemAvailableNoisy {
+			continue
+		}
 		if c.mib > r.WorstMiB {
 			r.WorstBasis, r.WorstMiB = c.basis, c.mib
 		}

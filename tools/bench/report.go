@@ -635,12 +635,16 @@ func idleKernelsMarkdown(b *strings.Builder, m *IdleKernels) {
 		}
 		fmt.Fprintf(b, "| /proc/meminfo growth per session | %s |\n", strings.Join(parts, ", "))
 		fmt.Fprintf(b, "| the worker process's own PSS growth per session | %.2f |\n", m.WorkerGrowthMiB)
+		fmt.Fprintf(b, "| USS + kernel memory (Slab, PageTables, KernelStack growth: %.2f) + the worker's growth | %.1f |\n", m.KernelMiB, m.USSKernelMiB)
+	}
+	if m.MemAvailableNoisy {
+		b.WriteString("\nThe MemAvailable readings at the creation and the removal differ by more than a quarter (the rest of the host moved): the drop is left out of the worst.\n")
 	}
 	fmt.Fprintf(b, "\nFixed cost, not per session (PSS): templates %.1f MiB (USS %.1f, own cgroup charge %.1f with every F), "+
 		"%d idle pool and spare sandboxes %.1f MiB: %.1f MiB. **%d sessions fit in %.0f GiB** less the fixed cost, at the worst per-session cost (%s, %.1f MiB)",
 		m.TemplatesPSSMiB, m.TemplatesUSSMiB, m.TemplatesCgroupMiB, m.PoolSandboxes, m.PoolPSSMiB, m.FixedMiB, m.Fit, m.BudgetGiB, m.WorstBasis, m.WorstMiB)
 	var by []string
-	for _, k := range []string{"PSS", "USS", "cgroup charge", "worker's view", "MemAvailable drop"} {
+	for _, k := range []string{"PSS", "USS", "USS + kernel memory", "cgroup charge", "worker's view", "MemAvailable drop"} {
 		if v, ok := m.FitBy[k]; ok {
 			by = append(by, fmt.Sprintf("%s %d", k, v))
 		}
