@@ -69,7 +69,11 @@ type config struct {
 	SessCSVMB   int
 	SessMemN    int
 	SessLatOnly bool
-	From        string
+	// SessIdleN sessions measured idle before they load data (issue 17's
+	// M2); SessIdleOnly: only that in the sessions section.
+	SessIdleN    int
+	SessIdleOnly bool
+	From         string
 }
 
 func main() {
@@ -121,6 +125,8 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&c.SessCSVMB, "sessions-csv-mb", 50, "sessions: size of the ten-step analysis CSV (MB)")
 	fs.IntVar(&c.SessMemN, "sessions-mem-n", 4, "sessions: idle sessions with the CSV loaded whose memory is measured")
 	fs.BoolVar(&c.SessLatOnly, "sessions-latency-only", false, "sessions: measure only create + first print(1) and print(1) in a live kernel (no ten-step analysis, no idle memory): for comparing builds")
+	fs.IntVar(&c.SessIdleN, "sessions-idle-n", 20, "sessions: idle sessions measured before they load data (pandas imported, one print(1) cell; 0: skip)")
+	fs.BoolVar(&c.SessIdleOnly, "sessions-idle-only", false, "sessions: measure only the idle sessions before data (-sessions-idle-n), nothing else of the section")
 	fs.StringVar(&c.From, "from", "", "measure nothing: re-render report.md, latency.png (and -results) from this results.json")
 	var env multiFlag
 	fs.Var(&env, "server-env", "KEY=VALUE added to the started server's environment (repeatable)")
@@ -178,6 +184,7 @@ func parseFlags(args []string) (config, error) {
 		quick("sessions-n", &c.SessN, 8)
 		quick("sessions-csv-mb", &c.SessCSVMB, 10)
 		quick("sessions-mem-n", &c.SessMemN, 2)
+		quick("sessions-idle-n", &c.SessIdleN, 4)
 		quick("n-pandas", &c.NPandas, 6)
 		quick("warm-n", &c.WarmN, 6)
 		quick("warm-procs", &c.WarmProcs, 2)

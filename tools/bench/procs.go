@@ -2,7 +2,9 @@ package main
 
 import (
 	"bufio"
+	"encoding/binary"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,6 +17,7 @@ import (
 type sandboxMemory struct {
 	Cgroup string `json:"cgroup"` // memory cgroup path (v1 memory controller, or v2)
 	Procs  int    `json:"procs"`
+	PIDs   []int  `json:"pids,omitempty"`
 	// CgroupBytes is the cgroup's charge (v1 memory.usage_in_bytes, v2
 	// memory.current): anonymous memory plus the page cache this sandbox
 	// touched first (shared rootfs pages are charged to whoever read them first).
@@ -24,12 +27,65 @@ type sandboxMemory struct {
 	// so it is the per-sandbox cost.
 	RSSBytes int64 `json:"rss_bytes"`
 	PSSBytes int64 `json:"pss_bytes"`
+	// USSBytes sums Private_Clean and Private_Dirty: the pages only this
+	// sandbox's processes map, what ending it would give back.
+	USSBytes int64 `json:"uss_bytes"`
 	Python   bool  `json:"python"` // a python process is among them
+	// Frozen: the sandbox's freezer cgroup is FROZEN (v1 freezer.state,
+	// v2 cgroup.events "frozen 1"). A session kernel idles frozen between
+	// its executions; warm and spare sandboxes are never frozen.
+	Frozen bool `json:"frozen,omitempty"`
+	// ForkParent is the process of a template fork that waits for the
+	// sandbox's process outside its cgroup (TEMPLATE.md's F: the parent of
+	// the sandbox's top process, in the template's cgroup, an ancestor of
+	// the sandbox's); 0 for a sandbox that is not a template fork. F exists
+	// for this sandbox alone, so it is part of its cost, but it is charged
+	// to the template's cgroup and counted in that group's sums as well.
+	ForkParent         int   `json:"fork_parent,omitempty"`
+	ForkParentPSSBytes int64 `json:"fork_parent_pss_bytes,omitempty"`
+	ForkParentUSSBytes int64 `json:"fork_parent_uss_bytes,omitempty"`
+	// PrivateBytes, when read (groupPrivateBytes, of the sandbox's
+	// processes and its fork parent), is what they map that no other
+	// process does.
+	PrivateBytes int64 `json:"private_bytes,omitempty"`
+}
+
+// TotalPSS is the sandbox's PSS with its fork parent's (F's), if any.
+func (m sandboxMemory) TotalPSS() int64 { return m.PSSBytes + m.ForkParentPSSBytes }
+
+// TotalUSS is the sandbox's USS with its fork parent's, if any: its
+// PrivateBytes when read, else the sum of each process's USS (which leaves
+// out the pages its processes share only with each other).
+func (m sandboxMemory) TotalUSS() int64 {
+	if m.PrivateBytes > 0 {
+		return m.PrivateBytes
+	}
+	return m.USSBytes + m.ForkParentUSSBytes
+}
+
+// readPrivate sets PrivateBytes (groupPrivateBytes of the sandbox's
+// processes and its fork parent).
+func (m *sandboxMemory) readPrivate() error {
+	pids := slices.Clone(m.PIDs)
+	if m.ForkParent != 0 {
+		pids = append(pids, m.ForkParent)
+	}
+	b, err := groupPrivateBytes(pids)
+	m.PrivateBytes = b
+	return err
 }
 
 // descendants returns every process below pid (not pid itself), from /proc.
 func descendants(pid int) []int {
+	out, _ := processTree(pid)
+	return out
+}
+
+// processTree returns every process below pid (not pid itself), from
+// /proc, and each one's parent.
+func processTree(pid int) ([]int, map[int]int) {
 	children := map[int][]int{}
+	parent := map[int]int{}
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		p, err := strconv.Atoi(e.Name())
@@ -52,6 +108,7 @@ func descendants(pid int) []int {
 		}
 		ppid, _ := strconv.Atoi(f[1])
 		children[ppid] = append(children[ppid], p)
+		parent[p] = ppid
 	}
 	var out []int
 	queue := []int{pid}
@@ -64,12 +121,18 @@ func descendants(pid int) []int {
 		}
 	}
 	slices.Sort(out)
-	return out
+	return out, parent
 }
 
 // memoryCgroup returns the path of pid's memory cgroup: the v1 memory
 // controller's line of /proc/PID/cgroup, else the v2 line.
 func memoryCgroup(pid int) (string, bool) {
+	return controllerCgroup(pid, "memory")
+}
+
+// controllerCgroup returns the path of pid's cgroup of the v1 controller
+// ctl, else its v2 cgroup, as memoryCgroup does.
+func controllerCgroup(pid int, ctl string) (string, bool) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	if err != nil {
 		return "", false
@@ -80,7 +143,7 @@ func memoryCgroup(pid int) (string, bool) {
 		if len(parts) != 3 {
 			continue
 		}
-		if slices.Contains(strings.Split(parts[1], ","), "memory") {
+		if slices.Contains(strings.Split(parts[1], ","), ctl) {
 			return "v1:" + parts[2], true
 		}
 		if parts[0] == "0" && parts[1] == "" {
@@ -106,14 +169,42 @@ func cgroupCharge(cg string) int64 {
 	return 0
 }
 
-// smapsRollup returns Rss and Pss of pid in bytes.
-func smapsRollup(pid int) (rss, pss int64) {
+// cgroupFrozen says whether the freezer cgroup pid is in is frozen (v1
+// freezer.state FROZEN, v2 cgroup.events "frozen 1").
+func cgroupFrozen(pid int) bool {
+	cg, ok := controllerCgroup(pid, "freezer")
+	if !ok {
+		return false
+	}
+	if p, ok := strings.CutPrefix(cg, "v1:"); ok {
+		data, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/freezer", p, "freezer.state"))
+		return err == nil && strings.TrimSpace(string(data)) == "FROZEN"
+	}
+	for _, dir := range cgroupDirs(cg) {
+		if data, err := os.ReadFile(filepath.Join(dir, "cgroup.events")); err == nil {
+			return slices.Contains(strings.Split(string(data), "\n"), "frozen 1")
+		}
+	}
+	return false
+}
+
+// rollup is what smapsRollup reads, in bytes.
+type rollup struct{ RSS, PSS, USS int64 }
+
+// smapsRollup returns Rss, Pss and USS (Private_Clean + Private_Dirty) of
+// pid.
+func smapsRollup(pid int) rollup {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
 	if err != nil {
-		return 0, 0
+		return rollup{}
 	}
 	defer f.Close()
-	sc := bufio.NewScanner(f)
+	return parseRollup(f)
+}
+
+func parseRollup(r io.Reader) rollup {
+	var out rollup
+	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
 		if len(fields) < 2 {
@@ -122,41 +213,67 @@ func smapsRollup(pid int) (rss, pss int64) {
 		kb, _ := strconv.ParseInt(fields[1], 10, 64)
 		switch fields[0] {
 		case "Rss:":
-			rss = kb << 10
+			out.RSS = kb << 10
 		case "Pss:":
-			pss = kb << 10
+			out.PSS = kb << 10
+		case "Private_Clean:", "Private_Dirty:":
+			out.USS += kb << 10
 		}
 	}
-	return rss, pss
+	return out
 }
 
 // sandboxesBelow groups the processes below serverPid by memory cgroup,
 // keeping those in cgroups nested below the server's own (leaving out, for
 // instance, libcontainer's init helpers before they join the sandbox's
-// cgroup). At idle these are the pool.
+// cgroup). At idle these are the pool, and the session kernels (Frozen).
+// A template fork's F (ForkParent) is found as the parent of a sandbox's
+// top process when that parent sits in a cgroup between the server's and
+// the sandbox's (the template's, tpl-<id>).
 func sandboxesBelow(serverPid int) []sandboxMemory {
 	own, _ := memoryCgroup(serverPid)
+	below := func(cg string) bool { return strings.HasPrefix(cg, strings.TrimSuffix(own, "/")+"/") }
+	pids, parent := processTree(serverPid)
+	cgOf := map[int]string{}
 	byCg := map[string]*sandboxMemory{}
 	var order []string
-	for _, p := range descendants(serverPid) {
+	for _, p := range pids {
 		cg, ok := memoryCgroup(p)
 		// Sandboxes nest below the server's own cgroup; anything else (a
 		// process caught between cgroups while it starts) is not one.
-		if !ok || !strings.HasPrefix(cg, strings.TrimSuffix(own, "/")+"/") {
+		if !ok || !below(cg) {
 			continue
 		}
+		cgOf[p] = cg
 		m := byCg[cg]
 		if m == nil {
-			m = &sandboxMemory{Cgroup: cg}
+			m = &sandboxMemory{Cgroup: cg, Frozen: cgroupFrozen(p)}
 			byCg[cg] = m
 			order = append(order, cg)
 		}
 		m.Procs++
-		rss, pss := smapsRollup(p)
-		m.RSSBytes += rss
-		m.PSSBytes += pss
+		m.PIDs = append(m.PIDs, p)
+		r := smapsRollup(p)
+		m.RSSBytes += r.RSS
+		m.PSSBytes += r.PSS
+		m.USSBytes += r.USS
 		if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p)); err == nil && strings.HasPrefix(string(comm), "python") {
 			m.Python = true
+		}
+	}
+	for _, p := range pids {
+		cg, ok := cgOf[p]
+		if !ok {
+			continue
+		}
+		pp := parent[p]
+		pcg, ok := cgOf[pp]
+		if !ok || pcg == cg || !strings.HasPrefix(cg, pcg+"/") {
+			continue
+		}
+		if m := byCg[cg]; m.ForkParent == 0 {
+			r := smapsRollup(pp)
+			m.ForkParent, m.ForkParentPSSBytes, m.ForkParentUSSBytes = pp, r.PSS, r.USS
 		}
 	}
 	out := make([]sandboxMemory, 0, len(order))
@@ -351,4 +468,105 @@ func removeOwnCgroupDir(rel string) {
 			_ = os.Remove(filepath.Join(m, p, rel))
 		}
 	}
+}
+
+// groupPrivateBytes is the memory mapped by the processes pids and by no
+// other process: every present page of theirs (/proc/PID/pagemap) whose
+// system-wide map count (/proc/kpagecount) equals its mappings among them.
+// Unlike a sum of each process's USS (smaps Private_*), it counts a page
+// the group's processes share with each other and nobody else (a zygote
+// and the kernel it forked; a template fork's F and G) as the group's.
+// Needs root (the page frame numbers). Pages of a transparent huge page
+// count as the kernel reports each one's map count.
+func groupPrivateBytes(pids []int) (int64, error) {
+	mapped := map[uint64]int64{} // pfn -> mappings among pids
+	for _, pid := range pids {
+		if err := countPresentPages(pid, mapped); err != nil {
+			return 0, err
+		}
+	}
+	pfns := make([]uint64, 0, len(mapped))
+	for pfn := range mapped {
+		pfns = append(pfns, pfn)
+	}
+	slices.Sort(pfns)
+	kc, err := os.Open("/proc/kpagecount")
+	if err != nil {
+		return 0, err
+	}
+	defer kc.Close()
+	const block = 512 // entries read at once
+	buf := make([]byte, block*8)
+	var start uint64 = ^uint64(0)
+	var n int
+	private := int64(0)
+	for _, pfn := range pfns {
+		if start == ^uint64(0) || pfn < start || pfn >= start+uint64(n) {
+			start = pfn
+			got, err := kc.ReadAt(buf, int64(pfn*8))
+			if got < 8 && err != nil {
+				return 0, fmt.Errorf("kpagecount at pfn %d: %w", pfn, err)
+			}
+			n = got / 8
+		}
+		count := int64(binary.LittleEndian.Uint64(buf[(pfn-start)*8:]))
+		if count == mapped[pfn] {
+			private += int64(os.Getpagesize())
+		}
+	}
+	return private, nil
+}
+
+// countPresentPages adds the page frames pid maps (present in memory, not
+// swapped) to mapped, one per mapping.
+func countPresentPages(pid int, mapped map[uint64]int64) error {
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return err
+	}
+	pm, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", pid))
+	if err != nil {
+		return err
+	}
+	defer pm.Close()
+	page := uint64(os.Getpagesize())
+	buf := make([]byte, 8*4096)
+	for _, line := range strings.Split(string(maps), "\n") {
+		lo, hi, ok := parseMapsRange(line)
+		if !ok || strings.HasSuffix(line, "[vsyscall]") {
+			continue
+		}
+		for addr := lo; addr < hi; {
+			pages := min((hi-addr)/page, uint64(len(buf)/8))
+			got, err := pm.ReadAt(buf[:pages*8], int64(addr/page*8))
+			if got == 0 {
+				if err != nil {
+					break // the mapping went away
+				}
+			}
+			for i := 0; i+8 <= got; i += 8 {
+				e := binary.LittleEndian.Uint64(buf[i:])
+				// Bit 63 present, bit 62 swapped, bits 0-54 the pfn.
+				if e&(1<<63) != 0 && e&(1<<62) == 0 {
+					if pfn := e & (1<<55 - 1); pfn != 0 {
+						mapped[pfn]++
+					}
+				}
+			}
+			addr += pages * page
+		}
+	}
+	return nil
+}
+
+// parseMapsRange reads the address range of a /proc/PID/maps line.
+func parseMapsRange(line string) (lo, hi uint64, ok bool) {
+	r, _, _ := strings.Cut(line, " ")
+	a, b, found := strings.Cut(r, "-")
+	if !found {
+		return 0, 0, false
+	}
+	lo, err1 := strconv.ParseUint(a, 16, 64)
+	hi, err2 := strconv.ParseUint(b, 16, 64)
+	return lo, hi, err1 == nil && err2 == nil && hi > lo
 }

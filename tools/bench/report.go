@@ -564,15 +564,21 @@ func (r *Report) sessionsMarkdown(b *strings.Builder) {
 		return
 	}
 	b.WriteString("\n## Sessions (issue 12)\n\n")
-	fmt.Fprintf(b, "One server, warm pool on (%d per policy). *create + first*: `POST /v1/sessions` then `print(1)` in it, the pool full before each. "+
-		"*live kernel*: `print(1)` in a session whose kernel is alive (state `preserved` checked on every answer). Whole HTTP round trips.\n\n", s.PoolSize)
-	b.WriteString("| measurement | n | failures | p50 ms | p90 ms | p99 ms |\n|---|---:|---:|---:|---:|---:|\n")
-	for _, row := range []struct {
-		name string
-		s    Summary
-	}{{"create session + first print(1)", s.CreateFirst}, {"print(1) in a live kernel", s.LiveExec}} {
-		fmt.Fprintf(b, "| %s | %d | %d | %s | %s | %s |\n", row.name, row.s.N, row.s.Failures, fmtMS(row.s.P50MS), fmtMS(row.s.P90MS), fmtMS(row.s.P99MS))
+	if s.CreateFirst.N+s.CreateFirst.Failures+s.LiveExec.N+s.LiveExec.Failures == 0 {
+		// -sessions-idle-only
+		fmt.Fprintf(b, "One server, warm pool on (%d per policy); no latencies measured.\n", s.PoolSize)
+	} else {
+		fmt.Fprintf(b, "One server, warm pool on (%d per policy). *create + first*: `POST /v1/sessions` then `print(1)` in it, the pool full before each. "+
+			"*live kernel*: `print(1)` in a session whose kernel is alive (state `preserved` checked on every answer). Whole HTTP round trips.\n\n", s.PoolSize)
+		b.WriteString("| measurement | n | failures | p50 ms | p90 ms | p99 ms |\n|---|---:|---:|---:|---:|---:|\n")
+		for _, row := range []struct {
+			name string
+			s    Summary
+		}{{"create session + first print(1)", s.CreateFirst}, {"print(1) in a live kernel", s.LiveExec}} {
+			fmt.Fprintf(b, "| %s | %d | %d | %s | %s | %s |\n", row.name, row.s.N, row.s.Failures, fmtMS(row.s.P50MS), fmtMS(row.s.P90MS), fmtMS(row.s.P99MS))
+		}
 	}
+	idleKernelsMarkdown(b, s.IdleKernels)
 	if t := s.TenStep; t != nil {
 		fmt.Fprintf(b, "\nTen-step analysis of a %.0f MB CSV (load, eight groupbys, a chart; tools/bench/sessions.go): "+
 			"**session %.0f ms** (upload %.0f ms, then ten executions in one kernel) against **ten single-shot executions %.0f ms** "+
@@ -598,4 +604,53 @@ func (r *Report) sessionsMarkdown(b *strings.Builder) {
 	if len(s.Errors) > 0 {
 		b.WriteString("\n")
 	}
+}
+
+// idleKernelsMarkdown renders the idle kernels before data (issue 17, M2).
+func idleKernelsMarkdown(b *strings.Builder, m *IdleKernels) {
+	if m == nil {
+		return
+	}
+	pool := "zygotes (no template found)"
+	if m.Templates > 0 {
+		pool = fmt.Sprintf("template forks (%d templates)", m.Templates)
+	}
+	fmt.Fprintf(b, "\nIdle session kernels before they load data (issue 17, M2): %d sessions, each ran `%s` once and idles frozen; "+
+		"%d found idle; the pool is %s. Per session (medians; PSS and USS include the fork's F, charged to the template's cgroup; "+
+		"USS is the pages the session's processes map and no other process does, from pagemap and kpagecount):\n\n",
+		m.Sessions, strings.ReplaceAll(strings.TrimSpace(m.Cell), "\n", "; "), m.Measured, pool)
+	b.WriteString("| per session | MiB |\n|---|---:|\n")
+	fmt.Fprintf(b, "| PSS (of which F) | **%.1f** (%.1f) |\n", m.PSSMiB, m.ForkParentPSSMiB)
+	fmt.Fprintf(b, "| USS, private (F's own USS) | %.1f (%.1f) |\n", m.USSMiB, m.ForkParentUSSMiB)
+	fmt.Fprintf(b, "| session cgroup charge | %.1f |\n", m.CgroupMiB)
+	fmt.Fprintf(b, "| the worker's view (idle kernel memory / idle kernels) | %.1f |\n", m.ServerMeanMiB)
+	fmt.Fprintf(b, "| host MemAvailable drop over the %d, per session (kernel memory included: page tables, slab, tmpfs; and whatever else ran): mean of the creation's and the removal's | %.1f (%.1f, %.1f) |\n",
+		m.Sessions, m.MemAvailableDropMiB, m.MemAvailableCreateMiB, m.MemAvailableRemoveMiB)
+	if len(m.MeminfoGrowthMiB) > 0 {
+		var parts []string
+		for _, k := range meminfoGrowthKeys {
+			if v, ok := m.MeminfoGrowthMiB[k]; ok {
+				parts = append(parts, fmt.Sprintf("%s %+.2f", k, v))
+			}
+		}
+		fmt.Fprintf(b, "| /proc/meminfo growth per session | %s |\n", strings.Join(parts, ", "))
+		fmt.Fprintf(b, "| the worker process's own PSS growth per session | %.2f |\n", m.WorkerGrowthMiB)
+		fmt.Fprintf(b, "| USS + kernel memory (Slab, PageTables, KernelStack growth: %.2f) + the worker's growth | %.1f |\n", m.KernelMiB, m.USSKernelMiB)
+	}
+	if m.MemAvailableNoisy {
+		b.WriteString("\nThe MemAvailable readings at the creation and the removal differ by more than a quarter (the rest of the host moved): the drop is left out of the worst.\n")
+	}
+	fmt.Fprintf(b, "\nFixed cost, not per session (PSS): templates %.1f MiB (USS %.1f, own cgroup charge %.1f with every F), "+
+		"%d idle pool and spare sandboxes %.1f MiB: %.1f MiB. **%d sessions fit in %.0f GiB** less the fixed cost, at the worst per-session cost (%s, %.1f MiB)",
+		m.TemplatesPSSMiB, m.TemplatesUSSMiB, m.TemplatesCgroupMiB, m.PoolSandboxes, m.PoolPSSMiB, m.FixedMiB, m.Fit, m.BudgetGiB, m.WorstBasis, m.WorstMiB)
+	var by []string
+	for _, k := range []string{"PSS", "USS", "USS + kernel memory", "cgroup charge", "worker's view", "MemAvailable drop"} {
+		if v, ok := m.FitBy[k]; ok {
+			by = append(by, fmt.Sprintf("%s %d", k, v))
+		}
+	}
+	if len(by) > 0 {
+		fmt.Fprintf(b, "; at each: %s", strings.Join(by, ", "))
+	}
+	b.WriteString(". PSS splits the template's pages among the sharers present, so with more sessions it falls toward USS; other limits (pids, keys, user namespaces, max_sessions) are not counted.\n")
 }

@@ -31,7 +31,10 @@ type SessionsResult struct {
 	LiveExec Summary     `json:"live_exec_print"`
 	TenStep  *TenStep    `json:"ten_step,omitempty"`
 	Memory   *SessionMem `json:"idle_memory,omitempty"`
-	Errors   []string    `json:"errors,omitempty"`
+	// IdleKernels is the memory of idle sessions whose kernel ran one cell
+	// and holds no data (issue 17's M2).
+	IdleKernels *IdleKernels `json:"idle_kernels_before_data,omitempty"`
+	Errors      []string     `json:"errors,omitempty"`
 }
 
 // TenStep is a ten-step analysis of one CSV: load it, nine groupbys, a
@@ -203,6 +206,10 @@ type sessionsOptions struct {
 	MemN     int // idle sessions measured
 	// LatencyOnly stops after the two latencies (no ten-step, no memory).
 	LatencyOnly bool
+	// IdleN sessions are measured idle before they load data (0: not).
+	IdleN int
+	// IdleOnly measures only that.
+	IdleOnly bool
 }
 
 // runSessions measures the sessions section against srv, a server started
@@ -225,6 +232,13 @@ func runSessions(ctx context.Context, srv *serverProc, poolSize int, o sessionsO
 		if err := waitPool(ctx, srv, poolSize, poolSize*policyCount(ctx, srv.client), 2*time.Minute); err != nil {
 			fail("pool did not refill: %v", err)
 		}
+	}
+
+	if o.IdleOnly {
+		if o.IdleN > 0 {
+			res.IdleKernels = idleKernels(ctx, srv, c, o.IdleN, wait, fail, logf)
+		}
+		return res
 	}
 
 	// Create + first print(1), a full pool before each.
@@ -285,6 +299,9 @@ func runSessions(ctx context.Context, srv *serverProc, poolSize int, o sessionsO
 	if o.LatencyOnly {
 		return res
 	}
+	if o.IdleN > 0 {
+		res.IdleKernels = idleKernels(ctx, srv, c, o.IdleN, wait, fail, logf)
+	}
 	csv := makeCSV(o.CSVBytes)
 	res.TenStep = tenStep(ctx, c, csv, wait, fail, logf)
 	res.Memory = sessionMemory(ctx, srv, c, csv, o.MemN, fail, logf)
@@ -339,10 +356,11 @@ func tenStep(ctx context.Context, c sessionClient, csv []byte, wait func(), fail
 }
 
 // sessionMemory loads the CSV in n sessions, leaves them idle, and
-// measures the n largest python sandboxes below the server: the session
-// kernels (which came from the warm pool, so they cannot be told apart by
-// when their sandbox started), each holding pandas and the DataFrame,
-// outweigh the pool's idle sandboxes.
+// measures the n largest session kernels below the server: the python
+// sandboxes idling frozen (idleSessionKernels; they came from the warm
+// pool, so they cannot be told apart by when their sandbox started, and
+// with template forks the template's cgroup, which holds every fork's,
+// outweighs them all).
 func sessionMemory(ctx context.Context, srv *serverProc, c sessionClient, csv []byte, n int, fail func(string, ...any), logf func(string, ...any)) *SessionMem {
 	var ids []string
 	defer func() {
@@ -366,18 +384,16 @@ func sessionMemory(ctx context.Context, srv *serverProc, c sessionClient, csv []
 			return nil
 		}
 	}
-	time.Sleep(2 * time.Second) // let the kernels settle (freed arenas, the pool's refills)
-	var kernels []sandboxMemory
-	for _, s := range sandboxesBelow(srv.pid()) {
-		if s.Python {
-			kernels = append(kernels, s)
-		}
+	if err := waitFrozenKernels(ctx, srv, n, 30*time.Second); err != nil {
+		fail("memory: %v", err)
 	}
+	time.Sleep(2 * time.Second) // let the kernels settle (freed arenas, the pool's refills)
+	kernels := idleSessionKernels(sandboxesBelow(srv.pid()))
 	slices.SortFunc(kernels, func(a, b sandboxMemory) int { return cmp.Compare(b.CgroupBytes, a.CgroupBytes) })
 	kernels = kernels[:min(n, len(kernels))]
 	var pss, cg []float64
 	for _, s := range kernels {
-		pss = append(pss, float64(s.PSSBytes))
+		pss = append(pss, float64(s.TotalPSS()))
 		cg = append(cg, float64(s.CgroupBytes))
 	}
 	m := &SessionMem{Sessions: len(cg), CSVBytes: int64(len(csv)), MedianPSSMiB: medianMiB(pss), MedianCgroupMiB: medianMiB(cg)}
@@ -432,7 +448,10 @@ func runSessionsPhase(ctx context.Context, cfg config, rep *Report, logf func(st
 	// As the API phase does: the server leaves its (empty) parent behind.
 	defer removeOwnCgroupDir(cgParent)
 	defer srv.stop()
-	rep.Sessions = runSessions(ctx, srv, cfg.PoolSize, sessionsOptions{N: cfg.SessN, CSVBytes: csvBytes, MemN: cfg.SessMemN, LatencyOnly: cfg.SessLatOnly}, logf)
+	rep.Sessions = runSessions(ctx, srv, cfg.PoolSize, sessionsOptions{
+		N: cfg.SessN, CSVBytes: csvBytes, MemN: cfg.SessMemN, LatencyOnly: cfg.SessLatOnly,
+		IdleN: cfg.SessIdleN, IdleOnly: cfg.SessIdleOnly,
+	}, logf)
 	return nil
 }
 
