@@ -170,6 +170,10 @@ func newEnvOn(t *testing.T, rootfs string, mod func(*config.Config), setup func(
 	cfg.StateRoot = testStateRoot
 	cfg.PythonImage = "dir:" + rootfs
 	cfg.PoolSize = 0 // the pool tests turn it on
+	// EXECUTION_POOL_TEMPLATE_FORKS in the test's environment makes the
+	// pool tests' warm sandboxes template forks (a test's mod may still
+	// choose: TestPoolThroughAPI runs both).
+	cfg.PoolTemplateForks = nsjailtest.TemplateForks(t)
 	// A spare session kernel takes a warm sandbox whenever the pool has
 	// refilled: the pool tests count what the pool served. The spare
 	// kernel tests turn it on.

@@ -48,11 +48,15 @@ func poolTemplate(rootfs string) warmpool.Template {
 
 // poolConfig is the pool the server keeps with the default config, of size
 // ready sandboxes and workspaces under workRoot (on a tmpfs of
-// workspaceBytes when > 0).
-func poolConfig(size int, workRoot string, workspaceBytes int64) warmpool.Config {
+// workspaceBytes when > 0); its sandboxes are template forks when
+// EXECUTION_POOL_TEMPLATE_FORKS says so (nsjailtest.TemplateForks; a test
+// that compares the two sets Forks itself).
+func poolConfig(t testing.TB, size int, workRoot string, workspaceBytes int64) warmpool.Config {
+	t.Helper()
 	cfg := config.Default()
 	return warmpool.Config{Size: size, MaxIdle: time.Duration(cfg.PoolMaxIdle), Preload: cfg.PoolPreload,
-		WorkRoot: workRoot, WorkspaceBytes: workspaceBytes, WorkspaceInodes: cfg.WorkspaceInodes}
+		WorkRoot: workRoot, WorkspaceBytes: workspaceBytes, WorkspaceInodes: cfg.WorkspaceInodes,
+		Forks: nsjailtest.TemplateForks(t)}
 }
 
 // poolWorkspace makes a workspace like the server does: code/main.py,
@@ -222,7 +226,7 @@ func testWarmMatchesCold(t *testing.T, tmpfsBytes int64, forks bool) {
 		names = append(names, n)
 	}
 	slices.Sort(names)
-	cfg := poolConfig(2, t.TempDir(), tmpfsBytes)
+	cfg := poolConfig(t, 2, t.TempDir(), tmpfsBytes)
 	cfg.Forks = forks
 	pool, err := warmpool.New(r, cfg, []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {
@@ -351,7 +355,7 @@ func TestPoolRefillsAndNeverReuses(t *testing.T) {
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	r := newPoolRunner(t)
 	tpl := poolTemplate(rootfs)
-	pool, err := warmpool.New(r, poolConfig(1, t.TempDir(), 0), []warmpool.Template{tpl}, poolQuietLog)
+	pool, err := warmpool.New(r, poolConfig(t, 1, t.TempDir(), 0), []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -454,7 +458,7 @@ func benchReadyCPU(b *testing.B, forks bool) {
 		return sample{time.Duration(cg), cpu(self), cpu(kids)}
 	}
 	n := min(b.N, 50) // a pool of n+1: each iteration is one sandbox made ready
-	cfg := poolConfig(n+1, b.TempDir(), 64<<20)
+	cfg := poolConfig(b, n+1, b.TempDir(), 64<<20)
 	cfg.Forks = forks
 	b.ResetTimer()
 	pool, err := warmpool.New(r, cfg, []warmpool.Template{tpl}, poolQuietLog)
@@ -492,7 +496,7 @@ func benchPool(b *testing.B, code string, size int, workspaceBytes int64, forks 
 	rootfs := nsjailtest.RuntimeRootfs(b)
 	r := newPoolRunner(b)
 	tpl := poolTemplate(rootfs)
-	cfg := poolConfig(size, b.TempDir(), workspaceBytes)
+	cfg := poolConfig(b, size, b.TempDir(), workspaceBytes)
 	cfg.Forks = len(forks) > 0 && forks[0]
 	pool, err := warmpool.New(r, cfg, []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {
@@ -555,7 +559,7 @@ func TestTemplateRotation(t *testing.T) {
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	r := newPoolRunner(t)
 	tpl := poolTemplate(rootfs)
-	cfg := poolConfig(2, t.TempDir(), 64<<20)
+	cfg := poolConfig(t, 2, t.TempDir(), 64<<20)
 	cfg.Forks, cfg.TemplateMaxForks = true, 2
 	pool, err := warmpool.New(r, cfg, []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {

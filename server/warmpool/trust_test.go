@@ -558,7 +558,7 @@ func TestFailedWarmStartLogsItsStderr(t *testing.T) {
 	var logs bytes.Buffer
 	var logMu sync.Mutex
 	log := slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &logMu}, nil))
-	pool, err := warmpool.New(r, poolConfig(1, t.TempDir(), 0), []warmpool.Template{poolTemplate(rootfs)}, log)
+	pool, err := warmpool.New(r, poolConfig(t, 1, t.TempDir(), 0), []warmpool.Template{poolTemplate(rootfs)}, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -605,7 +605,7 @@ func numpyPool(t *testing.T) (rootfs string, r *nsjail.Runner, tpl warmpool.Temp
 }
 
 func numpyPoolConfig(t *testing.T) warmpool.Config {
-	cfg := poolConfig(1, t.TempDir(), 0)
+	cfg := poolConfig(t, 1, t.TempDir(), 0)
 	cfg.Preload = []string{"numpy"}
 	return cfg
 }
