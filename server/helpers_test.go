@@ -169,10 +169,12 @@ func newEnvOn(t *testing.T, rootfs string, mod func(*config.Config), setup func(
 	cfg.SessionsDir = filepath.Join(t.TempDir(), "sessions")
 	cfg.StateRoot = testStateRoot
 	cfg.PythonImage = "dir:" + rootfs
-	cfg.PoolSize = 0 // the pool tests turn it on
+	// No pool (the pool tests turn it on), unless SANDBOXD_TEST_POOL_SIZE
+	// asks for one on a Python rootfs (nsjailtest.PoolSize).
+	cfg.PoolSize = nsjailtest.PoolSize(t, rootfs)
 	// EXECUTION_POOL_TEMPLATE_FORKS in the test's environment makes the
-	// pool tests' warm sandboxes template forks (a test's mod may still
-	// choose: TestPoolThroughAPI runs both).
+	// warm sandboxes template forks (a test's mod may still choose:
+	// TestPoolThroughAPI runs both).
 	cfg.PoolTemplateForks = nsjailtest.TemplateForks(t)
 	// A spare session kernel takes a warm sandbox whenever the pool has
 	// refilled: the pool tests count what the pool served. The spare

@@ -76,7 +76,8 @@ func startWorkerCmd(t *testing.T, name, rootfs string, command func(bin string) 
 	w.cmd.Env = append(os.Environ(), "EXECUTION_PYTHON_IMAGE=dir:"+rootfs, "EXECUTION_WORK_ROOT="+w.work,
 		"EXECUTION_RESULTS_DIR="+filepath.Join(t.TempDir(), "results"), "EXECUTION_SESSIONS_DIR="+filepath.Join(t.TempDir(), "sessions"),
 		"EXECUTION_STATE_ROOT="+w.state,
-		"EXECUTION_CGROUP_PARENT="+w.cgroup, fmt.Sprintf("EXECUTION_WORKER_PORT=%d", w.port), "EXECUTION_POOL_SIZE=0")
+		"EXECUTION_CGROUP_PARENT="+w.cgroup, fmt.Sprintf("EXECUTION_WORKER_PORT=%d", w.port),
+		fmt.Sprintf("EXECUTION_POOL_SIZE=%d", nsjailtest.PoolSize(t, rootfs)))
 	w.cmd.Env = append(w.cmd.Env, env...)
 	w.cmd.Stderr = w.logs
 	if err := w.cmd.Start(); err != nil {
