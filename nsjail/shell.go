@@ -70,6 +70,11 @@ type Shell struct {
 	// gpid its host pid: StartShell checked that g is G's.
 	g    *os.File
 	gpid int
+	// f is a pidfd of F, G's parent, which reports G's exit, and fpid its
+	// host pid (openParent): a fork whose F died can no longer report, so
+	// it is dead as a sandbox (Pending.Alive).
+	f    *os.File
+	fpid int
 	// ns are the shell's namespaces, in ShellNamespaces order, until
 	// CloseNamespaces or Destroy.
 	nsMu sync.Mutex
@@ -148,6 +153,15 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 	if err != nil {
 		return fail("%w", err)
 	}
+	ffile, fpid, err := openParent(gpid, gfile)
+	if err != nil {
+		return fail("%w", err)
+	}
+	defer func() {
+		if !keepG {
+			ffile.Close()
+		}
+	}()
 	defer userNS.Close()
 	defer pidNS.Close()
 
@@ -221,7 +235,7 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 		r.destroy(c, log)
 		return fail("unable to read the shell init's pid: %w", err)
 	}
-	s := &Shell{r: r, id: id, tpl: t, c: c, log: log, g: gfile, gpid: gpid, lim: lim, output: spec.Output}
+	s := &Shell{r: r, id: id, tpl: t, c: c, log: log, g: gfile, gpid: gpid, f: ffile, fpid: fpid, lim: lim, output: spec.Output}
 	for _, l := range cfg.Rlimits {
 		s.rlimits = append(s.rlimits, Rlimit{Resource: l.Type, Soft: l.Soft, Hard: l.Hard})
 	}
@@ -915,6 +929,7 @@ func (s *Shell) Destroy() error {
 			errs = append(errs, err)
 		}
 		s.g.Close()
+		s.f.Close()
 		s.tpl.shells.Done()
 		s.destroyErr = errors.Join(errs...)
 		if s.destroyErr != nil {
