@@ -367,6 +367,8 @@ func warmPid(t *testing.T, p *warmpool.Pool, zygote bool) int {
 	// part in these tests, the reporter, is F's.
 	if f, g, ok, err := warmpool.ReadyForkPids(p); err != nil {
 		t.Fatal(err)
+	} else if !ok && trustOnForks {
+		t.Fatal("TestTrustOnForks: the ready warm sandbox is not a template fork")
 	} else if ok {
 		if zygote {
 			return f
@@ -627,5 +629,23 @@ func numpyPool(t *testing.T) (rootfs string, r *nsjail.Runner, tpl warmpool.Temp
 func numpyPoolConfig(t *testing.T) warmpool.Config {
 	cfg := poolConfig(t, 1, t.TempDir(), 0)
 	cfg.Preload = []string{"numpy"}
+	cfg.Forks = cfg.Forks || trustOnForks
 	return cfg
+}
+
+// trustOnForks makes numpyPool's warm sandboxes template forks
+// (TestTrustOnForks; the tests of this package run one at a time).
+var trustOnForks bool
+
+// TestTrustOnForks runs the hostile cases of the warm path whose
+// sandboxes come from numpyPool with template forks as the pool's warm
+// sandboxes (Config.Forks): SECURITY.md cases 25 and 15 (the exit report
+// cannot be forged, only fds 0-2 are open) and 34 (a fork whose G or F
+// died is never handed an execution).
+func TestTrustOnForks(t *testing.T) {
+	skipTemplatesOnV2(t)
+	trustOnForks = true
+	defer func() { trustOnForks = false }()
+	t.Run("WarmExitReportCannotBeForged", TestWarmExitReportCannotBeForged)
+	t.Run("DeadWarmSandboxRunsCold", TestDeadWarmSandboxRunsCold)
 }
