@@ -186,6 +186,14 @@ print(sys.path, helper.VALUE, helper.__file__)`,
 	"atexit and unflushed": `import atexit, sys
 atexit.register(lambda: print("atexit ran"))
 sys.stdout.write("no newline")`,
+	// The writable directories as the code finds them: what the image's
+	// interpreter start put there (its matplotlib font cache in
+	// MPLCONFIGDIR, /tmp/matplotlib), nothing the preload or a template's
+	// own start left elsewhere.
+	"writable directories": `import os
+for top in ("/tmp", "/dev/shm", "/workspace"):
+    for root, dirs, files in sorted(os.walk(top)):
+        print(root, sorted(dirs), sorted((f, os.stat(os.path.join(root, f)).st_size) for f in files))`,
 }
 
 // conformanceStatus pins what each script must end as, so that cold and
