@@ -144,6 +144,11 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
+// noPool is the mod of a test's cold server, the baseline its warm one is
+// compared with: without a pool even when SANDBOXD_TEST_POOL_SIZE gives
+// the others one (nsjailtest.PoolSize).
+func noPool(c *config.Config) { c.PoolSize = 0 }
+
 // newEnv starts a server on rootfs with cfg adjusted by mod. The work root is
 // a fresh temp dir unless mod sets one.
 func newEnv(t *testing.T, rootfs string, mod func(*config.Config)) *testEnv {

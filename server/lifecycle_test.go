@@ -265,7 +265,7 @@ func TestIsolationBetweenWarmRuns(t *testing.T) {
 
 func testIsolationBetweenWarmRuns(t *testing.T, forks bool) {
 	rootfs := nsjailtest.RuntimeRootfs(t)
-	cold := newEnv(t, rootfs, func(c *config.Config) { c.PoolSize = 0 })
+	cold := newEnv(t, rootfs, noPool)
 	warm := newEnv(t, rootfs, func(c *config.Config) {
 		c.PoolSize = 2 // the concurrent pair
 		c.PoolTemplateForks = forks
