@@ -5,6 +5,7 @@ import (
 	"context"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -229,11 +230,11 @@ func testWarmMatchesCold(t *testing.T, tmpfsBytes int64, forks bool) {
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	r := newPoolRunner(t)
 	tpl := poolTemplate(rootfs)
-	names := make([]string, 0, len(conformanceScripts))
-	for n := range conformanceScripts {
-		names = append(names, n)
+	scripts := maps.Clone(conformanceScripts)
+	if denied, ok := deniedSyscallsScript(t); ok {
+		scripts["denied syscalls"] = denied
 	}
-	slices.Sort(names)
+	names := slices.Sorted(maps.Keys(scripts))
 	cfg := poolConfig(t, 2, t.TempDir(), tmpfsBytes)
 	cfg.Forks = forks
 	pool, err := warmpool.New(r, cfg, []warmpool.Template{tpl}, poolQuietLog)
@@ -244,7 +245,7 @@ func testWarmMatchesCold(t *testing.T, tmpfsBytes int64, forks bool) {
 
 	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
-			code := conformanceScripts[name]
+			code := scripts[name]
 			spec := func(ws string) nsjail.Spec {
 				s := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
 					Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits}
@@ -277,6 +278,9 @@ func testWarmMatchesCold(t *testing.T, tmpfsBytes int64, forks bool) {
 			}
 			if name == "pids limit" && !slices.Contains(cold.LimitsHit, nsjail.LimitPids) {
 				t.Fatalf("the pids script did not hit the limit: %v %s", cold.LimitsHit, cold.Stdout)
+			}
+			if name == "denied syscalls" {
+				wantDeniedSyscalls(t, string(cold.Stdout))
 			}
 			compareResults(t, cold, warm)
 			if warmOut == "" || warmOut == warmWS {
