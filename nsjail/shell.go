@@ -211,7 +211,13 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 		return fail("unable to read the shell's cgroup paths before its start (%v)", err)
 	}
 	stopWatch := context.AfterFunc(ctx, func() {
-		log.Error("shell start past its deadline: killing the shell's cgroup")
+		// A cancel is the caller giving up (the warm pool closing), not a
+		// stalled start: said as such, not as an error.
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			log.Error("shell start past its deadline: killing the shell's cgroup")
+		} else {
+			log.Info("shell start cancelled: killing the shell's cgroup", "cause", ctx.Err())
+		}
 		if err := cgroup.KillAll(state.CgroupPaths); err != nil {
 			log.Error("unable to kill the shell's cgroup", "error", err)
 		}
@@ -267,7 +273,7 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 		// above): whatever was read is not to be trusted.
 		r.destroy(c, log)
 		s.closeNamespaces()
-		return fail("shell start past its deadline: %w", ctx.Err())
+		return fail("shell start ended by its context: %w", ctx.Err())
 	}
 	keepG = true
 	t.shells.Add(1)
