@@ -95,7 +95,7 @@ func (p *Pending) Alive() bool {
 			return false
 		}
 		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", g.pid))
-		return err == nil && !g.exited() && statusAlive(string(status))
+		return err == nil && !g.exited() && statusAlive(string(status)) && g.parentAlive()
 	}
 	pid, err := p.s.proc.Pid()
 	if err != nil {

@@ -70,6 +70,11 @@ type Shell struct {
 	// gpid its host pid: StartShell checked that g is G's.
 	g    *os.File
 	gpid int
+	// f is a pidfd of F, G's parent, which reports G's exit, and fpid its
+	// host pid (openParent): a fork whose F died can no longer report, so
+	// it is dead as a sandbox (Pending.Alive).
+	f    *os.File
+	fpid int
 	// ns are the shell's namespaces, in ShellNamespaces order, until
 	// CloseNamespaces or Destroy.
 	nsMu sync.Mutex
@@ -148,6 +153,15 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 	if err != nil {
 		return fail("%w", err)
 	}
+	ffile, fpid, err := openParent(gpid, gfile)
+	if err != nil {
+		return fail("%w", err)
+	}
+	defer func() {
+		if !keepG {
+			ffile.Close()
+		}
+	}()
 	defer userNS.Close()
 	defer pidNS.Close()
 
@@ -197,7 +211,13 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 		return fail("unable to read the shell's cgroup paths before its start (%v)", err)
 	}
 	stopWatch := context.AfterFunc(ctx, func() {
-		log.Error("shell start past its deadline: killing the shell's cgroup")
+		// A cancel is the caller giving up (the warm pool closing), not a
+		// stalled start: said as such, not as an error.
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			log.Error("shell start past its deadline: killing the shell's cgroup")
+		} else {
+			log.Info("shell start cancelled: killing the shell's cgroup", "cause", ctx.Err())
+		}
 		if err := cgroup.KillAll(state.CgroupPaths); err != nil {
 			log.Error("unable to kill the shell's cgroup", "error", err)
 		}
@@ -221,7 +241,7 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 		r.destroy(c, log)
 		return fail("unable to read the shell init's pid: %w", err)
 	}
-	s := &Shell{r: r, id: id, tpl: t, c: c, log: log, g: gfile, gpid: gpid, lim: lim, output: spec.Output}
+	s := &Shell{r: r, id: id, tpl: t, c: c, log: log, g: gfile, gpid: gpid, f: ffile, fpid: fpid, lim: lim, output: spec.Output}
 	for _, l := range cfg.Rlimits {
 		s.rlimits = append(s.rlimits, Rlimit{Resource: l.Type, Soft: l.Soft, Hard: l.Hard})
 	}
@@ -253,7 +273,7 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 		// above): whatever was read is not to be trusted.
 		r.destroy(c, log)
 		s.closeNamespaces()
-		return fail("shell start past its deadline: %w", ctx.Err())
+		return fail("shell start ended by its context: %w", ctx.Err())
 	}
 	keepG = true
 	t.shells.Add(1)
@@ -915,6 +935,7 @@ func (s *Shell) Destroy() error {
 			errs = append(errs, err)
 		}
 		s.g.Close()
+		s.f.Close()
 		s.tpl.shells.Done()
 		s.destroyErr = errors.Join(errs...)
 		if s.destroyErr != nil {

@@ -98,7 +98,7 @@ func (s *Shell) Pending(stdout, stderr *os.File) *Pending {
 	s.nsMu.Unlock()
 	sb := &Sandbox{
 		r: s.r, id: s.id, lim: s.lim, c: s.c, shell: s, log: s.log,
-		proc:        gProcess{pid: s.gpid, pidfd: s.g},
+		proc:        gProcess{pid: s.gpid, pidfd: s.g, fpid: s.fpid, fpidfd: s.f},
 		stdout:      newCapture(stdout, s.lim.StdoutBytes, s.output.ForStream(StreamStdout)),
 		stderr:      newCapture(stderr, s.lim.StderrBytes, s.output.ForStream(StreamStderr)),
 		cgroupPaths: s.cgroupPaths, mntns: mntns,
@@ -106,10 +106,72 @@ func (s *Shell) Pending(stdout, stderr *os.File) *Pending {
 	return &Pending{s: sb}
 }
 
-// gProcess is a template fork's G as a sandbox's first process.
+// gProcess is a template fork's G as a sandbox's first process, with F,
+// its parent, which reports its exit (fpidfd nil: not known).
 type gProcess struct {
-	pid   int
-	pidfd *os.File
+	pid    int
+	pidfd  *os.File
+	fpid   int
+	fpidfd *os.File
+}
+
+// parentAlive reports whether F is running and has not been sent SIGKILL,
+// its status read between two checks of its pidfd (SECURITY.md case 41's
+// pattern: T reaps an ended F, whose pid may then be anyone's). A fork
+// whose F was killed never gets its exit report (G lives on, F's exit does
+// not end it): handed an execution, it would run the code and end in
+// sandbox_error, where a zygote's sandbox killed just before its hand-off
+// is found dead and the execution runs cold (SECURITY.md case 34).
+func (g gProcess) parentAlive() bool {
+	if g.fpidfd == nil {
+		return true
+	}
+	f := gProcess{pid: g.fpid, pidfd: g.fpidfd}
+	if f.exited() {
+		return false
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", g.fpid))
+	return err == nil && !f.exited() && statusAlive(string(status))
+}
+
+// openParent opens a pidfd of F, G's parent, while it is known to be G's
+// parent: G's PPid read before the pidfd is opened and again after it,
+// each read of G's status followed by a check that g (G's pidfd) is still
+// alive. A PPid unchanged across the open means F was G's parent all
+// along: had F died, G would have been reparented (to T, its pid
+// namespace's reaper) and its PPid changed, so the pid was F's when the
+// pidfd was opened. The worker only ever polls F's pidfd and reads F's
+// status: it signals nothing through it.
+func openParent(gpid int, g *os.File) (*os.File, int, error) {
+	gp := gProcess{pid: gpid, pidfd: g}
+	ppid := func() (int, error) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", gpid))
+		if gp.exited() {
+			return 0, fmt.Errorf("G (pid %d) is gone", gpid)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("unable to read G's status: %w", err)
+		}
+		v := statusField(string(b), "PPid")
+		if len(v) != 1 {
+			return 0, fmt.Errorf("no PPid in G's status (%v)", v)
+		}
+		return strconv.Atoi(v[0])
+	}
+	fpid, err := ppid()
+	if err != nil {
+		return nil, 0, err
+	}
+	fd, err := unix.PidfdOpen(fpid, 0)
+	if err != nil {
+		return nil, 0, fmt.Errorf("F (pid %d), G's parent, is gone: %w", fpid, err)
+	}
+	f := os.NewFile(uintptr(fd), "pidfd-F")
+	if again, err := ppid(); err != nil || again != fpid {
+		f.Close()
+		return nil, 0, fmt.Errorf("F (pid %d), G's parent, is gone (G's parent now %d, %v)", fpid, again, err)
+	}
+	return f, fpid, nil
 }
 
 // Pid refuses: G's pid is G's only while G lives (a zombie included), and

@@ -37,7 +37,7 @@ func wantHeadAndTail(t *testing.T, how string, r *ExecutionResponse, capBytes in
 // A 10 MB output keeps its last line, cold, warm and in a session.
 func TestOutputKeepsItsTail(t *testing.T) {
 	rootfs := nsjailtest.RuntimeRootfs(t)
-	cold := newSessionEnv(t, rootfs, nil)
+	cold := newSessionEnv(t, rootfs, noPool)
 	wantHeadAndTail(t, "cold", cold.execute(ExecutionRequest{Code: tenMB}), cold.cfg.MaxStdoutBytes)
 
 	cold.createSession(SessionRequest{ID: "tail"})

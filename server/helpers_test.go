@@ -144,6 +144,11 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
+// noPool is the mod of a test's cold server, the baseline its warm one is
+// compared with: without a pool even when SANDBOXD_TEST_POOL_SIZE gives
+// the others one (nsjailtest.PoolSize).
+func noPool(c *config.Config) { c.PoolSize = 0 }
+
 // newEnv starts a server on rootfs with cfg adjusted by mod. The work root is
 // a fresh temp dir unless mod sets one.
 func newEnv(t *testing.T, rootfs string, mod func(*config.Config)) *testEnv {
@@ -169,7 +174,13 @@ func newEnvOn(t *testing.T, rootfs string, mod func(*config.Config), setup func(
 	cfg.SessionsDir = filepath.Join(t.TempDir(), "sessions")
 	cfg.StateRoot = testStateRoot
 	cfg.PythonImage = "dir:" + rootfs
-	cfg.PoolSize = 0 // the pool tests turn it on
+	// No pool (the pool tests turn it on), unless SANDBOXD_TEST_POOL_SIZE
+	// asks for one on a Python rootfs (nsjailtest.PoolSize).
+	cfg.PoolSize = nsjailtest.PoolSize(t, rootfs)
+	// EXECUTION_POOL_TEMPLATE_FORKS in the test's environment makes the
+	// warm sandboxes template forks (a test's mod may still choose:
+	// TestPoolThroughAPI runs both).
+	cfg.PoolTemplateForks = nsjailtest.TemplateForks(t)
 	// A spare session kernel takes a warm sandbox whenever the pool has
 	// refilled: the pool tests count what the pool served. The spare
 	// kernel tests turn it on.

@@ -246,6 +246,108 @@ mkdir -p /workspace/output/artifacts/d; echo s > /workspace/input/secret1`}), "s
 	}
 }
 
+// SECURITY.md case 18 on warm sandboxes, zygotes ("import") and template
+// forks (TEMPLATE.md plan step 8): TestIsolationBetweenRuns's checks, in
+// Python on the runtime image (the shell rootfs cannot run a warm
+// sandbox), each run served by the pool, and each answer the one a
+// pool-off server gives: what run 1 wrote (workspace, /tmp, /dev/shm) is
+// not in run 2, and two concurrent runs see only their own files.
+func TestIsolationBetweenWarmRuns(t *testing.T) {
+	for _, forks := range []bool{false, true} {
+		t.Run(map[bool]string{false: "import", true: "forks"}[forks], func(t *testing.T) {
+			if forks {
+				skipForksOnV2(t)
+			}
+			testIsolationBetweenWarmRuns(t, forks)
+		})
+	}
+}
+
+func testIsolationBetweenWarmRuns(t *testing.T, forks bool) {
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	cold := newEnv(t, rootfs, noPool)
+	warm := newEnv(t, rootfs, func(c *config.Config) {
+		c.PoolSize = 2 // the concurrent pair
+		c.PoolTemplateForks = forks
+	})
+	// Two per policy (dynamic and skill), so both of a pair are warm.
+	ready := func() {
+		t.Helper()
+		for deadline := time.Now().Add(2 * time.Minute); warm.srv.PoolStats().Ready < 4; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("pool never filled: %+v", warm.srv.PoolStats())
+			}
+		}
+	}
+	const write = `import os
+for p in ("/workspace/output/secret1", "/tmp/secret1", "/dev/shm/secret1", "/workspace/input/secret1"):
+    open(p, "w").write("s")
+os.makedirs("/workspace/output/artifacts/d")
+`
+	const list = `import os
+for top in ("/workspace", "/tmp", "/dev/shm"):
+    for root, dirs, files in sorted(os.walk(top)):
+        print(root, sorted(dirs), sorted(files))
+`
+	both := func(req ExecutionRequest, n int) (c, w []*ExecutionResponse) {
+		t.Helper()
+		ready()
+		before := warm.srv.PoolStats().Taken
+		c, w = make([]*ExecutionResponse, n), make([]*ExecutionResponse, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			r := req
+			if n > 1 {
+				me, who := string(rune('A'+i)), string(rune('a'+i))
+				r.Code = strings.ReplaceAll(req.Code, "ME", me)
+				r.Files = []File{{Path: "who", ContentBase64: b64(who)}}
+			}
+			for _, run := range []struct {
+				e   *testEnv
+				out []*ExecutionResponse
+			}{{cold, c}, {warm, w}} {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					run.out[i] = run.e.execute(r)
+				}()
+			}
+		}
+		wg.Wait()
+		if st := warm.srv.PoolStats(); st.Taken != before+uint64(n) {
+			t.Fatalf("the pool served %d of %d runs: %+v", st.Taken-before, n, st)
+		}
+		for i := range n {
+			wantExecStatus(t, c[i], "succeeded")
+			wantExecStatus(t, w[i], "succeeded")
+		}
+		return c, w
+	}
+	both(ExecutionRequest{Code: write}, 1)
+	c, w := both(ExecutionRequest{Code: list}, 1)
+	if strings.Contains(w[0].Stdout, "secret1") || w[0].Stdout != c[0].Stdout {
+		t.Fatalf("run 2 on the pool saw:\n%s\ncold:\n%s", w[0].Stdout, c[0].Stdout)
+	}
+	c, w = both(ExecutionRequest{Code: `import os, time
+open("/workspace/output/me", "w").write("ME")
+open("/tmp/mine-ME", "w").close()
+time.sleep(0.5)
+print(open("/workspace/output/me").read(), sorted(os.listdir("/tmp")), sorted(os.listdir("/workspace/output")),
+    open("/workspace/input/who").read())
+`}, 2)
+	// Each sees exactly its own files and input, nothing of the other's;
+	// /tmp holds what the image's interpreter start put there (its
+	// matplotlib font cache), as cold.
+	for i := range w {
+		me, who, other := string(rune('A'+i)), string(rune('a'+i)), string(rune('B'-i))
+		if !strings.HasPrefix(w[i].Stdout, me+" [") || !strings.Contains(w[i].Stdout, "'mine-"+me+"'") ||
+			strings.Contains(w[i].Stdout, "mine-"+other) || !strings.HasSuffix(w[i].Stdout, "['artifacts', 'me'] "+who+"\n") ||
+			w[i].Stdout != c[i].Stdout {
+			t.Errorf("run %d saw %q on the pool, %q cold", i, w[i].Stdout, c[i].Stdout)
+		}
+	}
+}
+
 // SECURITY.md case 3 for the workspace: filling it ends in ENOSPC at
 // workspace_bytes, the result is still collected, the host disk untouched.
 func TestWorkspaceFull(t *testing.T) {

@@ -184,7 +184,7 @@ func TestPoolThroughAPI(t *testing.T) {
 
 func testPoolThroughAPI(t *testing.T, forks bool) {
 	rootfs := nsjailtest.RuntimeRootfs(t)
-	cold := newEnv(t, rootfs, nil)
+	cold := newEnv(t, rootfs, noPool)
 	warm := newEnv(t, rootfs, func(c *config.Config) {
 		c.PoolSize = 1
 		c.PoolPreload = []string{"pandas", "matplotlib.pyplot"}

@@ -29,7 +29,7 @@ type resultPaths struct {
 
 func newResultPaths(t *testing.T) *resultPaths {
 	rootfs := nsjailtest.RuntimeRootfs(t)
-	p := &resultPaths{cold: newEnv(t, rootfs, nil)}
+	p := &resultPaths{cold: newEnv(t, rootfs, noPool)}
 	p.warm = newEnv(t, rootfs, func(c *config.Config) {
 		c.PoolSize = 1
 		c.PoolPreload = []string{"pandas", "matplotlib.pyplot"}

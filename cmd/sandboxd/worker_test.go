@@ -3,10 +3,13 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -73,7 +76,8 @@ func startWorkerCmd(t *testing.T, name, rootfs string, command func(bin string) 
 	w.cmd.Env = append(os.Environ(), "EXECUTION_PYTHON_IMAGE=dir:"+rootfs, "EXECUTION_WORK_ROOT="+w.work,
 		"EXECUTION_RESULTS_DIR="+filepath.Join(t.TempDir(), "results"), "EXECUTION_SESSIONS_DIR="+filepath.Join(t.TempDir(), "sessions"),
 		"EXECUTION_STATE_ROOT="+w.state,
-		"EXECUTION_CGROUP_PARENT="+w.cgroup, fmt.Sprintf("EXECUTION_WORKER_PORT=%d", w.port), "EXECUTION_POOL_SIZE=0")
+		"EXECUTION_CGROUP_PARENT="+w.cgroup, fmt.Sprintf("EXECUTION_WORKER_PORT=%d", w.port),
+		fmt.Sprintf("EXECUTION_POOL_SIZE=%d", nsjailtest.PoolSize(t, rootfs)))
 	w.cmd.Env = append(w.cmd.Env, env...)
 	w.cmd.Stderr = w.logs
 	if err := w.cmd.Start(); err != nil {
@@ -82,6 +86,7 @@ func startWorkerCmd(t *testing.T, name, rootfs string, command func(bin string) 
 	go func() { w.exited <- w.cmd.Wait() }()
 	t.Cleanup(func() {
 		if w.cmd.ProcessState == nil {
+			w.checkForks(t)
 			w.cmd.Process.Kill()
 			<-w.exited
 		}
@@ -110,6 +115,7 @@ func (w *worker) pid() int { return w.cmd.Process.Pid }
 // its sandboxes left behind.
 func (w *worker) stop(t *testing.T) {
 	t.Helper()
+	w.checkForks(t)
 	w.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case err := <-w.exited:
@@ -129,4 +135,36 @@ func tail(s string, n int) string {
 		return s[len(s)-n:]
 	}
 	return s
+}
+
+// checkForks fails t when EXECUTION_POOL_TEMPLATE_FORKS is on in the
+// test's environment (nsjailtest.TemplateForks) but the worker's pool has
+// made or served warm sandboxes without starting a template: the switch
+// did not reach it (a test that sets its own environment without
+// os.Environ), and the suite would pass on zygotes while claiming forks.
+// A worker whose /metrics cannot be read (a token) is not checked.
+func (w *worker) checkForks(t *testing.T) {
+	t.Helper()
+	if !nsjailtest.TemplateForks(t) {
+		return
+	}
+	resp, err := http.Get(w.base + "/metrics")
+	if err != nil {
+		return
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return
+	}
+	m := map[string]float64{}
+	for _, l := range strings.Split(string(body), "\n") {
+		if f := strings.Fields(l); len(f) == 2 && !strings.HasPrefix(l, "#") {
+			m[f[0]], _ = strconv.ParseFloat(f[1], 64)
+		}
+	}
+	if m["sandboxd_pool_ready"]+m["sandboxd_pool_taken_total"] > 0 && m["sandboxd_pool_templates_started_total"] == 0 {
+		t.Errorf("%s is on but the worker's warm sandboxes are not template forks: ready %v, taken %v, templates started %v",
+			nsjailtest.TemplateForksEnv, m["sandboxd_pool_ready"], m["sandboxd_pool_taken_total"], m["sandboxd_pool_templates_started_total"])
+	}
 }

@@ -44,7 +44,8 @@ func newPoolStarter(t *testing.T) poolStarter {
 		Limits: nsjail.Limits{MemoryBytes: 512 << 20, Pids: 64, CPUs: 1, StdoutBytes: 64 << 10, StderrBytes: 64 << 10}}
 	cfg := config.Default()
 	pool, err := warmpool.New(r, warmpool.Config{Size: 1, MaxIdle: time.Hour, Preload: cfg.PoolPreload,
-		WorkRoot: t.TempDir(), WorkspaceBytes: 64 << 20, WorkspaceInodes: cfg.WorkspaceInodes}, []warmpool.Template{tpl},
+		WorkRoot: t.TempDir(), WorkspaceBytes: 64 << 20, WorkspaceInodes: cfg.WorkspaceInodes,
+		Forks: nsjailtest.TemplateForks(t)}, []warmpool.Template{tpl},
 		slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err != nil {
 		t.Fatal(err)

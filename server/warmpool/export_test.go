@@ -33,6 +33,59 @@ func ReadyPid(p *Pool) (int, error) {
 	return 0, errors.New("no ready warm sandbox")
 }
 
+// ReadyForkPids is, when p's first ready sandbox is a template fork
+// (Config.Forks), the host pids of its F, which reports G's exit as a
+// zygote reports its child's, and of G, the code's process; ok is false
+// for a zygote's sandbox.
+func ReadyForkPids(p *Pool) (f, g int, ok bool, err error) {
+	p.mu.Lock()
+	var w *warmSandbox
+	for _, tp := range p.templates {
+		if len(tp.ready) > 0 {
+			w = tp.ready[0]
+			break
+		}
+	}
+	p.mu.Unlock()
+	if w == nil {
+		return 0, 0, false, errors.New("no ready warm sandbox")
+	}
+	fd, ok, err := w.pending.GPidfd()
+	if !ok || err != nil {
+		return 0, 0, ok, err
+	}
+	defer unix.Close(fd)
+	g, err = pidfdPid(fd)
+	if err != nil {
+		return 0, 0, true, err
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", g))
+	if err != nil {
+		return 0, 0, true, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, found := strings.CutPrefix(l, "PPid:"); found {
+			f, err = strconv.Atoi(strings.TrimSpace(v))
+			return f, g, true, err
+		}
+	}
+	return 0, 0, true, errors.New("no PPid in G's status")
+}
+
+// pidfdPid is the host pid of the process pidfd fd refers to (its fdinfo).
+func pidfdPid(fd int) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", fd))
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Pid:"); ok {
+			return strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return 0, errors.New("no Pid in the pidfd's fdinfo")
+}
+
 // ReadExitReport is readExitReport: F's report of G's wait status is the
 // zygote's (template.py's G is zygote.py's code).
 var ReadExitReport = readExitReport
@@ -49,16 +102,7 @@ func KernelPid(k *Kernel) (int, error) {
 	if fd < 0 {
 		return 0, nil
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", fd))
-	if err != nil {
-		return 0, err
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "Pid:"); ok {
-			return strconv.Atoi(strings.TrimSpace(v))
-		}
-	}
-	return 0, errors.New("no Pid in the pidfd's fdinfo")
+	return pidfdPid(fd)
 }
 
 // KernelCPUNS is the CPU time k's sandbox has used so far (its cgroup's).

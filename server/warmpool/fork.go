@@ -97,8 +97,9 @@ const closeShellsGrace = 30 * time.Second
 // fork it made has ended (its forks, ready or serving an execution or a
 // session's kernel, are in its pid namespace: stopping it earlier would
 // kill them), or closeShellsGrace after the pool closed. Close waits for
-// it.
-func (p *Pool) retireTemplate(tproc *templateProc) {
+// it. The template's result arrives on the channel once it has ended.
+func (p *Pool) retireTemplate(tproc *templateProc) <-chan *nsjail.Result {
+	ended := make(chan *nsjail.Result, 1)
 	p.retiring.Add(1)
 	go func() {
 		defer p.retiring.Done()
@@ -122,7 +123,9 @@ func (p *Pool) retireTemplate(tproc *templateProc) {
 		p.mu.Unlock()
 		p.log.Info("warm pool: template ended", "template", tproc.tpl.ID(), "forks", tproc.forks,
 			"status", res.Status, "stderr", truncateForLog(res.Stderr))
+		ended <- res
 	}()
+	return ended
 }
 
 // startFork makes one warm sandbox of t, a fork of tp's template, with
@@ -161,8 +164,22 @@ func (p *Pool) startFork(f Forker, tp *templatePool) (*warmSandbox, error) {
 			// A template that refuses (it holds what a fork must not
 			// inherit) or breaks the protocol is never asked again.
 			p.log.Error("warm pool: template retired", "template", tp.proc.tpl.ID(), "error", err)
-			p.retireTemplate(tp.proc)
+			first := tp.proc.forks == 1
+			ended := p.retireTemplate(tp.proc)
 			tp.proc = nil
+			if first {
+				// Its first request: no fork of it is in use (this one's
+				// shell, if it got one, is destroyed), so it ends within
+				// retireGrace. Why it failed is most often in its own
+				// stderr (an interpreter or a preload that cannot start),
+				// which the refill's failure then says, as a zygote's
+				// does (TestFailedWarmStartLogsItsStderr).
+				select {
+				case res := <-ended:
+					err = fmt.Errorf("%w (template status %s, stderr: %s)", err, res.Status, truncateForLog(res.Stderr))
+				case <-p.stop:
+				}
+			}
 		}
 		return nil, err
 	}

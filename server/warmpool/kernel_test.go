@@ -26,6 +26,9 @@ type kernelEnv struct {
 	tpl    warmpool.Template
 	// workRoot holds the warm workspaces.
 	workRoot string
+	// forks: the warm sandboxes are template forks (kernelsOnForks, or
+	// EXECUTION_POOL_TEMPLATE_FORKS through poolConfig).
+	forks bool
 }
 
 // newKernelEnv makes a pool of size ready sandboxes (0: every kernel is
@@ -36,14 +39,14 @@ func newKernelEnv(t testing.TB, size int) *kernelEnv {
 	r := newPoolRunner(t)
 	tpl := poolTemplate(rootfs)
 	workRoot := t.TempDir()
-	cfg := poolConfig(size, workRoot, 64<<20)
-	cfg.Forks = kernelsOnForks
+	cfg := poolConfig(t, size, workRoot, 64<<20)
+	cfg.Forks = cfg.Forks || kernelsOnForks
 	pool, err := warmpool.New(r, cfg, []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	return &kernelEnv{r: r, pool: pool, rootfs: rootfs, tpl: tpl, workRoot: workRoot}
+	return &kernelEnv{r: r, pool: pool, rootfs: rootfs, tpl: tpl, workRoot: workRoot, forks: cfg.Forks}
 }
 
 // kernelsOnForks makes newKernelEnv's warm sandboxes template forks

@@ -131,8 +131,8 @@ func TestKernelIsSignalledByPidfd(t *testing.T) {
 	inner, err := strconv.Atoi(strings.TrimSpace(string(kr.Result.Stdout)))
 	// A zygote's kernel is its child; a template fork's is G, pid 1 as a
 	// cold sandbox's process is (the zygote's part, F, is outside).
-	if err != nil || (inner == 1) != kernelsOnForks {
-		t.Fatalf("the kernel's pid inside is %q (template forks: %v)", kr.Result.Stdout, kernelsOnForks)
+	if err != nil || (inner == 1) != e.forks {
+		t.Fatalf("the kernel's pid inside is %q (template forks: %v)", kr.Result.Stdout, e.forks)
 	}
 	host, err := warmpool.KernelPid(k)
 	if err != nil || host <= 0 {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -48,11 +49,15 @@ func poolTemplate(rootfs string) warmpool.Template {
 
 // poolConfig is the pool the server keeps with the default config, of size
 // ready sandboxes and workspaces under workRoot (on a tmpfs of
-// workspaceBytes when > 0).
-func poolConfig(size int, workRoot string, workspaceBytes int64) warmpool.Config {
+// workspaceBytes when > 0); its sandboxes are template forks when
+// EXECUTION_POOL_TEMPLATE_FORKS says so (nsjailtest.TemplateForks; a test
+// that compares the two sets Forks itself).
+func poolConfig(t testing.TB, size int, workRoot string, workspaceBytes int64) warmpool.Config {
+	t.Helper()
 	cfg := config.Default()
 	return warmpool.Config{Size: size, MaxIdle: time.Duration(cfg.PoolMaxIdle), Preload: cfg.PoolPreload,
-		WorkRoot: workRoot, WorkspaceBytes: workspaceBytes, WorkspaceInodes: cfg.WorkspaceInodes}
+		WorkRoot: workRoot, WorkspaceBytes: workspaceBytes, WorkspaceInodes: cfg.WorkspaceInodes,
+		Forks: nsjailtest.TemplateForks(t)}
 }
 
 // poolWorkspace makes a workspace like the server does: code/main.py,
@@ -189,6 +194,14 @@ print(sys.path, helper.VALUE, helper.__file__)`,
 	"atexit and unflushed": `import atexit, sys
 atexit.register(lambda: print("atexit ran"))
 sys.stdout.write("no newline")`,
+	// The writable directories as the code finds them: what the image's
+	// interpreter start put there (its matplotlib font cache in
+	// MPLCONFIGDIR, /tmp/matplotlib), nothing the preload or a template's
+	// own start left elsewhere.
+	"writable directories": `import os
+for top in ("/tmp", "/dev/shm", "/workspace"):
+    for root, dirs, files in sorted(os.walk(top)):
+        print(root, sorted(dirs), sorted((f, os.stat(os.path.join(root, f)).st_size) for f in files))`,
 }
 
 // conformanceStatus pins what each script must end as, so that cold and
@@ -224,12 +237,12 @@ func testWarmMatchesCold(t *testing.T, tmpfsBytes int64, forks bool) {
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	r := newPoolRunner(t)
 	tpl := poolTemplate(rootfs)
-	names := make([]string, 0, len(conformanceScripts))
-	for n := range conformanceScripts {
-		names = append(names, n)
+	scripts := maps.Clone(conformanceScripts)
+	if denied, ok := deniedSyscallsScript(t); ok {
+		scripts["denied syscalls"] = denied
 	}
-	slices.Sort(names)
-	cfg := poolConfig(2, t.TempDir(), tmpfsBytes)
+	names := slices.Sorted(maps.Keys(scripts))
+	cfg := poolConfig(t, 2, t.TempDir(), tmpfsBytes)
 	cfg.Forks = forks
 	pool, err := warmpool.New(r, cfg, []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {
@@ -239,7 +252,7 @@ func testWarmMatchesCold(t *testing.T, tmpfsBytes int64, forks bool) {
 
 	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
-			code := conformanceScripts[name]
+			code := scripts[name]
 			spec := func(ws string) nsjail.Spec {
 				s := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
 					Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits}
@@ -272,6 +285,9 @@ func testWarmMatchesCold(t *testing.T, tmpfsBytes int64, forks bool) {
 			}
 			if name == "pids limit" && !slices.Contains(cold.LimitsHit, nsjail.LimitPids) {
 				t.Fatalf("the pids script did not hit the limit: %v %s", cold.LimitsHit, cold.Stdout)
+			}
+			if name == "denied syscalls" {
+				wantDeniedSyscalls(t, string(cold.Stdout))
 			}
 			compareResults(t, cold, warm)
 			if warmOut == "" || warmOut == warmWS {
@@ -358,7 +374,7 @@ func TestPoolRefillsAndNeverReuses(t *testing.T) {
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	r := newPoolRunner(t)
 	tpl := poolTemplate(rootfs)
-	pool, err := warmpool.New(r, poolConfig(1, t.TempDir(), 0), []warmpool.Template{tpl}, poolQuietLog)
+	pool, err := warmpool.New(r, poolConfig(t, 1, t.TempDir(), 0), []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -436,7 +452,7 @@ func benchReadyCPU(b *testing.B, forks bool) {
 	tpl := poolTemplate(rootfs)
 	take := cpuSampler(b)
 	n := min(b.N, 50) // a pool of n+1: each iteration is one sandbox made ready
-	cfg := poolConfig(n+1, b.TempDir(), 64<<20)
+	cfg := poolConfig(b, n+1, b.TempDir(), 64<<20)
 	cfg.Forks = forks
 	b.ResetTimer()
 	pool, err := warmpool.New(r, cfg, []warmpool.Template{tpl}, poolQuietLog)
@@ -606,7 +622,7 @@ func benchPool(b *testing.B, code string, size int, workspaceBytes int64, forks 
 	rootfs := nsjailtest.RuntimeRootfs(b)
 	r := newPoolRunner(b)
 	tpl := poolTemplate(rootfs)
-	cfg := poolConfig(size, b.TempDir(), workspaceBytes)
+	cfg := poolConfig(b, size, b.TempDir(), workspaceBytes)
 	cfg.Forks = len(forks) > 0 && forks[0]
 	pool, err := warmpool.New(r, cfg, []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {
@@ -669,7 +685,7 @@ func TestTemplateRotation(t *testing.T) {
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	r := newPoolRunner(t)
 	tpl := poolTemplate(rootfs)
-	cfg := poolConfig(2, t.TempDir(), 64<<20)
+	cfg := poolConfig(t, 2, t.TempDir(), 64<<20)
 	cfg.Forks, cfg.TemplateMaxForks = true, 2
 	pool, err := warmpool.New(r, cfg, []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {

@@ -486,6 +486,7 @@ def _g(outputs):
         raise RuntimeError("fds open in G besides those kept: %s" % extra)
     _check_dropped(uid, gid)
     _reseed()
+    _replay_site_hooks()
     zygote._serve()
 
 
@@ -676,6 +677,25 @@ def _reseed():
     tempfile = sys.modules.get("tempfile")
     if tempfile is not None:
         tempfile._name_sequence = None
+
+
+
+def _replay_site_hooks():
+    """Redo in G what the image's interpreter start wrote into the sandbox's
+    own writable directories. T's start wrote it into T's /tmp, which G, in
+    the shell's mount namespace since its setns, does not see; a cold
+    process's start (and a zygote's) writes it into the sandbox's. The
+    runtime image has one such hook, sandboxd_mplcache
+    (tools/runtime-image): imported by a .pth file, it copies matplotlib's
+    prebuilt font list into MPLCONFIGDIR (/tmp/matplotlib). Without it a
+    fork's /tmp lacks the file a cold run's has, and matplotlib imported by
+    the code rebuilds its font list. The module is run again in its own
+    namespace (what importlib.reload does, without importing importlib), as
+    the sandbox user: the same copy, owned as a cold run's."""
+    hook = sys.modules.get("sandboxd_mplcache")
+    spec = getattr(hook, "__spec__", None)
+    if spec is not None and spec.loader is not None:
+        spec.loader.exec_module(hook)
 
 
 if __name__ == "__main__":

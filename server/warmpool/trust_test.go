@@ -32,10 +32,16 @@ import (
 // forgeryScript tries every way the code could fake the warm sandbox's exit
 // report: reports written to every fd 3..64 and to the zygote's fds through
 // /proc/1/fd, the zygote's memory, and signals to pid 1 that would stop or
-// kill a reporter. It then does what MODE says.
+// kill a reporter. It then does what MODE says. The attacks on pid 1 are
+// made only when pid 1 is not the code's own process: in a template fork,
+// as in a cold sandbox, it is (G), and the reporter, F, is outside the
+// sandbox's pid namespace, where no pid reaches it (SECURITY.md case 69,
+// TestTemplateForkIsConfined); opening its own /proc/1/mem or sending
+// itself SIGINT would only be the code hurting itself.
 const forgeryScript = fdViewPy + `import os, signal, sys, time
 fds, image = view
 forged = []
+zygote = os.getpid() != 1
 for fd in range(3, 65):
     for report in (b"0\n", b"1\n", b"9\n", b"R"):
         try:
@@ -44,20 +50,23 @@ for fd in range(3, 65):
         except OSError:
             pass
     try:
-        with open("/proc/1/fd/%d" % fd, "wb", buffering=0) as f:
-            f.write(b"0\n")
-            forged.append("/proc/1/fd/%d" % fd)
+        if zygote:
+            with open("/proc/1/fd/%d" % fd, "wb", buffering=0) as f:
+                f.write(b"0\n")
+                forged.append("/proc/1/fd/%d" % fd)
     except OSError:
         pass
 try:
-    with open("/proc/1/mem", "r+b", buffering=0) as f:
-        forged.append("/proc/1/mem")
+    if zygote:
+        with open("/proc/1/mem", "r+b", buffering=0) as f:
+            forged.append("/proc/1/mem")
 except OSError:
     pass
 print("fds", fds, "image", image, "forged", forged, flush=True)
 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD, signal.SIGSTOP, signal.SIGKILL):
     try:
-        os.kill(1, sig)
+        if zygote:
+            os.kill(1, sig)
     except OSError:
         pass
 MODE
@@ -353,6 +362,19 @@ func TestDeadWarmSandboxRunsCold(t *testing.T) {
 // process), or of the process that waits for the code.
 func warmPid(t *testing.T, p *warmpool.Pool, zygote bool) int {
 	t.Helper()
+	// A template fork has no zygote: F, outside the sandbox, reports the
+	// exit of G, the code's process (TEMPLATE.md section 2). The zygote's
+	// part in these tests, the reporter, is F's.
+	if f, g, ok, err := warmpool.ReadyForkPids(p); err != nil {
+		t.Fatal(err)
+	} else if !ok && trustOnForks {
+		t.Fatal("TestTrustOnForks: the ready warm sandbox is not a template fork")
+	} else if ok {
+		if zygote {
+			return f
+		}
+		return g
+	}
 	pid, err := warmpool.ReadyPid(p)
 	if err != nil {
 		t.Fatal(err)
@@ -558,7 +580,7 @@ func TestFailedWarmStartLogsItsStderr(t *testing.T) {
 	var logs bytes.Buffer
 	var logMu sync.Mutex
 	log := slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &logMu}, nil))
-	pool, err := warmpool.New(r, poolConfig(1, t.TempDir(), 0), []warmpool.Template{poolTemplate(rootfs)}, log)
+	pool, err := warmpool.New(r, poolConfig(t, 1, t.TempDir(), 0), []warmpool.Template{poolTemplate(rootfs)}, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -605,7 +627,25 @@ func numpyPool(t *testing.T) (rootfs string, r *nsjail.Runner, tpl warmpool.Temp
 }
 
 func numpyPoolConfig(t *testing.T) warmpool.Config {
-	cfg := poolConfig(1, t.TempDir(), 0)
+	cfg := poolConfig(t, 1, t.TempDir(), 0)
 	cfg.Preload = []string{"numpy"}
+	cfg.Forks = cfg.Forks || trustOnForks
 	return cfg
+}
+
+// trustOnForks makes numpyPool's warm sandboxes template forks
+// (TestTrustOnForks; the tests of this package run one at a time).
+var trustOnForks bool
+
+// TestTrustOnForks runs the hostile cases of the warm path whose
+// sandboxes come from numpyPool with template forks as the pool's warm
+// sandboxes (Config.Forks): SECURITY.md cases 25 and 15 (the exit report
+// cannot be forged, only fds 0-2 are open) and 34 (a fork whose G or F
+// died is never handed an execution).
+func TestTrustOnForks(t *testing.T) {
+	skipTemplatesOnV2(t)
+	trustOnForks = true
+	defer func() { trustOnForks = false }()
+	t.Run("WarmExitReportCannotBeForged", TestWarmExitReportCannotBeForged)
+	t.Run("DeadWarmSandboxRunsCold", TestDeadWarmSandboxRunsCold)
 }
