@@ -15,6 +15,7 @@
 #   V2VM_SMP      guest CPUs (default 2)
 #   V2VM_KERNEL   kernel package name (default: what linux-image-amd64 depends on)
 #   V2VM_OUT      work and cache directory (default build/v2vm)
+#   V2VM_ONLY     run only the plan entries named here (space-separated; default all)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -144,6 +145,9 @@ PLANFILE=$ROOT/tests/plan
 : >"$PLANFILE"
 for entry in "${PLAN[@]}"; do
 	read -r name pkg flags <<<"$entry"
+	if [ -n "${V2VM_ONLY:-}" ] && [[ " $V2VM_ONLY " != *" $name "* ]]; then
+		continue
+	fi
 	if [ ! -d "$pkg" ] || [ -z "$(ls "$pkg"/*_test.go 2>/dev/null)" ]; then
 		log "WARNING: $pkg has no tests yet: $name not run in the VM"
 		continue
