@@ -132,24 +132,45 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 	fail := func(format string, a ...any) (*Shell, error) {
 		return nil, startFailed(id, log, "shell start failed", format, a...)
 	}
+	keepG := false // the shell started: it keeps G's pidfd (and its cgroup)
+	if t.dirV2 != "" {
+		// v2: G was forked into the shell's cgroup, which must be the one
+		// PrepareShell made for this id (and no other shell's).
+		prepared, ok := t.takePrepared(id)
+		if !ok {
+			return fail("cgroup v2: no cgroup prepared for shell %s (PrepareShell), or another shell took it", id)
+		}
+		defer func() {
+			if !keepG {
+				prepared.release()
+			}
+		}()
+	}
 
 	gfd, err := unix.FcntlInt(g.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return fail("unable to duplicate G's pidfd: %w", err)
 	}
 	gfile := os.NewFile(uintptr(gfd), "pidfd-G")
-	keepG := false
 	defer func() {
 		if !keepG {
 			gfile.Close()
 		}
 	}()
-	gpid, userNS, pidNS, err := r.openFork(t, gfd)
+	gpid, userNS, pidNS, err := r.openFork(t, gfd, id)
 	if err != nil {
 		return fail("%w", err)
 	}
 	defer userNS.Close()
 	defer pidNS.Close()
+	if t.dirV2 != "" {
+		// G is in: F needs no access to the shell's cgroup.procs any
+		// more, nor does anything of the template (a template that kept
+		// the fd could otherwise move its own processes in later).
+		if err := os.Chown(filepath.Join(t.dirV2, id, "cgroup.procs"), 0, 0); err != nil {
+			return fail("unable to take the shell's cgroup.procs back from the template: %w", err)
+		}
+	}
 
 	cfg, err := r.buildConfig(id, &spec, lim)
 	if err != nil {
@@ -185,10 +206,11 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 	// Start would then wait for the init's next sync message forever, and
 	// so would the worker's refill. At ctx's end every process of the
 	// shell's cgroup is killed: the init's stages, which libcontainer puts
-	// there before the first of them clones, and nothing else (G is still
-	// in the template's cgroup: isUnplacedFork, and MoveG cannot be called
-	// on a shell not yet returned). Start then fails on the closed sync
-	// pipe. The paths are read now: State waits for the container's lock,
+	// there before the first of them clones, and on v1 nothing else (G is
+	// still in the template's cgroup: isUnplacedFork, and MoveG cannot be
+	// called on a shell not yet returned); on v2 G too, born there (a fork
+	// whose shell failed is given up anyway). Start then fails on the
+	// closed sync pipe. The paths are read now: State waits for the container's lock,
 	// which Start holds.
 	state, err := c.State()
 	if err != nil || len(state.CgroupPaths) == 0 {
@@ -377,7 +399,7 @@ func (r *Runner) sameProgram(p seccomp.Program) (seccomp.Program, error) {
 // process it was opened for, and reads through it fail once that process
 // is gone, whatever reuses the pid), and every later read goes through it.
 // It also resets G's oom_score_adj (see resetOOMScoreAdj).
-func (r *Runner) openFork(t *Template, gfd int) (gpid int, userNS, pidNS *os.File, err error) {
+func (r *Runner) openFork(t *Template, gfd int, shellID string) (gpid int, userNS, pidNS *os.File, err error) {
 	gpid, err = pidfdPid(gfd)
 	if err != nil {
 		return 0, nil, nil, err
@@ -466,8 +488,16 @@ func (r *Runner) openFork(t *Template, gfd int) (gpid int, userNS, pidNS *os.Fil
 	// into that shell's cgroup, maybe dropped and running an execution's
 	// code) and get a second shell's namespace fds handed to it, or have
 	// the worker reset that execution's oom_score_adj.
-	if err := isUnplacedFork(status, cgroups, t, base); err != nil {
+	if err := isUnplacedFork(status, cgroups, t, base, shellID); err != nil {
 		errs = append(errs, err)
+	} else if t.dirV2 != "" {
+		// v2: and alone there (nothing forked or moved in beside it).
+		b, err := os.ReadFile(filepath.Join(t.dirV2, shellID, "cgroup.procs"))
+		if err != nil {
+			errs = append(errs, err)
+		} else if procs := strings.Fields(string(b)); len(procs) != 1 || procs[0] != strconv.Itoa(gpid) {
+			errs = append(errs, fmt.Errorf("the shell's cgroup holds %v, want G (%d) alone", procs, gpid))
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		closeAll()
@@ -483,10 +513,12 @@ func (r *Runner) openFork(t *Template, gfd int) (gpid int, userNS, pidNS *os.Fil
 // isUnplacedFork checks, from G's /proc status and cgroup files, that G is
 // as a fork is before it has a shell: all its uids and gids the template
 // root's (host HostIDBase+1, as the worker sees them), every capability in
-// its effective set (U_F's root: a dropped G has none), and in the
+// its effective set (U_F's root: a dropped G has none), and on v1 in the
 // template's own cgroup in every hierarchy the template has (a G already
-// moved into a shell's is in tpl-<id>/sbx-<id>).
-func isUnplacedFork(status, cgroups string, t *Template, base int) error {
+// moved into a shell's is in tpl-<id>/sbx-<id>); on v2 in the cgroup
+// prepared for this shell, tpl-<id>/<shellID>, where F forked it (a G of
+// another shell is in that shell's).
+func isUnplacedFork(status, cgroups string, t *Template, base int, shellID string) error {
 	root := strconv.Itoa(base + 1)
 	for _, k := range []string{"Uid", "Gid"} {
 		f := statusField(status, k)
@@ -507,6 +539,21 @@ func isUnplacedFork(status, cgroups string, t *Template, base int) error {
 		return fmt.Errorf("G's CapEff is %v", f)
 	} else if eff, err := strconv.ParseUint(f[0], 16, 64); err != nil || eff != full {
 		return fmt.Errorf("G's CapEff is %s, want every capability (%x): a G that dropped any is not a fresh fork", f[0], full)
+	}
+	if t.dirV2 != "" {
+		// "0::path", the path relative to the worker's cgroup namespace
+		// (G has not joined its shell's yet): the shell's directory ends
+		// with it.
+		want := filepath.Join(t.dirV2, shellID)
+		for _, l := range strings.Split(strings.TrimSpace(cgroups), "\n") {
+			if p, ok := strings.CutPrefix(l, "0::"); ok {
+				if !strings.HasPrefix(p, "/") || path.Base(p) != shellID || !strings.HasSuffix(want, p) {
+					return fmt.Errorf("G's cgroup is %q, not its shell's %s", p, want)
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("G has no cgroup v2 line: %q", cgroups)
 	}
 	// v1 lines are "id:controllers:path", the path relative to the
 	// worker's cgroup namespace; the template's directories end with it.
@@ -722,9 +769,10 @@ func (s *Shell) CgroupPaths() cgroup.Paths { return s.cgroupPaths }
 // the template's own cgroup (or the shell's: moving twice is a no-op), and
 // only into the shell's: a directory that is not a child of the
 // template's, or a G found anywhere else, is an error and nothing more is
-// written. On v2 it refuses: G is born in its cgroup there, and a move
-// between the template's leaf and the shell's would be one between
-// siblings.
+// written. On v2 it moves nothing: G was born in the shell's cgroup
+// (PrepareShell, CLONE_INTO_CGROUP), and a move between the template's
+// leaf and the shell's would be one between siblings; it only checks that
+// G is there (checkGIn).
 //
 // v1 has no way to move by pidfd: G's pid is written to cgroup.procs. The
 // attack this defends against: G dies between the membership check and
@@ -752,8 +800,8 @@ func (s *Shell) CgroupPaths() cgroup.Paths { return s.cgroupPaths }
 // still pinned, that G is listed in every one of the shell's cgroups, and
 // fails if it is not (G died).
 func (s *Shell) MoveG() error {
-	if _, v2 := s.cgroupPaths.V2(); v2 {
-		return errors.New("cgroup v2: G must be forked into the shell's cgroup (CLONE_INTO_CGROUP), not moved")
+	if dir, v2 := s.cgroupPaths.V2(); v2 {
+		return s.checkGIn(dir)
 	}
 	type move struct{ from, to string }
 	var moves []move
@@ -800,6 +848,27 @@ func (s *Shell) MoveG() error {
 		}
 		return nil
 	})
+}
+
+// checkGIn is MoveG on v2: G must be in the shell's cgroup dir (listed in
+// its cgroup.procs, its pidfd alive after the read, so the pid listed was
+// G's), and the directory a child of tpl-<id> named after the shell.
+// Nothing is written.
+func (s *Shell) checkGIn(dir string) error {
+	if s.tpl.dirV2 == "" || filepath.Dir(dir) != s.tpl.dirV2 || filepath.Base(dir) != s.id {
+		return fmt.Errorf("cgroup %s is not the shell's child of the template's %q", dir, s.tpl.dirV2)
+	}
+	in, err := inCgroup(dir, strconv.Itoa(s.gpid))
+	if err != nil {
+		return err
+	}
+	if err := unix.PidfdSendSignal(int(s.g.Fd()), 0, nil, 0); err != nil {
+		return fmt.Errorf("G (pid %d) is gone: %w", s.gpid, err)
+	}
+	if !in {
+		return fmt.Errorf("G (pid %d) is not in its shell's cgroup %s", s.gpid, dir)
+	}
+	return nil
 }
 
 // pinReleaseGrace is how long pinG waits for G's ptrace stop when it lets
