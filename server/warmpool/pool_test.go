@@ -206,7 +206,7 @@ func TestWarmMatchesCold(t *testing.T) {
 	}{{"plain", 0, false}, {"tmpfs", 256 << 20, false}, {"forks", 256 << 20, true}} {
 		t.Run(mode.name, func(t *testing.T) {
 			if mode.forks {
-				skipTemplatesOnV2(t)
+				requireTemplates(t)
 			}
 			testWarmMatchesCold(t, mode.tmpfsBytes, mode.forks)
 		})
@@ -394,7 +394,7 @@ func BenchmarkWarmPrintTmpfs(b *testing.B) {
 // BenchmarkForkPrintTmpfs is BenchmarkWarmPrintTmpfs with template forks
 // as the warm sandboxes (Config.Forks; TEMPLATE.md M5).
 func BenchmarkForkPrintTmpfs(b *testing.B) {
-	skipTemplatesOnV2(b)
+	requireTemplates(b)
 	benchPool(b, `print(1)`, 2, 64<<20, true)
 }
 
@@ -416,7 +416,7 @@ func BenchmarkWarmReadyCPU(b *testing.B) {
 	for _, forks := range []bool{false, true} {
 		b.Run(map[bool]string{false: "import", true: "fork"}[forks], func(b *testing.B) {
 			if forks {
-				skipTemplatesOnV2(b)
+				requireTemplates(b)
 			}
 			benchReadyCPU(b, forks)
 		})
@@ -551,7 +551,7 @@ func benchWorkspace(b *testing.B, r *nsjail.Runner, code string) string {
 // that runs through two rotations succeeds), and Close leaves no template
 // behind (RunAndCheck).
 func TestTemplateRotation(t *testing.T) {
-	skipTemplatesOnV2(t)
+	requireTemplates(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	r := newPoolRunner(t)
 	tpl := poolTemplate(rootfs)
