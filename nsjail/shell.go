@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/opencontainers/cgroups/fs2"
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/configs"
 	"github.com/sandboxd/sandboxd/cgroup"
@@ -42,6 +43,10 @@ import (
 // Shell.NamespaceFiles. An array, and unexported: G joins the fds in this
 // order (setns with the type each must be), so nothing may reorder it.
 var shellNamespaces = [...]string{"mnt", "net", "ipc", "uts", "cgroup"}
+
+// shellInitSuffix names, on cgroup v2, the shell init's cgroup beside the
+// shell's (G's), <shell id><suffix>: see StartShell.
+const shellInitSuffix = "-init"
 
 // ShellNamespaces are the namespaces a shell's init makes (/proc/PID/ns
 // names), in the order of Shell.NamespaceFiles; a fresh copy.
@@ -157,12 +162,15 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 			gfile.Close()
 		}
 	}()
-	gpid, userNS, pidNS, err := r.openFork(t, gfd, id)
+	gpid, userNS, pidNS, gCgroupNS, err := r.openFork(t, gfd, id)
 	if err != nil {
 		return fail("%w", err)
 	}
 	defer userNS.Close()
 	defer pidNS.Close()
+	if gCgroupNS != nil {
+		defer gCgroupNS.Close()
+	}
 	if t.dirV2 != "" {
 		// G is in: F needs no access to the shell's cgroup.procs any
 		// more, nor does anything of the template (a template that kept
@@ -188,6 +196,29 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 	// A child of the template's cgroup: G moves (v1) only within the
 	// subtree it was forked in.
 	cfg.Cgroups.Path = path.Join(t.cgroupRel, id)
+	if t.dirV2 != "" {
+		// v2: G is already in tpl-<id>/<id>, and libcontainer creates no
+		// container in a cgroup that holds a process ("container's cgroup
+		// is not empty"). The shell's limits go on G's cgroup here, with
+		// libcontainer's own cgroups manager, before anything of an
+		// execution exists; the init gets a cgroup of its own beside it,
+		// tpl-<id>/<id>-init, with the same limits, made by libcontainer
+		// as a cold sandbox's is. (Not below G's: libcontainer enables
+		// every controller it can in each ancestor, a cgroup holding G
+		// takes the threaded ones, and its children then become threaded,
+		// whose cgroup.procs cannot be read.) Nothing is ever moved: G was
+		// born in <id>, the init is placed in its cgroup as every sandbox's
+		// init is, and dies there before it execs.
+		dir := filepath.Join(t.dirV2, id)
+		m, err := fs2.NewManager(cfg.Cgroups, dir)
+		if err == nil {
+			err = m.Set(cfg.Cgroups.Resources)
+		}
+		if err != nil {
+			return fail("unable to set the shell's limits on G's cgroup: %w", err)
+		}
+		cfg.Cgroups.Path = path.Join(t.cgroupRel, id+shellInitSuffix)
+	}
 
 	// Marked as a cold sandbox is (SECURITY.md case 29).
 	c, err := r.createMarked(id, cfg, log)
@@ -206,11 +237,10 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 	// Start would then wait for the init's next sync message forever, and
 	// so would the worker's refill. At ctx's end every process of the
 	// shell's cgroup is killed: the init's stages, which libcontainer puts
-	// there before the first of them clones, and on v1 nothing else (G is
+	// there before the first of them clones, and nothing else (v1: G is
 	// still in the template's cgroup: isUnplacedFork, and MoveG cannot be
-	// called on a shell not yet returned); on v2 G too, born there (a fork
-	// whose shell failed is given up anyway). Start then fails on the
-	// closed sync pipe. The paths are read now: State waits for the container's lock,
+	// called on a shell not yet returned; v2: the init's cgroup is its
+	// own, beside G's). Start then fails on the closed sync pipe. The paths are read now: State waits for the container's lock,
 	// which Start holds.
 	state, err := c.State()
 	if err != nil || len(state.CgroupPaths) == 0 {
@@ -259,7 +289,7 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 		_ = proc.Signal(unix.SIGKILL)
 		_, _ = proc.Wait()
 	}
-	if err := s.takeInit(initPid, userNS, pidNS); err != nil {
+	if err := s.takeInit(initPid, userNS, pidNS, gCgroupNS); err != nil {
 		killInit()
 		r.destroy(c, log)
 		s.closeNamespaces()
@@ -341,12 +371,16 @@ func reapInitZombies(pidNS *os.File, log *slog.Logger) {
 // takeInit reads what the worker keeps of the shell's init: its cgroup
 // paths, its namespaces as fds, and the seccomp program the kernel holds
 // for it, after checking that it runs in G's user and pid namespaces.
-func (s *Shell) takeInit(initPid int, userNS, pidNS *os.File) error {
+func (s *Shell) takeInit(initPid int, userNS, pidNS, gCgroupNS *os.File) error {
 	state, err := s.c.State()
 	if err != nil {
 		return fmt.Errorf("unable to read the shell's state: %w", err)
 	}
 	s.cgroupPaths = state.CgroupPaths
+	if s.tpl.dirV2 != "" {
+		// v2: the shell's cgroup is G's (the init's is beside it).
+		s.cgroupPaths = cgroup.Paths{"": filepath.Join(s.tpl.dirV2, s.id)}
+	}
 	for _, want := range []struct {
 		name string
 		f    *os.File
@@ -356,6 +390,17 @@ func (s *Shell) takeInit(initPid int, userNS, pidNS *os.File) error {
 		}
 	}
 	for _, n := range shellNamespaces {
+		if n == "cgroup" && gCgroupNS != nil {
+			// v2: G keeps the cgroup namespace F's clone3 gave it, rooted
+			// at its own cgroup (the init's is rooted at the init's
+			// leaf); G's setns into its own is a no-op.
+			fd, err := unix.FcntlInt(gCgroupNS.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+			if err != nil {
+				return err
+			}
+			s.ns = append(s.ns, os.NewFile(uintptr(fd), "cgroup-ns-G"))
+			continue
+		}
 		f, err := os.Open(fmt.Sprintf("/proc/%d/ns/%s", initPid, n))
 		if err != nil {
 			return fmt.Errorf("unable to open the shell's %s namespace: %w", n, err)
@@ -399,18 +444,18 @@ func (r *Runner) sameProgram(p seccomp.Program) (seccomp.Program, error) {
 // process it was opened for, and reads through it fail once that process
 // is gone, whatever reuses the pid), and every later read goes through it.
 // It also resets G's oom_score_adj (see resetOOMScoreAdj).
-func (r *Runner) openFork(t *Template, gfd int, shellID string) (gpid int, userNS, pidNS *os.File, err error) {
+func (r *Runner) openFork(t *Template, gfd int, shellID string) (gpid int, userNS, pidNS, cgroupNS *os.File, err error) {
 	gpid, err = pidfdPid(gfd)
 	if err != nil {
-		return 0, nil, nil, err
+		return 0, nil, nil, nil, err
 	}
 	dirfd, err := unix.Open(fmt.Sprintf("/proc/%d", gpid), unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return 0, nil, nil, err
+		return 0, nil, nil, nil, err
 	}
 	defer unix.Close(dirfd)
 	if err := unix.PidfdSendSignal(gfd, 0, nil, 0); err != nil {
-		return 0, nil, nil, fmt.Errorf("G (pid %d) is gone: %w", gpid, err)
+		return 0, nil, nil, nil, fmt.Errorf("G (pid %d) is gone: %w", gpid, err)
 	}
 	open := func(name string) (*os.File, error) {
 		fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
@@ -429,18 +474,24 @@ func (r *Runner) openFork(t *Template, gfd int, shellID string) (gpid int, userN
 		return string(b), err
 	}
 	closeAll := func() {
-		for _, f := range []*os.File{userNS, pidNS} {
+		for _, f := range []*os.File{userNS, pidNS, cgroupNS} {
 			if f != nil {
 				f.Close()
 			}
 		}
 	}
 	if userNS, err = open("ns/user"); err != nil {
-		return 0, nil, nil, err
+		return 0, nil, nil, nil, err
 	}
 	if pidNS, err = open("ns/pid"); err != nil {
 		closeAll()
-		return 0, nil, nil, err
+		return 0, nil, nil, nil, err
+	}
+	if t.dirV2 != "" {
+		if cgroupNS, err = open("ns/cgroup"); err != nil {
+			closeAll()
+			return 0, nil, nil, nil, err
+		}
 	}
 	uidMap, err1 := read("uid_map")
 	gidMap, err2 := read("gid_map")
@@ -448,7 +499,7 @@ func (r *Runner) openFork(t *Template, gfd int, shellID string) (gpid int, userN
 	cgroups, err4 := read("cgroup")
 	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		closeAll()
-		return 0, nil, nil, err
+		return 0, nil, nil, nil, err
 	}
 	var errs []error
 	if err := isChildNamespace(userNS, t.userNS); err != nil {
@@ -467,6 +518,15 @@ func (r *Runner) openFork(t *Template, gfd int, shellID string) (gpid int, userN
 	// whatever the template's capabilities become.)
 	if err := isOwnedBy(pidNS, userNS); err != nil {
 		errs = append(errs, fmt.Errorf("pid namespace: %w", err))
+	}
+	// v2: G keeps the cgroup namespace F's clone3 (CLONE_NEWCGROUP |
+	// CLONE_INTO_CGROUP) made for it, rooted at its shell's cgroup: it
+	// must be one U_F owns, i.e. made for this fork, never T's (the
+	// worker's, where the code would see the host's cgroup paths).
+	if cgroupNS != nil {
+		if err := isOwnedBy(cgroupNS, userNS); err != nil {
+			errs = append(errs, fmt.Errorf("cgroup namespace: %w", err))
+		}
 	}
 	base := r.opts.HostIDBase
 	for _, m := range []struct {
@@ -501,13 +561,13 @@ func (r *Runner) openFork(t *Template, gfd int, shellID string) (gpid int, userN
 	}
 	if err := errors.Join(errs...); err != nil {
 		closeAll()
-		return 0, nil, nil, fmt.Errorf("%w %s: %w", ErrNotAFork, t.ID(), err)
+		return 0, nil, nil, nil, fmt.Errorf("%w %s: %w", ErrNotAFork, t.ID(), err)
 	}
 	if err := resetOOMScoreAdj(dirfd); err != nil {
 		closeAll()
-		return 0, nil, nil, err
+		return 0, nil, nil, nil, err
 	}
-	return gpid, userNS, pidNS, nil
+	return gpid, userNS, pidNS, cgroupNS, nil
 }
 
 // isUnplacedFork checks, from G's /proc status and cgroup files, that G is
@@ -980,6 +1040,13 @@ func (s *Shell) Destroy() error {
 		// also kills what its cgroup holds, then removes it.
 		if err := s.c.Destroy(); err != nil {
 			errs = append(errs, err)
+		} else if dir, v2 := s.cgroupPaths.V2(); v2 && s.tpl.dirV2 != "" {
+			// libcontainer removed the init's cgroup; G's is ours.
+			if err := removeCgroupDir(dir); err != nil {
+				errs = append(errs, err)
+			} else if err := s.r.unmarkOwned(s.id); err != nil {
+				errs = append(errs, err)
+			}
 		} else if err := s.r.unmarkOwned(s.id); err != nil {
 			errs = append(errs, err)
 		}

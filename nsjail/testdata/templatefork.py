@@ -206,8 +206,8 @@ def clone_into_cgroup(cgroup_fd):
     tid = ctypes.c_void_p()
     if libc.prctl(40, ctypes.byref(tid), 0, 0, 0) != 0:  # PR_GET_TID_ADDRESS
         raise OSError(ctypes.get_errno(), "PR_GET_TID_ADDRESS")
-    # CLONE_NEWPID | CLONE_INTO_CGROUP | CLONE_CHILD_SETTID | CLONE_CHILD_CLEARTID
-    args = CloneArgs(flags=0x20000000 | 0x200000000 | 0x01000000 | 0x00200000, child_tid=tid.value,
+    # CLONE_NEWPID | CLONE_NEWCGROUP | CLONE_INTO_CGROUP | CLONE_CHILD_SETTID | CLONE_CHILD_CLEARTID
+    args = CloneArgs(flags=0x20000000 | 0x02000000 | 0x200000000 | 0x01000000 | 0x00200000, child_tid=tid.value,
                      exit_signal=signal.SIGCHLD, cgroup=cgroup_fd)
     api = ctypes.PyDLL(None, use_errno=True)
     api.syscall.restype = ctypes.c_long

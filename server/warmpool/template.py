@@ -69,6 +69,7 @@ _SYS_CLONE3 = {"x86_64": 435, "aarch64": 435}
 _CLONE_CHILD_CLEARTID = 0x00200000
 _CLONE_CHILD_SETTID = 0x01000000
 _CLONE_NEWPID = 0x20000000
+_CLONE_NEWCGROUP = 0x02000000
 _CLONE_INTO_CGROUP = 0x200000000
 _PR_GET_TID_ADDRESS = 40
 _SECCOMP_SET_MODE_FILTER = 1
@@ -379,7 +380,10 @@ def _clone_into_cgroup(cgroup_fd):
     CLONE_NEWPID | CLONE_INTO_CGROUP makes G pid 1 of a new pid namespace
     PID_F (owned by U_F) and puts it straight into the shell's cgroup, so
     that nothing of G ever runs, or is charged, outside it and no process
-    is ever moved. Python has no clone3: it is called through ctypes, with
+    is ever moved; CLONE_NEWCGROUP gives it a cgroup namespace rooted at
+    that cgroup (the kernel roots it at the target of CLONE_INTO_CGROUP),
+    which G keeps: its /proc/self/cgroup reads "0::/" as a cold process's
+    does (the worker sends it back as the shell's cgroup namespace). Python has no clone3: it is called through ctypes, with
     the GIL held (a PyDLL), bracketed as os.fork brackets fork():
     PyOS_BeforeFork (the import lock, os.register_at_fork's before
     hooks), then PyOS_AfterFork_Child (CPython's thread state, random's
@@ -407,7 +411,7 @@ def _clone_into_cgroup(cgroup_fd):
     _check(libc.prctl(_PR_GET_TID_ADDRESS, ctypes.byref(tid_address), 0, 0, 0) == 0, "prctl(PR_GET_TID_ADDRESS)")
     if not tid_address.value:
         raise RuntimeError("no thread id address registered with the kernel")
-    args = _CloneArgs(flags=_CLONE_NEWPID | _CLONE_INTO_CGROUP | _CLONE_CHILD_SETTID | _CLONE_CHILD_CLEARTID,
+    args = _CloneArgs(flags=_CLONE_NEWPID | _CLONE_NEWCGROUP | _CLONE_INTO_CGROUP | _CLONE_CHILD_SETTID | _CLONE_CHILD_CLEARTID,
                       child_tid=tid_address.value, exit_signal=signal.SIGCHLD, cgroup=cgroup_fd)
     api = ctypes.PyDLL(None, use_errno=True)  # the GIL stays held, as os.fork holds it
     api.syscall.restype = ctypes.c_long
