@@ -74,6 +74,12 @@ type templateLab struct {
 	// preps are the prepared shells of the forks (by G's pidfd): their
 	// ids, and on cgroup v2 the cgroups F forked G into.
 	preps map[*os.File]*nsjail.PreparedShell
+	// prepareTime and moveTime are the last PrepareShell's and MoveG's
+	// wall time (TEMPLATE.md M7, logged).
+	prepareTime, moveTime time.Duration
+	// forkTime is the last fork request's wall time to G's pidfd (T's
+	// fork of F, F's namespaces, F's fork or clone3 of G).
+	forkTime time.Duration
 }
 
 // specFor is spec for the shell of fork g: with its prepared shell's ID.
@@ -230,15 +236,18 @@ func (l *templateLab) forkWith(extra map[string]any) *os.File {
 	for k, v := range extra {
 		req[k] = v
 	}
+	t0 := time.Now()
 	prep, err := l.r.PrepareShell(l.tpl)
 	if err != nil {
 		l.t.Fatal(err)
 	}
+	l.prepareTime = time.Since(t0)
 	l.t.Cleanup(func() { prep.Close() })
 	if prep.CgroupFile() != nil {
 		req["cgroup"] = true
 	}
 	maps, _ := json.Marshal(req)
+	t1 := time.Now()
 	l.send("fork " + string(maps) + "\n")
 	if cg := prep.CgroupFile(); cg != nil {
 		l.send("c", cg)
@@ -247,6 +256,7 @@ func (l *templateLab) forkWith(extra map[string]any) *os.File {
 	if msg != "G\n" || len(fds) != 1 {
 		l.t.Fatalf("want G's pidfd, got %q with %d fds", msg, len(fds))
 	}
+	l.forkTime = time.Since(t1)
 	g := os.NewFile(uintptr(fds[0]), "pidfd-G")
 	l.preps[g] = prep
 	return g
@@ -256,9 +266,11 @@ func (l *templateLab) forkWith(extra map[string]any) *os.File {
 // and, once G ended, its wait status as F reported it.
 func (l *templateLab) place(sh *nsjail.Shell, mode string) (view map[string]any, status string) {
 	l.t.Helper()
+	t0 := time.Now()
 	if err := sh.MoveG(); err != nil {
 		l.t.Fatalf("MoveG: %v", err)
 	}
+	l.moveTime = time.Since(t0)
 	if err := sh.MoveG(); err != nil { // already there: nothing to do
 		l.t.Fatalf("MoveG again: %v", err)
 	}
@@ -395,8 +407,10 @@ func TestTemplateForkMatchesCold(t *testing.T) {
 				t.Errorf("fork %d: shell cgroup %s still there after Destroy (%v)", i, d, err)
 			}
 		}
-		t.Logf("fork %d (%s): StartShell %v; G's wait status %q, shell cgroup OOM kills %d, seccomp program %d instructions",
-			i, mode, shellTime.Round(time.Millisecond), status, shellStats.OOMKills, prog.Len())
+		t.Logf("fork %d (%s): PrepareShell %v, fork to G's pidfd %v, StartShell %v, MoveG %v; G's wait status %q, shell cgroup OOM kills %d, seccomp program %d instructions",
+			i, mode, lab.prepareTime.Round(time.Microsecond), lab.forkTime.Round(time.Microsecond), shellTime.Round(time.Millisecond),
+			lab.moveTime.Round(time.Microsecond),
+			status, shellStats.OOMKills, prog.Len())
 		for _, k := range forkViewKeys {
 			a, _ := json.Marshal(coldView[k])
 			b, _ := json.Marshal(view[k])
@@ -1001,6 +1015,95 @@ func TestSweepAfterTemplateWorkerCrash(t *testing.T) {
 	if err := nsjailtest.CheckNoLeftovers(testStateRoot, testCgroupParent); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// SECURITY.md case 70: on cgroup v2 the shell's cgroup goes to the
+// template as a detached mount of its directory, whose ".." stays on it
+// (a plain fd's would lead to tpl-<id> and on to the worker's whole
+// filesystem: CVE-2024-21626's leaked cgroupfs fd), and only cgroup.procs
+// of tpl-<id> and of the prepared cgroup belong to the template's host
+// root (what F's clone3 CLONE_INTO_CGROUP needs, E7), the latter only
+// until G is found there; a cgroup no shell took goes with Close.
+func TestPreparedShellCgroupIsDetached(t *testing.T) {
+	r := newRunner(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	lab := startTemplateLab(t, r, rootfs, templateSource(t))
+	if !lab.v2() {
+		p, err := r.PrepareShell(lab.tpl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		if p.CgroupFile() != nil {
+			t.Error("a cgroup fd on v1")
+		}
+		t.Skip("cgroup v1: nothing is prepared (G is moved, Shell.MoveG)")
+	}
+	tpid, err := lab.tpl.Pid()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := strings.Fields(nsjailtest.ProcStatus(t, tpid, "Uid"))[0] // T's host uid: HostIDBase+1
+	owner := func(file string) string {
+		var st unix.Stat_t
+		if err := unix.Stat(file, &st); err != nil {
+			t.Fatal(err)
+		}
+		return strconv.Itoa(int(st.Uid))
+	}
+	ino := func(fd int, rel string) uint64 {
+		var st unix.Stat_t
+		if err := unix.Fstatat(fd, rel, &st, 0); err != nil {
+			t.Fatal(err)
+		}
+		return st.Ino
+	}
+	tplDir := lab.shellsParent()[0]
+	if got := owner(filepath.Join(tplDir, "cgroup.procs")); got != root {
+		t.Errorf("tpl-<id>/cgroup.procs belongs to %s, want the template root %s", got, root)
+	}
+	p, err := r.PrepareShell(lab.tpl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(tplDir, p.ID())
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	fd := int(p.CgroupFile().Fd())
+	for _, rel := range []string{".", "..", "../../../../../../../../.."} {
+		if got := ino(fd, rel); got != st.Ino {
+			t.Errorf("%q of the shell's cgroup fd is inode %d, want the shell's cgroup itself (%d)", rel, got, st.Ino)
+		}
+	}
+	if got := owner(filepath.Join(dir, "cgroup.procs")); got != root {
+		t.Errorf("the prepared cgroup.procs belongs to %s, want the template root %s", got, root)
+	}
+	for _, f := range []string{"memory.max", "pids.max", "cgroup.subtree_control", "."} {
+		if got := owner(filepath.Join(dir, f)); got != "0" {
+			t.Errorf("%s of the prepared cgroup belongs to %s, want root", f, got)
+		}
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("a prepared cgroup no shell took is still there after Close (%v)", err)
+	}
+
+	// A fork's: given back to root once G is found there.
+	g := lab.fork()
+	defer g.Close()
+	sh, err := r.StartShell(context.Background(), lab.tpl, lab.specFor(g, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}), g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, _ := sh.CgroupPaths().V2()
+	if got := owner(filepath.Join(d, "cgroup.procs")); got != "0" {
+		t.Errorf("the shell's cgroup.procs belongs to %s once G is there, want root", got)
+	}
+	lab.destroyKillsG(t, sh)
 }
 
 // skipMoveOnV2 skips the tests of v1's move of G (Shell.MoveG writing
