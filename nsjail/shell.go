@@ -240,8 +240,9 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 	// there before the first of them clones, and nothing else (v1: G is
 	// still in the template's cgroup: isUnplacedFork, and MoveG cannot be
 	// called on a shell not yet returned; v2: the init's cgroup is its
-	// own, beside G's). Start then fails on the closed sync pipe. The paths are read now: State waits for the container's lock,
-	// which Start holds.
+	// own, beside G's). Start then fails on the closed sync pipe. The
+	// paths are read now: State waits for the container's lock, which
+	// Start holds.
 	state, err := c.State()
 	if err != nil || len(state.CgroupPaths) == 0 {
 		devnull.Close()

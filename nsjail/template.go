@@ -187,7 +187,8 @@ func (r *Runner) StartTemplate(spec Spec, files ...*os.File) (*Template, error) 
 			t.dirV2 = filepath.Dir(dir)
 		} else {
 			t.Stop(0)
-			return nil, &StartError{ID: spec.ID, At: time.Now(), Err: fmt.Errorf("the template's cgroup %v is not a leaf %s", s.cgroupPaths, templateLeaf)}
+			err := fmt.Errorf("the template's cgroup %v is not a leaf %s", s.cgroupPaths, templateLeaf)
+			return nil, &StartError{ID: spec.ID, At: time.Now(), Err: err}
 		}
 	}
 	// The template's process is our child and not reaped before Stop: its

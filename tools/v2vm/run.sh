@@ -9,7 +9,8 @@
 # leaked), 124 if the VM did not finish within V2VM_TIMEOUT, 2 on setup errors.
 #
 # Knobs (environment):
-#   V2VM_TIMEOUT  seconds the whole VM run may take (default 600)
+#   V2VM_TIMEOUT  seconds the whole VM run may take (default 600, 2400 with the runtime
+#                 image: its entries take ~10 min under TCG)
 #   V2VM_ACCEL    auto (probe KVM, fall back to TCG), kvm or tcg (default auto)
 #   V2VM_MEM      guest memory in MiB (default 2048, 4096 with the runtime image: the
 #                 conformance suite's 2 GiB allocation must meet the cgroup's limit, not
@@ -24,7 +25,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 OUT=${V2VM_OUT:-build/v2vm}
-TIMEOUT=${V2VM_TIMEOUT:-600}
+TIMEOUT=${V2VM_TIMEOUT:-}
 ACCEL=${V2VM_ACCEL:-auto}
 MEM=${V2VM_MEM:-}
 SMP=${V2VM_SMP:-2}
@@ -168,10 +169,12 @@ if [ -n "$RT_ROOTFS" ] && [ "$RT_ROOTFS" != none ] && [ -d "$RT_ROOTFS" ]; then
 	fi
 	MODULES+=("${RT_MODULES[@]}")
 	MEM=${MEM:-4096}
+	TIMEOUT=${TIMEOUT:-2400}
 else
 	log "no python-runtime rootfs (V2VM_RUNTIME_ROOTFS, SANDBOXD_RUNTIME_ROOTFS, build/runtime-rootfs.path): the *-rt entries are left out"
 fi
 MEM=${MEM:-2048}
+TIMEOUT=${TIMEOUT:-600}
 for entry in "${MODULES[@]}"; do
 	mod=${entry%%:*} opt=${entry#*:}
 	grep -q "^CONFIG_$opt=y" "$KCONFIG" || add_module "$mod"
