@@ -371,8 +371,9 @@ def _f(fds, t, cgroup):
     _relay(g)
 
 
-class _CloneArgs:
-    pass  # made a ctypes.Structure by _clone_into_cgroup (ctypes is imported lazily)
+# struct clone_args (linux/sched.h, CLONE_ARGS_SIZE_VER2), a ctypes
+# Structure made at the first clone3 (ctypes is imported lazily).
+_clone_args = None
 
 
 def _clone_into_cgroup(cgroup_fd):
@@ -383,8 +384,9 @@ def _clone_into_cgroup(cgroup_fd):
     is ever moved; CLONE_NEWCGROUP gives it a cgroup namespace rooted at
     that cgroup (the kernel roots it at the target of CLONE_INTO_CGROUP),
     which G keeps: its /proc/self/cgroup reads "0::/" as a cold process's
-    does (the worker sends it back as the shell's cgroup namespace). Python has no clone3: it is called through ctypes, with
-    the GIL held (a PyDLL), bracketed as os.fork brackets fork():
+    does (the worker sends it back as the shell's cgroup namespace).
+    Python has no clone3: it is called through ctypes, with the GIL held
+    (a PyDLL), bracketed as os.fork brackets fork():
     PyOS_BeforeFork (the import lock, os.register_at_fork's before
     hooks), then PyOS_AfterFork_Child (CPython's thread state, random's
     reseed and the other after-fork hooks) or PyOS_AfterFork_Parent.
@@ -401,9 +403,9 @@ def _clone_into_cgroup(cgroup_fd):
     import ctypes
     import signal
 
-    global _CloneArgs
-    if not issubclass(_CloneArgs, ctypes.Structure):
-        _CloneArgs = type("_CloneArgs", (ctypes.Structure,), {"_fields_": [
+    global _clone_args
+    if _clone_args is None:
+        _clone_args = type("CloneArgs", (ctypes.Structure,), {"_fields_": [
             (name, ctypes.c_uint64) for name in ("flags", "pidfd", "child_tid", "parent_tid", "exit_signal", "stack",
                                                  "stack_size", "tls", "set_tid", "set_tid_size", "cgroup")]})
     libc = _libc
@@ -411,8 +413,8 @@ def _clone_into_cgroup(cgroup_fd):
     _check(libc.prctl(_PR_GET_TID_ADDRESS, ctypes.byref(tid_address), 0, 0, 0) == 0, "prctl(PR_GET_TID_ADDRESS)")
     if not tid_address.value:
         raise RuntimeError("no thread id address registered with the kernel")
-    args = _CloneArgs(flags=_CLONE_NEWPID | _CLONE_NEWCGROUP | _CLONE_INTO_CGROUP | _CLONE_CHILD_SETTID | _CLONE_CHILD_CLEARTID,
-                      child_tid=tid_address.value, exit_signal=signal.SIGCHLD, cgroup=cgroup_fd)
+    flags = _CLONE_NEWPID | _CLONE_NEWCGROUP | _CLONE_INTO_CGROUP | _CLONE_CHILD_SETTID | _CLONE_CHILD_CLEARTID
+    args = _clone_args(flags=flags, child_tid=tid_address.value, exit_signal=signal.SIGCHLD, cgroup=cgroup_fd)
     api = ctypes.PyDLL(None, use_errno=True)  # the GIL stays held, as os.fork holds it
     api.syscall.restype = ctypes.c_long
     nr = _syscall(_SYS_CLONE3)
@@ -424,7 +426,7 @@ def _clone_into_cgroup(cgroup_fd):
     err = ctypes.get_errno()
     api.PyOS_AfterFork_Parent()
     if pid < 0:
-        raise OSError(err, "clone3(CLONE_NEWPID|CLONE_INTO_CGROUP): %s" % os.strerror(err))
+        raise OSError(err, "clone3(CLONE_NEWPID|CLONE_NEWCGROUP|CLONE_INTO_CGROUP): %s" % os.strerror(err))
     return pid
 
 
