@@ -39,15 +39,14 @@ GO=${GO:-go}
 # it, and their tests that need it skip.
 #   TestOutputFloodIsCapped pushes 1 GB through a pipe: over 60 s under TCG,
 #   and nothing in it depends on the cgroup version.
-#   TestKernelsOnForks/WorkspaceIsTheVolume makes a session volume with
-#   mkfs.ext4, which the VM has not (e2fsprogs is dynamically linked).
 PLAN=(
 	"v2vm ./tools/v2vm -test.v -test.count=1 -test.timeout=3m"
 	"cgroup ./cgroup -test.v -test.count=1 -test.timeout=4m"
 	"nsjail ./nsjail -test.v -test.count=1 -test.timeout=5m -test.skip=^TestOutputFloodIsCapped$"
 	"nsjail-rt ./nsjail -test.v -test.count=1 -test.timeout=10m -test.run=^(TestTemplate|TestShell|TestPreparedShell|TestSweepAfterTemplateWorkerCrash)"
 	"warmpool-rt ./server/warmpool -test.v -test.count=1 -test.timeout=15m -test.run=^(TestTemplate|TestShell)"
-	"warmpool-forks-rt ./server/warmpool -test.v -test.count=1 -test.timeout=15m -test.run=^(TestWarmMatchesCold|TestKernelsOnForks)$/^(forks|[A-Z].*)$ -test.skip=^TestKernelsOnForks$/^WorkspaceIsTheVolume$"
+	"warmpool-forks-rt ./server/warmpool -test.v -test.count=1 -test.timeout=15m -test.run=^(TestWarmMatchesCold|TestKernelsOnForks)$/^(forks|[A-Z].*)$"
+	"server-forks-rt ./server -test.v -test.count=1 -test.timeout=10m -test.run=^(TestPoolThroughAPI|TestSessionKernelFromTheWarmPool)$/^forks$"
 	"v2vm-bench ./tools/v2vm -test.run=^$ -test.bench=ForkExecTrue -test.benchtime=200x"
 	"nsjail-bench ./nsjail -test.run=^$ -test.bench=ExecTrue -test.benchtime=50x"
 )
@@ -61,7 +60,8 @@ BUILTIN=(CGROUPS MEMCG CGROUP_PIDS CGROUP_SCHED CFS_BANDWIDTH CPUSETS CGROUP_DEV
 MODULES=(overlay:OVERLAY_FS)
 # With the runtime image: its disk (virtio-blk) and filesystem.
 # (ext4 on 6.1 loads crc32c whatever the features: "Cannot load crc32c driver".)
-RT_MODULES=(virtio_pci:VIRTIO_PCI virtio_blk:VIRTIO_BLK crc32c_generic:CRYPTO_CRC32C ext4:EXT4_FS)
+# loop: session volumes (server/volume), loop-mounted ext4 images.
+RT_MODULES=(virtio_pci:VIRTIO_PCI virtio_blk:VIRTIO_BLK crc32c_generic:CRYPTO_CRC32C ext4:EXT4_FS loop:BLK_DEV_LOOP)
 
 die() { echo "v2vm: $*" >&2; exit 2; }
 # is_static FILE: no ELF interpreter. (Not `readelf | grep -q`: with pipefail
@@ -168,6 +168,17 @@ if [ -n "$RT_ROOTFS" ] && [ "$RT_ROOTFS" != none ] && [ -d "$RT_ROOTFS" ]; then
 		mv "$RT_IMG.tmp" "$RT_IMG"
 	fi
 	MODULES+=("${RT_MODULES[@]}")
+	# Session volumes (server/volume) run mkfs.ext4 and e2fsck: dynamically
+	# linked, so they go in with the libraries ldd names (the test binaries
+	# and busybox stay static).
+	for tool in mkfs.ext4 e2fsck; do
+		bin=$(command -v "$tool") || die "$tool not found (e2fsprogs)"
+		cp -L "$bin" "$ROOT/bin/$tool"
+		for lib in $(ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'); do
+			mkdir -p "$ROOT$(dirname "$lib")"
+			cp -L "$lib" "$ROOT$lib"
+		done
+	done
 	MEM=${MEM:-4096}
 	TIMEOUT=${TIMEOUT:-2400}
 else
