@@ -173,10 +173,13 @@ seccomp-check:
 
 # --- cgroup v2 VM harness (tools/v2vm) ---
 # Boots Debian's kernel in qemu with cgroup v2 only and runs the privileged
-# tests of tools/v2vm, cgroup/ and nsjail/ there (tools/v2vm/README.md).
+# tests of tools/v2vm, cgroup/ and nsjail/ there, and with the python-runtime
+# rootfs (build/runtime-rootfs.path, or SANDBOXD_RUNTIME_ROOTFS) the template
+# forks' tests of nsjail/ and server/warmpool/ (tools/v2vm/README.md).
 # Installs qemu, cpio and busybox-static (and refreshes the apt lists when
 # they cannot resolve the kernel package it downloads); fails when a test
-# fails or the VM does not finish within V2VM_TIMEOUT seconds (default 600).
+# fails or the VM does not finish within V2VM_TIMEOUT seconds (default 600,
+# 2400 with the runtime rootfs).
 .PHONY: test-v2vm
 test-v2vm:
 	@$(DEPS) build v2vm

@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/opencontainers/cgroups/fs2"
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/configs"
 	"github.com/sandboxd/sandboxd/cgroup"
@@ -42,6 +43,10 @@ import (
 // Shell.NamespaceFiles. An array, and unexported: G joins the fds in this
 // order (setns with the type each must be), so nothing may reorder it.
 var shellNamespaces = [...]string{"mnt", "net", "ipc", "uts", "cgroup"}
+
+// shellInitSuffix names, on cgroup v2, the shell init's cgroup beside the
+// shell's (G's), <shell id><suffix>: see StartShell.
+const shellInitSuffix = "-init"
 
 // ShellNamespaces are the namespaces a shell's init makes (/proc/PID/ns
 // names), in the order of Shell.NamespaceFiles; a fresh copy.
@@ -137,19 +142,32 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 	fail := func(format string, a ...any) (*Shell, error) {
 		return nil, startFailed(id, log, "shell start failed", format, a...)
 	}
+	keepG := false // the shell started: it keeps G's pidfd (and its cgroup)
+	if t.dirV2 != "" {
+		// v2: G was forked into the shell's cgroup, which must be the one
+		// PrepareShell made for this id (and no other shell's).
+		prepared, ok := t.takePrepared(id)
+		if !ok {
+			return fail("cgroup v2: no cgroup prepared for shell %s (PrepareShell), or another shell took it", id)
+		}
+		defer func() {
+			if !keepG {
+				prepared.release()
+			}
+		}()
+	}
 
 	gfd, err := unix.FcntlInt(g.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return fail("unable to duplicate G's pidfd: %w", err)
 	}
 	gfile := os.NewFile(uintptr(gfd), "pidfd-G")
-	keepG := false
 	defer func() {
 		if !keepG {
 			gfile.Close()
 		}
 	}()
-	gpid, userNS, pidNS, err := r.openFork(t, gfd)
+	gpid, userNS, pidNS, gCgroupNS, err := r.openFork(t, gfd, id)
 	if err != nil {
 		return fail("%w", err)
 	}
@@ -164,6 +182,17 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 	}()
 	defer userNS.Close()
 	defer pidNS.Close()
+	if gCgroupNS != nil {
+		defer gCgroupNS.Close()
+	}
+	if t.dirV2 != "" {
+		// G is in: F needs no access to the shell's cgroup.procs any
+		// more, nor does anything of the template (a template that kept
+		// the fd could otherwise move its own processes in later).
+		if err := os.Chown(filepath.Join(t.dirV2, id, "cgroup.procs"), 0, 0); err != nil {
+			return fail("unable to take the shell's cgroup.procs back from the template: %w", err)
+		}
+	}
 
 	cfg, err := r.buildConfig(id, &spec, lim)
 	if err != nil {
@@ -181,6 +210,29 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 	// A child of the template's cgroup: G moves (v1) only within the
 	// subtree it was forked in.
 	cfg.Cgroups.Path = path.Join(t.cgroupRel, id)
+	if t.dirV2 != "" {
+		// v2: G is already in tpl-<id>/<id>, and libcontainer creates no
+		// container in a cgroup that holds a process ("container's cgroup
+		// is not empty"). The shell's limits go on G's cgroup here, with
+		// libcontainer's own cgroups manager, before anything of an
+		// execution exists; the init gets a cgroup of its own beside it,
+		// tpl-<id>/<id>-init, with the same limits, made by libcontainer
+		// as a cold sandbox's is. (Not below G's: libcontainer enables
+		// every controller it can in each ancestor, a cgroup holding G
+		// takes the threaded ones, and its children then become threaded,
+		// whose cgroup.procs cannot be read.) Nothing is ever moved: G was
+		// born in <id>, the init is placed in its cgroup as every sandbox's
+		// init is, and dies there before it execs.
+		dir := filepath.Join(t.dirV2, id)
+		m, err := fs2.NewManager(cfg.Cgroups, dir)
+		if err == nil {
+			err = m.Set(cfg.Cgroups.Resources)
+		}
+		if err != nil {
+			return fail("unable to set the shell's limits on G's cgroup: %w", err)
+		}
+		cfg.Cgroups.Path = path.Join(t.cgroupRel, id+shellInitSuffix)
+	}
 
 	// Marked as a cold sandbox is (SECURITY.md case 29).
 	c, err := r.createMarked(id, cfg, log)
@@ -199,11 +251,12 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 	// Start would then wait for the init's next sync message forever, and
 	// so would the worker's refill. At ctx's end every process of the
 	// shell's cgroup is killed: the init's stages, which libcontainer puts
-	// there before the first of them clones, and nothing else (G is still
-	// in the template's cgroup: isUnplacedFork, and MoveG cannot be called
-	// on a shell not yet returned). Start then fails on the closed sync
-	// pipe. The paths are read now: State waits for the container's lock,
-	// which Start holds.
+	// there before the first of them clones, and nothing else (v1: G is
+	// still in the template's cgroup: isUnplacedFork, and MoveG cannot be
+	// called on a shell not yet returned; v2: the init's cgroup is its
+	// own, beside G's). Start then fails on the closed sync pipe. The
+	// paths are read now: State waits for the container's lock, which
+	// Start holds.
 	state, err := c.State()
 	if err != nil || len(state.CgroupPaths) == 0 {
 		devnull.Close()
@@ -257,7 +310,7 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 		_ = proc.Signal(unix.SIGKILL)
 		_, _ = proc.Wait()
 	}
-	if err := s.takeInit(initPid, userNS, pidNS); err != nil {
+	if err := s.takeInit(initPid, userNS, pidNS, gCgroupNS); err != nil {
 		killInit()
 		r.destroy(c, log)
 		s.closeNamespaces()
@@ -339,12 +392,16 @@ func reapInitZombies(pidNS *os.File, log *slog.Logger) {
 // takeInit reads what the worker keeps of the shell's init: its cgroup
 // paths, its namespaces as fds, and the seccomp program the kernel holds
 // for it, after checking that it runs in G's user and pid namespaces.
-func (s *Shell) takeInit(initPid int, userNS, pidNS *os.File) error {
+func (s *Shell) takeInit(initPid int, userNS, pidNS, gCgroupNS *os.File) error {
 	state, err := s.c.State()
 	if err != nil {
 		return fmt.Errorf("unable to read the shell's state: %w", err)
 	}
 	s.cgroupPaths = state.CgroupPaths
+	if s.tpl.dirV2 != "" {
+		// v2: the shell's cgroup is G's (the init's is beside it).
+		s.cgroupPaths = cgroup.Paths{"": filepath.Join(s.tpl.dirV2, s.id)}
+	}
 	for _, want := range []struct {
 		name string
 		f    *os.File
@@ -354,6 +411,17 @@ func (s *Shell) takeInit(initPid int, userNS, pidNS *os.File) error {
 		}
 	}
 	for _, n := range shellNamespaces {
+		if n == "cgroup" && gCgroupNS != nil {
+			// v2: G keeps the cgroup namespace F's clone3 gave it, rooted
+			// at its own cgroup (the init's is rooted at the init's
+			// leaf); G's setns into its own is a no-op.
+			fd, err := unix.FcntlInt(gCgroupNS.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+			if err != nil {
+				return err
+			}
+			s.ns = append(s.ns, os.NewFile(uintptr(fd), "cgroup-ns-G"))
+			continue
+		}
 		f, err := os.Open(fmt.Sprintf("/proc/%d/ns/%s", initPid, n))
 		if err != nil {
 			return fmt.Errorf("unable to open the shell's %s namespace: %w", n, err)
@@ -397,18 +465,18 @@ func (r *Runner) sameProgram(p seccomp.Program) (seccomp.Program, error) {
 // process it was opened for, and reads through it fail once that process
 // is gone, whatever reuses the pid), and every later read goes through it.
 // It also resets G's oom_score_adj (see resetOOMScoreAdj).
-func (r *Runner) openFork(t *Template, gfd int) (gpid int, userNS, pidNS *os.File, err error) {
+func (r *Runner) openFork(t *Template, gfd int, shellID string) (gpid int, userNS, pidNS, cgroupNS *os.File, err error) {
 	gpid, err = pidfdPid(gfd)
 	if err != nil {
-		return 0, nil, nil, err
+		return 0, nil, nil, nil, err
 	}
 	dirfd, err := unix.Open(fmt.Sprintf("/proc/%d", gpid), unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return 0, nil, nil, err
+		return 0, nil, nil, nil, err
 	}
 	defer unix.Close(dirfd)
 	if err := unix.PidfdSendSignal(gfd, 0, nil, 0); err != nil {
-		return 0, nil, nil, fmt.Errorf("G (pid %d) is gone: %w", gpid, err)
+		return 0, nil, nil, nil, fmt.Errorf("G (pid %d) is gone: %w", gpid, err)
 	}
 	open := func(name string) (*os.File, error) {
 		fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
@@ -427,18 +495,24 @@ func (r *Runner) openFork(t *Template, gfd int) (gpid int, userNS, pidNS *os.Fil
 		return string(b), err
 	}
 	closeAll := func() {
-		for _, f := range []*os.File{userNS, pidNS} {
+		for _, f := range []*os.File{userNS, pidNS, cgroupNS} {
 			if f != nil {
 				f.Close()
 			}
 		}
 	}
 	if userNS, err = open("ns/user"); err != nil {
-		return 0, nil, nil, err
+		return 0, nil, nil, nil, err
 	}
 	if pidNS, err = open("ns/pid"); err != nil {
 		closeAll()
-		return 0, nil, nil, err
+		return 0, nil, nil, nil, err
+	}
+	if t.dirV2 != "" {
+		if cgroupNS, err = open("ns/cgroup"); err != nil {
+			closeAll()
+			return 0, nil, nil, nil, err
+		}
 	}
 	uidMap, err1 := read("uid_map")
 	gidMap, err2 := read("gid_map")
@@ -446,7 +520,7 @@ func (r *Runner) openFork(t *Template, gfd int) (gpid int, userNS, pidNS *os.Fil
 	cgroups, err4 := read("cgroup")
 	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		closeAll()
-		return 0, nil, nil, err
+		return 0, nil, nil, nil, err
 	}
 	var errs []error
 	if err := isChildNamespace(userNS, t.userNS); err != nil {
@@ -465,6 +539,15 @@ func (r *Runner) openFork(t *Template, gfd int) (gpid int, userNS, pidNS *os.Fil
 	// whatever the template's capabilities become.)
 	if err := isOwnedBy(pidNS, userNS); err != nil {
 		errs = append(errs, fmt.Errorf("pid namespace: %w", err))
+	}
+	// v2: G keeps the cgroup namespace F's clone3 (CLONE_NEWCGROUP |
+	// CLONE_INTO_CGROUP) made for it, rooted at its shell's cgroup: it
+	// must be one U_F owns, i.e. made for this fork, never T's (the
+	// worker's, where the code would see the host's cgroup paths).
+	if cgroupNS != nil {
+		if err := isOwnedBy(cgroupNS, userNS); err != nil {
+			errs = append(errs, fmt.Errorf("cgroup namespace: %w", err))
+		}
 	}
 	base := r.opts.HostIDBase
 	for _, m := range []struct {
@@ -486,27 +569,37 @@ func (r *Runner) openFork(t *Template, gfd int) (gpid int, userNS, pidNS *os.Fil
 	// into that shell's cgroup, maybe dropped and running an execution's
 	// code) and get a second shell's namespace fds handed to it, or have
 	// the worker reset that execution's oom_score_adj.
-	if err := isUnplacedFork(status, cgroups, t, base); err != nil {
+	if err := isUnplacedFork(status, cgroups, t, base, shellID); err != nil {
 		errs = append(errs, err)
+	} else if t.dirV2 != "" {
+		// v2: and alone there (nothing forked or moved in beside it).
+		b, err := os.ReadFile(filepath.Join(t.dirV2, shellID, "cgroup.procs"))
+		if err != nil {
+			errs = append(errs, err)
+		} else if procs := strings.Fields(string(b)); len(procs) != 1 || procs[0] != strconv.Itoa(gpid) {
+			errs = append(errs, fmt.Errorf("the shell's cgroup holds %v, want G (%d) alone", procs, gpid))
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		closeAll()
-		return 0, nil, nil, fmt.Errorf("%w %s: %w", ErrNotAFork, t.ID(), err)
+		return 0, nil, nil, nil, fmt.Errorf("%w %s: %w", ErrNotAFork, t.ID(), err)
 	}
 	if err := resetOOMScoreAdj(dirfd); err != nil {
 		closeAll()
-		return 0, nil, nil, err
+		return 0, nil, nil, nil, err
 	}
-	return gpid, userNS, pidNS, nil
+	return gpid, userNS, pidNS, cgroupNS, nil
 }
 
 // isUnplacedFork checks, from G's /proc status and cgroup files, that G is
 // as a fork is before it has a shell: all its uids and gids the template
 // root's (host HostIDBase+1, as the worker sees them), every capability in
-// its effective set (U_F's root: a dropped G has none), and in the
+// its effective set (U_F's root: a dropped G has none), and on v1 in the
 // template's own cgroup in every hierarchy the template has (a G already
-// moved into a shell's is in tpl-<id>/sbx-<id>).
-func isUnplacedFork(status, cgroups string, t *Template, base int) error {
+// moved into a shell's is in tpl-<id>/sbx-<id>); on v2 in the cgroup
+// prepared for this shell, tpl-<id>/<shellID>, where F forked it (a G of
+// another shell is in that shell's).
+func isUnplacedFork(status, cgroups string, t *Template, base int, shellID string) error {
 	root := strconv.Itoa(base + 1)
 	for _, k := range []string{"Uid", "Gid"} {
 		f := statusField(status, k)
@@ -527,6 +620,21 @@ func isUnplacedFork(status, cgroups string, t *Template, base int) error {
 		return fmt.Errorf("G's CapEff is %v", f)
 	} else if eff, err := strconv.ParseUint(f[0], 16, 64); err != nil || eff != full {
 		return fmt.Errorf("G's CapEff is %s, want every capability (%x): a G that dropped any is not a fresh fork", f[0], full)
+	}
+	if t.dirV2 != "" {
+		// "0::path", the path relative to the worker's cgroup namespace
+		// (G has not joined its shell's yet): the shell's directory ends
+		// with it.
+		want := filepath.Join(t.dirV2, shellID)
+		for _, l := range strings.Split(strings.TrimSpace(cgroups), "\n") {
+			if p, ok := strings.CutPrefix(l, "0::"); ok {
+				if !strings.HasPrefix(p, "/") || path.Base(p) != shellID || !strings.HasSuffix(want, p) {
+					return fmt.Errorf("G's cgroup is %q, not its shell's %s", p, want)
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("G has no cgroup v2 line: %q", cgroups)
 	}
 	// v1 lines are "id:controllers:path", the path relative to the
 	// worker's cgroup namespace; the template's directories end with it.
@@ -742,9 +850,10 @@ func (s *Shell) CgroupPaths() cgroup.Paths { return s.cgroupPaths }
 // the template's own cgroup (or the shell's: moving twice is a no-op), and
 // only into the shell's: a directory that is not a child of the
 // template's, or a G found anywhere else, is an error and nothing more is
-// written. On v2 it refuses: G is born in its cgroup there, and a move
-// between the template's leaf and the shell's would be one between
-// siblings.
+// written. On v2 it moves nothing: G was born in the shell's cgroup
+// (PrepareShell, CLONE_INTO_CGROUP), and a move between the template's
+// leaf and the shell's would be one between siblings; it only checks that
+// G is there (checkGIn).
 //
 // v1 has no way to move by pidfd: G's pid is written to cgroup.procs. The
 // attack this defends against: G dies between the membership check and
@@ -772,8 +881,8 @@ func (s *Shell) CgroupPaths() cgroup.Paths { return s.cgroupPaths }
 // still pinned, that G is listed in every one of the shell's cgroups, and
 // fails if it is not (G died).
 func (s *Shell) MoveG() error {
-	if _, v2 := s.cgroupPaths.V2(); v2 {
-		return errors.New("cgroup v2: G must be forked into the shell's cgroup (CLONE_INTO_CGROUP), not moved")
+	if dir, v2 := s.cgroupPaths.V2(); v2 {
+		return s.checkGIn(dir)
 	}
 	type move struct{ from, to string }
 	var moves []move
@@ -820,6 +929,27 @@ func (s *Shell) MoveG() error {
 		}
 		return nil
 	})
+}
+
+// checkGIn is MoveG on v2: G must be in the shell's cgroup dir (listed in
+// its cgroup.procs, its pidfd alive after the read, so the pid listed was
+// G's), and the directory a child of tpl-<id> named after the shell.
+// Nothing is written.
+func (s *Shell) checkGIn(dir string) error {
+	if s.tpl.dirV2 == "" || filepath.Dir(dir) != s.tpl.dirV2 || filepath.Base(dir) != s.id {
+		return fmt.Errorf("cgroup %s is not the shell's child of the template's %q", dir, s.tpl.dirV2)
+	}
+	in, err := inCgroup(dir, strconv.Itoa(s.gpid))
+	if err != nil {
+		return err
+	}
+	if err := unix.PidfdSendSignal(int(s.g.Fd()), 0, nil, 0); err != nil {
+		return fmt.Errorf("G (pid %d) is gone: %w", s.gpid, err)
+	}
+	if !in {
+		return fmt.Errorf("G (pid %d) is not in its shell's cgroup %s", s.gpid, dir)
+	}
+	return nil
 }
 
 // pinReleaseGrace is how long pinG waits for G's ptrace stop when it lets
@@ -931,6 +1061,13 @@ func (s *Shell) Destroy() error {
 		// also kills what its cgroup holds, then removes it.
 		if err := s.c.Destroy(); err != nil {
 			errs = append(errs, err)
+		} else if dir, v2 := s.cgroupPaths.V2(); v2 && s.tpl.dirV2 != "" {
+			// libcontainer removed the init's cgroup; G's is ours.
+			if err := removeCgroupDir(dir); err != nil {
+				errs = append(errs, err)
+			} else if err := s.r.unmarkOwned(s.id); err != nil {
+				errs = append(errs, err)
+			}
 		} else if err := s.r.unmarkOwned(s.id); err != nil {
 			errs = append(errs, err)
 		}

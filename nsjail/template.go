@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -57,6 +60,9 @@ var templateCaps = []string{"CAP_SETUID", "CAP_SETGID"}
 // StartShell resets G's (resetOOMScoreAdj).
 const templateOOMScoreAdj = -1000
 
+// templateLeaf is the template's own cgroup on v2, a child of tpl-<id>.
+const templateLeaf = "template"
+
 // Template is a started template sandbox. Stop must be called on it.
 type Template struct {
 	s *Sandbox
@@ -69,6 +75,13 @@ type Template struct {
 	// not reused while a file holds it): a fork's namespaces must be their
 	// children (StartShell).
 	userNS, pidNS *os.File
+	// dirV2 is tpl-<id>'s absolute directory on cgroup v2 (T is in its
+	// leaf templateLeaf, each shell's cgroup is its child), "" on v1.
+	dirV2 string
+	// prepared are the shells' cgroups PrepareShell made (v2), by id,
+	// until their Close.
+	preparedMu sync.Mutex
+	prepared   map[string]*PreparedShell
 	// seccompFilters is how many seccomp filters T holds (read at its
 	// start).
 	seccompFilters int
@@ -96,7 +109,10 @@ type Template struct {
 // tpl-<id> with the execution's limits. spec.Limits' rlimits and tmpfs
 // sizes apply; its timeout does not (a template lives until Stop).
 //
-// cgroup v1 only for now (plan step 6 adds v2's layout).
+// On cgroup v2 the template's process is in the leaf tpl-<id>/template
+// and keeps the worker's cgroup namespace; each shell's cgroup is made by
+// PrepareShell before its fork, and G is forked into it (TEMPLATE.md
+// section 4).
 //
 // Seccomp: the Runner's template filter (Options.TemplateSeccomp: the
 // execution profile plus exactly the namespace, id, keyring and seccomp
@@ -117,14 +133,7 @@ func (r *Runner) StartTemplate(spec Spec, files ...*os.File) (*Template, error) 
 	if len(spec.ExtraFiles) > 0 {
 		return nil, errors.New("a template takes its files as StartTemplate's arguments, not Spec.ExtraFiles")
 	}
-	if cgroup.DetectMode().V2() {
-		// On v2 the template's process may not sit in tpl-<id> itself (no
-		// internal processes: its shells' cgroups could get no
-		// controllers) and G is forked into its cgroup with
-		// CLONE_INTO_CGROUP instead of moved: TEMPLATE.md section 4, plan
-		// step 6, not built.
-		return nil, errors.New("template forks are not built for cgroup v2 yet")
-	}
+	v2 := cgroup.DetectMode().V2()
 	if r.opts.TemplateSeccomp == nil {
 		return nil, errors.New("this Runner has an execution seccomp filter of its own (Options.Seccomp) and no template filter " +
 			"(Options.TemplateSeccomp), which must allow everything the execution filter does (SECURITY.md case 63)")
@@ -151,12 +160,37 @@ func (r *Runner) StartTemplate(spec Spec, files ...*os.File) (*Template, error) 
 		res := cfg.Cgroups.Resources
 		res.Memory, res.MemorySwap, res.PidsLimit, res.CpuQuota, res.CpuPeriod = 0, 0, nil, 0, 0
 		cgroupRel = cfg.Cgroups.Path
+		if v2 {
+			// v2 (TEMPLATE.md section 4): no internal processes, so T
+			// lives in the leaf tpl-<id>/template and each shell's cgroup
+			// is its sibling, tpl-<id>/sbx-<id> (libcontainer creates
+			// tpl-<id> and enables every controller in its
+			// subtree_control). F forks G straight into the shell's
+			// cgroup (clone3 CLONE_INTO_CGROUP), which the kernel allows
+			// only when both cgroups are below the root of F's cgroup
+			// namespace (nsdelegate; experiment E7: ENOENT otherwise):
+			// the template gets no cgroup namespace of its own, it keeps
+			// the worker's (T sees its cgroup's path from there; a fork's
+			// G joins its shell's cgroup namespace, as a cold process is
+			// in its own).
+			cfg.Cgroups.Path = path.Join(cgroupRel, templateLeaf)
+			cfg.Namespaces = slices.DeleteFunc(cfg.Namespaces, func(n configs.Namespace) bool { return n.Type == configs.NEWCGROUP })
+		}
 	}
 	s, err := r.startWith(spec, startOptions{extraFiles: files, tune: tune, asRoot: true})
 	if err != nil {
 		return nil, err
 	}
 	t := &Template{s: s, cgroupRel: cgroupRel}
+	if v2 {
+		if dir, ok := s.cgroupPaths.V2(); ok && filepath.Base(dir) == templateLeaf {
+			t.dirV2 = filepath.Dir(dir)
+		} else {
+			t.Stop(0)
+			err := fmt.Errorf("the template's cgroup %v is not a leaf %s", s.cgroupPaths, templateLeaf)
+			return nil, &StartError{ID: spec.ID, At: time.Now(), Err: err}
+		}
+	}
 	// The template's process is our child and not reaped before Stop: its
 	// pid is its own, so are the namespaces opened through it.
 	pid, err := s.proc.Pid()
@@ -177,6 +211,18 @@ func (r *Runner) StartTemplate(spec Spec, files ...*os.File) (*Template, error) 
 				err = fmt.Errorf("no Seccomp_filters in its status (%v)", v)
 			}
 		}
+	}
+	if err == nil && t.dirV2 != "" {
+		// CLONE_INTO_CGROUP checks the cloning process's (F's) write
+		// access to cgroup.procs of the common ancestor of its cgroup and
+		// the destination (cgroup_attach_permissions, E7: EACCES
+		// otherwise): tpl-<id>'s belongs to the template's host root,
+		// HostIDBase+1 (what F's credentials are on the host), and so
+		// does each shell's (PrepareShell). T reaches neither file by any
+		// path (no cgroupfs in its mount namespace): only through the
+		// detached mount of a shell's cgroup PrepareShell gives it, which
+		// has no ".." to tpl-<id> (SECURITY.md case 70).
+		err = os.Chown(filepath.Join(t.dirV2, "cgroup.procs"), r.opts.HostIDBase+1, r.opts.HostIDBase+1)
 	}
 	if err == nil {
 		err = os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte(strconv.Itoa(templateOOMScoreAdj)), 0)
@@ -201,8 +247,9 @@ func (t *Template) ID() string { return t.s.id }
 // until Stop has reaped it.
 func (t *Template) Pid() (int, error) { return t.s.proc.Pid() }
 
-// CgroupPaths are the template's cgroup directories (tpl-<id>), one per
-// hierarchy; each shell's cgroup is a child of them.
+// CgroupPaths are the template's cgroup directories, one per hierarchy:
+// tpl-<id> on v1, where each shell's cgroup is a child of them; on v2 the
+// leaf tpl-<id>/template, each shell's cgroup its sibling.
 func (t *Template) CgroupPaths() cgroup.Paths { return t.s.cgroupPaths }
 
 // ForkIDMap is what the template writes to each fork's uid_map and
@@ -235,6 +282,14 @@ func (t *Template) Stop(grace time.Duration) *Result {
 		t.s.lim.Timeout = max(grace, time.Nanosecond)
 		t.s.noDeadline = false
 		t.result = t.s.Wait(context.Background())
+		if t.dirV2 != "" {
+			// libcontainer removed the leaf; tpl-<id> is ours (every
+			// shell's cgroup in it is gone by now: Destroy removes each,
+			// and a prepared one PrepareShell's Close).
+			if err := removeCgroupDir(t.dirV2); err != nil {
+				t.s.log.Error("unable to remove the template's cgroup", "dir", t.dirV2, "error", err)
+			}
+		}
 		for _, f := range []*os.File{t.userNS, t.pidNS} {
 			if f != nil {
 				f.Close()

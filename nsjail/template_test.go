@@ -71,6 +71,39 @@ type templateLab struct {
 	tpl   *nsjail.Template
 	ctl   *net.UnixConn
 	lines chan string // the template's stdout (its forks' views), by line
+	// preps are the prepared shells of the forks (by G's pidfd): their
+	// ids, and on cgroup v2 the cgroups F forked G into.
+	preps map[*os.File]*nsjail.PreparedShell
+	// prepareTime and moveTime are the last PrepareShell's and MoveG's
+	// wall time (TEMPLATE.md M7, logged).
+	prepareTime, moveTime time.Duration
+	// forkTime is the last fork request's wall time to G's pidfd (T's
+	// fork of F, F's namespaces, F's fork or clone3 of G).
+	forkTime time.Duration
+}
+
+// specFor is spec for the shell of fork g: with its prepared shell's ID.
+func (l *templateLab) specFor(g *os.File, spec nsjail.Spec) nsjail.Spec {
+	if p := l.preps[g]; p != nil && l.v2() {
+		spec.ID = p.ID()
+	}
+	return spec
+}
+
+// v2 tells whether the template is on cgroup v2 (G born in its shell's
+// cgroup, TEMPLATE.md section 4).
+func (l *templateLab) v2() bool {
+	_, ok := l.tpl.CgroupPaths().V2()
+	return ok
+}
+
+// shellsParent is where shells' cgroups are made: the template's cgroup
+// directories on v1, tpl-<id> (the parent of its leaf) on v2.
+func (l *templateLab) shellsParent() []string {
+	if d, ok := l.tpl.CgroupPaths().V2(); ok {
+		return []string{filepath.Dir(d)}
+	}
+	return slices.Collect(maps.Values(l.tpl.CgroupPaths()))
 }
 
 func startTemplateLab(t labT, r *nsjail.Runner, rootfs, src string, args ...string) *templateLab {
@@ -85,7 +118,7 @@ func startTemplateLab(t labT, r *nsjail.Runner, rootfs, src string, args ...stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	lab := &templateLab{t: t, r: r, ctl: conn.(*net.UnixConn), lines: make(chan string, 64)}
+	lab := &templateLab{t: t, r: r, ctl: conn.(*net.UnixConn), lines: make(chan string, 64), preps: map[*os.File]*nsjail.PreparedShell{}}
 	var mu sync.Mutex
 	var pending, stderr bytes.Buffer
 	out := func(stream string, chunk []byte) {
@@ -203,22 +236,41 @@ func (l *templateLab) forkWith(extra map[string]any) *os.File {
 	for k, v := range extra {
 		req[k] = v
 	}
+	t0 := time.Now()
+	prep, err := l.r.PrepareShell(l.tpl)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	l.prepareTime = time.Since(t0)
+	l.t.Cleanup(func() { prep.Close() })
+	if prep.CgroupFile() != nil {
+		req["cgroup"] = true
+	}
 	maps, _ := json.Marshal(req)
+	t1 := time.Now()
 	l.send("fork " + string(maps) + "\n")
+	if cg := prep.CgroupFile(); cg != nil {
+		l.send("c", cg)
+	}
 	msg, fds := l.recv()
 	if msg != "G\n" || len(fds) != 1 {
 		l.t.Fatalf("want G's pidfd, got %q with %d fds", msg, len(fds))
 	}
-	return os.NewFile(uintptr(fds[0]), "pidfd-G")
+	l.forkTime = time.Since(t1)
+	g := os.NewFile(uintptr(fds[0]), "pidfd-G")
+	l.preps[g] = prep
+	return g
 }
 
 // place joins G into shell sh, hands it the program and returns G's view
 // and, once G ended, its wait status as F reported it.
 func (l *templateLab) place(sh *nsjail.Shell, mode string) (view map[string]any, status string) {
 	l.t.Helper()
+	t0 := time.Now()
 	if err := sh.MoveG(); err != nil {
 		l.t.Fatalf("MoveG: %v", err)
 	}
+	l.moveTime = time.Since(t0)
 	if err := sh.MoveG(); err != nil { // already there: nothing to do
 		l.t.Fatalf("MoveG again: %v", err)
 	}
@@ -261,7 +313,6 @@ func templateSource(t labT) string {
 // (RunAndCheck). SANDBOXD_TEMPLATE_PRELOAD=numpy,pandas,matplotlib.pyplot
 // makes the template import those first, as a real one would.
 func TestTemplateForkMatchesCold(t *testing.T) {
-	skipOnV2(t)
 	r := newRunner(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	src := templateSource(t)
@@ -309,18 +360,27 @@ func TestTemplateForkMatchesCold(t *testing.T) {
 			g = lab.fork()
 		}
 		t0 := time.Now()
-		sh, err := r.StartShell(context.Background(), lab.tpl, shellSpec, g)
+		sh, err := r.StartShell(context.Background(), lab.tpl, lab.specFor(g, shellSpec), g)
 		shellTime := time.Since(t0)
 		g.Close()
 		if err != nil {
 			t.Fatalf("fork %d: StartShell: %v", i, err)
 		}
-		if got := sh.CgroupPaths()["memory"]; filepath.Dir(got) != lab.tpl.CgroupPaths()["memory"] {
+		if d, ok := sh.CgroupPaths().V2(); ok {
+			if filepath.Dir(d) != lab.shellsParent()[0] {
+				t.Errorf("the shell's cgroup %s is not a child of the template's %s", d, lab.shellsParent()[0])
+			}
+		} else if got := sh.CgroupPaths()["memory"]; filepath.Dir(got) != lab.tpl.CgroupPaths()["memory"] {
 			t.Errorf("the shell's memory cgroup %s is not a child of the template's %s", got, lab.tpl.CgroupPaths()["memory"])
 		}
-		// The shell's init is gone: nothing of the sandbox runs but G.
-		if ps := nsjailtest.CgroupProcs(t, sh.CgroupPaths()); len(ps) != 0 {
-			t.Errorf("fork %d: processes in the shell's cgroup before G moved in: %v", i, ps)
+		// The shell's init is gone: nothing of the sandbox runs but G (on
+		// v2 G itself, born there; on v1 not yet moved in).
+		var want []string
+		if lab.v2() {
+			want = []string{strconv.Itoa(sh.GPid())}
+		}
+		if ps := nsjailtest.CgroupProcs(t, sh.CgroupPaths()); !slices.Equal(ps, want) {
+			t.Errorf("fork %d: processes in the shell's cgroup before G's move (v1) or check (v2): %v, want %v", i, ps, want)
 		}
 		prog := sh.SeccompProgram()
 		if i == 0 {
@@ -347,8 +407,10 @@ func TestTemplateForkMatchesCold(t *testing.T) {
 				t.Errorf("fork %d: shell cgroup %s still there after Destroy (%v)", i, d, err)
 			}
 		}
-		t.Logf("fork %d (%s): StartShell %v; G's wait status %q, shell cgroup OOM kills %d, seccomp program %d instructions",
-			i, mode, shellTime.Round(time.Millisecond), status, shellStats.OOMKills, prog.Len())
+		t.Logf("fork %d (%s): PrepareShell %v, fork to G's pidfd %v, StartShell %v, MoveG %v; G's wait status %q, shell cgroup OOM kills %d, seccomp program %d instructions",
+			i, mode, lab.prepareTime.Round(time.Microsecond), lab.forkTime.Round(time.Microsecond), shellTime.Round(time.Millisecond),
+			lab.moveTime.Round(time.Microsecond),
+			status, shellStats.OOMKills, prog.Len())
 		for _, k := range forkViewKeys {
 			a, _ := json.Marshal(coldView[k])
 			b, _ := json.Marshal(view[k])
@@ -389,6 +451,17 @@ func TestTemplateForkMatchesCold(t *testing.T) {
 // (SECURITY.md case 65).
 func (l *templateLab) refuse(t *testing.T, spec nsjail.Spec, who string, f *os.File, want string) {
 	t.Helper()
+	if l.v2() {
+		// A shell's id with its cgroup, as the pool prepares before each
+		// fork, and not f's (if f is a fork): StartShell must refuse the
+		// pidfd, not the id.
+		p, err := l.r.PrepareShell(l.tpl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		spec.ID = p.ID()
+	}
 	before := l.shellLeftovers(t)
 	sh, err := l.r.StartShell(context.Background(), l.tpl, spec, f)
 	if err == nil {
@@ -412,7 +485,7 @@ func (l *templateLab) refuse(t *testing.T, spec nsjail.Spec, who string, f *os.F
 func (l *templateLab) shellLeftovers(t *testing.T) []string {
 	t.Helper()
 	var out []string
-	for _, d := range append([]string{l.r.StateRoot()}, slices.Collect(maps.Values(l.tpl.CgroupPaths()))...) {
+	for _, d := range append([]string{l.r.StateRoot()}, l.shellsParent()...) {
 		entries, err := os.ReadDir(d)
 		if err != nil {
 			t.Fatal(err)
@@ -449,7 +522,6 @@ func pidfdOf(t *testing.T, pid int) *os.File {
 // G already in a shell's cgroup in TestShellMoveGOnlyFromTheTemplate, all
 // through refuse.
 func TestShellRefusesAForgedFork(t *testing.T) {
-	skipOnV2(t)
 	r := newRunner(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	lab := startTemplateLab(t, r, rootfs, templateSource(t))
@@ -494,21 +566,33 @@ func TestShellRefusesAForgedFork(t *testing.T) {
 // template's own cgroup: of two shells made for the same G, the second to
 // move it is refused once the first has (the move would take G out of the
 // subtree it is in), and the refused shell's Destroy leaves G alone;
-// StartShell refuses a G that is already in a shell's cgroup.
+// StartShell refuses a G that is already in a shell's cgroup. On v2, where
+// G is born in its shell's cgroup, StartShell of another shell refuses it
+// (not the cgroup prepared for that shell).
 func TestShellMoveGOnlyFromTheTemplate(t *testing.T) {
-	skipOnV2(t)
 	r := newRunner(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	lab := startTemplateLab(t, r, rootfs, templateSource(t))
 	spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}
 	g := lab.fork()
 	defer g.Close()
-	a, err := r.StartShell(context.Background(), lab.tpl, spec, g)
+	a, err := r.StartShell(context.Background(), lab.tpl, lab.specFor(g, spec), g)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Destroy()
-	b, err := r.StartShell(context.Background(), lab.tpl, spec, g)
+	if lab.v2() {
+		if err := a.MoveG(); err != nil {
+			t.Fatal(err)
+		}
+		lab.refuse(t, spec, "a G already in another shell's cgroup", g, "not its shell's")
+		if ps := nsjailtest.CgroupProcs(t, a.CgroupPaths()); len(ps) != 1 || ps[0] != strconv.Itoa(a.GPid()) {
+			t.Errorf("shell a's cgroup holds %v, want G (%d) alone", ps, a.GPid())
+		}
+		lab.destroyKillsG(t, a)
+		return
+	}
+	b, err := r.StartShell(context.Background(), lab.tpl, lab.specFor(g, spec), g)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -541,13 +625,13 @@ func TestShellMoveGOnlyFromTheTemplate(t *testing.T) {
 // a G it cannot attach, because something else traces it, is refused
 // with nothing moved; once moved, G is traced by nobody.
 func TestShellMoveGPinsG(t *testing.T) {
-	skipOnV2(t)
+	skipMoveOnV2(t)
 	r := newRunner(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	lab := startTemplateLab(t, r, rootfs, templateSource(t))
 	g := lab.fork()
 	defer g.Close()
-	sh, err := r.StartShell(context.Background(), lab.tpl, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}, g)
+	sh, err := r.StartShell(context.Background(), lab.tpl, lab.specFor(g, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}), g)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -596,19 +680,22 @@ func TestShellMoveGPinsG(t *testing.T) {
 // over it) cannot hang the worker, and a start past its deadline leaves
 // nothing behind and G unharmed, still a fork a later shell can take.
 func TestShellStartDeadline(t *testing.T) {
-	skipOnV2(t)
 	r := newRunner(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	lab := startTemplateLab(t, r, rootfs, templateSource(t))
 	spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}
+	// The cgroups a shell's start makes: sbx-<id> (v1), or on v2 the
+	// init's sbx-<id>-init (sbx-<id> is G's, prepared before the fork).
 	shells := func() []string {
 		var out []string
-		for _, d := range lab.tpl.CgroupPaths() {
+		for _, d := range lab.shellsParent() {
 			entries, _ := os.ReadDir(d)
 			for _, e := range entries {
-				if e.IsDir() && strings.HasPrefix(e.Name(), "sbx-") && !slices.Contains(out, e.Name()) {
-					out = append(out, e.Name())
+				if !e.IsDir() || !strings.HasPrefix(e.Name(), "sbx-") || slices.Contains(out, e.Name()) ||
+					(lab.v2() && !strings.HasSuffix(e.Name(), "-init")) {
+					continue
 				}
+				out = append(out, e.Name())
 			}
 		}
 		return out
@@ -617,7 +704,7 @@ func TestShellStartDeadline(t *testing.T) {
 	// G is still a fork a shell can take; it ends with its shell.
 	finish := func(g *os.File) {
 		t.Helper()
-		sh, err := r.StartShell(context.Background(), lab.tpl, spec, g)
+		sh, err := r.StartShell(context.Background(), lab.tpl, lab.specFor(g, spec), g)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -632,7 +719,7 @@ func TestShellStartDeadline(t *testing.T) {
 	defer g.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if sh, err := r.StartShell(ctx, lab.tpl, spec, g); err == nil {
+	if sh, err := r.StartShell(ctx, lab.tpl, lab.specFor(g, spec), g); err == nil {
 		sh.Destroy()
 		t.Error("StartShell with an ended context succeeded")
 	}
@@ -646,7 +733,7 @@ func TestShellStartDeadline(t *testing.T) {
 	defer h.Close()
 	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if sh, err := r.StartShell(ctx, lab.tpl, spec, h); err == nil {
+	if sh, err := r.StartShell(ctx, lab.tpl, lab.specFor(h, spec), h); err == nil {
 		// The stop came after the start was done (a loaded machine): the
 		// shell is whole, the init was killed and reaped all the same.
 		t.Log("G's SIGSTOP reached the init only after its start")
@@ -689,7 +776,6 @@ func (l *templateLab) destroyKillsG(t *testing.T, sh *nsjail.Shell) {
 // A Runner with an execution filter of its own and no template filter
 // starts no template.
 func TestTemplateSandbox(t *testing.T) {
-	skipOnV2(t)
 	r := newRunner(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	if _, err := r.StartTemplate(nsjail.Spec{Rootfs: rootfs, Args: []string{"true"}, Workspace: t.TempDir()}); err == nil {
@@ -763,7 +849,18 @@ func TestTemplateSandbox(t *testing.T) {
 	}
 
 	paths := lab.tpl.CgroupPaths()
-	if filepath.Base(paths["memory"]) != lab.tpl.ID() || !strings.HasPrefix(lab.tpl.ID(), "tpl-") {
+	if d, ok := paths.V2(); ok {
+		// v2: T in the leaf tpl-<id>/template, whose parent has no limit
+		// either.
+		if filepath.Base(d) != "template" || filepath.Base(filepath.Dir(d)) != lab.tpl.ID() || !strings.HasPrefix(lab.tpl.ID(), "tpl-") {
+			t.Errorf("template cgroup %s, id %s: want tpl-<id>/template", d, lab.tpl.ID())
+		}
+		for _, dir := range []string{d, filepath.Dir(d)} {
+			if b, err := os.ReadFile(filepath.Join(dir, "memory.max")); err != nil || strings.TrimSpace(string(b)) != "max" {
+				t.Errorf("%s: memory.max %q (%v), want max", dir, b, err)
+			}
+		}
+	} else if filepath.Base(paths["memory"]) != lab.tpl.ID() || !strings.HasPrefix(lab.tpl.ID(), "tpl-") {
 		t.Errorf("template cgroup %s, id %s: want tpl-<id>", paths["memory"], lab.tpl.ID())
 	}
 	if b, err := os.ReadFile(filepath.Join(paths["memory"], "memory.limit_in_bytes")); err == nil {
@@ -845,7 +942,7 @@ func crashyTemplateWorker() {
 	rootfs := os.Getenv("CRASHY_ROOTFS")
 	lab := startTemplateLab(panicT{}, r, rootfs, templateSource(panicT{}), os.Getenv("CRASHY_MARK"), "--linger")
 	g := lab.fork()
-	sh, err := r.StartShell(context.Background(), lab.tpl, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}, g)
+	sh, err := r.StartShell(context.Background(), lab.tpl, lab.specFor(g, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}), g)
 	if err != nil {
 		panic(err)
 	}
@@ -866,7 +963,6 @@ func crashyTemplateWorker() {
 // markers), and nothing else.
 func TestSweepAfterTemplateWorkerCrash(t *testing.T) {
 	nsjailtest.RequireRoot(t)
-	skipOnV2(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	mark := fmt.Sprintf("crashy-template-%d", os.Getpid())
 	self, _ := os.Executable()
@@ -921,11 +1017,104 @@ func TestSweepAfterTemplateWorkerCrash(t *testing.T) {
 	}
 }
 
-// skipOnV2 skips template tests on cgroup v2, where template forks are not
-// built yet (TEMPLATE.md plan step 6; StartTemplate refuses).
-func skipOnV2(t *testing.T) {
+// SECURITY.md case 70: on cgroup v2 the shell's cgroup goes to the
+// template as a detached mount of its directory, whose ".." stays on it
+// (a plain fd's would lead to tpl-<id> and on to the worker's whole
+// filesystem: CVE-2024-21626's leaked cgroupfs fd), and only cgroup.procs
+// of tpl-<id> and of the prepared cgroup belong to the template's host
+// root (what F's clone3 CLONE_INTO_CGROUP needs, E7), the latter only
+// until G is found there; a cgroup no shell took goes with Close.
+func TestPreparedShellCgroupIsDetached(t *testing.T) {
+	r := newRunner(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	lab := startTemplateLab(t, r, rootfs, templateSource(t))
+	if !lab.v2() {
+		p, err := r.PrepareShell(lab.tpl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		if p.CgroupFile() != nil {
+			t.Error("a cgroup fd on v1")
+		}
+		t.Skip("cgroup v1: nothing is prepared (G is moved, Shell.MoveG)")
+	}
+	tpid, err := lab.tpl.Pid()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := strings.Fields(nsjailtest.ProcStatus(t, tpid, "Uid"))[0] // T's host uid: HostIDBase+1
+	owner := func(file string) string {
+		var st unix.Stat_t
+		if err := unix.Stat(file, &st); err != nil {
+			t.Fatal(err)
+		}
+		return strconv.Itoa(int(st.Uid))
+	}
+	ino := func(fd int, rel string) uint64 {
+		var st unix.Stat_t
+		if err := unix.Fstatat(fd, rel, &st, 0); err != nil {
+			t.Fatal(err)
+		}
+		return st.Ino
+	}
+	tplDir := lab.shellsParent()[0]
+	if got := owner(filepath.Join(tplDir, "cgroup.procs")); got != root {
+		t.Errorf("tpl-<id>/cgroup.procs belongs to %s, want the template root %s", got, root)
+	}
+	p, err := r.PrepareShell(lab.tpl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(tplDir, p.ID())
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	fd := int(p.CgroupFile().Fd())
+	for _, rel := range []string{".", "..", "../../../../../../../../.."} {
+		if got := ino(fd, rel); got != st.Ino {
+			t.Errorf("%q of the shell's cgroup fd is inode %d, want the shell's cgroup itself (%d)", rel, got, st.Ino)
+		}
+	}
+	if got := owner(filepath.Join(dir, "cgroup.procs")); got != root {
+		t.Errorf("the prepared cgroup.procs belongs to %s, want the template root %s", got, root)
+	}
+	for _, f := range []string{"memory.max", "pids.max", "cgroup.subtree_control", "."} {
+		if got := owner(filepath.Join(dir, f)); got != "0" {
+			t.Errorf("%s of the prepared cgroup belongs to %s, want root", f, got)
+		}
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("a prepared cgroup no shell took is still there after Close (%v)", err)
+	}
+
+	// A fork's: given back to root once G is found there.
+	g := lab.fork()
+	defer g.Close()
+	sh, err := r.StartShell(context.Background(), lab.tpl, lab.specFor(g, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}), g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, _ := sh.CgroupPaths().V2()
+	if got := owner(filepath.Join(d, "cgroup.procs")); got != "0" {
+		t.Errorf("the shell's cgroup.procs belongs to %s once G is there, want root", got)
+	}
+	lab.destroyKillsG(t, sh)
+}
+
+// skipMoveOnV2 skips the tests of v1's move of G (Shell.MoveG writing
+// cgroup.procs under a ptrace pin): on cgroup v2 G is born in its shell's
+// cgroup (CLONE_INTO_CGROUP) and MoveG only checks it is there; a G of
+// another shell is refused by StartShell itself (isUnplacedFork: G's
+// cgroup is not the prepared one), as TestShellRefusesAForgedFork's
+// refusals are.
+func skipMoveOnV2(t *testing.T) {
 	t.Helper()
 	if cgroup.DetectMode().V2() {
-		t.Skip("template forks are cgroup v1 only for now (TEMPLATE.md plan step 6)")
+		t.Skip("v1's move of G; on v2 G is forked into its shell's cgroup (TEMPLATE.md section 4)")
 	}
 }

@@ -286,25 +286,30 @@ func Template() *Profile { return TemplateOf(Default()) }
 // the rules' conditions, and every other call of them keeps exec's
 // answer. exec is not changed.
 func TemplateOf(exec *Profile) *Profile {
-	always := map[string]bool{} // allowed by exec on every architecture, whatever the arguments
-	for _, r := range exec.Rules {
-		if r.Action == ActAllow && len(r.Args) == 0 && len(r.Arches) == 0 {
+	// Names a template rule allows whatever the arguments: exec's own
+	// rules for them (clone3's ENOSYS) leave the template profile, which
+	// can hold one answer per unconditional name.
+	replaced := map[string]bool{}
+	for _, r := range templateRules() {
+		if r.Action == ActAllow && len(r.Args) == 0 {
 			for _, n := range r.Names {
-				always[n] = true
+				replaced[n] = true
 			}
 		}
 	}
 	p := &Profile{Default: exec.Default, Arches: slices.Clone(exec.Arches)}
 	for _, r := range exec.Rules {
 		r.Names, r.Args, r.Arches = slices.Clone(r.Names), slices.Clone(r.Args), slices.Clone(r.Arches)
+		if r.Action != ActAllow {
+			r.Names = slices.DeleteFunc(r.Names, func(n string) bool { return replaced[n] })
+			if len(r.Names) == 0 {
+				continue
+			}
+		}
 		p.Rules = append(p.Rules, r)
 	}
 	added := map[string]bool{}
-	for _, r := range templateRules() {
-		r.Names = slices.DeleteFunc(slices.Clone(r.Names), func(n string) bool { return always[n] })
-		if len(r.Names) == 0 {
-			continue
-		}
+	for _, r := range TemplateAdditions(exec) {
 		for _, n := range r.Names {
 			added[n] = true
 		}
@@ -319,17 +324,51 @@ func TemplateOf(exec *Profile) *Profile {
 	return p
 }
 
+// TemplateAdditions are the rules TemplateOf appends to exec's: the
+// template rules, but for names exec allows on every architecture
+// whatever the arguments.
+func TemplateAdditions(exec *Profile) []Rule {
+	always := map[string]bool{} // allowed by exec on every architecture, whatever the arguments
+	for _, r := range exec.Rules {
+		if r.Action == ActAllow && len(r.Args) == 0 && len(r.Arches) == 0 {
+			for _, n := range r.Names {
+				always[n] = true
+			}
+		}
+	}
+	var out []Rule
+	for _, r := range templateRules() {
+		r.Names = slices.DeleteFunc(slices.Clone(r.Names), func(n string) bool { return always[n] })
+		if len(r.Names) > 0 {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // templateRules are what template.py's F and G need, before G's drop, that
 // the execution profile refuses; each reason names the step. T itself
 // needs nothing more than a sandbox's process (it forks, writes each F's
 // id maps and talks over its socket). Not here because the execution
 // profile allows them already: fork (clone without CLONE_NEW*),
 // pidfd_open, prctl (PR_CAPBSET_DROP, PR_CAP_AMBIENT, no_new_privs,
-// dumpable), prlimit64, chdir, sendmsg/recvmsg with fds. Not here yet:
-// clone3 with CLONE_INTO_CGROUP for F on cgroup v2 (TEMPLATE.md plan
-// step 6).
+// dumpable), prlimit64, chdir, sendmsg/recvmsg with fds.
 func templateRules() []Rule {
 	var rules []Rule
+	// clone3: F on cgroup v2. Its flags are in a struct seccomp cannot
+	// read, so it is allowed whole: T, F and G before its drop may make
+	// namespaces of any type with it (in a user namespace of their own, or
+	// in U_F, where F and G are root), which unshare's and clone's flag
+	// checks keep from them otherwise. Template code only: G's execution
+	// filter, loaded over this one, answers clone3 ENOSYS again (ERRNO
+	// outranks ALLOW), so the code never gets it (SECURITY.md case 63).
+	rules = append(rules, Rule{
+		Names: []string{"clone3"}, Action: ActAllow, Group: "process",
+		Reason: "template.py F (_clone_into_cgroup): on cgroup v2 F forks G with clone3(CLONE_NEWPID|CLONE_INTO_CGROUP) straight " +
+			"into the shell's cgroup, which no other call can do (TEMPLATE.md section 4); its flags are a struct seccomp cannot " +
+			"read, so the call is allowed whole, to template code only (G's execution filter answers ENOSYS again)",
+		Ref: refClone3,
+	})
 	// unshare: F, once for each namespace. The mask leaves only those two
 	// bits free, so no other namespace (and no CLONE_FILES etc.) passes.
 	rules = append(rules, Rule{

@@ -19,7 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/cgroup"
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 	"github.com/sandboxd/sandboxd/rootfs"
@@ -74,15 +73,6 @@ var (
 	shDir  string
 	shErr  error
 )
-
-// skipForksOnV2 skips a test of template forks (pool_template_forks) on
-// cgroup v2, where they are not built yet (TEMPLATE.md plan step 6).
-func skipForksOnV2(t testing.TB) {
-	t.Helper()
-	if cgroup.DetectMode().V2() {
-		t.Skip("template forks are cgroup v1 only for now")
-	}
-}
 
 // shellRootfs is the busybox rootfs with /usr/bin/python a shim that runs
 // main.py with /bin/sh (nsjailtest.WritePythonShim). It lets the API's own paths (admission, cancel,

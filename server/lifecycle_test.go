@@ -255,9 +255,6 @@ mkdir -p /workspace/output/artifacts/d; echo s > /workspace/input/secret1`}), "s
 func TestIsolationBetweenWarmRuns(t *testing.T) {
 	for _, forks := range []bool{false, true} {
 		t.Run(map[bool]string{false: "import", true: "forks"}[forks], func(t *testing.T) {
-			if forks {
-				skipForksOnV2(t)
-			}
 			testIsolationBetweenWarmRuns(t, forks)
 		})
 	}

@@ -174,9 +174,6 @@ func TestPythonFailures(t *testing.T) {
 func TestPoolThroughAPI(t *testing.T) {
 	for _, forks := range []bool{false, true} {
 		t.Run(map[bool]string{false: "import", true: "forks"}[forks], func(t *testing.T) {
-			if forks {
-				skipForksOnV2(t)
-			}
 			testPoolThroughAPI(t, forks)
 		})
 	}

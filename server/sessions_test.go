@@ -563,9 +563,6 @@ func TestSessionUploadsAreBounded(t *testing.T) {
 func TestSessionKernelFromTheWarmPool(t *testing.T) {
 	for _, forks := range []bool{false, true} {
 		t.Run(map[bool]string{false: "import", true: "forks"}[forks], func(t *testing.T) {
-			if forks {
-				skipForksOnV2(t)
-			}
 			testSessionKernelFromTheWarmPool(t, forks)
 		})
 	}

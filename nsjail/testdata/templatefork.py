@@ -16,7 +16,10 @@
 #                    template writes MAPS, JSON {"uid_map", "gid_map"};
 #                    with "stop_init": true, G SIGSTOPs the shell's init
 #                    as soon as it exists),
-#                    then a pid namespace PID_F, and forks G, PID_F's pid 1.
+#                    then a pid namespace PID_F, and forks G, PID_F's pid 1;
+#                    with "cgroup": true (cgroup v2) the worker then sends
+#                    "c" with the shell's cgroup fd, and F forks G into it
+#                    with clone3(CLONE_NEWPID|CLONE_INTO_CGROUP) instead.
 #                    G sends the worker a pidfd of itself ("G\n"), gets the
 #                    shell's namespace fds ("join\n"), joins them, says
 #                    "joined\n", reads "MODE HEXPROG\n", drops to what a cold
@@ -162,6 +165,12 @@ def g_main(stop_init):
 
 
 def fork(maps):
+    cgroup_fd = None
+    if maps.get("cgroup"):
+        msg, fds, _, _ = socket.recv_fds(SOCK, 1, 1)
+        if msg != b"c" or len(fds) != 1:
+            raise RuntimeError("want the shell's cgroup fd, got %r with %d fds" % (msg, len(fds)))
+        cgroup_fd = fds[0]
     r, w = os.pipe()
     pid = os.fork()
     if pid:
@@ -172,19 +181,49 @@ def fork(maps):
             f.write(maps["uid_map"])
         with open("/proc/%d/gid_map" % pid, "w") as f:
             f.write(maps["gid_map"])
+        if cgroup_fd is not None:
+            os.close(cgroup_fd)
         os.waitpid(pid, 0)
         SOCK.sendall(b"forked\n")
         return
     # F: runs no request code; it only makes PID_F, forks G and reports.
     try:
-        f_main(r, w, maps)
+        f_main(r, w, maps, cgroup_fd)
     except BaseException:
         import traceback
         traceback.print_exc()
     os._exit(4)
 
 
-def f_main(r, w, maps):
+def clone_into_cgroup(cgroup_fd):
+    # What server/warmpool/template.py's _clone_into_cgroup does (see there).
+    import ctypes
+    import signal
+    fields = ("flags", "pidfd", "child_tid", "parent_tid", "exit_signal", "stack", "stack_size", "tls", "set_tid",
+              "set_tid_size", "cgroup")
+    CloneArgs = type("CloneArgs", (ctypes.Structure,), {"_fields_": [(n, ctypes.c_uint64) for n in fields]})
+    libc = ctypes.CDLL(None, use_errno=True)
+    tid = ctypes.c_void_p()
+    if libc.prctl(40, ctypes.byref(tid), 0, 0, 0) != 0:  # PR_GET_TID_ADDRESS
+        raise OSError(ctypes.get_errno(), "PR_GET_TID_ADDRESS")
+    # CLONE_NEWPID | CLONE_NEWCGROUP | CLONE_INTO_CGROUP | CLONE_CHILD_SETTID | CLONE_CHILD_CLEARTID
+    args = CloneArgs(flags=0x20000000 | 0x02000000 | 0x200000000 | 0x01000000 | 0x00200000, child_tid=tid.value,
+                     exit_signal=signal.SIGCHLD, cgroup=cgroup_fd)
+    api = ctypes.PyDLL(None, use_errno=True)
+    api.syscall.restype = ctypes.c_long
+    api.PyOS_BeforeFork()
+    pid = api.syscall(ctypes.c_long(435), ctypes.byref(args), ctypes.c_size_t(ctypes.sizeof(args)))  # x86_64, aarch64
+    if pid == 0:
+        api.PyOS_AfterFork_Child()
+        return 0
+    err = ctypes.get_errno()
+    api.PyOS_AfterFork_Parent()
+    if pid < 0:
+        raise OSError(err, "clone3")
+    return pid
+
+
+def f_main(r, w, maps, cgroup_fd):
     os.close(r)
     os.unshare(os.CLONE_NEWUSER)
     os.write(w, b"u")
@@ -195,8 +234,13 @@ def f_main(r, w, maps):
                 break
     # A pid namespace can be joined only once it has an init, and only from
     # an ancestor: F makes PID_F, G is its pid 1, the shell joins it.
-    os.unshare(os.CLONE_NEWPID)
-    g = os.fork()
+    if cgroup_fd is None:
+        os.unshare(os.CLONE_NEWPID)
+        g = os.fork()
+    else:
+        g = clone_into_cgroup(cgroup_fd)
+        if g == 0:
+            os.close(cgroup_fd)
     if g == 0:
         try:
             g_main(maps.get("stop_init", False))

@@ -31,6 +31,7 @@ import (
 // shells: *nsjail.Runner.
 type Forker interface {
 	StartTemplate(spec nsjail.Spec, files ...*os.File) (*nsjail.Template, error)
+	PrepareShell(t *nsjail.Template) (*nsjail.PreparedShell, error)
 	StartShell(ctx context.Context, t *nsjail.Template, spec nsjail.Spec, g *os.File) (*nsjail.Shell, error)
 }
 
@@ -226,8 +227,22 @@ func (p *Pool) fork(f Forker, tproc *templateProc, spec nsjail.Spec) (w *warmSan
 	readyR, reportR, goAheadW, stdoutR, stderrR := ends[0][0], ends[1][0], ends[2][1], ends[3][0], ends[4][0]
 	ours = []*os.File{readyR, reportR, goAheadW, stdoutR, stderrR}
 	theirs = []*os.File{ends[0][1], ends[1][1], ends[2][0], ends[3][1], ends[4][1]}
-	// ctlPeer is sent too but kept: runWarm's unread check reads it.
-	sent := append([]*os.File{ctlPeer}, theirs...)
+	// The shell's id, and on cgroup v2 its cgroup, which F forks G into
+	// (TEMPLATE.md section 4): made before the request. Closed whatever
+	// happens: once the shell started, the cgroup is the shell's.
+	prep, err := f.PrepareShell(tproc.tpl)
+	if err != nil {
+		return fail(err)
+	}
+	defer prep.Close()
+	spec.ID = prep.ID()
+	// ctlPeer is sent too but kept: runWarm's unread check reads it. The
+	// channels, the cgroup (v2), the outputs: T2's order.
+	sent := append([]*os.File{ctlPeer}, theirs[:ForkFDs-1]...)
+	if cg := prep.CgroupFile(); cg != nil {
+		sent = append(sent, cg)
+	}
+	sent = append(sent, theirs[ForkFDs-1:]...)
 
 	// Every exchange below ends at the pool's Close, which makes it
 	// errPoolClosed, or at its bound.
@@ -254,7 +269,7 @@ func (p *Pool) fork(f Forker, tproc *templateProc, spec nsjail.Spec) (w *warmSan
 	}
 
 	uidMap, gidMap := tproc.tpl.ForkIDMap()
-	req, err := EncodeForkRequest(ForkRequest{UIDMap: uidMap, GIDMap: gidMap})
+	req, err := EncodeForkRequest(ForkRequest{UIDMap: uidMap, GIDMap: gidMap, Cgroup: prep.CgroupFile() != nil})
 	if err != nil {
 		return fail(err)
 	}

@@ -58,7 +58,7 @@ var kernelsOnForks bool
 // keeps its state, idles frozen in the shell's cgroup, sees its volume,
 // and is signalled by the pidfd of its own process.
 func TestKernelsOnForks(t *testing.T) {
-	skipTemplatesOnV2(t)
+	requireTemplates(t)
 	kernelsOnForks = true
 	defer func() { kernelsOnForks = false }()
 	t.Run("KeepsStateAcrossExecutions", TestKernelKeepsStateAcrossExecutions)

@@ -19,7 +19,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sandboxd/sandboxd/cgroup"
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/server/workspace"
@@ -190,9 +189,6 @@ func New(sandboxer Sandboxer, cfg Config, templates []Template, log *slog.Logger
 		}
 		if _, ok := sandboxer.(Forker); cfg.Forks && !ok {
 			return nil, fmt.Errorf("template forks need a sandboxer that starts templates (%T does not)", sandboxer)
-		}
-		if cfg.Forks && cgroup.DetectMode().V2() {
-			return nil, errors.New("template forks are not built for cgroup v2 yet (TEMPLATE.md plan step 6)")
 		}
 	}
 	p := &Pool{sandboxer: sandboxer, cfg: cfg, log: log, stop: make(chan struct{})}

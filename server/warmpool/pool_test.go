@@ -226,7 +226,7 @@ func TestWarmMatchesCold(t *testing.T) {
 	}{{"plain", 0, false}, {"tmpfs", 256 << 20, false}, {"forks", 256 << 20, true}} {
 		t.Run(mode.name, func(t *testing.T) {
 			if mode.forks {
-				skipTemplatesOnV2(t)
+				requireTemplates(t)
 			}
 			testWarmMatchesCold(t, mode.tmpfsBytes, mode.forks)
 		})
@@ -417,7 +417,7 @@ func BenchmarkWarmPrintTmpfs(b *testing.B) {
 // BenchmarkForkPrintTmpfs is BenchmarkWarmPrintTmpfs with template forks
 // as the warm sandboxes (Config.Forks; TEMPLATE.md M5).
 func BenchmarkForkPrintTmpfs(b *testing.B) {
-	skipTemplatesOnV2(b)
+	requireTemplates(b)
 	benchPool(b, `print(1)`, 2, 64<<20, true)
 }
 
@@ -439,7 +439,7 @@ func BenchmarkWarmReadyCPU(b *testing.B) {
 	for _, forks := range []bool{false, true} {
 		b.Run(map[bool]string{false: "import", true: "fork"}[forks], func(b *testing.B) {
 			if forks {
-				skipTemplatesOnV2(b)
+				requireTemplates(b)
 			}
 			benchReadyCPU(b, forks)
 		})
@@ -513,9 +513,6 @@ func BenchmarkExecCPU(b *testing.B) {
 	for _, w := range []struct{ name, code string }{{"print", `print(1)`}, {"pandas", pandasStep}} {
 		for _, mode := range []string{"cold", "import", "fork"} {
 			b.Run(w.name+"/"+mode, func(b *testing.B) {
-				if mode == "fork" {
-					skipTemplatesOnV2(b)
-				}
 				benchExecCPU(b, w.code, mode)
 			})
 		}
@@ -531,7 +528,7 @@ func benchExecCPU(b *testing.B, code, mode string) {
 	if mode == "cold" {
 		size = 0
 	}
-	cfg := poolConfig(size, b.TempDir(), 64<<20)
+	cfg := poolConfig(b, size, b.TempDir(), 64<<20)
 	cfg.Forks = mode == "fork"
 	pool, err := warmpool.New(r, cfg, []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {
@@ -681,7 +678,7 @@ func benchWorkspace(b *testing.B, r *nsjail.Runner, code string) string {
 // that runs through two rotations succeeds), and Close leaves no template
 // behind (RunAndCheck).
 func TestTemplateRotation(t *testing.T) {
-	skipTemplatesOnV2(t)
+	requireTemplates(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	r := newPoolRunner(t)
 	tpl := poolTemplate(rootfs)

@@ -323,6 +323,10 @@ func readExitReport(r *os.File) <-chan syscall.WaitStatus {
 //      fork's maps, nsjail.Template.ForkIDMap) on TemplateFD with ForkFDs
 //      fds (SCM_RIGHTS): the fork's ControlFD socket, ReadyFD and
 //      ExitReportFD pipes' write ends and the GoAheadFD pipe's read end,
+//      then, with ForkRequest.Cgroup (cgroup v2), ForkCgroupFDs more: the
+//      shell's cgroup (nsjail.PreparedShell.CgroupFile, a detached mount
+//      of its directory), into which F forks G with
+//      clone3(CLONE_NEWPID|CLONE_INTO_CGROUP) instead of unshare and fork,
 //      then optionally ForkOutputFDs more: the execution's stdout and
 //      stderr (else G's are /dev/null; its stdin always is). T checks it
 //      holds no stray fd and no shared mapping, forks F, writes F's maps
@@ -332,7 +336,8 @@ func readExitReport(r *os.File) <-chan syscall.WaitStatus {
 //      pidfd of itself on ControlFD (nsjail.Runner.StartShell takes it,
 //      and refuses anything but a fresh fork of its template: SECURITY.md
 //      case 65).
-//  T4. Join. After StartShell and Shell.MoveG the pool closes its end of
+//  T4. Join. After StartShell and Shell.MoveG (v2: the check that G is in
+//      the shell's cgroup) the pool closes its end of
 //      GoAheadFD (the go-ahead: F may reap G from then on; until then a G
 //      that died stays a zombie) and sends a Join line (EncodeJoin) on
 //      ControlFD with the shell's namespace fds (Shell.NamespaceFiles, in
@@ -359,6 +364,9 @@ const (
 	// ForkFDs is the number of channels a ForkRequest carries, in this
 	// order: ControlFD's, ReadyFD's, ExitReportFD's, GoAheadFD's.
 	ForkFDs = 4
+	// ForkCgroupFDs is the number of cgroup fds a ForkRequest with Cgroup
+	// carries after the channels: the shell's cgroup (v2).
+	ForkCgroupFDs = 1
 	// ForkOutputFDs is the number of output fds a ForkRequest may carry
 	// after them: stdout's and stderr's.
 	ForkOutputFDs = 2
@@ -378,6 +386,9 @@ type ForkRequest struct {
 	// (nsjail.Template.ForkIDMap).
 	UIDMap string `json:"uid_map"`
 	GIDMap string `json:"gid_map"`
+	// Cgroup says the request carries the shell's cgroup after the
+	// channels (ForkCgroupFDs; cgroup v2): F forks G into it.
+	Cgroup bool `json:"cgroup,omitempty"`
 }
 
 // ForkReply is T's answer to a ForkRequest: Forked, or Refused with why.

@@ -75,6 +75,7 @@ func TestTemplateMirrorsProtocol(t *testing.T) {
 		"TEMPLATE_FD":      strconv.Itoa(TemplateFD),
 		"GO_AHEAD_FD":      strconv.Itoa(GoAheadFD),
 		"FORK_FDS":         strconv.Itoa(ForkFDs),
+		"FORK_CGROUP_FDS":  strconv.Itoa(ForkCgroupFDs),
 		"FORK_OUTPUT_FDS":  strconv.Itoa(ForkOutputFDs),
 		"PIDFD_MESSAGE":    pyBytes([]byte(PidfdMessage)...),
 		"SHELL_NAMESPACES": strconv.Quote(strings.Join(nsjail.ShellNamespaces(), " ")),

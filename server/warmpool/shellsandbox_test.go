@@ -41,7 +41,7 @@ func codeWorkspace(t *testing.T, files map[string]string) string {
 func forkPending(t *testing.T, r *nsjail.Runner, lab *tplLab, spec nsjail.Spec) (*tplFork, *nsjail.Pending, <-chan syscall.WaitStatus, cgroup.Paths) {
 	t.Helper()
 	f := lab.fork(true)
-	sh, err := r.StartShell(context.Background(), lab.tpl, spec, f.g)
+	sh, err := r.StartShell(context.Background(), lab.tpl, f.shellSpec(spec), f.g)
 	if err != nil {
 		t.Fatalf("StartShell: %v", err)
 	}
@@ -63,7 +63,7 @@ func runFork(t *testing.T, f *tplFork, p *nsjail.Pending, report <-chan syscall.
 }
 
 func TestShellSandboxResult(t *testing.T) {
-	skipTemplatesOnV2(t)
+	requireTemplates(t)
 	r := newPoolRunner(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	ws := codeWorkspace(t, map[string]string{
@@ -146,7 +146,7 @@ func TestShellSandboxResult(t *testing.T) {
 // G, told nothing, is killed at the grace's end through the shell's
 // cgroup, and the shell is removed.
 func TestShellSandboxRetire(t *testing.T) {
-	skipTemplatesOnV2(t)
+	requireTemplates(t)
 	r := newPoolRunner(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}, Workspace: codeWorkspace(t, nil), WorkspaceReadOnly: true}
@@ -175,13 +175,13 @@ func TestShellSandboxRetire(t *testing.T) {
 // join yet: the template's root, every capability) and passes one that
 // has.
 func TestShellCheckConfined(t *testing.T) {
-	skipTemplatesOnV2(t)
+	requireTemplates(t)
 	r := newPoolRunner(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}, Workspace: codeWorkspace(t, nil), WorkspaceReadOnly: true}
 	lab := startTplLab(t, r, rootfs, nil, "")
 	f := lab.fork(true)
-	sh, err := r.StartShell(context.Background(), lab.tpl, spec, f.g)
+	sh, err := r.StartShell(context.Background(), lab.tpl, f.shellSpec(spec), f.g)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,8 +20,10 @@
 #  T  <- worker, TEMPLATE_FD: a ForkRequest line (the fork's uid_map and
 #        gid_map, as T writes them) with FORK_FDS fds (SCM_RIGHTS): the
 #        fork's control socket, ready pipe, exit-report pipe and go-ahead
-#        pipe (read end), then optionally FORK_OUTPUT_FDS more, the
-#        execution's stdout and stderr.
+#        pipe (read end), then, when the request says "cgroup" (cgroup
+#        v2), FORK_CGROUP_FDS more, the shell's cgroup (a detached mount
+#        of its directory), into which F forks G, then optionally
+#        FORK_OUTPUT_FDS more, the execution's stdout and stderr.
 #  T  -> worker: a ForkReply line, {"forked": true} once F exists and its
 #        maps are written, or {"refused": why}: T then forks nothing.
 #        T closes its copies of the fork's fds either way.
@@ -46,6 +48,7 @@ import types
 TEMPLATE_FD = 3
 GO_AHEAD_FD = 6
 FORK_FDS = 4
+FORK_CGROUP_FDS = 1
 FORK_OUTPUT_FDS = 2
 PIDFD_MESSAGE = b"pidfd\n"
 SHELL_NAMESPACES = "mnt net ipc uts cgroup"
@@ -62,6 +65,13 @@ _SETNS_FLAGS = {
 # Syscalls Python has no wrapper for, by machine.
 _SYS_SECCOMP = {"x86_64": 317, "aarch64": 277}
 _SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}
+_SYS_CLONE3 = {"x86_64": 435, "aarch64": 435}
+_CLONE_CHILD_CLEARTID = 0x00200000
+_CLONE_CHILD_SETTID = 0x01000000
+_CLONE_NEWPID = 0x20000000
+_CLONE_NEWCGROUP = 0x02000000
+_CLONE_INTO_CGROUP = 0x200000000
+_PR_GET_TID_ADDRESS = 40
 _SECCOMP_SET_MODE_FILTER = 1
 _SECCOMP_FILTER_FLAG_TSYNC = 1
 _KEYCTL_JOIN_SESSION_KEYRING = 1
@@ -226,11 +236,12 @@ def _warm_up():
         sys.stderr.write("template: warm-up failed: %r\n" % (exc,))
 
 
-def _why_not_fork(fds):
+def _why_not_fork(fds, cgroup):
     """Why T must not fork now, or None. Checked before every fork, as the
     preload (its threads, a lazy import) may have changed T since the last."""
-    if len(fds) not in (FORK_FDS, FORK_FDS + FORK_OUTPUT_FDS):
-        return "the fork request carried %d fds, want %d or %d" % (len(fds), FORK_FDS, FORK_FDS + FORK_OUTPUT_FDS)
+    base = FORK_FDS + (FORK_CGROUP_FDS if cgroup else 0)
+    if len(fds) not in (base, base + FORK_OUTPUT_FDS):
+        return "the fork request carried %d fds, want %d or %d" % (len(fds), base, base + FORK_OUTPUT_FDS)
     # The fds a fork inherits from T: 0-2 (G replaces them), T's socket and
     # the reserved numbers (F replaces them), the fork's own; besides those,
     # only what zygote._fd_refusal admits (read-only files of the image).
@@ -267,7 +278,8 @@ def _fork(request, fds):
 
     req = json.loads(request)
     maps = {name: req[name] for name in ("uid_map", "gid_map")}
-    why = _why_not_fork(fds)
+    cgroup = req.get("cgroup", False) is True
+    why = _why_not_fork(fds, cgroup)
     if why:
         return why
     # Objects the preload made are never collected: keep the collector from
@@ -286,7 +298,7 @@ def _fork(request, fds):
         if pid == 0:
             try:
                 ours.close()
-                _f(fds, theirs)
+                _f(fds, theirs, cgroup)
             except BaseException as exc:
                 _fail("F", exc)
             os._exit(_FORK_FAILED_EXIT)  # not reached: _f exits
@@ -342,9 +354,10 @@ def _template():
 # --- F ---
 
 
-def _f(fds, t):
+def _f(fds, t, cgroup):
     """F: runs only template code. Takes the fork's channels, makes U_F (T
-    maps it) and PID_F, forks G and relays G's end."""
+    maps it) and PID_F, forks G (on cgroup v2 into the shell's cgroup) and
+    relays G's end."""
     import fcntl
     import signal
 
@@ -358,7 +371,8 @@ def _f(fds, t):
     for src, dst in zip(high, _fork_targets()):
         os.dup2(src, dst)
         os.close(src)
-    outputs = high[FORK_FDS:]  # close-on-exec until G puts them on 1 and 2
+    cgroup_fd = high[FORK_FDS] if cgroup else None  # close-on-exec, never G's
+    outputs = high[FORK_FDS + (FORK_CGROUP_FDS if cgroup else 0):]  # close-on-exec until G puts them on 1 and 2
     # unshare(CLONE_NEWUSER) needs a single-threaded caller; a fork copies
     # only the calling thread, so this holds unless the at-fork handlers of
     # a library started one.
@@ -374,20 +388,86 @@ def _f(fds, t):
     # an ancestor: F makes PID_F (owned by U_F), G is its pid 1, the shell
     # joins it. The code sees and signals nothing above it: not F, not T
     # (SECURITY.md case 69).
-    os.unshare(os.CLONE_NEWPID)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    g = os.fork()
+    if cgroup_fd is None:
+        os.unshare(os.CLONE_NEWPID)
+        g = os.fork()
+    else:
+        g = _clone_into_cgroup(cgroup_fd)
     if g == 0:
         try:
+            if cgroup_fd is not None:
+                os.close(cgroup_fd)  # G holds nothing of the worker's cgroupfs
             _g(outputs)
         except BaseException as exc:
             _fail("G", exc)
         os._exit(_FORK_FAILED_EXIT)  # not reached: _g exits
+    if cgroup_fd is not None:
+        os.close(cgroup_fd)
     # F keeps only the exit report and the go-ahead: the code's channels
     # and output are G's, and end with it.
     for fd in (zygote.CONTROL_FD, zygote.READY_FD, *outputs):
         os.close(fd)
     _relay(g)
+
+
+# struct clone_args (linux/sched.h, CLONE_ARGS_SIZE_VER2), a ctypes
+# Structure made at the first clone3 (ctypes is imported lazily).
+_clone_args = None
+
+
+def _clone_into_cgroup(cgroup_fd):
+    """os.fork() for cgroup v2 (TEMPLATE.md section 4): clone3 with
+    CLONE_NEWPID | CLONE_INTO_CGROUP makes G pid 1 of a new pid namespace
+    PID_F (owned by U_F) and puts it straight into the shell's cgroup, so
+    that nothing of G ever runs, or is charged, outside it and no process
+    is ever moved; CLONE_NEWCGROUP gives it a cgroup namespace rooted at
+    that cgroup (the kernel roots it at the target of CLONE_INTO_CGROUP),
+    which G keeps: its /proc/self/cgroup reads "0::/" as a cold process's
+    does (the worker sends it back as the shell's cgroup namespace).
+    Python has no clone3: it is called through ctypes, with the GIL held
+    (a PyDLL), bracketed as os.fork brackets fork():
+    PyOS_BeforeFork (the import lock, os.register_at_fork's before
+    hooks), then PyOS_AfterFork_Child (CPython's thread state, random's
+    reseed and the other after-fork hooks) or PyOS_AfterFork_Parent.
+    glibc's fork() does more, which a raw clone3 skips: its at-fork
+    handlers (pthread_atfork's, malloc's and stdio's locks) and the cached
+    thread id. The handlers protect against locks another thread holds at
+    the fork; F has exactly one thread (checked before its unshare) and the
+    handlers already ran when T forked F. The cached tid (glibc's recursive
+    locks, dlopen's among them, name their owner by it) is what glibc's
+    fork sets with CLONE_CHILD_SETTID | CLONE_CHILD_CLEARTID at the
+    thread's own tid field: the same here, its address read from the
+    kernel (PR_GET_TID_ADDRESS: glibc registers that very field with
+    set_tid_address)."""
+    import ctypes
+    import signal
+
+    global _clone_args
+    if _clone_args is None:
+        _clone_args = type("CloneArgs", (ctypes.Structure,), {"_fields_": [
+            (name, ctypes.c_uint64) for name in ("flags", "pidfd", "child_tid", "parent_tid", "exit_signal", "stack",
+                                                 "stack_size", "tls", "set_tid", "set_tid_size", "cgroup")]})
+    libc = _libc
+    tid_address = ctypes.c_void_p()
+    _check(libc.prctl(_PR_GET_TID_ADDRESS, ctypes.byref(tid_address), 0, 0, 0) == 0, "prctl(PR_GET_TID_ADDRESS)")
+    if not tid_address.value:
+        raise RuntimeError("no thread id address registered with the kernel")
+    flags = _CLONE_NEWPID | _CLONE_NEWCGROUP | _CLONE_INTO_CGROUP | _CLONE_CHILD_SETTID | _CLONE_CHILD_CLEARTID
+    args = _clone_args(flags=flags, child_tid=tid_address.value, exit_signal=signal.SIGCHLD, cgroup=cgroup_fd)
+    api = ctypes.PyDLL(None, use_errno=True)  # the GIL stays held, as os.fork holds it
+    api.syscall.restype = ctypes.c_long
+    nr = _syscall(_SYS_CLONE3)
+    api.PyOS_BeforeFork()
+    pid = api.syscall(ctypes.c_long(nr), ctypes.byref(args), ctypes.c_size_t(ctypes.sizeof(args)))
+    if pid == 0:
+        api.PyOS_AfterFork_Child()
+        return 0
+    err = ctypes.get_errno()
+    api.PyOS_AfterFork_Parent()
+    if pid < 0:
+        raise OSError(err, "clone3(CLONE_NEWPID|CLONE_NEWCGROUP|CLONE_INTO_CGROUP): %s" % os.strerror(err))
+    return pid
 
 
 def _relay(g):

@@ -19,7 +19,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/cgroup"
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 	"github.com/sandboxd/sandboxd/server/config"
@@ -174,6 +173,15 @@ type tplFork struct {
 	stdout  *os.File // nil: no output fds were sent
 	stderr  *os.File
 	g       *os.File // G's pidfd
+	// prep is the shell's id and, on cgroup v2, its cgroup, which F forks
+	// G into: StartShell's spec must carry its ID (shellSpec).
+	prep *nsjail.PreparedShell
+}
+
+// shellSpec is spec for f's shell: with the prepared shell's ID.
+func (f *tplFork) shellSpec(spec nsjail.Spec) nsjail.Spec {
+	spec.ID = f.prep.ID()
+	return spec
 }
 
 // request sends a fork request with the fork's channels (and output fds
@@ -207,6 +215,15 @@ func (l *tplLab) requestOnly(output bool) (*tplFork, warmpool.ForkReply) {
 	f.report, reportW = pipe(t)
 	goR, f.goAhead = pipe(t)
 	files := []*os.File{ctlSandbox, readyW, reportW, goR}
+	prep, err := l.r.PrepareShell(l.tpl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.prep = prep
+	t.Cleanup(func() { prep.Close() })
+	if cg := prep.CgroupFile(); cg != nil {
+		files = append(files, cg)
+	}
 	if output {
 		f.stdout, outW = pipe(t)
 		f.stderr, errW = pipe(t)
@@ -220,13 +237,15 @@ func (l *tplLab) requestOnly(output bool) (*tplFork, warmpool.ForkReply) {
 		}
 	})
 	uidMap, gidMap := l.tpl.ForkIDMap()
-	line, err := warmpool.EncodeForkRequest(warmpool.ForkRequest{UIDMap: uidMap, GIDMap: gidMap})
+	line, err := warmpool.EncodeForkRequest(warmpool.ForkRequest{UIDMap: uidMap, GIDMap: gidMap, Cgroup: prep.CgroupFile() != nil})
 	if err != nil {
 		t.Fatal(err)
 	}
 	sendLine(t, l.ctl, line, files...)
 	for _, x := range files {
-		x.Close() // the sandbox's ends: T and the fork hold them now
+		if x != prep.CgroupFile() {
+			x.Close() // the sandbox's ends: T and the fork hold them now
+		}
 	}
 	msg, _ := recvLine(t, l.ctl)
 	reply, err := warmpool.DecodeForkReply([]byte(msg))
@@ -306,7 +325,7 @@ func (l *tplLab) forkAndRun(r *nsjail.Runner, spec nsjail.Spec, path, who string
 	t := l.t
 	t.Helper()
 	f := l.fork(true)
-	sh, err := r.StartShell(context.Background(), l.tpl, spec, f.g)
+	sh, err := r.StartShell(context.Background(), l.tpl, f.shellSpec(spec), f.g)
 	if err != nil {
 		t.Fatalf("%s: StartShell: %v", who, err)
 	}
@@ -464,7 +483,7 @@ func compareViews(t *testing.T, who string, cold, fork map[string]any) {
 // multiprocessing authkey values (reseeded: E1 found numpy's and the
 // authkey equal in every fork without it); F reports G's exit and ends.
 func TestTemplateForkMatchesCold(t *testing.T) {
-	skipTemplatesOnV2(t)
+	requireTemplates(t)
 	r := newPoolRunner(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	ws := viewWorkspace(t)
@@ -549,7 +568,7 @@ const seedProbePath = "/workspace/seedprobe.py"
 // forks must share the str hash secret and layout, which only forks of
 // one template do.
 func TestTemplateForkSecretsDiffer(t *testing.T) {
-	skipTemplatesOnV2(t)
+	requireTemplates(t)
 	r := newPoolRunner(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	ws := testdataWorkspace(t, map[string]string{"seedprobe.py": "/workspace/seedprobe.py"})
@@ -631,7 +650,7 @@ func TestTemplateForkSecretsDiffer(t *testing.T) {
 // profile allows it, so the shells' program does too, and its template
 // profile is the template profile over it.
 func TestTemplateForkKeyring(t *testing.T) {
-	skipTemplatesOnV2(t)
+	requireTemplates(t)
 	r := nsjailtest.NewRunner(t, nsjail.Options{StateRoot: nsjailtest.StateRoot, CgroupParent: nsjailtest.CgroupParent,
 		Seccomp: nsjailtest.KeyctlProfile(t), TemplateSeccomp: nsjailtest.KeyctlTemplateProfile(t), Logger: poolQuietLog})
 	rootfs := nsjailtest.RuntimeRootfs(t)
@@ -644,7 +663,7 @@ func TestTemplateForkKeyring(t *testing.T) {
 	serials := map[float64]bool{cold["keyring_serial"].(float64): true}
 	for i := range 2 {
 		f := lab.fork(true)
-		sh, err := r.StartShell(context.Background(), lab.tpl, tplShellSpec(rootfs, ws, nsjail.Limits{}), f.g)
+		sh, err := r.StartShell(context.Background(), lab.tpl, f.shellSpec(tplShellSpec(rootfs, ws, nsjail.Limits{})), f.g)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -674,7 +693,7 @@ func TestTemplateForkKeyring(t *testing.T) {
 // F with more than one thread (a library's at-fork handler started one)
 // gives up before its unshare, and T refuses.
 func TestTemplateRefusesToFork(t *testing.T) {
-	skipTemplatesOnV2(t)
+	requireTemplates(t)
 	r := newPoolRunner(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	for _, c := range []struct{ name, prelude, want, log string }{
@@ -722,7 +741,7 @@ func TestTemplateRefusesToFork(t *testing.T) {
 // names what was refused; the fd is never closed behind its library's
 // back, the mapping never left to the code.
 func TestTemplateGRefusesWhatAtForkHandlersMade(t *testing.T) {
-	skipTemplatesOnV2(t)
+	requireTemplates(t)
 	r := newPoolRunner(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	for _, c := range []struct{ name, prelude, log string }{
@@ -760,7 +779,7 @@ func TestTemplateGRefusesWhatAtForkHandlersMade(t *testing.T) {
 // the shell's root mount, not held through T's mount namespace; closing
 // its control socket retires it (exit 0).
 func TestTemplateFReapsGOnlyAfterGoAhead(t *testing.T) {
-	skipTemplatesOnV2(t)
+	requireTemplates(t)
 	r := newPoolRunner(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	lab := startTplLab(t, r, rootfs, nil, "")
@@ -799,7 +818,7 @@ func TestTemplateFReapsGOnlyAfterGoAhead(t *testing.T) {
 
 	// A fork without output fds, placed: fds 0-2 are /dev/null.
 	f = lab.fork(false)
-	sh, err := r.StartShell(context.Background(), lab.tpl, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}, f.g)
+	sh, err := r.StartShell(context.Background(), lab.tpl, f.shellSpec(nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}), f.g)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -859,12 +878,11 @@ func TestTemplateFReapsGOnlyAfterGoAhead(t *testing.T) {
 	}
 }
 
-func skipTemplatesOnV2(t testing.TB) {
+// requireTemplates skips without root (template forks run on cgroup v1
+// and v2 alike).
+func requireTemplates(t testing.TB) {
 	t.Helper()
 	nsjailtest.RequireRoot(t)
-	if cgroup.DetectMode().V2() {
-		t.Skip("template forks are cgroup v1 only for now (TEMPLATE.md plan step 6)")
-	}
 }
 
 // TestTemplateForkServesAKernel: a fork handed off with Kernel set is a
@@ -873,7 +891,7 @@ func skipTemplatesOnV2(t testing.TB) {
 // and pid 1, keeps its namespace for the next cell, and exits 0 at EOF.
 // T's user namespace is still U_T after its forks (T never unshares one).
 func TestTemplateForkServesAKernel(t *testing.T) {
-	skipTemplatesOnV2(t)
+	requireTemplates(t)
 	r := newPoolRunner(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	lab := startTplLab(t, r, rootfs, nil, "")
@@ -890,7 +908,7 @@ func TestTemplateForkServesAKernel(t *testing.T) {
 	}
 	before := userNS()
 	f := lab.fork(false)
-	sh, err := r.StartShell(context.Background(), lab.tpl, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}, f.g)
+	sh, err := r.StartShell(context.Background(), lab.tpl, f.shellSpec(nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}), f.g)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -974,7 +992,7 @@ type forkProbe struct {
 // signals nothing else among pids 1-32768 (69), and holds no fd but 0-2,
 // the hand-off's channels and read-only image files (68).
 func TestTemplateForkIsConfined(t *testing.T) {
-	skipTemplatesOnV2(t)
+	requireTemplates(t)
 	r := newPoolRunner(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	ws := viewWorkspace(t)
@@ -988,7 +1006,7 @@ func TestTemplateForkIsConfined(t *testing.T) {
 		t.Fatalf("T's control socket: %q, %v", tplSocket, err)
 	}
 	f := lab.fork(true)
-	sh, err := r.StartShell(context.Background(), lab.tpl, tplShellSpec(rootfs, ws, nsjail.Limits{}), f.g)
+	sh, err := r.StartShell(context.Background(), lab.tpl, f.shellSpec(tplShellSpec(rootfs, ws, nsjail.Limits{})), f.g)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1174,14 +1192,14 @@ func pidNamespaceMembers(t *testing.T, pid int) []int {
 // fork alive. Run with a fixed count, e.g. -benchtime 20x: the forks stay
 // alive together until the end.
 func BenchmarkTemplateForkMemory(b *testing.B) {
-	skipTemplatesOnV2(b)
+	requireTemplates(b)
 	r := newPoolRunner(b)
 	rootfs := nsjailtest.RuntimeRootfs(b)
 	lab := startTplLab(b, r, rootfs, config.DefaultPreload, "")
 	var gs []int
 	for range b.N {
 		f := lab.fork(false)
-		sh, err := r.StartShell(context.Background(), lab.tpl, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}, f.g)
+		sh, err := r.StartShell(context.Background(), lab.tpl, f.shellSpec(nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}}), f.g)
 		if err != nil {
 			b.Fatal(err)
 		}

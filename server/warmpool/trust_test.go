@@ -643,7 +643,6 @@ var trustOnForks bool
 // cannot be forged, only fds 0-2 are open) and 34 (a fork whose G or F
 // died is never handed an execution).
 func TestTrustOnForks(t *testing.T) {
-	skipTemplatesOnV2(t)
 	trustOnForks = true
 	defer func() { trustOnForks = false }()
 	t.Run("WarmExitReportCannotBeForged", TestWarmExitReportCannotBeForged)

@@ -45,6 +45,12 @@ func TestMain(m *testing.M) {
 		spin()
 	case "watch":
 		watch(os.Args[1:])
+	case "tplchain":
+		cloneIntoChain()
+	case "tplf":
+		cloneIntoF()
+	case "tplg":
+		cloneIntoG()
 	default:
 		fmt.Fprintf(os.Stderr, "unknown %s=%q\n", childRoleEnv, os.Getenv(childRoleEnv))
 		os.Exit(2)

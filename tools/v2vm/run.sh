@@ -9,32 +9,44 @@
 # leaked), 124 if the VM did not finish within V2VM_TIMEOUT, 2 on setup errors.
 #
 # Knobs (environment):
-#   V2VM_TIMEOUT  seconds the whole VM run may take (default 600)
+#   V2VM_TIMEOUT  seconds the whole VM run may take (default 600, 2400 with the runtime
+#                 image: its entries take ~10 min under TCG)
 #   V2VM_ACCEL    auto (probe KVM, fall back to TCG), kvm or tcg (default auto)
-#   V2VM_MEM      guest memory in MiB (default 2048)
+#   V2VM_MEM      guest memory in MiB (default 2048, 4096 with the runtime image: the
+#                 conformance suite's 2 GiB allocation must meet the cgroup's limit, not
+#                 the guest's overcommit heuristic)
 #   V2VM_SMP      guest CPUs (default 2)
 #   V2VM_KERNEL   kernel package name (default: what linux-image-amd64 depends on)
 #   V2VM_OUT      work and cache directory (default build/v2vm)
+#   V2VM_ONLY     run only the plan entries named here (space-separated; default all)
+#   V2VM_RUNTIME_ROOTFS  the python-runtime rootfs for the *-rt entries (default:
+#                 $SANDBOXD_RUNTIME_ROOTFS, else build/runtime-rootfs.path's); none: they are left out
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 OUT=${V2VM_OUT:-build/v2vm}
-TIMEOUT=${V2VM_TIMEOUT:-600}
+TIMEOUT=${V2VM_TIMEOUT:-}
 ACCEL=${V2VM_ACCEL:-auto}
-MEM=${V2VM_MEM:-2048}
+MEM=${V2VM_MEM:-}
 SMP=${V2VM_SMP:-2}
 GO=${GO:-go}
 
 # What runs in the VM, in order: name, package, flags of its test binary.
 # Benchmarks get their own entry: go test runs none after a failed test, and
-# the numbers are wanted anyway. Tests needing the python-runtime image skip
-# (it is not in the VM).
+# the numbers are wanted anyway. Entries named *-rt get the python-runtime
+# image (a read-only ext4 disk, /runtime in the VM, as
+# SANDBOXD_RUNTIME_ROOTFS): the template forks' tests; the others run without
+# it, and their tests that need it skip.
 #   TestOutputFloodIsCapped pushes 1 GB through a pipe: over 60 s under TCG,
 #   and nothing in it depends on the cgroup version.
 PLAN=(
 	"v2vm ./tools/v2vm -test.v -test.count=1 -test.timeout=3m"
 	"cgroup ./cgroup -test.v -test.count=1 -test.timeout=4m"
 	"nsjail ./nsjail -test.v -test.count=1 -test.timeout=5m -test.skip=^TestOutputFloodIsCapped$"
+	"nsjail-rt ./nsjail -test.v -test.count=1 -test.timeout=10m -test.run=^(TestTemplate|TestShell|TestPreparedShell|TestSweepAfterTemplateWorkerCrash)"
+	"warmpool-rt ./server/warmpool -test.v -test.count=1 -test.timeout=15m -test.run=^(TestTemplate|TestShell)"
+	"warmpool-forks-rt ./server/warmpool -test.v -test.count=1 -test.timeout=15m -test.run=^(TestWarmMatchesCold|TestKernelsOnForks)$/^(forks|[A-Z].*)$"
+	"server-forks-rt ./server -test.v -test.count=1 -test.timeout=10m -test.run=^(TestPoolThroughAPI|TestSessionKernelFromTheWarmPool)$/^forks$"
 	"v2vm-bench ./tools/v2vm -test.run=^$ -test.bench=ForkExecTrue -test.benchtime=200x"
 	"nsjail-bench ./nsjail -test.run=^$ -test.bench=ExecTrue -test.benchtime=50x"
 )
@@ -46,6 +58,10 @@ BUILTIN=(CGROUPS MEMCG CGROUP_PIDS CGROUP_SCHED CFS_BANDWIDTH CPUSETS CGROUP_DEV
 # Features that may be modules (module:CONFIG option): when the option is =m,
 # the .ko files (with dependencies) go into the initramfs, insmod'ed by init2.
 MODULES=(overlay:OVERLAY_FS)
+# With the runtime image: its disk (virtio-blk) and filesystem.
+# (ext4 on 6.1 loads crc32c whatever the features: "Cannot load crc32c driver".)
+# loop: session volumes (server/volume), loop-mounted ext4 images.
+RT_MODULES=(virtio_pci:VIRTIO_PCI virtio_blk:VIRTIO_BLK crc32c_generic:CRYPTO_CRC32C ext4:EXT4_FS loop:BLK_DEV_LOOP)
 
 die() { echo "v2vm: $*" >&2; exit 2; }
 # is_static FILE: no ELF interpreter. (Not `readelf | grep -q`: with pipefail
@@ -133,6 +149,43 @@ add_module() {
 	mv "$dst" "$ROOT/lib/modules/$(printf '%02d' $n)-$mod.ko"
 	n=$((n + 1))
 }
+# --- the python-runtime image, for the *-rt entries ------------------------------
+RT_ROOTFS=${V2VM_RUNTIME_ROOTFS:-${SANDBOXD_RUNTIME_ROOTFS:-}}
+if [ -z "$RT_ROOTFS" ] && [ -f build/runtime-rootfs.path ]; then RT_ROOTFS=$(cat build/runtime-rootfs.path); fi
+RT_IMG=
+if [ -n "$RT_ROOTFS" ] && [ "$RT_ROOTFS" != none ] && [ -d "$RT_ROOTFS" ]; then
+	# One ext4 image per rootfs (its path names the image digest), cached.
+	# No metadata_csum: the kernel's crc32c may be a module.
+	RT_IMG=$OUT/runtime/$(printf '%s' "$RT_ROOTFS" | sha256sum | cut -c1-16).ext4
+	if [ ! -f "$RT_IMG" ]; then
+		mkdir -p "$OUT/runtime"
+		rm -f "$OUT"/runtime/*.ext4
+		mb=$(du -sm "$RT_ROOTFS" | cut -f1)
+		log "making the runtime image's disk from $RT_ROOTFS (${mb} MiB)"
+		truncate -s $((mb * 5 / 4 + 256))M "$RT_IMG.tmp"
+		mkfs.ext4 -q -F -L runtime -O ^metadata_csum,^has_journal -E root_owner=0:0 -d "$RT_ROOTFS" "$RT_IMG.tmp" ||
+			{ rm -f "$RT_IMG.tmp"; die "mkfs.ext4 of the runtime image failed"; }
+		mv "$RT_IMG.tmp" "$RT_IMG"
+	fi
+	MODULES+=("${RT_MODULES[@]}")
+	# Session volumes (server/volume) run mkfs.ext4 and e2fsck: dynamically
+	# linked, so they go in with the libraries ldd names (the test binaries
+	# and busybox stay static).
+	for tool in mkfs.ext4 e2fsck; do
+		bin=$(command -v "$tool") || die "$tool not found (e2fsprogs)"
+		cp -L "$bin" "$ROOT/bin/$tool"
+		for lib in $(ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'); do
+			mkdir -p "$ROOT$(dirname "$lib")"
+			cp -L "$lib" "$ROOT$lib"
+		done
+	done
+	MEM=${MEM:-4096}
+	TIMEOUT=${TIMEOUT:-2400}
+else
+	log "no python-runtime rootfs (V2VM_RUNTIME_ROOTFS, SANDBOXD_RUNTIME_ROOTFS, build/runtime-rootfs.path): the *-rt entries are left out"
+fi
+MEM=${MEM:-2048}
+TIMEOUT=${TIMEOUT:-600}
 for entry in "${MODULES[@]}"; do
 	mod=${entry%%:*} opt=${entry#*:}
 	grep -q "^CONFIG_$opt=y" "$KCONFIG" || add_module "$mod"
@@ -142,29 +195,42 @@ done
 # nsenter) is linked statically; osusergo/netgo keep glibc's NSS out of it.
 PLANFILE=$ROOT/tests/plan
 : >"$PLANFILE"
+# build_tests PKG: the static test binary of PKG in $ROOT/tests/<base>/.
+build_tests() {
+	local pkg=$1 bin
+	bin=$(basename "$pkg")
+	[ -e "$ROOT/tests/$bin/$bin.test" ] && return
+	mkdir -p "$ROOT/tests/$bin"
+	log "building $pkg test binary (static)"
+	CGO_ENABLED=1 "$GO" test -c -tags 'seccomp osusergo netgo' \
+		-ldflags '-linkmode external -extldflags -static' \
+		-o "$ROOT/tests/$bin/$bin.test" "$pkg" 2> >(grep -v 'statically linked applications requires at runtime' >&2) ||
+		die "building $pkg test binary failed"
+	is_static "$ROOT/tests/$bin/$bin.test" || die "$pkg test binary is not static"
+	# Tests run in /tests/<bin>, as go test runs them in the package
+	# directory: ./testdata and the repository's ../testdata/<bin> resolve.
+	if [ -d "$pkg/testdata" ]; then cp -a "$pkg/testdata" "$ROOT/tests/$bin/"; fi
+	if [ -d "testdata/$bin" ]; then
+		mkdir -p "$ROOT/tests/testdata"
+		cp -a "testdata/$bin" "$ROOT/tests/testdata/"
+	fi
+}
+# The v2vm binary is also init2's cgroup escape watcher: always there.
+build_tests ./tools/v2vm
 for entry in "${PLAN[@]}"; do
 	read -r name pkg flags <<<"$entry"
+	if [ -n "${V2VM_ONLY:-}" ] && [[ " $V2VM_ONLY " != *" $name "* ]]; then
+		continue
+	fi
+	if [[ $name == *-rt ]] && [ -z "$RT_IMG" ]; then
+		continue
+	fi
 	if [ ! -d "$pkg" ] || [ -z "$(ls "$pkg"/*_test.go 2>/dev/null)" ]; then
 		log "WARNING: $pkg has no tests yet: $name not run in the VM"
 		continue
 	fi
 	bin=$(basename "$pkg")
-	if [ ! -e "$ROOT/tests/$bin/$bin.test" ]; then
-		mkdir -p "$ROOT/tests/$bin"
-		log "building $pkg test binary (static)"
-		CGO_ENABLED=1 "$GO" test -c -tags 'seccomp osusergo netgo' \
-			-ldflags '-linkmode external -extldflags -static' \
-			-o "$ROOT/tests/$bin/$bin.test" "$pkg" 2> >(grep -v 'statically linked applications requires at runtime' >&2) ||
-			die "building $pkg test binary failed"
-		is_static "$ROOT/tests/$bin/$bin.test" || die "$pkg test binary is not static"
-		# Tests run in /tests/<bin>, as go test runs them in the package
-		# directory: ./testdata and the repository's ../testdata/<bin> resolve.
-		if [ -d "$pkg/testdata" ]; then cp -a "$pkg/testdata" "$ROOT/tests/$bin/"; fi
-		if [ -d "testdata/$bin" ]; then
-			mkdir -p "$ROOT/tests/testdata"
-			cp -a "testdata/$bin" "$ROOT/tests/testdata/"
-		fi
-	fi
+	build_tests "$pkg"
 	echo "$name $bin $flags" >>"$PLANFILE"
 done
 [ -s "$PLANFILE" ] || die "nothing to run"
@@ -198,7 +264,10 @@ trap 'cleanup; exit 130' INT TERM
 # it (only the qemu started here, by PID) after TIMEOUT seconds. Returns 124
 # on timeout, else qemu's status.
 run_qemu() {
-	local accel=$1 cpu=$2 limit=$3 results=$4 console=$5 extra=$6 deadline
+	local accel=$1 cpu=$2 limit=$3 results=$4 console=$5 extra=$6 deadline disk=()
+	if [ -n "$RT_IMG" ]; then
+		disk=(-drive "file=$RT_IMG,format=raw,if=virtio,readonly=on")
+	fi
 	local con=(-chardev stdio,id=con,signal=off) err=/dev/stderr
 	if [ "$console" != - ]; then
 		con=(-chardev "file,id=con,path=$console") err=$console
@@ -207,7 +276,7 @@ run_qemu() {
 	qemu-system-x86_64 -nodefaults -no-reboot -display none -monitor none -nic none \
 		-accel "$accel" -cpu "$cpu" -smp "$SMP" -m "$MEM" \
 		-kernel "$VMLINUZ" -initrd "$INITRD" -append "$CMDLINE $extra" \
-		"${con[@]}" -serial chardev:con -serial "file:$results" </dev/null 2>>"$err" &
+		"${con[@]}" -serial chardev:con -serial "file:$results" "${disk[@]}" </dev/null 2>>"$err" &
 	QPID=$!
 	deadline=$((SECONDS + limit))
 	while kill -0 "$QPID" 2>/dev/null; do

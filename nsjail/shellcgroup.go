@@ -1,0 +1,175 @@
+package nsjail
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/cgroup"
+	"golang.org/x/sys/unix"
+)
+
+// PreparedShell is a shell's id and, on cgroup v2, its cgroup, made before
+// the template forks G (TEMPLATE.md section 4): there F forks G straight
+// into it with clone3(CLONE_NEWPID|CLONE_INTO_CGROUP), so G never runs
+// outside it and nothing is ever migrated (v2 forbids a move between the
+// template's leaf and the shell's cgroup, siblings, by the machine rule:
+// a process never leaves the cgroup it started in). On v1 nothing is made
+// (G is moved into a child of the template's cgroup, Shell.MoveG).
+//
+// Use: PrepareShell, send CgroupFile (when not nil) with the fork request,
+// StartShell with the Spec's ID set to ID, then Close whatever happened:
+// after a successful StartShell the cgroup is the shell's (its Destroy
+// removes it), otherwise Close kills what it holds (forks of the template
+// only) and removes it.
+type PreparedShell struct {
+	t  *Template
+	id string
+	// dir is the cgroup's absolute directory (tpl-<id>/sbx-<id>); "" on v1.
+	dir string
+	// fd is an O_PATH fd of a detached bind mount of dir (open_tree
+	// OPEN_TREE_CLONE): see CgroupFile.
+	fd *os.File
+
+	mu     sync.Mutex
+	taken  bool // by a shell (StartShell)
+	closed bool
+}
+
+// PrepareShell makes the id of t's next shell and, on cgroup v2, its
+// cgroup tpl-<id>/<shell id>: an empty child of tpl-<id> (every controller
+// enabled there, the shell's limits set by libcontainer when StartShell
+// creates the shell, which finds the directory), whose cgroup.procs belongs
+// to the template's host root (HostIDBase+1), as tpl-<id>'s does: F, whose
+// host credentials those are, may then clone G into it (the kernel checks
+// write access to cgroup.procs of the destination and of the common
+// ancestor, tpl-<id>: experiment E7). StartShell gives it back to root
+// once G is there.
+func (r *Runner) PrepareShell(t *Template) (*PreparedShell, error) {
+	p := &PreparedShell{t: t, id: newID()}
+	if t.dirV2 == "" {
+		return p, nil
+	}
+	dir := filepath.Join(t.dirV2, p.id)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("unable to create the shell's cgroup: %w", err)
+	}
+	p.dir = dir
+	fail := func(err error) (*PreparedShell, error) {
+		p.Close()
+		return nil, err
+	}
+	if err := os.Chown(filepath.Join(dir, "cgroup.procs"), r.opts.HostIDBase+1, r.opts.HostIDBase+1); err != nil {
+		return fail(fmt.Errorf("unable to hand the shell's cgroup.procs to the template: %w", err))
+	}
+	// A detached bind mount of the directory, not the directory itself:
+	// the fd goes to the template (and to F), and a plain fd of a
+	// directory of the worker's cgroupfs would let its holder walk ".."
+	// out of the cgroup tree into the worker's own mount namespace, the
+	// host's filesystem (runc's CVE-2024-21626, a leaked /sys/fs/cgroup fd
+	// turned into a container escape; E7: ".." of a plain fd is tpl-<id>).
+	// The root of a detached mount has no parent: ".." stays on it
+	// (SECURITY.md case 70). clone3 takes an O_PATH fd of the directory.
+	fd, err := unix.OpenTree(unix.AT_FDCWD, dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return fail(fmt.Errorf("unable to make a detached mount of the shell's cgroup: %w", err))
+	}
+	p.fd = os.NewFile(uintptr(fd), "cgroup-"+p.id)
+	t.preparedMu.Lock()
+	if t.prepared == nil {
+		t.prepared = map[string]*PreparedShell{}
+	}
+	t.prepared[p.id] = p
+	t.preparedMu.Unlock()
+	return p, nil
+}
+
+// ID is the shell's id: StartShell's Spec.ID.
+func (p *PreparedShell) ID() string { return p.id }
+
+// CgroupFile is what the template's F forks G into (cgroup v2): an O_PATH
+// fd of a detached bind mount of the shell's cgroup directory, nil on v1.
+// It is the PreparedShell's until Close.
+func (p *PreparedShell) CgroupFile() *os.File { return p.fd }
+
+// Close closes the cgroup's fd and, unless a shell took the cgroup,
+// kills what it holds and removes it. Idempotent.
+func (p *PreparedShell) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	if p.fd != nil {
+		p.fd.Close()
+	}
+	if p.dir == "" {
+		return nil
+	}
+	p.t.preparedMu.Lock()
+	delete(p.t.prepared, p.id)
+	p.t.preparedMu.Unlock()
+	if p.taken {
+		return nil
+	}
+	// What is in it was forked into it by the template's F, or moved into
+	// it by a process of tpl-<id> (the kernel's common-ancestor check):
+	// the template's processes, none of the host's.
+	var errs []error
+	if _, err := os.Stat(p.dir); err == nil {
+		if err := cgroup.KillAll(cgroup.Paths{"": p.dir}); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := removeCgroupDir(p.dir); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// takePrepared marks id's prepared cgroup as the shell's: it reports
+// whether PrepareShell made it for t and no shell took it yet.
+func (t *Template) takePrepared(id string) (*PreparedShell, bool) {
+	t.preparedMu.Lock()
+	p := t.prepared[id]
+	t.preparedMu.Unlock()
+	if p == nil {
+		return nil, false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.taken || p.closed {
+		return nil, false
+	}
+	p.taken = true
+	return p, true
+}
+
+// release undoes takePrepared (the shell's start failed before anything
+// owned the cgroup).
+func (p *PreparedShell) release() {
+	p.mu.Lock()
+	p.taken = false
+	p.mu.Unlock()
+}
+
+// removeCgroupDir removes an empty cgroup directory; a cgroup whose last
+// process just exited may stay busy for a moment (EBUSY). Gone already is
+// not an error.
+func removeCgroupDir(dir string) error {
+	deadline := time.Now().Add(2 * time.Second)
+	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
+		err := unix.Rmdir(dir)
+		if err == nil || errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			return fmt.Errorf("rmdir %s: %w", dir, err)
+		}
+		time.Sleep(wait)
+	}
+}
