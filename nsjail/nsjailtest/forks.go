@@ -5,8 +5,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
-
-	"github.com/sandboxd/sandboxd/cgroup"
 )
 
 // TemplateForksEnv is the worker's own variable for pool_template_forks
@@ -31,10 +29,6 @@ func TemplateForks(t testing.TB) bool {
 	on, err := strconv.ParseBool(v)
 	if err != nil {
 		t.Fatalf("%s=%q: not a boolean (true or false)", TemplateForksEnv, v)
-	}
-	if on && cgroup.DetectMode().V2() {
-		t.Logf("%s ignored: template forks are cgroup v1 only for now", TemplateForksEnv)
-		return false
 	}
 	return on
 }
