@@ -154,6 +154,23 @@ wait:
 		s.killFirst()
 	}
 	s.thawForEnd()
+	if s.shell != nil && a.haveReport && exitCase != nil {
+		// F's report is the template's word, and a compromised template
+		// could report early; the kernel's is G's pidfd, readable once G
+		// has exited, which as PID_F's init it does only after every other
+		// process of PID_F is gone (below). It tells as F's waitid does, so
+		// waiting for it costs nothing; without it the result would be
+		// built while the code still ran.
+		select {
+		case r := <-exited:
+			exited <- r
+		case <-time.After(shellReportGrace):
+			s.log.Error("the fork's parent reported an exit its process had not made: killing the shell's cgroup")
+			if err := cgroup.KillAll(s.cgroupPaths); err != nil {
+				s.log.Error("unable to kill the sandbox's cgroup", "error", err)
+			}
+		}
+	}
 	if !a.haveReport && (a.killedFor != "" || s.shell != nil) {
 		// And the cgroup, should anything of the sandbox live outside its
 		// pid namespace's reach: cgroup.kill on v2 (Linux 5.14+), else a
@@ -162,8 +179,8 @@ wait:
 		// signal by pid, and everything of the execution (G and what it
 		// started) is in the shell's cgroup, F and T outside it.
 		//
-		// Not after F's report of G's exit: F writes it once waitid tells
-		// that G has exited, and G is pid 1 of PID_F, whose exit the
+		// Not after F's report of G's exit, once G's pidfd confirmed it
+		// (above): G is pid 1 of PID_F, whose exit the
 		// kernel completes only after it killed every other process of
 		// PID_F and they were reaped (pid_namespaces(7); the kernel's
 		// zap_pid_ns_processes waits for the namespace's pid count to

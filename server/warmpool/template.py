@@ -336,7 +336,7 @@ def _template():
     _template_sock = socket.socket(fileno=TEMPLATE_FD)
     while True:
         _reap()
-        got = zygote._receive_request(_template_sock, FORK_FDS + FORK_OUTPUT_FDS + 1)
+        got = zygote._receive_request(_template_sock, FORK_FDS + FORK_CGROUP_FDS + FORK_OUTPUT_FDS)
         if got is None:
             os._exit(0)
         msg, fds = got
