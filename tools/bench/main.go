@@ -103,7 +103,7 @@ func parseFlags(args []string) (config, error) {
 	fs.BoolVar(&c.Quick, "quick", false, "few requests per cell (~2 minutes): a smoke run, not numbers to publish")
 	conc := fs.String("concurrency", "1,2,4,8", "API concurrency levels")
 	wls := fs.String("workloads", "print,pandas", "API workloads to run")
-	pools := fs.String("pools", "off,on", "pool settings to run: off (EXECUTION_POOL_SIZE=0) and/or on (=-pool-size)")
+	pools := fs.String("pools", "off,on", "pool settings to run: off (EXECUTION_POOL_SIZE=0), on (=-pool-size, the server's default kind of warm sandbox), zygotes and forks (pool on with EXECUTION_POOL_TEMPLATE_FORKS=false/true: issue 17's comparison in one run)")
 	fs.IntVar(&c.PoolSize, "pool-size", 4, "EXECUTION_POOL_SIZE for the pool-on runs")
 	fs.IntVar(&c.NPrint, "n-print", 60, "requests per API cell, print(1)")
 	fs.IntVar(&c.NPandas, "n-pandas", 30, "requests per API cell, pandas")
@@ -152,8 +152,8 @@ func parseFlags(args []string) (config, error) {
 		return c, fmt.Errorf("-workloads: empty list")
 	}
 	for _, p := range splitList(*pools) {
-		if p != "off" && p != "on" {
-			return c, fmt.Errorf("-pools: want off and/or on, got %q", p)
+		if _, ok := poolSettingEnv[p]; !ok {
+			return c, fmt.Errorf("-pools: want off, on, zygotes or forks, got %q", p)
 		}
 		c.Pools = append(c.Pools, p)
 	}
@@ -286,46 +286,59 @@ func runAPI(ctx context.Context, cfg config, rep *Report, logf func(string, ...a
 		if ctx.Err() != nil {
 			break
 		}
-		size := 0
-		if pool == "on" {
+		size, on := 0, pool != "off"
+		if on {
 			if !poolOK {
-				note := "pool on: not run: " + why
+				note := "pool " + pool + ": not run: " + why
 				rep.Notes = append(rep.Notes, note)
 				logf("%s", note)
 				continue
 			}
 			size = cfg.PoolSize
 		}
-		label := fmt.Sprintf("pool %s", pool)
-		if pool == "on" {
-			label = fmt.Sprintf("pool on (%d)", size)
-		}
+		label := poolLabel(pool, size)
 		logf("starting sandboxd serve (%s)", label)
 		cgParent := fmt.Sprintf("sandboxd-bench-%d-%s", os.Getpid(), pool)
+		logPath := filepath.Join(absOut(cfg), "server-pool-"+pool+".log")
+		env := cfg.ServerEnv
+		if e := poolSettingEnv[pool]; e != "" {
+			env = append(slices.Clone(env), e)
+		}
 		srv, err := startServer(ctx, serverOptions{
-			Binary: cfg.Sandboxd, Image: cfg.Image, PoolSize: size, ExtraEnv: cfg.ServerEnv,
-			LogPath:      filepath.Join(absOut(cfg), "server-pool-"+pool+".log"),
-			CgroupParent: cgParent,
+			Binary: cfg.Sandboxd, Image: cfg.Image, PoolSize: size, ExtraEnv: env,
+			LogPath: logPath, CgroupParent: cgParent,
 		})
 		if err != nil {
 			return fmt.Errorf("%s: %w", label, err)
 		}
-		if pool == "on" && strings.Contains(tailFile(filepath.Join(absOut(cfg), "server-pool-on.log"), 100000), "EXECUTION_POOL_SIZE") &&
-			strings.Contains(tailFile(filepath.Join(absOut(cfg), "server-pool-on.log"), 100000), "unknown") {
-			rep.Notes = append(rep.Notes, "pool on: the server warned that EXECUTION_POOL_SIZE is unknown; its cells measure the cold path")
+		if on {
+			if log := tailFile(logPath, 100000); strings.Contains(log, "unknown") &&
+				(strings.Contains(log, "EXECUTION_POOL_SIZE") || strings.Contains(log, "EXECUTION_POOL_TEMPLATE_FORKS")) {
+				rep.Notes = append(rep.Notes, label+": the server warned that a pool setting is unknown; its cells may measure another path")
+			}
 		}
 		var wait func()
-		if pool == "on" {
+		if on {
 			want := size * policyCount(ctx, srv.client)
 			logf("waiting for %d ready sandboxes (%d per policy)", want, size)
 			if err := waitPool(ctx, srv, size, want, cfg.PoolWait); err != nil {
-				rep.Notes = append(rep.Notes, "pool on: "+err.Error())
+				rep.Notes = append(rep.Notes, label+": "+err.Error())
 				logf("%v", err)
 			}
-			rep.PoolMemory = measurePoolMemory(ctx, srv)
+			pm := measurePoolMemory(ctx, srv)
+			pm.Pool = label
+			if pool == "forks" {
+				rep.ForksPoolMemory = pm
+			} else {
+				rep.PoolMemory = pm
+			}
 			wait = func() { _ = waitPool(ctx, srv, size, want, cfg.PoolWait) }
 		}
+		first := len(rep.API)
 		runMatrix(ctx, cfg, rep, srv.client, label, size, wait, logf)
+		for i := first; i < len(rep.API); i++ {
+			rep.API[i].Setting = pool
+		}
 		logf("stopping sandboxd serve (%s)", label)
 		live := sandboxesBelow(srv.pid())
 		srv.stop()
@@ -346,6 +359,26 @@ func runAPI(ctx context.Context, cfg config, rep *Report, logf func(string, ...a
 		removeOwnCgroupDir(cgParent)
 	}
 	return nil
+}
+
+// poolSettingEnv is what each -pools setting adds to the server's
+// environment: zygotes and forks name the kind of warm sandbox, so that one
+// run compares them (issue 17's targets are ratios within one run).
+var poolSettingEnv = map[string]string{
+	"off":     "",
+	"on":      "",
+	"zygotes": "EXECUTION_POOL_TEMPLATE_FORKS=false",
+	"forks":   "EXECUTION_POOL_TEMPLATE_FORKS=true",
+}
+
+func poolLabel(setting string, size int) string {
+	switch setting {
+	case "off":
+		return "pool off"
+	case "on":
+		return fmt.Sprintf("pool on (%d)", size)
+	}
+	return fmt.Sprintf("pool on (%d, %s)", size, setting)
 }
 
 // runMatrix runs every workload × concurrency cell, and with a pool the

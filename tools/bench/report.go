@@ -15,6 +15,8 @@ type Report struct {
 	PoolSupported bool            `json:"pool_supported"`
 	API           []APICell       `json:"api"`
 	PoolMemory    *PoolMemory     `json:"pool_memory,omitempty"`
+	// ForksPoolMemory is the idle pool of the "forks" setting's run.
+	ForksPoolMemory *PoolMemory `json:"forks_pool_memory,omitempty"`
 	Peers         []PeerResult    `json:"peers"`
 	Warm          *WarmResult     `json:"warm_interpreter,omitempty"`
 	ExecTrue      *ExecTrueResult `json:"exec_true,omitempty"`
@@ -48,6 +50,9 @@ type APICell struct {
 	Workload string `json:"workload"`
 	Pool     string `json:"pool"`
 	PoolSize int    `json:"pool_size"`
+	// Setting is the -pools setting the cell ran with: off, on, zygotes
+	// or forks.
+	Setting string `json:"setting,omitempty"`
 	// Mode is "closed-loop" (each worker sends its next request when its
 	// previous answer arrives; the pool refills in the background, as in
 	// production) or "warm" (the bench waits for a full pool before each
@@ -77,6 +82,7 @@ func (r *Report) addCell(workload, pool string, size int, mode string, conc int,
 
 // PoolMemory is the memory of the idle pool right after it filled.
 type PoolMemory struct {
+	Pool            string          `json:"pool,omitempty"`
 	Sandboxes       []sandboxMemory `json:"sandboxes"`
 	MedianPSSMiB    float64         `json:"median_pss_mib"`
 	MedianRSSMiB    float64         `json:"median_rss_mib"`
@@ -100,6 +106,85 @@ func (r *Report) cell(workload, mode string, poolOn bool, conc int) *APICell {
 		}
 	}
 	return nil
+}
+
+// settingCell is the cell of one -pools setting.
+func (r *Report) settingCell(setting, workload, mode string, conc int) *APICell {
+	for i := range r.API {
+		c := &r.API[i]
+		if c.Setting == setting && c.Workload == workload && c.Mode == mode && c.Concurrency == conc && c.N > 0 {
+			return c
+		}
+	}
+	return nil
+}
+
+// forkTargets are issue 17's targets that one bench run can judge: the
+// "forks" setting's cells against the "zygotes" (today's pool) and "off"
+// cells of the same run, at each concurrency both ran.
+func (r *Report) forkTargets() []Target {
+	var t []Target
+	ran := false
+	for _, c := range r.API {
+		ran = ran || c.Setting == "forks"
+	}
+	if !ran {
+		return nil
+	}
+	na := func(name, why string) { t = append(t, Target{Name: name, Measured: why, Met: "n/a"}) }
+	// ratios compares closed-loop throughput of setting a against b.
+	ratios := func(workload, a, b string) (parts []string, minRatio float64, fails int) {
+		minRatio = math.Inf(1)
+		for _, c := range r.API {
+			if c.Setting != a || c.Workload != workload || c.Mode != "closed-loop" {
+				continue
+			}
+			base := r.settingCell(b, workload, "closed-loop", c.Concurrency)
+			if base == nil || base.PerSec <= 0 {
+				continue
+			}
+			ratio := c.PerSec / base.PerSec
+			minRatio = min(minRatio, ratio)
+			fails += c.Failures + base.Failures
+			parts = append(parts, fmt.Sprintf("c=%d: %.1f against %.1f exec/s (%.2f×)", c.Concurrency, c.PerSec, base.PerSec, ratio))
+		}
+		return parts, minRatio, fails
+	}
+
+	name := "template forks: sustained pandas ≥ 5× today's pool (zygotes), zero failures"
+	if parts, m, fails := ratios("pandas", "forks", "zygotes"); len(parts) == 0 {
+		na(name, "no closed-loop pandas cells of both forks and zygotes")
+	} else {
+		t = append(t, Target{name, fmt.Sprintf("%s; failures %d", strings.Join(parts, "; "), fails), yesNo(m >= 5 && fails == 0)})
+	}
+	name = "template forks: sustained print(1), pool on ≥ pool off"
+	if parts, m, fails := ratios("print", "forks", "off"); len(parts) == 0 {
+		na(name, "no closed-loop print cells of both forks and pool off")
+	} else {
+		t = append(t, Target{name, fmt.Sprintf("%s; failures %d", strings.Join(parts, "; "), fails), yesNo(m >= 1 && fails == 0)})
+	}
+	name = "template forks: PSS per idle warm sandbox ≤ 10 MiB"
+	if pm := r.ForksPoolMemory; pm == nil || len(pm.Sandboxes) == 0 {
+		na(name, "no idle fork found")
+	} else {
+		m := fmt.Sprintf("PSS %.1f MiB, cgroup charge %.1f MiB (median of %d idle forks, the template's pages split among them)",
+			pm.MedianPSSMiB, pm.MedianCgroupMiB, len(pm.Sandboxes))
+		if z := r.PoolMemory; z != nil && len(z.Sandboxes) > 0 {
+			m += fmt.Sprintf("; %s: PSS %.1f MiB", z.Pool, z.MedianPSSMiB)
+		}
+		t = append(t, Target{name, m, yesNo(pm.MedianPSSMiB <= 10)})
+	}
+	name = "template forks: warm print(1) HTTP round trip p50 ≤ 2 ms, p99 ≤ 10 ms"
+	if c := r.settingCell("forks", "print", "warm", 1); c == nil {
+		na(name, "no warm print cell with forks")
+	} else {
+		m := fmt.Sprintf("p50 %s ms, p99 %s ms (n=%d)", fmtMS(c.P50MS), fmtMS(c.P99MS), c.N)
+		if z := r.settingCell("zygotes", "print", "warm", 1); z != nil {
+			m += fmt.Sprintf("; zygotes p50 %s ms, p99 %s ms", fmtMS(z.P50MS), fmtMS(z.P99MS))
+		}
+		t = append(t, Target{name, m, yesNo(c.P50MS <= 2 && c.P99MS <= 10 && c.Failures == 0)})
+	}
+	return t
 }
 
 // bestColdPeer is the fastest peer (not ours) at kind by p50, among those
@@ -253,7 +338,7 @@ func evaluateTargets(r *Report) []Target {
 		t = append(t, Target{st.name, fmt.Sprintf("p50 %s ms, p99 %s ms (n=%d, failures %d)", fmtMS(sum.P50MS), fmtMS(sum.P99MS), sum.N, sum.Failures),
 			yesNo(sum.P50MS <= st.p50 && sum.Failures == 0)})
 	}
-	return t
+	return append(t, r.forkTargets()...)
 }
 
 // fmtMS prints a latency with precision that suits its size.
@@ -299,7 +384,7 @@ func (r *Report) Markdown(chart string) string {
 	b.WriteString("Workloads: (a) `print(1)`; (b) a pandas groupby over 100k rows plus one matplotlib PNG written to output/artifacts/ (see tools/bench/workloads.go). " +
 		"Every run's stdout (and, through the API, status and the PNG artifact) is checked: a run with any other outcome is a failure.\n")
 
-	b.WriteString("\n## Targets (issues 5 and 12)\n\n| target | measured | met |\n|---|---|---|\n")
+	b.WriteString("\n## Targets (issues 5, 12 and 17)\n\n| target | measured | met |\n|---|---|---|\n")
 	for _, t := range r.Targets {
 		fmt.Fprintf(&b, "| %s | %s | %s |\n", t.Name, t.Measured, t.Met)
 	}
@@ -439,8 +524,15 @@ func (r *Report) Markdown(chart string) string {
 		b.WriteString("\n")
 	}
 
-	if pm := r.PoolMemory; pm != nil {
-		b.WriteString("\n## Memory per idle warm sandbox\n\n")
+	for _, pm := range []*PoolMemory{r.PoolMemory, r.ForksPoolMemory} {
+		if pm == nil {
+			continue
+		}
+		b.WriteString("\n## Memory per idle warm sandbox")
+		if pm.Pool != "" {
+			b.WriteString(", " + pm.Pool)
+		}
+		b.WriteString("\n\n")
 		if len(pm.Sandboxes) == 0 {
 			b.WriteString("No idle python sandbox was found below the server process.\n")
 		} else {

@@ -111,3 +111,45 @@ func TestChart(t *testing.T) {
 		t.Errorf("empty report: %v", err)
 	}
 }
+
+// TestForkTargets: issue 17's targets compare the forks setting with the
+// zygotes and off settings of the same run, at each concurrency both ran.
+func TestForkTargets(t *testing.T) {
+	r := &Report{}
+	add := func(setting, workload, mode string, conc int, lr loadResult) {
+		size := 4
+		if setting == "off" {
+			size = 0
+		}
+		r.addCell(workload, poolLabel(setting, size), size, mode, conc, lr)
+		r.API[len(r.API)-1].Setting = setting
+	}
+	// 10 requests in 1 s (forks) against 2 in 1 s (zygotes): 5×; at c=4, 4×.
+	lat := ms2d(1, 1, 1, 1, 1, 1, 1, 1, 1, 1)
+	add("zygotes", "pandas", "closed-loop", 2, loadResult{Latencies: lat[:2], Wall: time.Second})
+	add("forks", "pandas", "closed-loop", 2, loadResult{Latencies: lat, Wall: time.Second})
+	add("zygotes", "pandas", "closed-loop", 4, loadResult{Latencies: lat[:2], Wall: time.Second})
+	add("forks", "pandas", "closed-loop", 4, loadResult{Latencies: lat[:8], Wall: time.Second})
+	add("off", "print", "closed-loop", 2, loadResult{Latencies: lat[:5], Wall: time.Second})
+	add("forks", "print", "closed-loop", 2, loadResult{Latencies: lat[:6], Wall: time.Second})
+	add("forks", "print", "warm", 1, loadResult{Latencies: ms2d(1.5, 1.8, 9)})
+	r.ForksPoolMemory = &PoolMemory{Pool: "pool on (4, forks)", Sandboxes: []sandboxMemory{{Python: true}}, MedianPSSMiB: 9.5}
+	got := map[string]Target{}
+	for _, tg := range evaluateTargets(r) {
+		got[tg.Name] = tg
+	}
+	for name, want := range map[string]struct{ met, contains string }{
+		"template forks: sustained pandas ≥ 5× today's pool (zygotes), zero failures": {"no", "c=4: 8.0 against 2.0 exec/s (4.00×)"},
+		"template forks: sustained print(1), pool on ≥ pool off":                     {"yes", "c=2: 6.0 against 5.0 exec/s (1.20×)"},
+		"template forks: PSS per idle warm sandbox ≤ 10 MiB":                          {"yes", "PSS 9.5 MiB"},
+		"template forks: warm print(1) HTTP round trip p50 ≤ 2 ms, p99 ≤ 10 ms":       {"yes", "p50 1.80 ms"},
+	} {
+		if tg, ok := got[name]; !ok || tg.Met != want.met || !strings.Contains(tg.Measured, want.contains) {
+			t.Errorf("%s: got %+v; want met=%s containing %q", name, tg, want.met, want.contains)
+		}
+	}
+	// Without a forks run, none of them is listed.
+	if tg := sampleReport().forkTargets(); tg != nil {
+		t.Errorf("forkTargets without a forks run: %v", tg)
+	}
+}
