@@ -155,6 +155,14 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 				prepared.release()
 			}
 		}()
+		// G is there (the template sent its pidfd): the fork is done, and
+		// the template's access to cgroup.procs of the shell and of
+		// tpl-<id> ends before openFork checks G is alone in the cgroup,
+		// so that an fd of it the template kept can move nothing in
+		// after the check (SECURITY.md case 70).
+		if err := prepared.endFork(); err != nil {
+			return fail("%w", err)
+		}
 	}
 
 	gfd, err := unix.FcntlInt(g.Fd(), unix.F_DUPFD_CLOEXEC, 0)
@@ -185,15 +193,6 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 	if gCgroupNS != nil {
 		defer gCgroupNS.Close()
 	}
-	if t.dirV2 != "" {
-		// G is in: F needs no access to the shell's cgroup.procs any
-		// more, nor does anything of the template (a template that kept
-		// the fd could otherwise move its own processes in later).
-		if err := os.Chown(filepath.Join(t.dirV2, id, "cgroup.procs"), 0, 0); err != nil {
-			return fail("unable to take the shell's cgroup.procs back from the template: %w", err)
-		}
-	}
-
 	cfg, err := r.buildConfig(id, &spec, lim)
 	if err != nil {
 		return fail("unable to build sandbox config: %w", err)

@@ -37,17 +37,27 @@ type PreparedShell struct {
 	mu     sync.Mutex
 	taken  bool // by a shell (StartShell)
 	closed bool
+	// inFlight: the fork is not done yet (endFork), so tpl-<id>'s
+	// cgroup.procs may be the template root's.
+	inFlight bool
 }
 
 // PrepareShell makes the id of t's next shell and, on cgroup v2, its
 // cgroup tpl-<id>/<shell id>: an empty child of tpl-<id> (every controller
 // enabled there, the shell's limits set by libcontainer when StartShell
 // creates the shell, which finds the directory), whose cgroup.procs belongs
-// to the template's host root (HostIDBase+1), as tpl-<id>'s does: F, whose
-// host credentials those are, may then clone G into it (the kernel checks
-// write access to cgroup.procs of the destination and of the common
-// ancestor, tpl-<id>: experiment E7). StartShell gives it back to root
-// once G is there.
+// to the template's host root (HostIDBase+1), and so does tpl-<id>'s until
+// the fork is done: F, whose host credentials those are, may then clone G
+// into it (the kernel checks write access to cgroup.procs of the
+// destination and of the common ancestor, tpl-<id>: experiment E7).
+// StartShell gives both back to root once it holds G (endFork), Close if
+// no shell took the cgroup.
+//
+// One fork of a template at a time (the pool's refill of a template is one
+// goroutine): tpl-<id>'s cgroup.procs is the template root's while any
+// prepared shell of t is in flight, and a template that kept a cgroup.procs
+// fd could move processes into that shell while another fork is in flight
+// (SECURITY.md case 70).
 func (r *Runner) PrepareShell(t *Template) (*PreparedShell, error) {
 	p := &PreparedShell{t: t, id: newID()}
 	if t.dirV2 == "" {
@@ -64,6 +74,11 @@ func (r *Runner) PrepareShell(t *Template) (*PreparedShell, error) {
 	}
 	if err := os.Chown(filepath.Join(dir, "cgroup.procs"), r.opts.HostIDBase+1, r.opts.HostIDBase+1); err != nil {
 		return fail(fmt.Errorf("unable to hand the shell's cgroup.procs to the template: %w", err))
+	}
+	p.inFlight = true
+	if err := t.beginFork(r.opts.HostIDBase + 1); err != nil {
+		p.inFlight = false
+		return fail(fmt.Errorf("unable to hand tpl-<id>'s cgroup.procs to the template: %w", err))
 	}
 	// A detached bind mount of the directory, not the directory itself:
 	// the fd goes to the template (and to F), and a plain fd of a
@@ -110,16 +125,19 @@ func (p *PreparedShell) Close() error {
 	if p.dir == "" {
 		return nil
 	}
+	var errs []error
+	if err := p.endForkLocked(); err != nil {
+		errs = append(errs, err)
+	}
 	p.t.preparedMu.Lock()
 	delete(p.t.prepared, p.id)
 	p.t.preparedMu.Unlock()
 	if p.taken {
-		return nil
+		return errors.Join(errs...)
 	}
 	// What is in it was forked into it by the template's F, or moved into
 	// it by a process of tpl-<id> (the kernel's common-ancestor check):
 	// the template's processes, none of the host's.
-	var errs []error
 	if _, err := os.Stat(p.dir); err == nil {
 		if err := cgroup.KillAll(cgroup.Paths{"": p.dir}); err != nil {
 			errs = append(errs, err)
@@ -127,6 +145,57 @@ func (p *PreparedShell) Close() error {
 	}
 	if err := removeCgroupDir(p.dir); err != nil {
 		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// beginFork hands tpl-<id>'s cgroup.procs to the template's host root
+// (uid) for a fork in flight: the common ancestor F's clone3
+// CLONE_INTO_CGROUP must be allowed to write to (E7).
+func (t *Template) beginFork(uid int) error {
+	t.preparedMu.Lock()
+	defer t.preparedMu.Unlock()
+	if t.forksInFlight == 0 {
+		if err := os.Chown(filepath.Join(t.dirV2, "cgroup.procs"), uid, uid); err != nil {
+			return err
+		}
+	}
+	t.forksInFlight++
+	return nil
+}
+
+// endFork ends p's fork: the shell's cgroup.procs and, when no other fork
+// of the template is in flight, tpl-<id>'s go back to root. From then on
+// an fd of the shell's cgroup.procs the template kept fails at every
+// write: the kernel checks write access to the destination's cgroup.procs
+// when it is opened, but to the common ancestor's (tpl-<id>) at each
+// write, with the opener's credentials (__cgroup_procs_write; tools/v2vm
+// TestKeptCgroupProcsFD). StartShell calls it before it checks that G is
+// alone in the cgroup, so nothing can join G after the check (SECURITY.md
+// case 70). Idempotent.
+func (p *PreparedShell) endFork() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.endForkLocked()
+}
+
+func (p *PreparedShell) endForkLocked() error {
+	if !p.inFlight {
+		return nil
+	}
+	p.inFlight = false
+	var errs []error
+	t := p.t
+	t.preparedMu.Lock()
+	t.forksInFlight--
+	if t.forksInFlight == 0 {
+		if err := os.Chown(filepath.Join(t.dirV2, "cgroup.procs"), 0, 0); err != nil {
+			errs = append(errs, fmt.Errorf("unable to take tpl-<id>'s cgroup.procs back from the template: %w", err))
+		}
+	}
+	t.preparedMu.Unlock()
+	if err := os.Chown(filepath.Join(p.dir, "cgroup.procs"), 0, 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("unable to take the shell's cgroup.procs back from the template: %w", err))
 	}
 	return errors.Join(errs...)
 }

@@ -82,6 +82,10 @@ type Template struct {
 	// until their Close.
 	preparedMu sync.Mutex
 	prepared   map[string]*PreparedShell
+	// forksInFlight counts the prepared shells whose fork is not done
+	// (PreparedShell.endFork): tpl-<id>'s cgroup.procs is the template
+	// root's only while it is not 0.
+	forksInFlight int
 	// seccompFilters is how many seccomp filters T holds (read at its
 	// start).
 	seccompFilters int
@@ -212,18 +216,15 @@ func (r *Runner) StartTemplate(spec Spec, files ...*os.File) (*Template, error) 
 			}
 		}
 	}
-	if err == nil && t.dirV2 != "" {
-		// CLONE_INTO_CGROUP checks the cloning process's (F's) write
-		// access to cgroup.procs of the common ancestor of its cgroup and
-		// the destination (cgroup_attach_permissions, E7: EACCES
-		// otherwise): tpl-<id>'s belongs to the template's host root,
-		// HostIDBase+1 (what F's credentials are on the host), and so
-		// does each shell's (PrepareShell). T reaches neither file by any
-		// path (no cgroupfs in its mount namespace): only through the
-		// detached mount of a shell's cgroup PrepareShell gives it, which
-		// has no ".." to tpl-<id> (SECURITY.md case 70).
-		err = os.Chown(filepath.Join(t.dirV2, "cgroup.procs"), r.opts.HostIDBase+1, r.opts.HostIDBase+1)
-	}
+	// On v2, CLONE_INTO_CGROUP checks the cloning process's (F's) write
+	// access to cgroup.procs of the common ancestor of its cgroup and the
+	// destination (cgroup_attach_permissions, E7: EACCES otherwise):
+	// tpl-<id>'s and the shell's are handed to the template's host root,
+	// HostIDBase+1 (what F's credentials are on the host), only while a
+	// fork is in flight (PrepareShell, PreparedShell.endFork). T reaches
+	// neither file by any path (no cgroupfs in its mount namespace): only
+	// through the detached mount of a shell's cgroup PrepareShell gives
+	// it, which has no ".." to tpl-<id> (SECURITY.md case 70).
 	if err == nil {
 		err = os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte(strconv.Itoa(templateOOMScoreAdj)), 0)
 		if errors.Is(err, os.ErrPermission) {

@@ -51,6 +51,8 @@ func TestMain(m *testing.M) {
 		cloneIntoF()
 	case "tplg":
 		cloneIntoG()
+	case "tplkeep":
+		keptProcsFD()
 	default:
 		fmt.Fprintf(os.Stderr, "unknown %s=%q\n", childRoleEnv, os.Getenv(childRoleEnv))
 		os.Exit(2)

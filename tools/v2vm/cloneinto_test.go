@@ -207,3 +207,109 @@ func TestCloneIntoCgroupPermissions(t *testing.T) {
 		})
 	}
 }
+
+// keptProcsFD is the "tplkeep" role: a template that kept a prepared
+// shell's cgroup.procs. It opens "cgroup.procs" through fd 3 (the detached
+// mount), says "opened", waits for a line on stdin and then writes its own
+// pid through the fd it opened earlier: "write: ok" or the errno.
+func keptProcsFD() {
+	fd, err := unix.Openat(3, "cgroup.procs", unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		fmt.Printf("open: %s\n", errName(err))
+		os.Exit(0)
+	}
+	fmt.Println("opened")
+	var line string
+	fmt.Scanln(&line)
+	if _, err := unix.Write(fd, []byte(strconv.Itoa(os.Getpid()))); err != nil {
+		fmt.Printf("write: %s\n", errName(err))
+		os.Exit(0)
+	}
+	fmt.Println("write: ok")
+	os.Exit(0)
+}
+
+// SECURITY.md case 70, the fix of the 2026-12-03 cold review: the kernel
+// checks write access to the destination's cgroup.procs when it is opened,
+// but the common ancestor's at every write, with the opener's credentials
+// (__cgroup_procs_write: override_creds(of->file->f_cred)). So a template
+// that kept a prepared shell's cgroup.procs open can move processes into
+// that shell for as long as tpl/cgroup.procs is its; the worker gives
+// tpl/cgroup.procs back to root once the fork is done (nsjail
+// PreparedShell.endFork), and every later write through the kept fd fails.
+func TestKeptCgroupProcsFD(t *testing.T) {
+	requireV2(t)
+	parent := testParent(t)
+	tpl := leaf(t, parent, "tpl")
+	leafT := leaf(t, tpl, "template")
+	for _, c := range []struct {
+		name    string
+		takeTpl bool // tpl/cgroup.procs back to root between open and write
+		want    string
+	}{
+		{"ancestor still the template's", false, "ok"},
+		{"ancestor taken back", true, "EACCES"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sbx := leaf(t, tpl, "sbx")
+			defer func() {
+				// The "ok" case moved the child into sbx: reaped by now
+				// (cmd.Wait, deferred later, runs first).
+				if err := unix.Rmdir(sbx); err != nil {
+					t.Errorf("rmdir %s: %v", sbx, err)
+				}
+			}()
+			for _, d := range []string{tpl, sbx} {
+				if err := os.Chown(filepath.Join(d, "cgroup.procs"), templateUID, templateUID); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cgfd, err := unix.OpenTree(unix.AT_FDCWD, sbx, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cgf := os.NewFile(uintptr(cgfd), "sbx")
+			defer cgf.Close()
+			fd, err := unix.Open(leafT, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Close(fd)
+			cmd := selfAs("tplkeep")
+			cmd.ExtraFiles = []*os.File{cgf}
+			cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd,
+				Credential: &syscall.Credential{Uid: templateUID, Gid: templateUID}}
+			stdin, err := cmd.StdinPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			stdout, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer cmd.Wait()
+			buf := make([]byte, 64)
+			n, _ := stdout.Read(buf)
+			if got := strings.TrimSpace(string(buf[:n])); got != "opened" {
+				stdin.Close()
+				t.Fatalf("the child: %q, want opened", got)
+			}
+			if c.takeTpl {
+				if err := os.Chown(filepath.Join(tpl, "cgroup.procs"), 0, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			fmt.Fprintln(stdin, "go")
+			stdin.Close()
+			n, _ = stdout.Read(buf)
+			got := strings.TrimSpace(string(buf[:n]))
+			t.Logf("kept fd, %s: %s", c.name, got)
+			if got != "write: "+c.want {
+				t.Errorf("the kept fd's write: %q, want %q", got, "write: "+c.want)
+			}
+		})
+	}
+}
