@@ -34,7 +34,7 @@ func BenchmarkAPIGroupby(b *testing.B) {
 			cfg.SessionsDir = filepath.Join(b.TempDir(), "sessions")
 			cfg.StateRoot = testStateRoot
 			cfg.PoolSize = size
-			cfg.PoolTemplateForks = nsjailtest.TemplateForks(b)
+			cfg.PoolTemplateForks = nsjailtest.TemplateForks(b, cfg.PoolTemplateForks)
 			cfg.SessionSpareKernels = 0 // no session here to take a warm sandbox
 			cfg.MaxConcurrent = 1
 			r := nsjailtest.NewRunner(b, nsjail.Options{StateRoot: cfg.StateRoot, CgroupParent: testCgroupParent, Logger: quietLog})
@@ -93,7 +93,7 @@ func benchServe(b *testing.B, ln net.Listener, with func(*config.Config)) (*Serv
 	cfg.StateRoot = testStateRoot
 	cfg.PythonImage = "dir:" + rootfs
 	cfg.PoolSize = 1
-	cfg.PoolTemplateForks = nsjailtest.TemplateForks(b)
+	cfg.PoolTemplateForks = nsjailtest.TemplateForks(b, cfg.PoolTemplateForks)
 	if with != nil {
 		with(&cfg)
 	}

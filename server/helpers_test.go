@@ -167,10 +167,10 @@ func newEnvOn(t *testing.T, rootfs string, mod func(*config.Config), setup func(
 	// No pool (the pool tests turn it on), unless SANDBOXD_TEST_POOL_SIZE
 	// asks for one on a Python rootfs (nsjailtest.PoolSize).
 	cfg.PoolSize = nsjailtest.PoolSize(t, rootfs)
-	// EXECUTION_POOL_TEMPLATE_FORKS in the test's environment makes the
-	// warm sandboxes template forks (a test's mod may still choose:
-	// TestPoolThroughAPI runs both).
-	cfg.PoolTemplateForks = nsjailtest.TemplateForks(t)
+	// EXECUTION_POOL_TEMPLATE_FORKS in the test's environment chooses
+	// zygotes or template forks (unset: the config's default; a test's mod
+	// may still choose: TestPoolThroughAPI runs both).
+	cfg.PoolTemplateForks = nsjailtest.TemplateForks(t, cfg.PoolTemplateForks)
 	// A spare session kernel takes a warm sandbox whenever the pool has
 	// refilled: the pool tests count what the pool served. The spare
 	// kernel tests turn it on.

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+	"github.com/sandboxd/sandboxd/server/config"
 )
 
 // worker is a `sandboxd serve` child process that a test started, with a
@@ -145,7 +146,7 @@ func tail(s string, n int) string {
 // A worker whose /metrics cannot be read (a token) is not checked.
 func (w *worker) checkForks(t *testing.T) {
 	t.Helper()
-	if !nsjailtest.TemplateForks(t) {
+	if !nsjailtest.TemplateForks(t, config.Default().PoolTemplateForks) {
 		return
 	}
 	resp, err := http.Get(w.base + "/metrics")

@@ -17,14 +17,16 @@ import (
 const TemplateForksEnv = "EXECUTION_POOL_TEMPLATE_FORKS"
 
 // TemplateForks reports whether TemplateForksEnv asks for template forks
-// (strconv.ParseBool, as the worker's config reads it; unset: false). On
-// cgroup v2, where forks are not built yet (plan step 6), it is false and
-// says so in t's log; a value that is not a boolean fails t.
-func TemplateForks(t testing.TB) bool {
+// (strconv.ParseBool, as the worker's config reads it); unset or empty, it
+// is def, which the caller takes from the worker's config default
+// (server/config: this package cannot import it), so that the suites run
+// what the worker runs unless told otherwise. A value that is not a
+// boolean fails t.
+func TemplateForks(t testing.TB, def bool) bool {
 	t.Helper()
 	v, ok := os.LookupEnv(TemplateForksEnv)
 	if !ok || v == "" {
-		return false
+		return def
 	}
 	on, err := strconv.ParseBool(v)
 	if err != nil {

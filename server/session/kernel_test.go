@@ -45,7 +45,7 @@ func newPoolStarter(t *testing.T) poolStarter {
 	cfg := config.Default()
 	pool, err := warmpool.New(r, warmpool.Config{Size: 1, MaxIdle: time.Hour, Preload: cfg.PoolPreload,
 		WorkRoot: t.TempDir(), WorkspaceBytes: 64 << 20, WorkspaceInodes: cfg.WorkspaceInodes,
-		Forks: nsjailtest.TemplateForks(t)}, []warmpool.Template{tpl},
+		Forks: nsjailtest.TemplateForks(t, cfg.PoolTemplateForks)}, []warmpool.Template{tpl},
 		slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err != nil {
 		t.Fatal(err)

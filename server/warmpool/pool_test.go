@@ -57,7 +57,7 @@ func poolConfig(t testing.TB, size int, workRoot string, workspaceBytes int64) w
 	cfg := config.Default()
 	return warmpool.Config{Size: size, MaxIdle: time.Duration(cfg.PoolMaxIdle), Preload: cfg.PoolPreload,
 		WorkRoot: workRoot, WorkspaceBytes: workspaceBytes, WorkspaceInodes: cfg.WorkspaceInodes,
-		Forks: nsjailtest.TemplateForks(t)}
+		Forks: nsjailtest.TemplateForks(t, cfg.PoolTemplateForks)}
 }
 
 // poolWorkspace makes a workspace like the server does: code/main.py,
