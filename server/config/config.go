@@ -117,9 +117,9 @@ type Config struct {
 	// PoolTemplateForks makes each warm sandbox a copy-on-write fork of a
 	// template process that imported pool_preload once per policy
 	// (server/warmpool/TEMPLATE.md), instead of a sandbox that imports it
-	// itself. Off by default until the default suites run on it
-	// (TEMPLATE.md step 8); cgroup v1 and v2.
-	PoolTemplateForks bool `toml:"pool_template_forks" doc:"warm sandboxes are forks of a per-policy template process (experimental)"`
+	// itself (a zygote, false). On by default since the default suites
+	// run on it (TEMPLATE.md step 8); cgroup v1 and v2.
+	PoolTemplateForks bool `toml:"pool_template_forks" doc:"warm sandboxes are forks of a per-policy template process (false: each imports pool_preload itself)"`
 	// PoolTemplateMaxForks and PoolTemplateMaxAge rotate a template: what
 	// its forks share with it (address-space layout, the str hash secret;
 	// SECURITY.md case 64) is bounded by how many forks and how long one
@@ -276,6 +276,7 @@ func Default() Config {
 		WorkspaceBytes:       256 << 20,
 		PoolSize:             2,
 		PoolMaxIdle:          Duration(10 * time.Minute),
+		PoolTemplateForks:    true,
 		PoolTemplateMaxForks: 1000,
 		PoolTemplateMaxAge:   Duration(time.Hour),
 		PoolPreload:          slices.Clone(DefaultPreload),
