@@ -11,18 +11,18 @@ import (
 
 // Report is everything one bench run measured; results.json is this.
 type Report struct {
-	Meta          Meta            `json:"meta"`
-	PoolSupported bool            `json:"pool_supported"`
-	API           []APICell       `json:"api"`
-	PoolMemory    *PoolMemory     `json:"pool_memory,omitempty"`
+	Meta          Meta        `json:"meta"`
+	PoolSupported bool        `json:"pool_supported"`
+	API           []APICell   `json:"api"`
+	PoolMemory    *PoolMemory `json:"pool_memory,omitempty"`
 	// ForksPoolMemory is the idle pool of the "forks" setting's run.
-	ForksPoolMemory *PoolMemory `json:"forks_pool_memory,omitempty"`
-	Peers         []PeerResult    `json:"peers"`
-	Warm          *WarmResult     `json:"warm_interpreter,omitempty"`
-	ExecTrue      *ExecTrueResult `json:"exec_true,omitempty"`
-	Sessions      *SessionsResult `json:"sessions,omitempty"`
-	Targets       []Target        `json:"targets"`
-	Notes         []string        `json:"notes"`
+	ForksPoolMemory *PoolMemory     `json:"forks_pool_memory,omitempty"`
+	Peers           []PeerResult    `json:"peers"`
+	Warm            *WarmResult     `json:"warm_interpreter,omitempty"`
+	ExecTrue        *ExecTrueResult `json:"exec_true,omitempty"`
+	Sessions        *SessionsResult `json:"sessions,omitempty"`
+	Targets         []Target        `json:"targets"`
+	Notes           []string        `json:"notes"`
 }
 
 // Meta says where and how the numbers were taken.

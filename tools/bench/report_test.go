@@ -140,7 +140,7 @@ func TestForkTargets(t *testing.T) {
 	}
 	for name, want := range map[string]struct{ met, contains string }{
 		"template forks: sustained pandas ≥ 5× today's pool (zygotes), zero failures": {"no", "c=4: 8.0 against 2.0 exec/s (4.00×)"},
-		"template forks: sustained print(1), pool on ≥ pool off":                     {"yes", "c=2: 6.0 against 5.0 exec/s (1.20×)"},
+		"template forks: sustained print(1), pool on ≥ pool off":                      {"yes", "c=2: 6.0 against 5.0 exec/s (1.20×)"},
 		"template forks: PSS per idle warm sandbox ≤ 10 MiB":                          {"yes", "PSS 9.5 MiB"},
 		"template forks: warm print(1) HTTP round trip p50 ≤ 2 ms, p99 ≤ 10 ms":       {"yes", "p50 1.80 ms"},
 	} {
