@@ -17,6 +17,9 @@ import (
 // ZygoteArgs is zygoteArgs, for the tests of package warmpool_test.
 var ZygoteArgs = zygoteArgs
 
+// TemplateSource is template.py, for the tests of package warmpool_test.
+var TemplateSource = templateSource
+
 // ReadyPid is the host pid of the zygote of p's first ready sandbox.
 func ReadyPid(p *Pool) (int, error) {
 	p.mu.Lock()
