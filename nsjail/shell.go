@@ -930,23 +930,28 @@ func (s *Shell) MoveG() error {
 	})
 }
 
-// checkGIn is MoveG on v2: G must be in the shell's cgroup dir (listed in
-// its cgroup.procs, its pidfd alive after the read, so the pid listed was
-// G's), and the directory a child of tpl-<id> named after the shell.
-// Nothing is written.
+// checkGIn is MoveG on v2: G must be in the shell's cgroup dir, alone
+// (listed alone in its cgroup.procs, its pidfd alive after the read, so the
+// pid listed was G's), and the directory a child of tpl-<id> named after
+// the shell. Nothing is written. Alone again, after openFork's check: the
+// chown back of cgroup.procs (PreparedShell.endFork) does not wait for a
+// clone3 CLONE_INTO_CGROUP whose permission check passed just before it,
+// and by now libcontainer's writes to the shell's cgroups, which take the
+// kernel's cgroup_mutex as that clone3 does, have let any such fork land
+// where this read sees it (SECURITY.md case 70).
 func (s *Shell) checkGIn(dir string) error {
 	if s.tpl.dirV2 == "" || filepath.Dir(dir) != s.tpl.dirV2 || filepath.Base(dir) != s.id {
 		return fmt.Errorf("cgroup %s is not the shell's child of the template's %q", dir, s.tpl.dirV2)
 	}
-	in, err := inCgroup(dir, strconv.Itoa(s.gpid))
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
 	if err != nil {
 		return err
 	}
 	if err := unix.PidfdSendSignal(int(s.g.Fd()), 0, nil, 0); err != nil {
 		return fmt.Errorf("G (pid %d) is gone: %w", s.gpid, err)
 	}
-	if !in {
-		return fmt.Errorf("G (pid %d) is not in its shell's cgroup %s", s.gpid, dir)
+	if procs := strings.Fields(string(b)); len(procs) != 1 || procs[0] != strconv.Itoa(s.gpid) {
+		return fmt.Errorf("the shell's cgroup %s holds %v, want G (pid %d) alone", dir, procs, s.gpid)
 	}
 	return nil
 }

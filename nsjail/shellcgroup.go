@@ -93,6 +93,21 @@ func (r *Runner) PrepareShell(t *Template) (*PreparedShell, error) {
 		return fail(fmt.Errorf("unable to make a detached mount of the shell's cgroup: %w", err))
 	}
 	p.fd = os.NewFile(uintptr(fd), "cgroup-"+p.id)
+	// Read-only: opening cgroup.procs (or any file) for writing through
+	// the mount fails with EROFS, while clone3's CLONE_INTO_CGROUP, which
+	// checks only the inodes' permissions (cgroup_css_set_fork:
+	// cgroup_may_write, inode_permission), still forks into it. A
+	// template taken over can then never hold a writable cgroup.procs of
+	// a shell, so it cannot move its own processes, or another
+	// execution's, into a shell at a later fork, when tpl-<id>'s
+	// cgroup.procs is its again (the kernel checks the destination only
+	// at open, the common ancestor at each write: SECURITY.md case 70).
+	// Nothing in the template's user namespaces can make it writable
+	// again (mount_setattr needs CAP_SYS_ADMIN over the worker's mount
+	// namespace).
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}); err != nil {
+		return fail(fmt.Errorf("unable to make the detached mount of the shell's cgroup read-only: %w", err))
+	}
 	t.preparedMu.Lock()
 	if t.prepared == nil {
 		t.prepared = map[string]*PreparedShell{}
@@ -155,6 +170,9 @@ func (p *PreparedShell) Close() error {
 func (t *Template) beginFork(uid int) error {
 	t.preparedMu.Lock()
 	defer t.preparedMu.Unlock()
+	if t.chownBackFailed {
+		return errors.New("an earlier fork's cgroup.procs could not be taken back from this template: stop it")
+	}
 	if t.forksInFlight == 0 {
 		if err := os.Chown(filepath.Join(t.dirV2, "cgroup.procs"), uid, uid); err != nil {
 			return err
@@ -189,7 +207,11 @@ func (p *PreparedShell) endForkLocked() error {
 	t.preparedMu.Lock()
 	t.forksInFlight--
 	if t.forksInFlight == 0 {
-		if err := os.Chown(filepath.Join(t.dirV2, "cgroup.procs"), 0, 0); err != nil {
+		if err := os.Chown(filepath.Join(t.dirV2, "cgroup.procs"), 0, 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+			// tpl-<id>'s cgroup.procs stays the template's between
+			// forks: no shell of it may start (the caller fails), and
+			// the template must not fork again.
+			t.chownBackFailed = true
 			errs = append(errs, fmt.Errorf("unable to take tpl-<id>'s cgroup.procs back from the template: %w", err))
 		}
 	}

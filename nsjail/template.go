@@ -86,6 +86,9 @@ type Template struct {
 	// (PreparedShell.endFork): tpl-<id>'s cgroup.procs is the template
 	// root's only while it is not 0.
 	forksInFlight int
+	// chownBackFailed: tpl-<id>'s cgroup.procs could not be given back to
+	// root after a fork; PrepareShell refuses every later fork.
+	chownBackFailed bool
 	// seccompFilters is how many seccomp filters T holds (read at its
 	// start).
 	seccompFilters int

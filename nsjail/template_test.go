@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -1088,6 +1089,18 @@ func TestPreparedShellCgroupIsDetached(t *testing.T) {
 	}
 	if got := owner(filepath.Join(dir, "cgroup.procs")); got != root {
 		t.Errorf("the prepared cgroup.procs belongs to %s, want the template root %s", got, root)
+	}
+	// The mount is read-only: no cgroup file opens for writing through it
+	// (a template keeping a writable cgroup.procs could move processes in
+	// at a later fork; clone3 CLONE_INTO_CGROUP still works through it,
+	// as every fork here shows).
+	for _, f := range []string{"cgroup.procs", "memory.max", "cgroup.kill"} {
+		if wfd, err := unix.Openat(fd, f, unix.O_WRONLY|unix.O_CLOEXEC, 0); err == nil {
+			unix.Close(wfd)
+			t.Errorf("%s opened for writing through the prepared cgroup's fd", f)
+		} else if !errors.Is(err, unix.EROFS) {
+			t.Errorf("%s opened for writing through the prepared cgroup's fd: %v, want EROFS", f, err)
+		}
 	}
 	for _, f := range []string{"memory.max", "pids.max", "cgroup.subtree_control", "."} {
 		if got := owner(filepath.Join(dir, f)); got != "0" {

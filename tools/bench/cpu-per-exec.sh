@@ -19,14 +19,26 @@ dir=$(mktemp -d /tmp/cpu-per-exec-XXXX)
 parent=cpu-per-exec-$$
 port=$((20000 + $$ % 20000))
 spid=
-cgdirs=() # the worker's cgroup in each hierarchy: its parent for sandboxes is below
+# The worker's cgroup in each hierarchy (it inherits ours): its cgroup
+# parent for the sandboxes, $parent, is made below each.
+cgdirs=()
+acct=
+while IFS=: read -r _ ctrls path; do
+	mnt=/sys/fs/cgroup/${ctrls#name=}
+	[ -z "$ctrls" ] && mnt=/sys/fs/cgroup/unified
+	[ -d "$mnt$path" ] || continue
+	cgdirs+=("$mnt${path%/}")
+	case ",$ctrls," in *,cpuacct,*) acct="$mnt${path%/}/$parent/cpuacct.usage" ;; esac
+done </proc/self/cgroup
+perfpid=
 cleanup() {
+	[ -n "$perfpid" ] && kill -INT "$perfpid" 2>/dev/null && wait "$perfpid" 2>/dev/null || true
 	[ -n "$spid" ] && kill "$spid" 2>/dev/null && wait "$spid" 2>/dev/null || true
 	# The worker removed what it made below $parent, not $parent itself.
 	for d in "${cgdirs[@]}"; do
 		[ -d "$d/$parent" ] && rmdir "$d/$parent" 2>/dev/null || true
 	done
-	rm -rf "$dir"
+	rm -rf --one-file-system "$dir"
 }
 trap cleanup EXIT
 env -i PATH="$PATH" EXECUTION_WORKER_HOST=127.0.0.1 EXECUTION_WORKER_PORT=$port \
@@ -42,28 +54,23 @@ for _ in $(seq 1 300); do
 	sleep 0.2
 done
 [ "$ready" = 8 ] || { echo "the pool did not fill (ready: ${ready:-none}); server log:" >&2; tail -5 "$dir/server.log" >&2; exit 1; }
-acct=
-while IFS=: read -r _ ctrls path; do
-	mnt=/sys/fs/cgroup/${ctrls#name=}
-	[ -z "$ctrls" ] && mnt=/sys/fs/cgroup/unified
-	[ -d "$mnt$path" ] || continue
-	cgdirs+=("$mnt${path%/}")
-	case ",$ctrls," in *,cpuacct,*) acct="$mnt${path%/}/$parent/cpuacct.usage" ;; esac
-done </proc/$spid/cgroup
 [ -r "$acct" ] || { echo "no cpuacct cgroup for the sandboxes (cgroup v1 only): $acct" >&2; exit 1; }
 busy() { awk '/^cpu /{print $2+$3+$4+$7+$8}' /proc/stat; }
 self() { awk '{print $14+$15}' /proc/$spid/stat; }
 kids() { awk '{print $16+$17}' /proc/$spid/stat; }
 b0=$(busy) s0=$(self) k0=$(kids) a0=$(cat "$acct")
-perfpid=
 if [ "$perfopt" = perf ]; then
-	perf record -a -g -o "build/cpu-per-exec-$kind.data" -- sleep 100000 >/dev/null 2>&1 &
+	perf record -a -g -o "build/cpu-per-exec-$kind.data" >/dev/null 2>&1 &
 	perfpid=$!
 	sleep 0.5
 fi
 go run ./tools/bench -url "http://127.0.0.1:$port" -skip-peers -skip-sessions -workloads "$workload" \
 	-concurrency "$conc" -n-print "$n" -n-pandas "$n" -out "$dir/bench" -results "" 2>&1 | grep 'api ' || true
-[ -n "$perfpid" ] && { kill -INT "$perfpid"; wait "$perfpid" 2>/dev/null || true; }
+if [ -n "$perfpid" ]; then
+	kill -INT "$perfpid"
+	wait "$perfpid" 2>/dev/null || true
+	perfpid=
+fi
 b1=$(busy) s1=$(self) k1=$(kids) a1=$(cat "$acct")
 execs=$(curl -s "127.0.0.1:$port/metrics" | awk '/^sandboxd_executions_total/{s+=$2} END{print s}')
 taken=$(curl -s "127.0.0.1:$port/metrics" | awk '/^sandboxd_pool_taken_total /{print $2}')

@@ -327,10 +327,11 @@ func runAPI(ctx context.Context, cfg config, rep *Report, logf func(string, ...a
 			}
 			pm := measurePoolMemory(ctx, srv)
 			pm.Pool = label
-			if pool == "forks" {
+			switch {
+			case pool == "forks":
 				rep.ForksPoolMemory = pm
-			} else {
-				rep.PoolMemory = pm
+			case rep.PoolMemory == nil || pool == "on":
+				rep.PoolMemory = pm // issue 5's: the shipped setting's before zygotes'
 			}
 			wait = func() { _ = waitPool(ctx, srv, size, want, cfg.PoolWait) }
 		}

@@ -1,6 +1,7 @@
 package v2vm
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -119,14 +120,18 @@ func TestCloneIntoCgroupPermissions(t *testing.T) {
 		// chown: which cgroup.procs belong to the template's uid.
 		chownTpl, chownSbx bool
 		openTree, cgroupNS bool
-		want               string // clone3's answer
+		// readOnly: the detached mount made read-only (mount_setattr
+		// MOUNT_ATTR_RDONLY), as nsjail's PrepareShell does.
+		readOnly bool
+		want     string // clone3's answer
 	}{
-		{"owned, plain fd", true, true, false, false, "ok"},
-		{"owned, detached mount", true, true, true, false, "ok"},
-		{"not owned", false, false, true, false, "EACCES"},
-		{"only the destination owned", false, true, true, false, "EACCES"},
-		{"only the ancestor owned", true, false, true, false, "EACCES"},
-		{"owned, F's cgroup namespace at its leaf", true, true, true, true, "ENOENT"},
+		{"owned, plain fd", true, true, false, false, false, "ok"},
+		{"owned, detached mount", true, true, true, false, false, "ok"},
+		{"owned, read-only detached mount", true, true, true, false, true, "ok"},
+		{"not owned", false, false, true, false, true, "EACCES"},
+		{"only the destination owned", false, true, true, false, true, "EACCES"},
+		{"only the ancestor owned", true, false, true, false, true, "EACCES"},
+		{"owned, F's cgroup namespace at its leaf", true, true, true, true, true, "ENOENT"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			sbx := leaf(t, tpl, "sbx")
@@ -163,6 +168,9 @@ func TestCloneIntoCgroupPermissions(t *testing.T) {
 			}
 			cgf := os.NewFile(uintptr(cgfd), "sbx")
 			defer cgf.Close()
+			if c.readOnly {
+				makeReadOnly(t, cgfd)
+			}
 			cmd := selfAs("tplchain")
 			if c.cgroupNS {
 				cmd.Env = append(cmd.Env, "V2VM_CGROUPNS=1")
@@ -234,21 +242,29 @@ func keptProcsFD() {
 // but the common ancestor's at every write, with the opener's credentials
 // (__cgroup_procs_write: override_creds(of->file->f_cred)). So a template
 // that kept a prepared shell's cgroup.procs open can move processes into
-// that shell for as long as tpl/cgroup.procs is its; the worker gives
-// tpl/cgroup.procs back to root once the fork is done (nsjail
-// PreparedShell.endFork), and every later write through the kept fd fails.
+// that shell whenever tpl/cgroup.procs is its: until the fork is done, and
+// again at every later fork, when the worker hands tpl/cgroup.procs back to
+// it (nsjail PreparedShell.endFork gives it back to root in between). So
+// nsjail's PrepareShell makes the detached mount read-only: no file can be
+// opened for writing through it (EROFS), while clone3 CLONE_INTO_CGROUP
+// through it still works (TestCloneIntoCgroupPermissions' read-only case).
 func TestKeptCgroupProcsFD(t *testing.T) {
 	requireV2(t)
 	parent := testParent(t)
 	tpl := leaf(t, parent, "tpl")
 	leafT := leaf(t, tpl, "template")
 	for _, c := range []struct {
-		name    string
-		takeTpl bool // tpl/cgroup.procs back to root between open and write
-		want    string
+		name     string
+		readOnly bool // the detached mount read-only, as PrepareShell makes it
+		takeTpl  bool // tpl/cgroup.procs back to root between open and write
+		want     string
 	}{
-		{"ancestor still the template's", false, "ok"},
-		{"ancestor taken back", true, "EACCES"},
+		// The fd works while tpl/cgroup.procs is the template's, at this
+		// fork or, once handed back to it, at any later one: why
+		// PrepareShell makes the mount read-only.
+		{"ancestor still the template's", false, false, "write: ok"},
+		{"ancestor taken back", false, true, "write: EACCES"},
+		{"read-only mount", true, false, "open: EROFS"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			sbx := leaf(t, tpl, "sbx")
@@ -270,6 +286,9 @@ func TestKeptCgroupProcsFD(t *testing.T) {
 			}
 			cgf := os.NewFile(uintptr(cgfd), "sbx")
 			defer cgf.Close()
+			if c.readOnly {
+				makeReadOnly(t, cgfd)
+			}
 			fd, err := unix.Open(leafT, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 			if err != nil {
 				t.Fatal(err)
@@ -291,25 +310,33 @@ func TestKeptCgroupProcsFD(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer cmd.Wait()
-			buf := make([]byte, 64)
-			n, _ := stdout.Read(buf)
-			if got := strings.TrimSpace(string(buf[:n])); got != "opened" {
-				stdin.Close()
-				t.Fatalf("the child: %q, want opened", got)
-			}
-			if c.takeTpl {
-				if err := os.Chown(filepath.Join(tpl, "cgroup.procs"), 0, 0); err != nil {
-					t.Fatal(err)
+			defer stdin.Close() // before the Wait: the child reads a line
+			lines := bufio.NewScanner(stdout)
+			lines.Scan()
+			got := lines.Text()
+			if got == "opened" {
+				if c.takeTpl {
+					if err := os.Chown(filepath.Join(tpl, "cgroup.procs"), 0, 0); err != nil {
+						t.Fatal(err)
+					}
 				}
+				fmt.Fprintln(stdin, "go")
+				lines.Scan()
+				got = lines.Text()
 			}
-			fmt.Fprintln(stdin, "go")
-			stdin.Close()
-			n, _ = stdout.Read(buf)
-			got := strings.TrimSpace(string(buf[:n]))
 			t.Logf("kept fd, %s: %s", c.name, got)
-			if got != "write: "+c.want {
-				t.Errorf("the kept fd's write: %q, want %q", got, "write: "+c.want)
+			if got != c.want {
+				t.Errorf("the kept fd: %q, want %q", got, c.want)
 			}
 		})
+	}
+}
+
+// makeReadOnly makes the detached mount fd read-only (mount_setattr
+// MOUNT_ATTR_RDONLY), as nsjail's PrepareShell does.
+func makeReadOnly(t *testing.T, fd int) {
+	t.Helper()
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}); err != nil {
+		t.Fatal(err)
 	}
 }
