@@ -103,6 +103,9 @@ func newUnitEnv(t *testing.T, prepare bool, mod func(*config.Config)) *unitEnv {
 	cfg.ResultsDir = filepath.Join(t.TempDir(), "results")
 	cfg.SessionsDir = filepath.Join(t.TempDir(), "sessions")
 	cfg.PoolSize = 0
+	// The fake starts no template: a pool of it (runtime_pool_size) is
+	// one of zygotes, which it never readies.
+	cfg.PoolTemplateForks = false
 	if mod != nil {
 		mod(&cfg)
 	}
