@@ -91,24 +91,26 @@ type poolCollector struct {
 }
 
 var (
-	poolSizeDesc     = prometheus.NewDesc("sandboxd_pool_size", "pool_size: warm sandboxes kept per policy on its own runtime (runtime_pool_size.NAME keeps more on others; GET /v1/capacity has each template's size).", nil, nil)
-	poolReadyDesc    = prometheus.NewDesc("sandboxd_pool_ready", "Warm sandboxes ready for an execution.", nil, nil)
-	poolStartingDesc = prometheus.NewDesc("sandboxd_pool_starting", "Warm sandboxes starting (importing the preload).", nil, nil)
-	poolTakenDesc    = prometheus.NewDesc("sandboxd_pool_taken_total", "Executions served by a warm sandbox.", nil, nil)
-	poolFailDesc     = prometheus.NewDesc("sandboxd_pool_refill_failures_total", "Warm sandboxes that failed to start.", nil, nil)
-	poolRetiredDesc  = prometheus.NewDesc("sandboxd_pool_retired_total", "Warm sandboxes retired unused after pool_max_idle.", nil, nil)
-	poolMemDesc      = prometheus.NewDesc("sandboxd_pool_idle_memory_bytes", "Memory the ready warm sandboxes hold, as their cgroups account it.", nil, nil)
-	poolTplDesc      = prometheus.NewDesc("sandboxd_pool_templates", "Template processes running (pool_template_forks), retired ones included until their last fork ends.", nil, nil)
-	poolTplStartDesc = prometheus.NewDesc("sandboxd_pool_templates_started_total", "Template processes started (pool_template_forks), rotations included.", nil, nil)
-	poolTplForkDesc  = prometheus.NewDesc("sandboxd_pool_template_forks_total", "Forks the template processes made (pool_template_forks).", nil, nil)
+	poolSizeDesc       = prometheus.NewDesc("sandboxd_pool_size", "pool_size: warm sandboxes kept per policy on its own runtime (runtime_pool_size.NAME keeps more on others; GET /v1/capacity has each template's size).", nil, nil)
+	poolReadyDesc      = prometheus.NewDesc("sandboxd_pool_ready", "Warm sandboxes ready for an execution.", nil, nil)
+	poolStartingDesc   = prometheus.NewDesc("sandboxd_pool_starting", "Warm sandboxes starting (importing the preload).", nil, nil)
+	poolTakenDesc      = prometheus.NewDesc("sandboxd_pool_taken_total", "Executions served by a warm sandbox.", nil, nil)
+	poolFailDesc       = prometheus.NewDesc("sandboxd_pool_refill_failures_total", "Warm sandboxes that failed to start.", nil, nil)
+	poolRetiredDesc    = prometheus.NewDesc("sandboxd_pool_retired_total", "Warm sandboxes retired unused after pool_max_idle.", nil, nil)
+	poolMemDesc        = prometheus.NewDesc("sandboxd_pool_idle_memory_bytes", "Memory the ready warm sandboxes hold, as their cgroups account it.", nil, nil)
+	poolTplDesc        = prometheus.NewDesc("sandboxd_pool_templates", "Template processes running (pool_template_forks), retired ones included until their last fork ends.", nil, nil)
+	poolTplStartDesc   = prometheus.NewDesc("sandboxd_pool_templates_started_total", "Template processes started (pool_template_forks), rotations included.", nil, nil)
+	poolTplForkDesc    = prometheus.NewDesc("sandboxd_pool_template_forks_total", "Forks the template processes made (pool_template_forks).", nil, nil)
+	poolKernelForkDesc = prometheus.NewDesc("sandboxd_pool_kernel_forks_total",
+		"Session kernels forked from their template on demand (pool_template_forks, no warm sandbox ready): neither taken from the pool nor started cold.", nil, nil)
 	poolFallbackDesc = prometheus.NewDesc("sandboxd_pool_fallback_total",
-		"Executions that matched a warm template but ran cold, by reason: dead (the warm sandbox had died), env (the request sets a variable a warm sandbox cannot apply).",
+		"Executions and session kernels that matched a warm template but ran cold, by reason: dead (the warm sandbox had died), env (the request sets a variable a warm sandbox cannot apply), fork (a session kernel's on-demand fork could not be made: its template broken, refused or not startable).",
 		[]string{"reason"}, nil)
 )
 
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{poolSizeDesc, poolReadyDesc, poolStartingDesc, poolTakenDesc, poolFailDesc, poolRetiredDesc, poolMemDesc,
-		poolTplDesc, poolTplStartDesc, poolTplForkDesc, poolFallbackDesc} {
+		poolTplDesc, poolTplStartDesc, poolTplForkDesc, poolKernelForkDesc, poolFallbackDesc} {
 		ch <- d
 	}
 }
@@ -126,7 +128,9 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(poolTplStartDesc, prometheus.CounterValue, float64(st.TemplatesStarted))
 	ch <- prometheus.MustNewConstMetric(poolTplForkDesc, prometheus.CounterValue, float64(st.TemplateForks))
 	ch <- prometheus.MustNewConstMetric(poolFallbackDesc, prometheus.CounterValue, float64(st.FallbackDead), "dead")
+	ch <- prometheus.MustNewConstMetric(poolKernelForkDesc, prometheus.CounterValue, float64(st.KernelForks))
 	ch <- prometheus.MustNewConstMetric(poolFallbackDesc, prometheus.CounterValue, float64(st.FallbackEnv), "env")
+	ch <- prometheus.MustNewConstMetric(poolFallbackDesc, prometheus.CounterValue, float64(st.FallbackFork), "fork")
 }
 
 // sessionCollector exports the session manager's state, one Stats() per

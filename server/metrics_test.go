@@ -10,13 +10,19 @@ import (
 
 func TestPoolCollectorExportsFallbacks(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(&poolCollector{size: 2, stats: func() warmpool.Stats { return warmpool.Stats{FallbackDead: 3, FallbackEnv: 5} }})
+	reg.MustRegister(&poolCollector{size: 2, stats: func() warmpool.Stats {
+		return warmpool.Stats{FallbackDead: 3, FallbackEnv: 5, FallbackFork: 7, KernelForks: 11}
+	}})
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := map[string]float64{}
+	forked := -1.0
 	for _, f := range families {
+		if f.GetName() == "sandboxd_pool_kernel_forks_total" {
+			forked = f.GetMetric()[0].GetCounter().GetValue()
+		}
 		if f.GetName() != "sandboxd_pool_fallback_total" {
 			continue
 		}
@@ -28,7 +34,10 @@ func TestPoolCollectorExportsFallbacks(t *testing.T) {
 			got[strings.Join(labels, ",")] = m.GetCounter().GetValue()
 		}
 	}
-	if got["reason=dead"] != 3 || got["reason=env"] != 5 || len(got) != 2 {
+	if got["reason=dead"] != 3 || got["reason=env"] != 5 || got["reason=fork"] != 7 || len(got) != 3 {
 		t.Fatalf("sandboxd_pool_fallback_total = %v", got)
+	}
+	if forked != 11 {
+		t.Fatalf("sandboxd_pool_kernel_forks_total = %v", forked)
 	}
 }

@@ -43,8 +43,9 @@ const forkTimeout = 30 * time.Second
 // templateProc is one running template of a Template.
 type templateProc struct {
 	tpl *nsjail.Template
-	// ctl is the pool's end of T's control socket (TemplateFD). Only the
-	// template pool's refill goroutine uses it: one request at a time.
+	// ctl is the pool's end of T's control socket (TemplateFD), used
+	// under the template pool's fork lock (templatePool.forking): one
+	// request at a time.
 	ctl *net.UnixConn
 	// forks counts the forks asked for; started is when it was started
 	// (rotation: Config.TemplateMaxForks, Config.TemplateMaxAge).
@@ -129,9 +130,36 @@ func (p *Pool) retireTemplate(tproc *templateProc) <-chan *nsjail.Result {
 	return ended
 }
 
+// lockFork takes tp's fork lock (templatePool.forking), or fails with
+// ctx's error when ctx ends first, or errPoolClosed when the pool closes.
+func (p *Pool) lockFork(ctx context.Context, tp *templatePool) error {
+	select {
+	case tp.forking <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-p.stop:
+		return errPoolClosed
+	}
+	select {
+	case <-p.stop:
+		// Both were ready: the pool is closed all the same.
+		tp.unlockFork()
+		return errPoolClosed
+	default:
+		return nil
+	}
+}
+
+func (tp *templatePool) unlockFork() { <-tp.forking }
+
 // startFork makes one warm sandbox of t, a fork of tp's template, with
-// its own workspace.
-func (p *Pool) startFork(f Forker, tp *templatePool) (*warmSandbox, error) {
+// its own workspace. The caller holds tp's fork lock (lockFork).
+func (p *Pool) startFork(f Forker, tp *templatePool) (w *warmSandbox, err error) {
+	defer func() {
+		if !errors.Is(err, errPoolClosed) {
+			tp.forkErr = err
+		}
+	}()
 	if old := tp.proc; old != nil && p.rotates(old) {
 		// TEMPLATE.md section 7: what forks share with their template
 		// (its address-space layout, its hash secret) is bounded by how

@@ -109,12 +109,14 @@ type KernelResult struct {
 
 // Kernel is a running session kernel.
 type Kernel struct {
-	w         *warmSandbox
-	sb        *nsjail.Sandbox
-	log       *slog.Logger
-	lim       nsjail.Limits // the spec's, zero fields defaulted where used
-	warm      bool
-	startedAt time.Time
+	w   *warmSandbox
+	sb  *nsjail.Sandbox
+	log *slog.Logger
+	lim nsjail.Limits // the spec's, zero fields defaulted where used
+	// warm: from a ready warm sandbox of the pool; forked: from a fork of
+	// its template made for it (StartKernel); neither: cold.
+	warm, forked bool
+	startedAt    time.Time
 	// bound is the host directory the session's volume is bound on (a warm
 	// kernel's workspace), mntID that bind's mount id; warmWS is removed
 	// after the unbind. All empty for a cold kernel.
@@ -206,9 +208,14 @@ var errDiedBeforeHandoff = errors.New("the warm sandbox died before its kernel t
 // StartKernel starts a kernel for spec (spec.Workspace is the session's
 // volume, spec.Args ignored): from a ready warm sandbox of a matching
 // template when there is one (no import on the request path), whose
-// workspace then gets spec.Workspace bound over it, else cold. It works on
-// a pool of Size 0 (always cold). spec.Workspace must be the root of a
-// mount (openVolumeRoot).
+// workspace then gets spec.Workspace bound over it; else, with
+// Config.Forks, from a fork of that template made now (tens of ms and a
+// few MiB, not a cold zygote's import and ~80 MiB), handed off the same
+// way; else, or when no fork can be made (the template broken, refused,
+// not startable), cold. WarmOnly never makes a fork: it starts nothing
+// the pool did not make already (SECURITY.md case 61). It works on a pool
+// of Size 0 (always cold: it has no template). spec.Workspace must be the
+// root of a mount (openVolumeRoot).
 func (p *Pool) StartKernel(ctx context.Context, spec nsjail.Spec, o KernelOptions) (*Kernel, error) {
 	spec.Args = zygoteArgs(p.cfg.Preload)
 	spec.Cwd = inside.Workspace
@@ -232,7 +239,7 @@ func (p *Pool) StartKernel(ctx context.Context, spec nsjail.Spec, o KernelOption
 	// bound on.
 	if p.cfg.WorkspaceBytes > 0 {
 		if w, tp := p.take(func(t Template) (bool, bool) { ok := t.MatchesKernel(&spec); return ok, ok }); w != nil {
-			k, err := p.startWarmKernel(ctx, w, tp, root, spec, o)
+			k, err := p.startWarmKernel(ctx, w, tp, root, spec, o, false)
 			if !errors.Is(err, errDiedBeforeHandoff) {
 				return k, err
 			}
@@ -240,18 +247,98 @@ func (p *Pool) StartKernel(ctx context.Context, spec nsjail.Spec, o KernelOption
 			p.mu.Lock()
 			p.stats.FallbackDead++
 			p.mu.Unlock()
-			log.Warn("warm sandbox found dead at a kernel's hand-off; starting the kernel cold", "error", err)
+			log.Warn("warm sandbox found dead at a kernel's hand-off; starting the kernel from a fork or cold", "error", err)
 		}
 	}
 	if o.WarmOnly {
 		return nil, ErrNoWarmSandbox
 	}
+	if p.cfg.WorkspaceBytes > 0 && p.cfg.Forks {
+		k, err := p.startForkedKernel(ctx, root, spec, o)
+		switch {
+		case err == nil:
+			return k, nil
+		case errors.Is(err, errNoTemplate):
+		case errors.Is(err, errForkFailed):
+			p.mu.Lock()
+			p.stats.FallbackFork++
+			p.mu.Unlock()
+			log.Warn("no fork could be made for a session's kernel; starting it cold", "error", err)
+		default:
+			return nil, err
+		}
+	}
 	return p.startColdKernel(ctx, spec, o)
 }
 
+// errNoTemplate: the pool has no template for the kernel (its policy's
+// pool size is 0, or the pool is off): it starts cold, as without forks.
+var errNoTemplate = errors.New("no template of the pool matches the kernel")
+
+// errForkFailed: no fork of the kernel's template could be made (the
+// template broken, refused to fork, could not be started; the fork died
+// before its hand-off): the kernel starts cold instead.
+var errForkFailed = errors.New("the kernel's fork failed")
+
+// startForkedKernel starts a kernel for spec from a fork of its template
+// (Template.MatchesKernel, as take finds one) made on the request path
+// (with Config.Forks, when the pool had no ready warm sandbox for it), as
+// startWarmKernel does from a ready one. errNoTemplate: the pool has no
+// such template; errForkFailed: no fork could be made now; errPoolClosed
+// or ctx's error: the pool closed, or the request ended, before the fork.
+func (p *Pool) startForkedKernel(ctx context.Context, root int, spec nsjail.Spec, o KernelOptions) (*Kernel, error) {
+	f, ok := p.sandboxer.(Forker)
+	if !ok {
+		return nil, errNoTemplate
+	}
+	var tp *templatePool
+	p.mu.Lock()
+	for _, t := range p.templates {
+		if t.t.MatchesKernel(&spec) {
+			tp = t
+			break
+		}
+	}
+	p.mu.Unlock()
+	if tp == nil {
+		return nil, errNoTemplate
+	}
+	// The template's fork lock: the refill may be making one of its forks
+	// (tens of ms; a template's start and import after a rotation or a
+	// failure, ~1.5 s), and one template forks once at a time.
+	if err := p.lockFork(ctx, tp); err != nil {
+		return nil, err
+	}
+	if tp.proc == nil && tp.forkErr != nil {
+		// The refill's last fork failed and left no template: this one
+		// would most likely fail as well, after a template's start and
+		// import on the request path. The refill retries, backing off.
+		err := tp.forkErr
+		tp.unlockFork()
+		return nil, fmt.Errorf("%w: the template's last fork failed and none runs: %w", errForkFailed, err)
+	}
+	w, err := p.startFork(f, tp)
+	tp.unlockFork()
+	if errors.Is(err, errPoolClosed) {
+		return nil, err
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errForkFailed, err)
+	}
+	k, err := p.startWarmKernel(ctx, w, tp, root, spec, o, true)
+	if errors.Is(err, errDiedBeforeHandoff) {
+		return nil, fmt.Errorf("%w: %w", errForkFailed, err)
+	}
+	return k, err
+}
+
 // startWarmKernel binds the volume root (openVolumeRoot's fd for
-// spec.Workspace) over w's workspace and hands w off as a kernel.
-func (p *Pool) startWarmKernel(ctx context.Context, w *warmSandbox, tp *templatePool, root int, spec nsjail.Spec, o KernelOptions) (*Kernel, error) {
+// spec.Workspace) over w's workspace and hands w off as a kernel. w is a
+// ready sandbox taken from tp's, or, onDemand, a fork of tp's template
+// made for this kernel (startForkedKernel), which took nothing from the
+// pool: no refill to wake, counted in KernelForks, not Taken.
+func (p *Pool) startWarmKernel(ctx context.Context, w *warmSandbox, tp *templatePool, root int, spec nsjail.Spec, o KernelOptions,
+	onDemand bool) (*Kernel, error) {
 	if w.dead() {
 		p.retiring.Add(1)
 		go func() {
@@ -272,23 +359,33 @@ func (p *Pool) startWarmKernel(ctx context.Context, w *warmSandbox, tp *template
 	if err := w.pending.SetNice(0); err != nil {
 		p.log.Warn("warm pool: unable to restore the sandbox's priority", "sandbox", w.pending.ID(), "error", err)
 	}
+	bind := &warmBind{dir: w.workspace, mntID: mntID, refill: tp.wakeRefill, onDemand: onDemand}
+	if onDemand {
+		bind.refill = nil
+	}
 	// On an error the kernel has ended, its workspace unbound and removed.
-	k, err := p.handOffKernel(ctx, w, spec, o, &warmBind{dir: w.workspace, mntID: mntID, refill: tp.wakeRefill})
+	k, err := p.handOffKernel(ctx, w, spec, o, bind)
 	if err != nil {
 		return nil, err
 	}
 	p.mu.Lock()
-	p.stats.Taken++
-	tp.taken++
+	if onDemand {
+		p.stats.KernelForks++
+	} else {
+		p.stats.Taken++
+		tp.taken++
+	}
 	p.mu.Unlock()
 	return k, nil
 }
 
-// warmBind is a warm kernel's volume bind, undone when it ends.
+// warmBind is a warm kernel's volume bind, undone when it ends; onDemand:
+// the warm sandbox is a fork made for this kernel.
 type warmBind struct {
-	dir    string
-	mntID  uint64
-	refill func()
+	dir      string
+	mntID    uint64
+	refill   func()
+	onDemand bool
 }
 
 // startColdKernel starts a zygote with the session's volume as its
@@ -328,7 +425,8 @@ func (p *Pool) handOffKernel(ctx context.Context, w *warmSandbox, spec nsjail.Sp
 	}
 	life, cancel := context.WithCancel(context.Background())
 	k := &Kernel{
-		w: w, sb: sb, log: log.With("sandbox", sb.ID()), lim: spec.Limits, warm: bind != nil,
+		w: w, sb: sb, log: log.With("sandbox", sb.ID()), lim: spec.Limits, warm: bind != nil && !bind.onDemand,
+		forked: bind != nil && bind.onDemand,
 		cancel: cancel, ended: make(chan struct{}), readerDone: make(chan struct{}), pidfd: pidfd,
 	}
 	if perr != nil {
@@ -1058,6 +1156,10 @@ func (k *Kernel) StartedAt() time.Time { return k.startedAt }
 
 // Warm reports whether the kernel came from a ready warm sandbox.
 func (k *Kernel) Warm() bool { return k.warm }
+
+// Forked reports whether the kernel came from a fork of its template made
+// for it on the request path (Config.Forks, no warm sandbox was ready).
+func (k *Kernel) Forked() bool { return k.forked }
 
 // MemoryBytes is what the kernel's cgroup accounts now.
 func (k *Kernel) MemoryBytes() int64 {

@@ -35,12 +35,22 @@ type kernelEnv struct {
 // cold) with tmpfs warm workspaces, as the server keeps them.
 func newKernelEnv(t testing.TB, size int) *kernelEnv {
 	t.Helper()
+	return newKernelEnvForks(t, size, nil)
+}
+
+// newKernelEnvForks is newKernelEnv with Config.Forks set to *forks (nil:
+// poolConfig's, or kernelsOnForks).
+func newKernelEnvForks(t testing.TB, size int, forks *bool) *kernelEnv {
+	t.Helper()
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	r := newPoolRunner(t)
 	tpl := poolTemplate(rootfs)
 	workRoot := t.TempDir()
 	cfg := poolConfig(t, size, workRoot, 64<<20)
 	cfg.Forks = cfg.Forks || kernelsOnForks
+	if forks != nil {
+		cfg.Forks = *forks
+	}
 	pool, err := warmpool.New(r, cfg, []warmpool.Template{tpl}, poolQuietLog)
 	if err != nil {
 		t.Fatal(err)
@@ -696,5 +706,125 @@ func TestKernelRefusesAnUnmountedWorkspace(t *testing.T) {
 		if st := e.pool.Stats(); st.Ready != uint64(size) {
 			t.Errorf("pool of size %d after the refusal: %+v", size, st)
 		}
+	}
+}
+
+// TestKernelForkedOnDemand: with template forks (Config.Forks), a
+// session's kernel requested while the pool has no ready warm sandbox is
+// a fork of its template made then, not a cold zygote: its process is a
+// fork of the template's (its command line is template.py's, a cold
+// kernel's is zygote.py's), it is counted in KernelForks and
+// TemplateForks, not in Taken, its workspace is the session's volume and
+// it keeps its state; kernels asked for at once are each forked (one
+// fork of the template at a time: templatePool.forking). Without forks
+// such a kernel is cold, as it always was.
+func TestKernelForkedOnDemand(t *testing.T) {
+	requireTemplates(t)
+	for _, forks := range []bool{true, false} {
+		t.Run(map[bool]string{true: "forks", false: "zygotes"}[forks], func(t *testing.T) {
+			e := newKernelEnvForks(t, 1, &forks)
+			// The pool's one ready sandbox is taken by a kernel that runs
+			// nothing: its refill is woken only after a first execution or
+			// at its end (the pool's ticker may refill it all the same:
+			// a kernel that found a ready one is set aside below).
+			e.start(t, e.sessionDir(t), true, warmpool.KernelOptions{})
+			taken := 0 // kernels that found a ready sandbox all the same
+			startDrained := func(ws string) (*warmpool.Kernel, time.Duration) {
+				t.Helper()
+				for ; taken < 3; taken++ {
+					start := time.Now()
+					k, err := e.pool.StartKernel(context.Background(), e.spec(ws), warmpool.KernelOptions{})
+					took := time.Since(start)
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(k.Close)
+					if !k.Warm() {
+						return k, took
+					}
+				}
+				t.Fatalf("every kernel found a ready warm sandbox: %+v", e.pool.Stats())
+				return nil, 0
+			}
+			before := e.pool.Stats()
+			ws := e.sessionDir(t)
+			k, took := startDrained(ws)
+			st := e.pool.Stats()
+			t.Logf("kernel started in %s (forked: %v)", took, k.Forked())
+			if k.Forked() != forks {
+				t.Fatalf("forked = %v with Config.Forks %v; stats %+v", k.Forked(), forks, st)
+			}
+			wantForks := uint64(0)
+			if forks {
+				wantForks = 1
+			}
+			if st.KernelForks != before.KernelForks+wantForks || st.TemplateForks < before.TemplateForks+wantForks ||
+				st.FallbackFork != 0 || st.FallbackDead != 0 || (!forks && st.TemplateForks != 0) {
+				t.Fatalf("stats before %+v, after %+v", before, st)
+			}
+			// Not a take: only the kernels that found a ready sandbox are.
+			if st.Taken != before.Taken+uint64(taken) {
+				t.Fatalf("%d kernels found a ready sandbox; stats before %+v, after %+v", taken, before, st)
+			}
+			pid, err := warmpool.KernelPid(k)
+			if err != nil || pid == 0 {
+				t.Fatalf("kernel pid %d: %v", pid, err)
+			}
+			cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			if err != nil {
+				t.Fatal(err)
+			}
+			args := strings.Split(string(cmdline), "\x00")
+			wantSource, wantWho := warmpool.ZygoteArgs(nil)[3], "a zygote's child"
+			if forks {
+				wantSource, wantWho = warmpool.TemplateArgs(nil)[3], "a fork of the template"
+			}
+			if len(args) < 4 || args[3] != wantSource {
+				t.Fatalf("the kernel process %d is not %s: %d args, %.80q", pid, wantWho, len(args), args)
+			}
+			want(t, run(t, k, `import pandas as pd
+x = 41
+open("/workspace/from_kernel.txt", "w").write("hello")`), nsjail.StatusSucceeded, 0, "")
+			kr := run(t, k, "print(x + 1, pd.__name__)")
+			want(t, kr, nsjail.StatusSucceeded, 0, "42 pandas\n")
+			wantAlive(t, kr)
+			if b, err := os.ReadFile(filepath.Join(ws, "from_kernel.txt")); err != nil || string(b) != "hello" {
+				t.Fatalf("the session's volume holds %q, %v", b, err)
+			}
+			if !forks {
+				return
+			}
+			// Three at once (and the refill, if its ticker fires, beside
+			// them): each is a fork, or a take of what the refill made,
+			// never cold.
+			before = e.pool.Stats()
+			errs := make(chan error, 3)
+			for range 3 {
+				ws := e.sessionDir(t)
+				go func() {
+					k, err := e.pool.StartKernel(context.Background(), e.spec(ws), warmpool.KernelOptions{})
+					if err == nil {
+						defer k.Close()
+						if !k.Forked() && !k.Warm() {
+							err = errors.New("a cold kernel")
+						} else if kr, xerr := k.Exec(context.Background(), warmpool.KernelExec{Code: "print(1)"}); xerr != nil {
+							err = xerr
+						} else if string(kr.Result.Stdout) != "1\n" {
+							err = fmt.Errorf("stdout %q", kr.Result.Stdout)
+						}
+					}
+					errs <- err
+				}()
+			}
+			for range 3 {
+				if err := <-errs; err != nil {
+					t.Error(err)
+				}
+			}
+			st = e.pool.Stats()
+			if got := (st.KernelForks - before.KernelForks) + (st.Taken - before.Taken); got != 3 || st.FallbackFork != 0 {
+				t.Fatalf("3 kernels: stats before %+v, after %+v", before, st)
+			}
+		})
 	}
 }

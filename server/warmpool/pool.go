@@ -97,9 +97,15 @@ type Stats struct {
 	// With Config.Forks: Templates is the number of template processes
 	// running (retired ones included until they end), TemplatesStarted
 	// and TemplateForks count those started (rotations included) and the
-	// forks they made.
+	// forks they made (for the pool and on demand).
 	Templates                       int
 	TemplatesStarted, TemplateForks uint64
+	// KernelForks counts the session kernels forked from their template
+	// on demand (Config.Forks, no ready warm sandbox: StartKernel): not
+	// taken from the pool (not in Taken) and not cold. FallbackFork
+	// counts those whose fork failed (the template broken, refused or not
+	// startable) and that started cold instead.
+	KernelForks, FallbackFork uint64
 }
 
 // Pool keeps pre-started, single-use sandboxes whose Python has already
@@ -124,10 +130,22 @@ type Pool struct {
 
 type templatePool struct {
 	t Template
+	// forking is the template's fork lock (a semaphore of one: holding
+	// it is having sent its one value), held across each startFork: by
+	// keepFull's refill and by a session kernel forked on demand
+	// (StartKernel), and by Close as it stops proc. It guards proc (its
+	// start, rotation and retirement, and its control socket: one request
+	// at a time) and keeps one fork of the template in flight at a time,
+	// which nsjail's cgroup v2 shells rely on (PrepareShell hands
+	// tpl-<id>/cgroup.procs to the template until endFork: SECURITY.md
+	// case 70). A channel rather than a sync.Mutex so that a kernel's wait
+	// for it ends with its request or the pool's Close (lockFork).
+	forking chan struct{}
 	// proc is the running template process, with Config.Forks (nil
-	// until the first refill, or after one broke); only keepFull's
-	// goroutine touches it, and Close once that goroutine ended.
+	// until the first fork, or after one broke); forkErr is the last
+	// startFork's error (nil after a fork made). Both under forking.
 	proc    *templateProc
+	forkErr error
 	ready   []*warmSandbox
 	refill  chan struct{}
 	backoff time.Duration
@@ -205,7 +223,7 @@ func New(sandboxer Sandboxer, cfg Config, templates []Template, log *slog.Logger
 		if t.Size == 0 {
 			continue
 		}
-		tp := &templatePool{t: t, refill: make(chan struct{}, 1)}
+		tp := &templatePool{t: t, refill: make(chan struct{}, 1), forking: make(chan struct{}, 1)}
 		p.templates = append(p.templates, tp)
 		p.wg.Add(1)
 		go p.keepFull(tp)
@@ -516,7 +534,10 @@ func (p *Pool) startOne(tp *templatePool) bool {
 	var w *warmSandbox
 	var err error
 	if f, ok := p.sandboxer.(Forker); ok && p.cfg.Forks {
-		w, err = p.startFork(f, tp)
+		if err = p.lockFork(context.Background(), tp); err == nil {
+			w, err = p.startFork(f, tp)
+			tp.unlockFork()
+		}
 	} else {
 		w, err = p.start(tp.t)
 	}
@@ -665,12 +686,15 @@ func (p *Pool) Close() {
 	}
 	// A template's forks are in its pid namespace: it is stopped only once
 	// every fork handed off has ended (the server closes its sessions'
-	// kernels first).
+	// kernels first). A kernel's fork in flight ends at the stop; none
+	// starts after it (lockFork checks the stop once it holds the lock).
 	for _, tp := range p.templates {
+		tp.forking <- struct{}{}
 		if tp.proc != nil {
 			p.retireTemplate(tp.proc)
 			tp.proc = nil
 		}
+		tp.unlockFork()
 	}
 	p.retiring.Wait()
 }
