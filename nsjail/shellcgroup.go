@@ -164,6 +164,11 @@ func (p *PreparedShell) Close() error {
 	return errors.Join(errs...)
 }
 
+// ErrTemplateUnusable: the template may not fork again (an earlier fork's
+// tpl-<id>/cgroup.procs could not be taken back from it, SECURITY.md case
+// 70): stop it and start another.
+var ErrTemplateUnusable = errors.New("tpl-<id>'s cgroup.procs could not be taken back from this template after a fork: it may not fork again")
+
 // beginFork hands tpl-<id>'s cgroup.procs to the template's host root
 // (uid) for a fork in flight: the common ancestor F's clone3
 // CLONE_INTO_CGROUP must be allowed to write to (E7).
@@ -171,7 +176,7 @@ func (t *Template) beginFork(uid int) error {
 	t.preparedMu.Lock()
 	defer t.preparedMu.Unlock()
 	if t.chownBackFailed {
-		return errors.New("an earlier fork's cgroup.procs could not be taken back from this template: stop it")
+		return ErrTemplateUnusable
 	}
 	if t.forksInFlight == 0 {
 		if err := os.Chown(filepath.Join(t.dirV2, "cgroup.procs"), uid, uid); err != nil {

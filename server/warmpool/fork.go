@@ -259,6 +259,9 @@ func (p *Pool) fork(f Forker, tproc *templateProc, spec nsjail.Spec) (w *warmSan
 	// (TEMPLATE.md section 4): made before the request. Closed whatever
 	// happens: once the shell started, the cgroup is the shell's.
 	prep, err := f.PrepareShell(tproc.tpl)
+	if errors.Is(err, nsjail.ErrTemplateUnusable) {
+		err = fmt.Errorf("%w: %v", errTemplateBroken, err) // retired below, a new one started
+	}
 	if err != nil {
 		return fail(err)
 	}
