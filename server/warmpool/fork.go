@@ -90,6 +90,13 @@ func (p *Pool) rotates(tproc *templateProc) bool {
 		(p.cfg.TemplateMaxAge > 0 && time.Since(tproc.started) >= p.cfg.TemplateMaxAge)
 }
 
+// rotatesSoon tells whether tproc is within a tenth of its share (forks
+// or age) of rotating: its successor is then started ahead (startFork).
+func (p *Pool) rotatesSoon(tproc *templateProc) bool {
+	return (p.cfg.TemplateMaxForks > 0 && tproc.forks >= p.cfg.TemplateMaxForks-max(1, p.cfg.TemplateMaxForks/10)) ||
+		(p.cfg.TemplateMaxAge > 0 && time.Since(tproc.started) >= p.cfg.TemplateMaxAge-p.cfg.TemplateMaxAge/10)
+}
+
 // closeShellsGrace bounds how long a closed pool waits for the forks
 // still in use (the server ends its sessions' kernels before it closes
 // the pool; a fork that outlives that is killed with its template).
@@ -169,12 +176,31 @@ func (p *Pool) startFork(f Forker, tp *templatePool) (w *warmSandbox, err error)
 		p.retireTemplate(old)
 		tp.proc = nil
 	}
+	if tp.proc == nil && tp.next != nil {
+		// Started ahead: it has been importing the preload since.
+		tp.proc, tp.next = tp.next, nil
+	}
 	if tp.proc == nil {
 		proc, err := p.startTemplate(f, tp.t)
 		if err != nil {
 			return nil, fmt.Errorf("unable to start the template: %w", err)
 		}
 		tp.proc = proc
+	}
+	if tp.next == nil && p.rotatesSoon(tp.proc) {
+		// The successor imports the preload while this one still
+		// forks, so the rotation does not stop the refill for the
+		// length of an import (~1.5 s, during which the ready sandboxes
+		// drain and executions start cold).
+		next, err := p.startTemplate(f, tp.t)
+		if err != nil {
+			p.log.Warn("warm pool: unable to start the next template ahead; it starts at the rotation", "error", err)
+		} else {
+			tp.next = next
+			p.mu.Lock()
+			p.stats.TemplatesAhead++
+			p.mu.Unlock()
+		}
 	}
 	ws, err := workspace.CreateWarm(p.cfg.WorkRoot, workspace.Options{
 		Bytes: p.cfg.WorkspaceBytes, Inodes: p.cfg.WorkspaceInodes, UID: p.sandboxer.HostUID(), GID: p.sandboxer.HostGID(),

@@ -100,6 +100,9 @@ type Stats struct {
 	// forks they made (for the pool and on demand).
 	Templates                       int
 	TemplatesStarted, TemplateForks uint64
+	// TemplatesAhead counts the templates started ahead of a rotation
+	// (rotatesSoon), TemplatesStarted included.
+	TemplatesAhead uint64
 	// KernelForks counts the session kernels forked from their template
 	// on demand (Config.Forks, no ready warm sandbox: StartKernel): not
 	// taken from the pool (not in Taken) and not cold. FallbackFork
@@ -146,6 +149,10 @@ type templatePool struct {
 	// startFork's error (nil after a fork made). Both under forking.
 	proc    *templateProc
 	forkErr error
+	// next is proc's successor, started ahead when proc is about to
+	// rotate (rotatesSoon): it imports the preload meanwhile and forks
+	// nothing until it becomes proc. Under forking.
+	next    *templateProc
 	ready   []*warmSandbox
 	refill  chan struct{}
 	backoff time.Duration
@@ -690,10 +697,12 @@ func (p *Pool) Close() {
 	// starts after it (lockFork checks the stop once it holds the lock).
 	for _, tp := range p.templates {
 		tp.forking <- struct{}{}
-		if tp.proc != nil {
-			p.retireTemplate(tp.proc)
-			tp.proc = nil
+		for _, proc := range []*templateProc{tp.proc, tp.next} {
+			if proc != nil {
+				p.retireTemplate(proc)
+			}
 		}
+		tp.proc, tp.next = nil, nil
 		tp.unlockFork()
 	}
 	p.retiring.Wait()

@@ -716,7 +716,11 @@ func TestTemplateRotation(t *testing.T) {
 		seen[strings.TrimSpace(string(run(`print(hash("sandboxd"))`).Stdout))]++
 	}
 	seen[strings.TrimSpace(string((<-busy).Stdout))]++
-	if st := pool.Stats(); st.Taken != 6 || st.RefillFailures != 0 || st.TemplatesStarted < 3 || st.TemplateForks < 6 || st.Templates < 1 {
+	// Each rotation's successor was started ahead (rotatesSoon: a tenth of
+	// the share, at least one fork, before it), so that it imported the
+	// preload while the old one still forked.
+	if st := pool.Stats(); st.Taken != 6 || st.RefillFailures != 0 || st.TemplatesStarted < 3 || st.TemplateForks < 6 || st.Templates < 1 ||
+		st.TemplatesAhead < st.TemplatesStarted-1 {
 		t.Fatalf("stats %+v", st)
 	}
 	// Each template's forks share its hash secret: 6 executions of
