@@ -205,8 +205,10 @@ func frozenSessionKernel(t *testing.T, s *supervised) string {
 }
 
 // frozenCgroups lists the frozen sandbox cgroups under the sandboxes'
-// parent (v1: freezer.state FROZEN; v2: cgroup.events "frozen 1"); the
-// freezer anchor, which holds no process, is not one.
+// parent (v1: freezer.state FROZEN; v2: cgroup.events "frozen 1"): its
+// children and, with template forks, the shells' cgroups below each
+// template's (tpl-<id>/sbx-<id>); the freezer anchor, which holds no
+// process, is not one.
 func frozenCgroups(t *testing.T, parent string) []string {
 	t.Helper()
 	dirs, err := nsjailtest.ParentCgroupDirs(parent)
@@ -214,13 +216,19 @@ func frozenCgroups(t *testing.T, parent string) []string {
 		t.Fatal(err)
 	}
 	var out []string
-	for _, d := range dirs {
+	for len(dirs) > 0 {
+		d := dirs[0]
+		dirs = dirs[1:]
 		entries, _ := os.ReadDir(d)
 		for _, e := range entries {
 			if !e.IsDir() || strings.HasPrefix(e.Name(), "_") {
 				continue
 			}
 			p := filepath.Join(d, e.Name())
+			if strings.HasPrefix(e.Name(), "tpl-") {
+				dirs = append(dirs, p) // a template's: its shells are below
+				continue
+			}
 			if b, err := os.ReadFile(filepath.Join(p, "freezer.state")); err == nil && strings.TrimSpace(string(b)) == "FROZEN" {
 				out = append(out, p)
 			}
