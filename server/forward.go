@@ -201,8 +201,12 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, id, owner strin
 	_ = http.NewResponseController(w).EnableFullDuplex()
 	// The client's body, its read deadline paced as a direct upload's
 	// (session_files.go): a large one is not cut at read_timeout.
-	body := &forwardBody{w: w, r: &paced{r: r.Body,
-		pacer: newPacer(http.NewResponseController(w).SetReadDeadline, time.Duration(s.cfg.ReadTimeout))}}
+	body := &forwardBody{rc: http.NewResponseController(w), has: r.ContentLength != 0, discard: time.Duration(s.cfg.ReadTimeout)}
+	body.r = &paced{r: r.Body, pacer: newPacer(body.setReadDeadline, time.Duration(s.cfg.ReadTimeout))}
+	// Before this handler returns, the transport is done with the client's
+	// body (it may still be reading it: an owner that answered first):
+	// net/http reads the connection next (forwardBody.end).
+	defer body.end(w)
 	var outcome atomic.Value
 	outcome.Store(fwdProxied)
 	defer func() {
@@ -273,7 +277,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, id, owner strin
 		},
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
-	rp.ServeHTTP(&rearmWriter{ResponseWriter: w, rc: http.NewResponseController(w), timeout: time.Duration(s.cfg.WriteTimeout)}, r)
+	rp.ServeHTTP(&rearmWriter{ResponseWriter: w, rc: http.NewResponseController(w), timeout: time.Duration(s.cfg.WriteTimeout), body: body}, r)
 	if o := outcome.Load().(string); o != "" {
 		s.metrics.forwards.WithLabelValues(o).Inc()
 	}
@@ -359,27 +363,115 @@ func (t *forwardTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 // decodeBody does (the owner may then take as long as the execution does,
 // as when the worker runs it itself: limits.go, deadlines), and whose
 // failure is kept for the answer (failed).
+//
+// It is read by the transport's write loop, which does not stop when the
+// owner's answer comes: an owner may answer before it has read the body
+// (a 4xx from the headers, or a stream), and the handler may then return
+// while that loop is still in r.Body.Read, or about to call it. net/http
+// reads the connection itself once the handler has returned, and a read of
+// r.Body then is a read of that connection at the same time: "http: panic
+// serving …: invalid concurrent Body.Read call" (the connection dropped),
+// or the body's remaining bytes read by the wrong reader. So end, before
+// the handler returns, stops all reads for good and waits for one under
+// way (TestForwardEarlyAnswer).
 type forwardBody struct {
-	r io.Reader
-	w http.ResponseWriter
-	n atomic.Int64
+	r       io.Reader
+	rc      *http.ResponseController
+	has     bool          // the request has a body (not Content-Length 0)
+	discard time.Duration // read_timeout: how long net/http may drain what is left
+	n       atomic.Int64
+	eof     atomic.Bool // the client's body was read whole
 
-	mu  sync.Mutex
-	err error // the first error but EOF
+	mu      sync.Mutex
+	err     error // the first error but EOF
+	ended   bool  // the handler is returning: no read starts, no deadline moves
+	reading bool  // a read of r is under way
+	idle    *sync.Cond
 }
 
+// errForwardEnded is a read of the client's body once its handler is done.
+var errForwardEnded = errors.New("the request is over: its body is no longer read")
+
 func (b *forwardBody) Read(p []byte) (int, error) {
+	if b.eof.Load() {
+		// Never r.Body again once it said EOF: the transport reads once
+		// more to check the length, and net/http's background read of the
+		// connection has started (a read of the body now would be one of
+		// the connection too).
+		return 0, io.EOF
+	}
+	b.mu.Lock()
+	if b.ended {
+		b.mu.Unlock()
+		return 0, errForwardEnded
+	}
+	b.reading = true
+	b.mu.Unlock()
 	n, err := b.r.Read(p)
 	b.n.Add(int64(n))
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.reading = false
 	switch {
 	case err == io.EOF:
-		liftReadDeadline(b.w)
+		b.eof.Store(true)
+		if !b.ended {
+			b.rc.SetReadDeadline(time.Time{}) // liftReadDeadline
+		}
 	case err != nil:
-		b.mu.Lock()
 		b.err = cmp.Or(b.err, err)
-		b.mu.Unlock()
+	}
+	if b.idle != nil {
+		b.idle.Broadcast()
 	}
 	return n, err
+}
+
+// setReadDeadline is the pacer's: a move once the handler is ending
+// would undo end's (and, after the handler, be one of net/http's next
+// request).
+func (b *forwardBody) setReadDeadline(t time.Time) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ended {
+		return errForwardEnded
+	}
+	return b.rc.SetReadDeadline(t)
+}
+
+// unfinished: the request has a body not read whole yet. An answer that
+// starts then closes the connection (rearmWriter.WriteHeader): what is
+// left of the body may never be read, and must not be taken for the next
+// request; and net/http, with full duplex, does not look for the next one
+// safely after a body it had to finish itself (golang/go#68560: its
+// finishRequest reads the rest to its end after it stopped the
+// connection's background read, that end starts one again, and the read
+// of the next request panics; TestForwardBodyLeftUnsent).
+func (b *forwardBody) unfinished() bool { return b.has && !b.eof.Load() }
+
+// end stops the reads of the client's body before its handler returns,
+// and waits for one under way: a read still blocked on the client is cut
+// (the read deadline now). Then, if the body was not read whole, net/http
+// drains up to 256 KiB of what is left before it closes the connection
+// (so that a client still sending reads the answer, not a reset), within
+// read_timeout.
+func (b *forwardBody) end(w http.ResponseWriter) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.ended = true
+	if !b.unfinished() {
+		return
+	}
+	// No answer written (a client gone): the connection closes too.
+	w.Header().Set("Connection", "close")
+	if b.reading {
+		b.rc.SetReadDeadline(time.Now())
+		b.idle = sync.NewCond(&b.mu)
+		for b.reading {
+			b.idle.Wait()
+		}
+	}
+	b.rc.SetReadDeadline(time.Now().Add(b.discard))
 }
 
 // failed is the error that broke the client's body, or nil.
@@ -399,6 +491,16 @@ type rearmWriter struct {
 	http.ResponseWriter
 	rc      *http.ResponseController
 	timeout time.Duration
+	body    *forwardBody
+}
+
+// WriteHeader closes the connection after an answer that starts before
+// the client's body was read whole (forwardBody.unfinished).
+func (a *rearmWriter) WriteHeader(code int) {
+	if code >= 200 && a.body.unfinished() {
+		a.Header().Set("Connection", "close")
+	}
+	a.ResponseWriter.WriteHeader(code)
 }
 
 func (a *rearmWriter) Write(b []byte) (int, error) {

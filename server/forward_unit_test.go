@@ -12,6 +12,7 @@ import (
 
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -406,5 +407,172 @@ func TestForwardedAnswerOutlivesReadTimeout(t *testing.T) {
 	resp, got, err := u.sendAuthorized(t, req)
 	if resp.StatusCode != http.StatusOK || string(got) != "19" || err != nil {
 		t.Fatalf("a forwarded answer 0.9 s after its body, read_timeout 0.3 s = %d %q (%v)", resp.StatusCode, got, err)
+	}
+}
+
+// probedServer serves a unitEnv's server once more, with net/http's own
+// error log kept (a connection's panic is logged there, not in the
+// worker's log) and each request's body probed: late counts the reads of
+// a body under way when its handler returned, or started after.
+type probedServer struct {
+	addr   string
+	errLog *syncBuffer
+	late   atomic.Int64
+}
+
+func probeServer(t *testing.T, u *unitEnv) *probedServer {
+	p := &probedServer{errLog: &syncBuffer{}}
+	hs := httptest.NewUnstartedServer(nil)
+	hs.Config = u.srv.HTTPServer(log.New(p.errLog, "", 0))
+	h := hs.Config.Handler
+	hs.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body == http.NoBody {
+			h.ServeHTTP(w, r)
+			return
+		}
+		orig := r.Body
+		b := &probeBody{ReadCloser: orig, late: &p.late}
+		r.Body = b
+		h.ServeHTTP(w, r)
+		b.mu.Lock()
+		b.returned = true
+		if b.reading {
+			p.late.Add(1)
+		}
+		b.mu.Unlock()
+		r.Body = orig // net/http's own (finishRequest looks at its type)
+	})
+	hs.Start()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("net/http's error log:\n%s", p.errLog)
+		}
+		hs.Close()
+	})
+	p.addr = hs.Listener.Addr().String()
+	return p
+}
+
+type probeBody struct {
+	io.ReadCloser
+	late *atomic.Int64
+
+	mu                sync.Mutex
+	reading, returned bool
+}
+
+func (b *probeBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	if b.returned {
+		b.late.Add(1)
+	}
+	b.reading = true
+	b.mu.Unlock()
+	n, err := b.ReadCloser.Read(p)
+	b.mu.Lock()
+	b.reading = false
+	b.mu.Unlock()
+	return n, err
+}
+
+// afterAnswer checks the connection an answer came on: one that says
+// "Connection: close" is closed; another must serve a second request.
+// Either way net/http logged no panic.
+func (p *probedServer) afterAnswer(t *testing.T, c net.Conn, br *bufio.Reader, resp *http.Response, path string) {
+	t.Helper()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if resp.Close {
+		if n, err := io.Copy(io.Discard, br); n != 0 || err != nil {
+			t.Errorf("after an answer that said Connection: close: %d more bytes, %v", n, err)
+		}
+	} else {
+		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer tok\r\n\r\n", path)
+		resp2, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Errorf("a second request on the connection (kept alive): %v", err)
+		} else {
+			resp2.Body.Close()
+		}
+	}
+	c.Close()
+	time.Sleep(100 * time.Millisecond) // net/http logs a panic before it closes the connection: this is margin
+	if strings.Contains(p.errLog.String(), "panic serving") {
+		t.Errorf("net/http's connection panicked:\n%s", p.errLog)
+	}
+}
+
+// TestForwardBodyLeftUnsent: a forwarded request whose body the owner
+// never got (it refused the connection: 503) leaves the connection
+// sound. With full duplex, net/http's finishRequest read the body's unread
+// rest to its end after it had stopped the connection's background reads;
+// that end started one again, and the read of the next request found it
+// under way: "http: panic serving …: invalid concurrent Body.Read call"
+// (golang/go#68560), the connection dropped. Failed every run before.
+func TestForwardBodyLeftUnsent(t *testing.T) {
+	u := forwardingUnitEnv(t, &movingPeer{url: refusingURL(t), next: refusingURL(t)}, nil)
+	p := probeServer(t, u)
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	path := "/v1/sessions/" + sessionid.New(sessionid.Token("worker-b")) + "/files/f.csv"
+	fmt.Fprintf(c, "PUT %s HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer tok\r\nContent-Length: 6\r\n\r\ncol\n1\n", path)
+	br := bufio.NewReader(c)
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if eb := decodeErr(t, body); resp.StatusCode != http.StatusServiceUnavailable || eb.Code != "owner_unavailable" {
+		t.Fatalf("an owner that refuses: %d %s", resp.StatusCode, body)
+	}
+	p.afterAnswer(t, c, br, resp, path)
+}
+
+// TestForwardEarlyAnswer: the owner answers before it has read the body
+// (a 403, as an owner does that refuses the request from its headers), and
+// the client sends the rest of its body only once it has that answer
+// whole. The forwarder's handler returned while the transport was still
+// reading the client's body (its write loop in forwardBody.Read, in
+// r.Body.Read), and net/http then read the same connection: a read of the
+// body after its handler returned, and the connection's panic of
+// TestForwardBodyLeftUnsent. Both failed every run before.
+func TestForwardEarlyAnswer(t *testing.T) {
+	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The owner's own server must not wait for the body either
+		// (it would, to drain it, before its answer).
+		http.NewResponseController(w).EnableFullDuplex()
+		w.Header().Set("Connection", "close")
+		w.WriteHeader(http.StatusForbidden)
+		io.WriteString(w, "refused")
+		http.NewResponseController(w).Flush() // chunked: the answer's end comes after the handler
+	}))
+	defer owner.Close()
+	u := forwardingUnitEnv(t, &listedPeers{before: readyAt(owner.URL)}, nil)
+	p := probeServer(t, u)
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	path := "/v1/sessions/" + sessionid.New(sessionid.Token("worker-b")) + "/files/f.bin"
+	half := strings.Repeat("h", 1000)
+	fmt.Fprintf(c, "PUT %s HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer tok\r\nContent-Length: %d\r\n\r\n%s", path, 2*len(half), half)
+	br := bufio.NewReader(c)
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusForbidden || string(body) != "refused" || err != nil {
+		t.Fatalf("the owner's early answer: %d %q %v", resp.StatusCode, body, err)
+	}
+	io.WriteString(c, half) // the rest, which the owner will never read
+	p.afterAnswer(t, c, br, resp, path)
+	if n := p.late.Load(); n != 0 {
+		t.Errorf("%d reads of the client's body under way when its handler returned, or after", n)
 	}
 }
