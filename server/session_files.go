@@ -111,9 +111,18 @@ func (s *Server) withVolume(w http.ResponseWriter, ps httprouter.Params, needPat
 }
 
 // cutOnDelete ends pc's transfer once the lend's context is cancelled;
-// call the returned stop when the transfer is over.
-func cutOnDelete(l *session.Lend, pc *pacer) (stop func() bool) {
-	return context.AfterFunc(l.Ctx, pc.cutOff)
+// call the returned stop when the transfer is over. Once stop returns, the
+// connection's deadline is left alone: AfterFunc's own stop does not wait
+// for a cut it already started, and that cut, run after the handler
+// returned, would set the deadline of the connection's next request (a
+// keep-alive connection cut while idle, or mid-way through the next
+// upload or answer; TestUnitCutOffAfterStopIsNoOp).
+func cutOnDelete(l *session.Lend, pc *pacer) (stop func()) {
+	stopCut := context.AfterFunc(l.Ctx, pc.cutOff)
+	return func() {
+		stopCut()
+		pc.end()
+	}
 }
 
 func (s *Server) handlePutFile(w http.ResponseWriter, r *http.Request, ps httprouter.Params) {
@@ -173,14 +182,16 @@ func (s *Server) uploadError(err error) *apiError {
 // transfer is not cut at the first timeout and a slow one is (SECURITY.md
 // case 44). cutOff ends the transfer for good (the session is being
 // deleted: SECURITY.md case 49): the deadline is now, and never moved
-// again, so a blocked read or write returns at once.
+// again, so a blocked read or write returns at once. end (the transfer is
+// over) makes a later cutOff do nothing.
 type pacer struct {
 	set   func(time.Time) error // http.ResponseController's SetReadDeadline or SetWriteDeadline
 	start time.Time
 	grace time.Duration
 
-	mu    sync.Mutex // orders the moves and the cut
+	mu    sync.Mutex // orders the moves, the cut and the end
 	cut   bool
+	ended bool  // the transfer is over: no cut any more (cutOnDelete)
 	moved int64 // bytes at the last move
 }
 
@@ -209,8 +220,19 @@ func (p *pacer) pace(n int64) error {
 func (p *pacer) cutOff() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.ended {
+		return
+	}
 	p.cut = true
 	p.set(time.Now())
+}
+
+// end makes a later cutOff do nothing; a cut under way is done when it
+// returns (the mutex).
+func (p *pacer) end() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.ended = true
 }
 
 // paced reads an upload, pacing the connection's read deadline.

@@ -5,16 +5,21 @@ package server
 // needs a volume (loop devices) or a kernel is in sessions_test.go.
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"math"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/server/config"
+	"github.com/sandboxd/sandboxd/server/session"
 	"github.com/sandboxd/sandboxd/server/volume"
 )
 
@@ -129,5 +134,76 @@ func TestProfileAnswer(t *testing.T) {
 		case c.status != 200 && (e == nil || e.status != c.status || !strings.Contains(e.msg, c.msg)):
 			t.Errorf("%s: got %+v, want %d %q", c.name, e, c.status, c.msg)
 		}
+	}
+}
+
+// TestUnitCutOffAfterStopIsNoOp: a session's delete cuts a file transfer
+// by moving the connection's deadline to now (SECURITY.md case 49), from
+// context.AfterFunc's own goroutine. A delete landing as the transfer ends
+// can start that goroutine just before the handler's stop, which does not
+// wait for it: the cut then runs after the handler returned, and its
+// deadline would be the next request's on a keep-alive connection (cut
+// while idle, or mid-body). Here the pieces run in that order: the cut
+// comes after stop returned, and must not touch the deadline.
+func TestUnitCutOffAfterStopIsNoOp(t *testing.T) {
+	type move struct {
+		at       time.Time
+		afterEnd bool
+	}
+	var (
+		mu    sync.Mutex
+		moves []move
+		ended bool
+		cut   = make(chan struct{}, 1)
+	)
+	set := func(d time.Time) error {
+		mu.Lock()
+		defer mu.Unlock()
+		moves = append(moves, move{d, ended})
+		if !d.After(time.Now()) {
+			cut <- struct{}{}
+		}
+		return nil
+	}
+
+	// A delete during the transfer cuts it: deadline now, reads refused.
+	ctx, cancel := context.WithCancel(context.Background())
+	pc := newPacer(set, time.Minute)
+	stop := cutOnDelete(&session.Lend{Ctx: ctx}, &pc)
+	if err := pc.pace(1); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	<-cut
+	stop()
+	if err := pc.pace(2); !errors.Is(err, errCut) {
+		t.Fatalf("pace after the cut = %v, want errCut", err)
+	}
+
+	// A delete as the transfer ends: its cut runs after stop.
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	mu.Lock()
+	moves = nil
+	mu.Unlock()
+	pc = newPacer(set, time.Minute)
+	stop = cutOnDelete(&session.Lend{Ctx: ctx}, &pc)
+	if err := pc.pace(1); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	mu.Lock()
+	ended = true // the handler has returned
+	mu.Unlock()
+	pc.cutOff() // as AfterFunc's goroutine, started before stop, would
+	mu.Lock()
+	defer mu.Unlock()
+	for _, m := range moves {
+		if m.afterEnd {
+			t.Fatalf("a cut after stop moved the connection's deadline to %s after the handler returned: the next request's", m.at)
+		}
+	}
+	if len(moves) != 1 {
+		t.Fatalf("deadline moves = %v, want the pace's only", moves)
 	}
 }
