@@ -53,11 +53,10 @@ type PreparedShell struct {
 // StartShell gives both back to root once it holds G (endFork), Close if
 // no shell took the cgroup.
 //
-// One fork of a template at a time (the pool's refill of a template is one
-// goroutine): tpl-<id>'s cgroup.procs is the template root's while any
-// prepared shell of t is in flight, and a template that kept a cgroup.procs
-// fd could move processes into that shell while another fork is in flight
-// (SECURITY.md case 70).
+// One fork of a template at a time (the pool forks under the template's
+// fork lock, server/warmpool templatePool.forking): tpl-<id>'s
+// cgroup.procs is the template root's while any prepared shell of t is in
+// flight (SECURITY.md case 70).
 func (r *Runner) PrepareShell(t *Template) (*PreparedShell, error) {
 	p := &PreparedShell{t: t, id: newID()}
 	if t.dirV2 == "" {
@@ -102,9 +101,14 @@ func (r *Runner) PrepareShell(t *Template) (*PreparedShell, error) {
 	// execution's, into a shell at a later fork, when tpl-<id>'s
 	// cgroup.procs is its again (the kernel checks the destination only
 	// at open, the common ancestor at each write: SECURITY.md case 70).
-	// Nothing in the template's user namespaces can make it writable
-	// again (mount_setattr needs CAP_SYS_ADMIN over the worker's mount
-	// namespace).
+	// What keeps the template's processes from making it writable again
+	// is seccomp: mount_setattr on a detached mount needs CAP_SYS_ADMIN
+	// over the caller's own mount namespace only, which G has (root of
+	// U_F until its drop, in the shell's mount namespace, which U_F
+	// owns), and the template profile refuses mount_setattr, open_tree,
+	// move_mount, fsmount and mount (EPERM, inherited from the execution
+	// profile; seccomp TestTemplateProfileTable). T alone has
+	// only CAP_SETUID and CAP_SETGID, and F's mount namespace is U_T's.
 	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}); err != nil {
 		return fail(fmt.Errorf("unable to make the detached mount of the shell's cgroup read-only: %w", err))
 	}

@@ -272,6 +272,17 @@ func TestTemplateProfileTable(t *testing.T) {
 			{"process_vm_readv", sys("process_vm_readv"), eperm},
 			{"pidfd_getfd", sys("pidfd_getfd"), eperm},
 			{"mount", sys("mount"), eperm},
+			// SECURITY.md case 70: G, root of U_F in the shell's mount
+			// namespace before its drop, could otherwise make the
+			// shell's read-only cgroup mount writable (mount_setattr
+			// needs CAP_SYS_ADMIN over the caller's own mount namespace)
+			// or make mounts of its own.
+			{"mount_setattr", sys("mount_setattr"), eperm},
+			{"open_tree", sys("open_tree"), eperm},
+			{"move_mount", sys("move_mount"), eperm},
+			{"fsopen", sys("fsopen"), eperm},
+			{"fsmount", sys("fsmount"), eperm},
+			{"fspick", sys("fspick"), eperm},
 			{"clone NEWUSER", sys("clone", unix.CLONE_NEWUSER|uint64(unix.SIGCHLD)), eperm},
 			// F's clone3 into the shell's cgroup (v2): allowed whole.
 			{"clone3", sys("clone3"), retAllow},

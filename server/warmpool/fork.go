@@ -159,6 +159,17 @@ func (p *Pool) lockFork(ctx context.Context, tp *templatePool) error {
 
 func (tp *templatePool) unlockFork() { <-tp.forking }
 
+// withForkLock runs f holding tp's fork lock, released however f ends (a
+// panic in a request's fork, which net/http recovers, would otherwise
+// leave it held, and the refill and Close waiting for it for good).
+func (p *Pool) withForkLock(ctx context.Context, tp *templatePool, f func() (*warmSandbox, error)) (*warmSandbox, error) {
+	if err := p.lockFork(ctx, tp); err != nil {
+		return nil, err
+	}
+	defer tp.unlockFork()
+	return f()
+}
+
 // startFork makes one warm sandbox of t, a fork of tp's template, with
 // its own workspace. The caller holds tp's fork lock (lockFork).
 func (p *Pool) startFork(f Forker, tp *templatePool) (w *warmSandbox, err error) {
@@ -177,8 +188,14 @@ func (p *Pool) startFork(f Forker, tp *templatePool) (w *warmSandbox, err error)
 		tp.proc = nil
 	}
 	if tp.proc == nil && tp.next != nil {
-		// Started ahead: it has been importing the preload since.
-		tp.proc, tp.next = tp.next, nil
+		// Started ahead: it has been importing the preload since, unless
+		// it waited so long (an idle pool) that it is due itself.
+		if p.rotates(tp.next) {
+			p.retireTemplate(tp.next)
+		} else {
+			tp.proc = tp.next
+		}
+		tp.next = nil
 	}
 	if tp.proc == nil {
 		proc, err := p.startTemplate(f, tp.t)

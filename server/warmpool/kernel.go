@@ -306,23 +306,24 @@ func (p *Pool) startForkedKernel(ctx context.Context, root int, spec nsjail.Spec
 	// The template's fork lock: the refill may be making one of its forks
 	// (tens of ms; a template's start and import after a rotation or a
 	// failure, ~1.5 s), and one template forks once at a time.
-	if err := p.lockFork(ctx, tp); err != nil {
+	w, err := p.withForkLock(ctx, tp, func() (*warmSandbox, error) {
+		if err := ctx.Err(); err != nil {
+			return nil, err // the request ended while it waited
+		}
+		if tp.proc == nil && tp.next == nil && tp.forkErr != nil {
+			// The refill's last fork failed and left no template: this
+			// one would most likely fail as well, after a template's
+			// start and import on the request path. The refill retries,
+			// backing off.
+			return nil, fmt.Errorf("%w: the template's last fork failed and none runs: %w", errForkFailed, tp.forkErr)
+		}
+		return p.startFork(f, tp)
+	})
+	switch {
+	case err == nil:
+	case errors.Is(err, errForkFailed), errors.Is(err, errPoolClosed), ctx.Err() != nil && errors.Is(err, ctx.Err()):
 		return nil, err
-	}
-	if tp.proc == nil && tp.forkErr != nil {
-		// The refill's last fork failed and left no template: this one
-		// would most likely fail as well, after a template's start and
-		// import on the request path. The refill retries, backing off.
-		err := tp.forkErr
-		tp.unlockFork()
-		return nil, fmt.Errorf("%w: the template's last fork failed and none runs: %w", errForkFailed, err)
-	}
-	w, err := p.startFork(f, tp)
-	tp.unlockFork()
-	if errors.Is(err, errPoolClosed) {
-		return nil, err
-	}
-	if err != nil {
+	default:
 		return nil, fmt.Errorf("%w: %w", errForkFailed, err)
 	}
 	k, err := p.startWarmKernel(ctx, w, tp, root, spec, o, true)

@@ -541,10 +541,7 @@ func (p *Pool) startOne(tp *templatePool) bool {
 	var w *warmSandbox
 	var err error
 	if f, ok := p.sandboxer.(Forker); ok && p.cfg.Forks {
-		if err = p.lockFork(context.Background(), tp); err == nil {
-			w, err = p.startFork(f, tp)
-			tp.unlockFork()
-		}
+		w, err = p.withForkLock(context.Background(), tp, func() (*warmSandbox, error) { return p.startFork(f, tp) })
 	} else {
 		w, err = p.start(tp.t)
 	}
