@@ -95,6 +95,21 @@ func (l *tplLab) logText() string {
 	return l.log.String()
 }
 
+// logSays waits for the template's log to contain want (a goroutine copies
+// T's stderr into it: a line F or G wrote before an exit the test already
+// saw may still be in the pipe) and returns the log, which lacks want only
+// after ten seconds.
+func (l *tplLab) logSays(want string) string {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		log := l.logText()
+		if strings.Contains(log, want) || time.Now().After(deadline) {
+			return log
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func socketpair(t testing.TB) (*net.UnixConn, *os.File) {
 	t.Helper()
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
@@ -717,7 +732,7 @@ func TestTemplateRefusesToFork(t *testing.T) {
 					t.Errorf("the ready pipe of a refused fork: %q, %v, want EOF", b[:n], err)
 				}
 			}
-			if log := lab.logText(); !strings.Contains(log, c.log) {
+			if log := lab.logSays(c.log); !strings.Contains(log, c.log) {
 				t.Errorf("T's log does not say %q:\n%s", c.log, log)
 			}
 			// T alone, but for the last F that died (T reaps it before its
@@ -764,7 +779,7 @@ func TestTemplateGRefusesWhatAtForkHandlersMade(t *testing.T) {
 				t.Errorf("F reported %#x, want G's exit 71", uint32(ws))
 			}
 			f.goAhead.Close()
-			if log := lab.logText(); !strings.Contains(log, c.log) {
+			if log := lab.logSays(c.log); !strings.Contains(log, c.log) {
 				t.Errorf("the template's log does not say %q:\n%s", c.log, log)
 			}
 		})
