@@ -125,8 +125,14 @@ func TestServeSoakMixed(t *testing.T) {
 	warm := n / 5
 	start := time.Now()
 	soak(0, warm)
+	// Both measurements with the pool full and nothing starting: a ready
+	// warm sandbox holds fds of the worker's (a template fork's: its
+	// channels, pidfds and namespace fds, ~12), so a pool one sandbox
+	// short at one measurement and full at the other looks like a leak.
+	waitPoolFull(t, base)
 	before := procUsage(t, pid)
 	soak(warm, n)
+	waitPoolFull(t, base)
 	after := procUsage(t, pid)
 	// The last executions' background work (sandbox removal, the pool's
 	// refill, idle connections) holds fds and threads for a moment (seen:
@@ -193,4 +199,36 @@ func procUsage(t *testing.T, pid int) usage {
 	}
 	u.fds = len(fds)
 	return u
+}
+
+// waitPoolFull waits (a minute at most) until the worker's warm pool holds
+// its size of ready sandboxes for every template and starts none
+// (/v1/capacity).
+func waitPoolFull(t *testing.T, base string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var c struct {
+			WarmPool struct {
+				Size, Ready map[string]int
+				Starting    int
+			} `json:"warm_pool"`
+		}
+		resp, err := http.Get(base + "/v1/capacity")
+		if err == nil {
+			err = json.NewDecoder(resp.Body).Decode(&c)
+			resp.Body.Close()
+		}
+		full := err == nil && c.WarmPool.Starting == 0 && len(c.WarmPool.Size) > 0
+		for k, n := range c.WarmPool.Size {
+			full = full && c.WarmPool.Ready[k] >= n
+		}
+		if full {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the warm pool is not full a minute after the soak's executions (%+v, %v)", c.WarmPool, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
