@@ -340,13 +340,13 @@ func (p *Pool) startForkedKernel(ctx context.Context, root int, spec nsjail.Spec
 // pool: no refill to wake, counted in KernelForks, not Taken.
 func (p *Pool) startWarmKernel(ctx context.Context, w *warmSandbox, tp *templatePool, root int, spec nsjail.Spec, o KernelOptions,
 	onDemand bool) (*Kernel, error) {
-	if w.dead() {
+	if why := w.deadWhy(); why != "" {
 		p.retiring.Add(1)
 		go func() {
 			defer p.retiring.Done()
 			p.retire(w)
 		}()
-		return nil, errDiedBeforeHandoff
+		return nil, fmt.Errorf("%w (%s)", errDiedBeforeHandoff, why)
 	}
 	mntID, err := bindVolume(root, w.workspace, o.ReadOnly)
 	if err != nil {

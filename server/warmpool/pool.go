@@ -179,13 +179,20 @@ type warmSandbox struct {
 // or has exited, or its code's process has exited (the zygote reported it).
 // A code's process killed after this check never reads its hand-off, which
 // runWarm sees in the pipe.
-func (w *warmSandbox) dead() bool {
+func (w *warmSandbox) dead() bool { return w.deadWhy() != "" }
+
+// deadWhy says why w can no longer be handed off ("" while it can), for
+// the log.
+func (w *warmSandbox) deadWhy() string {
 	select {
 	case <-w.exit:
-		return true
+		return "its exit report arrived: the process it would hand off has ended"
 	default:
-		return !w.pending.Alive()
 	}
+	if !w.pending.Alive() {
+		return "its process (or a template fork's F) is gone, a zombie or being killed"
+	}
+	return ""
 }
 
 // New starts filling each template's size (Template.Size, else cfg.Size) of
@@ -377,8 +384,8 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (r
 		p.log.Warn("warm sandbox wrote output before hand-off (dropped)", "sandbox", sb.ID(),
 			"stdout", truncateForLog(out), "stderr", truncateForLog(errOut))
 	}
-	if w.dead() {
-		return nil, false, p.dropDead(w, sb, spec, false, "its zygote or code's process is gone")
+	if why := w.deadWhy(); why != "" {
+		return nil, false, p.dropDead(w, sb, spec, false, why)
 	}
 	// The peer stays open until the sandbox is gone, so that what is left
 	// unread in it tells whether the code's process ever took the hand-off.
