@@ -54,6 +54,8 @@ type Options struct {
 	// safe to run whatever the child left, and must itself refuse to touch
 	// what another live worker owns (server.ClaimAndSweep claims first).
 	// Its error is logged; Run's status stays the child's.
+	// Run reaps every child that exits while it runs (wait4(-1)), so it
+	// must not start and wait for processes of its own.
 	Cleanup func(Status) error
 	// Logger receives one line per event; nil means slog.Default().
 	Logger *slog.Logger
@@ -162,11 +164,30 @@ func Run(opts Options) (Status, error) {
 		return st, nil
 	}
 	log.Error("worker ended without its drain: cleaning up what it left", "status", st.String())
-	if err := opts.Cleanup(st); err != nil {
-		log.Error("cleanup after the worker failed", "error", err)
+	// Reap while the cleanup runs, not only after it: what it kills was
+	// the child's and is now ours, and a zombie still holds its pid in
+	// every pid namespace above its own. A template's init (server/warmpool
+	// TEMPLATE.md), killed by the cleanup, does not end before every pid of
+	// its namespace is freed, and its forks' shells have pids there whose
+	// parent was the worker; reaped only after the cleanup, they kept the
+	// template "still running" for as long as the cleanup waited for it,
+	// and the sweep failed (CI, TestSuperviseCleansUpAfterServeIsKilled).
+	cleaned := make(chan error, 1)
+	go func() { cleaned <- opts.Cleanup(st) }()
+	for {
+		reap(0, log)
+		select {
+		case <-chld:
+			continue
+		case err := <-cleaned:
+			if err != nil {
+				log.Error("cleanup after the worker failed", "error", err)
+			}
+		}
+		break
 	}
-	// What the cleanup killed was the child's, now ours: reap it, so that
-	// nothing is left for the kernel to wait for at our exit.
+	// And whatever ended last, so that nothing is left for the kernel to
+	// wait for at our exit.
 	reap(0, log)
 	return st, nil
 }

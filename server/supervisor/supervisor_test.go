@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -67,16 +68,21 @@ func TestForwardsSIGTERM(t *testing.T) {
 	}
 }
 
-// The child's orphans are reaped: a grandchild the child left running,
-// killed by the cleanup, is no zombie once Run returns.
+// The child's orphans are reaped, also while the cleanup runs: a
+// grandchild the child left running, killed by the cleanup, is gone (not
+// a zombie) before the cleanup returns. A killed template's init waits for
+// exactly this (its namespace's pids freed) before it ends, and the sweep
+// in the cleanup waits for the init to end.
 func TestReapsOrphans(t *testing.T) {
 	pidFile := filepath.Join(t.TempDir(), "pid")
 	var orphan int
+	var cleanupErr error
 	st, err := Run(Options{
 		Path: "/bin/sh",
 		Args: []string{"sh", "-c", "sleep 60 & echo $! > " + pidFile + "; kill -KILL $$"},
 		Env:  os.Environ(),
-		Cleanup: func(Status) error {
+		Cleanup: func(Status) (err error) {
+			defer func() { cleanupErr = err }()
 			b, err := os.ReadFile(pidFile)
 			if err != nil {
 				return err
@@ -87,18 +93,18 @@ func TestReapsOrphans(t *testing.T) {
 			if err := syscall.Kill(orphan, syscall.SIGKILL); err != nil {
 				return err
 			}
-			// The reap after the cleanup finds it once it has exited.
-			for range 500 {
-				if b, _ := os.ReadFile("/proc/" + strconv.Itoa(orphan) + "/stat"); len(b) == 0 || zombie(b) {
+			for range 5000 {
+				if _, err := os.Stat("/proc/" + strconv.Itoa(orphan)); os.IsNotExist(err) {
 					return nil
 				}
 				time.Sleep(time.Millisecond)
 			}
-			return errors.New("orphan did not die")
+			b, _ = os.ReadFile("/proc/" + strconv.Itoa(orphan) + "/stat")
+			return fmt.Errorf("orphan %d not reaped while the cleanup runs (zombie: %v)", orphan, zombie(b))
 		},
 	})
-	if err != nil || st.ExitCode() != 137 || orphan == 0 {
-		t.Fatalf("status %v, err %v, orphan %d", st, err, orphan)
+	if err != nil || st.ExitCode() != 137 || orphan == 0 || cleanupErr != nil {
+		t.Fatalf("status %v, err %v, orphan %d, cleanup: %v", st, err, orphan, cleanupErr)
 	}
 	if _, err := os.Stat("/proc/" + strconv.Itoa(orphan)); !os.IsNotExist(err) {
 		t.Fatalf("orphan %d not reaped (%v)", orphan, err)
