@@ -112,7 +112,7 @@ func (r *Runner) Sweep() (removed []string, err error) {
 		if err := c.Signal(unix.SIGKILL); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
 			r.log.Warn("sweep: unable to kill orphan sandbox", "sandbox", id, "error", err)
 		}
-		if err := destroyWhenStopped(c); err != nil {
+		if err := r.destroyWhenStopped(id); err != nil {
 			errs = append(errs, fmt.Errorf("sandbox %s: %w", id, err))
 			continue
 		}
@@ -152,11 +152,25 @@ func (r *Runner) Sweep() (removed []string, err error) {
 
 func (r *Runner) stateDir(id string) string { return filepath.Join(r.opts.StateRoot, id) }
 
-// destroyWhenStopped retries Destroy while the killed init is being torn down
-// by the kernel (a loaded container is not our child, so we cannot wait(2)).
-func destroyWhenStopped(c *libcontainer.Container) error {
+// destroyWhenStopped retries Destroy of sandbox id while its killed init is
+// being torn down by the kernel (a loaded container is not our child, so we
+// cannot wait(2)). It loads the container afresh for every try: the state
+// libcontainer loaded is what Destroy acts on, and a container loaded while
+// its init was alive stays "created" (Destroy SIGKILLs the recorded pid) or
+// "running" for good. Loaded again, an init that has died is gone from the
+// state (libcontainer checks its pid and start time), so a pid reused since
+// then is never signalled: the supervisor reaps what the sweep kills while
+// the sweep still runs (server/supervisor), so the pid is free at once.
+func (r *Runner) destroyWhenStopped(id string) error {
 	var err error
-	for range 200 {
+	for try := range 200 {
+		var c *libcontainer.Container
+		if c, err = libcontainer.Load(r.opts.StateRoot, id); err != nil {
+			if try > 0 && errors.Is(err, libcontainer.ErrNotExist) {
+				return nil // an earlier try removed it, then failed
+			}
+			return err
+		}
 		if err = c.Destroy(); err == nil {
 			return nil
 		}

@@ -166,18 +166,24 @@ func Run(opts Options) (Status, error) {
 	log.Error("worker ended without its drain: cleaning up what it left", "status", st.String())
 	// Reap while the cleanup runs, not only after it: what it kills was
 	// the child's and is now ours, and a zombie still holds its pid in
-	// every pid namespace above its own. A template's init (server/warmpool
-	// TEMPLATE.md), killed by the cleanup, does not end before every pid of
-	// its namespace is freed, and its forks' shells have pids there whose
-	// parent was the worker; reaped only after the cleanup, they kept the
-	// template "still running" for as long as the cleanup waited for it,
-	// and the sweep failed (CI, TestSuperviseCleansUpAfterServeIsKilled).
+	// its own pid namespace and every one above it. A template's init
+	// (server/warmpool TEMPLATE.md), killed by the cleanup, does not end
+	// before every pid of its namespace is freed, and its forks' shells
+	// have pids there whose parent was the worker; reaped only after the
+	// cleanup, they kept the template "still running" for as long as the
+	// cleanup waited for it, and the sweep failed (CI,
+	// TestSuperviseCleansUpAfterServeIsKilled). The sweep loads each
+	// container afresh before every try (nsjail Runner.Sweep), so a pid
+	// freed here and reused is never signalled.
 	cleaned := make(chan error, 1)
 	go func() { cleaned <- opts.Cleanup(st) }()
 	for {
 		reap(0, log)
 		select {
 		case <-chld:
+			continue
+		case sig := <-sigs:
+			log.Warn("signal during the cleanup: not forwarded (the worker has ended); the cleanup goes on", "signal", sig.String())
 			continue
 		case err := <-cleaned:
 			if err != nil {
