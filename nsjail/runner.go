@@ -374,7 +374,13 @@ func (r *Runner) prepare(spec *Spec) (id string, lim Limits, log *slog.Logger) {
 // startFailed logs and returns a start's StartError.
 func startFailed(id string, log *slog.Logger, msg, format string, a ...any) error {
 	err := &StartError{ID: id, At: time.Now(), Err: fmt.Errorf(format, a...)}
-	log.Error(msg, "error", err.Error())
+	level := slog.LevelError
+	if errors.Is(err.Err, context.Canceled) {
+		// Whoever started it no longer wants it (a request gone, the pool
+		// closing): nothing went wrong.
+		level = slog.LevelInfo
+	}
+	log.Log(context.Background(), level, msg, "error", err.Error())
 	return err
 }
 
