@@ -177,20 +177,18 @@ func Run(opts Options) (Status, error) {
 	// freed here and reused is never signalled.
 	cleaned := make(chan error, 1)
 	go func() { cleaned <- opts.Cleanup(st) }()
-	for {
+	for done := false; !done; {
 		reap(0, log)
 		select {
 		case <-chld:
-			continue
 		case sig := <-sigs:
 			log.Warn("signal during the cleanup: not forwarded (the worker has ended); the cleanup goes on", "signal", sig.String())
-			continue
 		case err := <-cleaned:
 			if err != nil {
 				log.Error("cleanup after the worker failed", "error", err)
 			}
+			done = true
 		}
-		break
 	}
 	// And whatever ended last, so that nothing is left for the kernel to
 	// wait for at our exit.
