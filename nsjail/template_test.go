@@ -23,6 +23,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/cgroup"
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 	"github.com/sandboxd/sandboxd/seccomp"
 	"golang.org/x/sys/unix"
@@ -283,7 +284,9 @@ func (l *templateLab) place(sh *nsjail.Shell, mode string) (view map[string]any,
 		l.t.Fatalf("want joined, got %q", msg)
 	}
 	sh.CloseNamespaces()
-	l.send(fmt.Sprintf("%s %x\n", mode, []byte(sh.SeccompProgram())))
+	// The ids G drops to come from inside, as the real template's come
+	// in its join: the lab names no uid of its own.
+	l.send(fmt.Sprintf("%s %d %d %x\n", mode, inside.UID, inside.GID, []byte(sh.SeccompProgram())))
 	view = l.line()
 	status, _ = l.recv()
 	if forked, _ := l.recv(); forked != "forked\n" {

@@ -129,20 +129,20 @@ def g_main(stop_init):
         os.close(fd)
     os.chdir("/")
     SOCK.sendall(b"joined\n")
-    mode, _, prog = readline().partition(" ")
-    prog = bytes.fromhex(prog)
+    mode, uid, gid, prog = readline().split(" ")
+    uid, gid, prog = int(uid), int(gid), bytes.fromhex(prog)
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     for cap in range(64):
         libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP (EINVAL past the last)
     # G's creds are the template root's (HostIDBase+1), unmapped in U_F:
-    # become U_F's root first, so that the change to 10001 clears every
-    # capability (E4).
+    # become U_F's root first, so that the change to the sandbox user clears every
+    # capability (E4). The ids are the test's (nsjail/inside).
     os.setresgid(0, 0, 0)
     os.setresuid(0, 0, 0)
     os.setgroups([])
-    os.setresgid(10001, 10001, 10001)
-    os.setresuid(10001, 10001, 10001)
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
     if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
         raise OSError(ctypes.get_errno(), "no_new_privs")
 
