@@ -320,10 +320,10 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// pytestArgs runs one suite and writes its JUnit XML to /workspace.
+// pytestArgs runs one suite and writes its JUnit XML to the workspace.
 func pytestArgs(s suite) []string {
 	args := []string{"python3", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "console_output_style=classic",
-		"--rootdir=" + distPackages, "--junit-xml=/workspace/junit.xml", "-o", "junit_family=xunit1",
+		"--rootdir=" + distPackages, "--junit-xml=" + inside.Workspace + "/junit.xml", "-o", "junit_family=xunit1",
 		"--hypothesis-seed=0", "-W", "ignore::DeprecationWarning"}
 	args = append(args, s.args...)
 	for _, p := range s.paths {
@@ -390,8 +390,9 @@ func runSide(ctx context.Context, o options, sandboxd string, hostUID int, side 
 
 // outsideScript builds the outside world in a private mount namespace (it
 // and every mount in it vanish with the process) and runs the command as
-// 10001:10001 in a chroot. $1 rootfs, $2 workspace, $3 the mount point,
-// then the environment and command.
+// the sandbox user ($USERSPEC) in a chroot, the workspace at $WORKSPACE.
+// $1 rootfs, $2 workspace, $3 the mount point, then the environment and
+// command.
 const outsideScript = `set -eu
 rootfs=$1 ws=$2 m=$3; shift 3
 mount --make-rprivate /
@@ -404,9 +405,9 @@ mkdir "$m/dev/shm" "$m/dev/pts"
 mount -t tmpfs -o mode=1777,size=64m,nosuid,nodev tmpfs "$m/dev/shm"
 ln -s /proc/self/fd "$m/dev/fd"
 mount -t tmpfs -o mode=1777,size=256m,nosuid,nodev tmpfs "$m/tmp"
-mount --bind "$ws" "$m/workspace"
+mount --bind "$ws" "$m$WORKSPACE"
 ip link set lo up 2>/dev/null || true
-exec prlimit --fsize="$FSIZE" --nofile="$NOFILE" chroot --userspec=10001:10001 "$m" /usr/bin/env -i "$@"`
+exec prlimit --fsize="$FSIZE" --nofile="$NOFILE" chroot --userspec="$USERSPEC" "$m" /usr/bin/env -i "$@"`
 
 func outsideCommand(ctx context.Context, rootfs, ws string, args []string) *exec.Cmd {
 	m, err := os.MkdirTemp("", "sandboxd-upstream-root-")
@@ -420,9 +421,10 @@ func outsideCommand(ctx context.Context, rootfs, ws string, args []string) *exec
 	lim := nsjail.DefaultLimits
 	full := []string{"--mount", "--net", "--pid", "--fork", "env",
 		fmt.Sprintf("FSIZE=%d", lim.FileSizeBytes), fmt.Sprintf("NOFILE=%d", lim.OpenFiles),
+		fmt.Sprintf("USERSPEC=%d:%d", inside.UID, inside.GID), "WORKSPACE=" + inside.Workspace,
 		"sh", "-c", outsideScript, "sh", rootfs, ws, m}
 	full = append(full, env...)
-	full = append(full, "sh", "-c", "cd /workspace && exec \"$@\"", "sh")
+	full = append(full, "sh", "-c", "cd \"$0\" && exec \"$@\"", inside.Workspace)
 	full = append(full, args...)
 	return exec.CommandContext(ctx, "unshare", full...)
 }
