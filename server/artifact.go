@@ -46,9 +46,7 @@ func (s *Server) handleGetArtifact(w http.ResponseWriter, r *http.Request, ps ht
 		writeError(w, http.StatusNotFound, notFound)
 		return
 	case err != nil:
-		e := storeError(err)
-		s.logReject(e, "execution_id", clip(id))
-		writeAPIError(w, e)
+		s.writeStoreError(w, id, err)
 		return
 	}
 	defer rd.Close()

@@ -131,9 +131,7 @@ func (s *Server) handleGet(w http.ResponseWriter, _ *http.Request, ps httprouter
 			writeError(w, http.StatusNotFound, fmt.Sprintf("no execution %q (unknown, or its result has expired)", clip(id)))
 			return
 		case err != nil:
-			e := storeError(err)
-			s.logReject(e, "execution_id", clip(id))
-			writeAPIError(w, e)
+			s.writeStoreError(w, id, err)
 			return
 		}
 		defer rd.Close()
@@ -179,9 +177,7 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request, ps httprou
 		writeJSON(w, http.StatusOK, runningView{ID: id, Type: v.typ, Status: "cancelled", Policy: v.policy})
 		return
 	case err != nil:
-		e := storeError(err)
-		s.logReject(e, "execution_id", clip(id))
-		writeAPIError(w, e)
+		s.writeStoreError(w, id, err)
 		return
 	}
 	defer rd.Close()

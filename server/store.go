@@ -226,6 +226,15 @@ func (s *Server) existing(ctx context.Context, p *plan) (rd *results.Reader, e *
 	}
 }
 
+// writeStoreError answers a request about execution id whose stored
+// answer could not be read: storeError's status, logged as a refusal.
+func (s *Server) writeStoreError(w http.ResponseWriter, id string, err error) {
+	e := storeError(err)
+	s.logReject(e, "execution_id", clip(id))
+	writeAPIError(w, e)
+}
+
+// storeError is the API's answer to a result store failure.
 func storeError(err error) *apiError {
 	if errors.Is(err, results.ErrClosed) {
 		return &apiError{status: http.StatusServiceUnavailable, reason: "draining", msg: "shutting down: " + err.Error()}
