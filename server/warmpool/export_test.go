@@ -2,6 +2,7 @@ package warmpool
 
 import (
 	"errors"
+	"slices"
 	"fmt"
 	"os"
 	"strconv"
@@ -11,7 +12,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/nsjail"
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+	"github.com/sandboxd/sandboxd/server/workspace"
 )
 
 // ZygoteArgs is zygoteArgs, for the tests of package warmpool_test.
@@ -135,3 +138,45 @@ func SetKernelAckTimeout(d time.Duration) (restore func()) {
 
 // TemplateArgs is templateArgs: template.py's command line.
 var TemplateArgs = templateArgs
+
+// ForkFromPrelude starts a template of t for p (its sandboxer, preload
+// and work root) whose T first runs prelude (what a preload could leave
+// behind), and makes one fork of it ready as the refill does (fork, the
+// template's first request); the fork, if made, and the template are then
+// ended. It returns fork's error.
+func ForkFromPrelude(p *Pool, t Template, prelude string) error {
+	f, ok := p.sandboxer.(Forker)
+	if !ok {
+		return fmt.Errorf("%T starts no templates", p.sandboxer)
+	}
+	ctl, peer, err := controlPair()
+	if err != nil {
+		return err
+	}
+	args := templateArgs(p.cfg.Preload)
+	args[3] = prelude + "\n" + args[3]
+	tpl, err := f.StartTemplate(nsjail.Spec{Rootfs: t.Rootfs, Args: args, Env: slices.Clone(t.Env), Limits: t.Limits}, peer)
+	peer.Close()
+	if err != nil {
+		ctl.Close()
+		return err
+	}
+	defer func() {
+		ctl.Close() // EOF: T exits
+		tpl.Stop(10 * time.Second)
+	}()
+	ws, err := workspace.CreateWarm(p.cfg.WorkRoot, workspace.Options{
+		Bytes: p.cfg.WorkspaceBytes, Inodes: p.cfg.WorkspaceInodes, UID: p.sandboxer.HostUID(), GID: p.sandboxer.HostGID(),
+	})
+	if err != nil {
+		return err
+	}
+	spec := nsjail.Spec{Rootfs: t.Rootfs, Args: []string{"python3"}, Cwd: inside.Workspace, Workspace: ws, Limits: t.Limits}
+	w, _, err := p.fork(f, &templateProc{tpl: tpl, ctl: ctl, started: time.Now()}, spec)
+	if err != nil {
+		workspace.Remove(ws)
+		return err
+	}
+	p.retire(w)
+	return nil
+}

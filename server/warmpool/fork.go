@@ -373,8 +373,15 @@ func (p *Pool) fork(f Forker, tproc *templateProc, spec nsjail.Spec) (w *warmSan
 	p.mu.Lock()
 	p.stats.TemplateForks++
 	p.mu.Unlock()
-	// G's pidfd (T3): one message, one fd.
-	msg, gfds, err := recvLine(ctx, ctl, forkTimeout, len(PidfdMessage), 1)
+	// G's pidfd (T3): one message, one fd. A G that ends first (it refuses
+	// what an at-fork handler left it) or an F that does (its checks, its
+	// clone3) ends the wait at once, not after forkTimeout with the
+	// template's fork lock held.
+	msg, gfds, ended, err := recvPidfd(ctx, ctl, reportR)
+	if ended {
+		// Whatever came meanwhile: G is gone.
+		err = errors.New("G or F ended before G sent its pidfd (the template's log says why)")
+	}
 	if err != nil || string(msg) != PidfdMessage || len(gfds) != 1 {
 		for _, fd := range gfds {
 			unix.Close(fd)
@@ -485,6 +492,45 @@ func sendWithFiles(ctx context.Context, c *net.UnixConn, msg []byte, files []*os
 		rights = unix.UnixRights(fds...)
 	}
 	return writeMessage(c, msg, rights)
+}
+
+// recvPidfd reads G's pidfd message (T3) from ctl, as recvLine, or ends
+// as soon as F's exit report is readable (nothing is read from it): G
+// ended, and F reported it, or F is gone (EOF: T and the pool hold no
+// write end). Without that, a G or F that ends before the message leaves
+// the wait to forkTimeout: the pool's own copy of the sandbox's end of
+// ctl keeps ctl from reading EOF.
+func recvPidfd(ctx context.Context, ctl *net.UnixConn, report *os.File) (msg []byte, fds []int, ended bool, err error) {
+	rc, err := report.SyscallConn()
+	if err != nil {
+		return nil, nil, false, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		err := rc.Read(func(fd uintptr) bool {
+			n, _ := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 0)
+			ended = n > 0
+			return ended
+		})
+		if err == nil && ended {
+			cancel()
+		}
+	}()
+	// recvLine ends at its context's end once the deadline is set, as at
+	// the pool's Close (fork's stopIO).
+	stop := context.AfterFunc(ctx, func() { _ = ctl.SetReadDeadline(time.Now()) })
+	msg, fds, err = recvLine(ctx, ctl, forkTimeout, len(PidfdMessage), 1)
+	stop()
+	// End the watch (a read deadline in the past wakes it) and wait for
+	// it, so that ended is settled and report's deadline can be cleared
+	// for its reader.
+	_ = report.SetReadDeadline(time.Unix(1, 0))
+	<-watched
+	_ = report.SetReadDeadline(time.Time{})
+	return msg, fds, ended, err
 }
 
 // recvLine reads one line (up to and including MessageEnd, at most max

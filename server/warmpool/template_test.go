@@ -760,8 +760,7 @@ func TestTemplateGRefusesWhatAtForkHandlersMade(t *testing.T) {
 	r := newPoolRunner(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	for _, c := range []struct{ name, prelude, log string }{
-		{"fd", "import os as _o\ndef _sandboxd_h():\n    fd = _o.open('/dev/null', _o.O_RDONLY | _o.O_CLOEXEC)\n    _o.dup2(fd, 9)\n    _o.close(fd)\n_o.register_at_fork(after_in_child=_sandboxd_h)",
-			"stray fds in G: 9 -> /dev/null"},
+		{"fd", atForkFDPrelude, "stray fds in G: 9 -> /dev/null"},
 		{"shared mapping", "import os as _o, mmap as _m\n_sandboxd_maps = []\n_o.register_at_fork(after_in_child=lambda: _sandboxd_maps.append(_m.mmap(-1, 4096)))",
 			"shared mappings in G"},
 	} {
@@ -783,6 +782,31 @@ func TestTemplateGRefusesWhatAtForkHandlersMade(t *testing.T) {
 				t.Errorf("the template's log does not say %q:\n%s", c.log, log)
 			}
 		})
+	}
+}
+
+// atForkFDPrelude, run in T before template.py, leaves every fork child an
+// fd 9 that T's own check never saw: G refuses it and ends before it sends
+// its pidfd.
+const atForkFDPrelude = "import os as _o\ndef _sandboxd_h():\n    fd = _o.open('/dev/null', _o.O_RDONLY | _o.O_CLOEXEC)\n    _o.dup2(fd, 9)\n    _o.close(fd)\n_o.register_at_fork(after_in_child=_sandboxd_h)"
+
+// TestPoolForkEndsWhenGRefuses: the pool's own fork of such a template
+// fails as soon as F reports that G ended, and says so. It used to wait
+// out forkTimeout (30 s) for G's pidfd, the template's fork lock held:
+// the pool keeps its own copy of the sandbox's end of G's control socket,
+// so that socket never reads EOF.
+func TestPoolForkEndsWhenGRefuses(t *testing.T) {
+	requireTemplates(t)
+	r := newPoolRunner(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	pool, err := warmpool.New(r, poolConfig(t, 0, t.TempDir(), 0), nil, poolQuietLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	err = warmpool.ForkFromPrelude(pool, poolTemplate(rootfs), atForkFDPrelude)
+	if err == nil || !strings.Contains(err.Error(), "G or F ended before G sent its pidfd") {
+		t.Fatalf("the fork of a template whose G refuses: %v, want G's end reported", err)
 	}
 }
 
