@@ -44,8 +44,9 @@ type PreparedShell struct {
 
 // PrepareShell makes the id of t's next shell and, on cgroup v2, its
 // cgroup tpl-<id>/<shell id>: an empty child of tpl-<id> (every controller
-// enabled there, the shell's limits set by libcontainer when StartShell
-// creates the shell, which finds the directory), whose cgroup.procs belongs
+// enabled there; StartShell sets the shell's limits on it with
+// libcontainer's cgroups manager, and libcontainer makes the init's own
+// beside it, <shell id>-init), whose cgroup.procs belongs
 // to the template's host root (HostIDBase+1), and so does tpl-<id>'s until
 // the fork is done: F, whose host credentials those are, may then clone G
 // into it (the kernel checks write access to cgroup.procs of the

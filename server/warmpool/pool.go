@@ -127,7 +127,8 @@ type Pool struct {
 	wg        sync.WaitGroup
 	stop      chan struct{}
 	stats     Stats
-	// retiring tracks the retirement of sandboxes found dead at hand-off.
+	// retiring tracks the retirements that run in the background: of
+	// sandboxes found dead at hand-off or given up on, and of templates.
 	retiring sync.WaitGroup
 }
 

@@ -308,8 +308,8 @@ func readExitReport(r *os.File) <-chan syscall.WaitStatus {
 	return ch
 }
 
-// Template forks (issue 17, TEMPLATE.md sections 2-3; plan step 4: the
-// program is built, the pool does not use it yet, step 5). template.py is
+// Template forks (issue 17, TEMPLATE.md sections 2-3; the pool's default,
+// Config.Forks). template.py is
 // the template's process T: it loads zygote.py's source as a module and its
 // forks' code process G ends in the zygote's own hand-off code, so steps 2
 // (READY), 3, 3k and 4's report above stay as they are; template.py's
