@@ -985,14 +985,61 @@ func pinG(pid int, pidfd *os.File, log *slog.Logger, f func() error) error {
 		}
 		return nil
 	}
+	alive := func() error { return unix.PidfdSendSignal(int(pidfd.Fd()), 0, nil, 0) }
+	// Checked before the attach too, so that a G already reaped (by a
+	// hostile template, before the go-ahead) has its pid left alone.
+	if err := alive(); err != nil {
+		return fmt.Errorf("G (pid %d) is gone: %w", pid, err)
+	}
 	if err := pt(unix.PTRACE_SEIZE, 0); err != nil {
 		return fmt.Errorf("unable to pin G (pid %d) with ptrace: %w", pid, err)
 	}
-	defer releaseG(pid, pidfd, log, pt)
-	if err := unix.PidfdSendSignal(int(pidfd.Fd()), 0, nil, 0); err != nil {
+	if err := alive(); err != nil {
+		// G was reaped between the checks, and the pid attached may be
+		// another process's already (pid reuse: the worker's own child,
+		// even): let it go without reaping it or taking its status.
+		letGo(pid, log, pt)
 		return fmt.Errorf("G (pid %d) is gone: %w", pid, err)
 	}
+	defer releaseG(pid, pidfd, log, pt)
 	return f()
+}
+
+// letGo undoes pinG's attach when the tracee is not known to be G: it is
+// interrupted and looked at without being waited for (WNOWAIT). Stopped,
+// it is detached (a signal whose delivery stop it was in is not
+// redelivered: the worker reads no more of an unknown process's status
+// than it must). Exited, it is waited for as its tracer only when the
+// worker is not its parent, which hands the zombie back to its parent as
+// releaseG does; a child of the worker's own (a sandbox's init) is left
+// for its own waiter, its status untaken.
+func letGo(pid int, log *slog.Logger, pt func(int, uintptr) error) {
+	_ = pt(unix.PTRACE_INTERRUPT, 0)
+	var info unix.Siginfo
+	for {
+		err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WSTOPPED|unix.WNOWAIT|unix.WALL, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return // ECHILD: not our tracee (any more)
+		}
+		break
+	}
+	const cldExited, cldKilled, cldDumped = 1, 2, 3 // siginfo si_code of an exit
+	switch info.Code {
+	case cldExited, cldKilled, cldDumped:
+		// A zombie's pid is not reused, so its status file is its own.
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if v := statusField(string(status), "PPid"); err == nil && len(v) == 1 && v[0] != strconv.Itoa(os.Getpid()) {
+			var ws unix.WaitStatus
+			_, _ = unix.Wait4(pid, &ws, unix.WALL, nil)
+		}
+	default:
+		if err := pt(unix.PTRACE_DETACH, 0); err != nil && err != unix.ESRCH {
+			log.Error("unable to detach from a process pinned as G", "pid", pid, "error", err)
+		}
+	}
 }
 
 // releaseG lets G go after pinG (see there). It runs on pinG's locked
