@@ -1,6 +1,7 @@
 package nsjail
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -9,6 +10,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/seccomp"
 )
 
 // A shell becomes a sandbox like a pre-started one (Shell.Pending): the
@@ -31,8 +34,9 @@ var ErrNotAFork = errors.New("not a fork of template")
 // broken or compromised template could say it early). No capability in
 // any set, the sandbox user's ids in every slot and no supplementary
 // group, no_new_privs, the execution's seccomp filter on top of the
-// template's (one filter more than T holds), one thread. G's status is
-// read between two checks of its pidfd, so it is G's.
+// template's (one filter more than T holds, and the last one byte for
+// byte the shell's program), one thread. G's status is read between two
+// checks of its pidfd, so it is G's; its filter while G is pinned (pinG).
 func (s *Shell) CheckConfined() error {
 	g := gProcess{pid: s.gpid, pidfd: s.g}
 	if g.exited() {
@@ -75,6 +79,23 @@ func (s *Shell) CheckConfined() error {
 	}
 	if len(bad) > 0 {
 		return fmt.Errorf("G is not confined: %s", strings.Join(bad, "; "))
+	}
+	// Which filter G added: the count says one, and it must be the program
+	// this shell was given. A template that had G load another (RET_ALLOW,
+	// say) would leave the code under the template's own profile, which
+	// allows clone3 whole, unshare of a user and a pid namespace, and
+	// setns (case 63).
+	var top seccomp.Program
+	err = pinG(s.gpid, s.g, s.log, func() error {
+		var err error
+		top, err = seccomp.TopFilter(s.gpid)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("unable to read G's seccomp filter: %w", err)
+	}
+	if !bytes.Equal(top, s.prog) {
+		return fmt.Errorf("G is not confined: its last seccomp filter (%d instructions) is not the shell's program (%d)", top.Len(), s.prog.Len())
 	}
 	return nil
 }

@@ -82,18 +82,30 @@ func LoadedProgram(tid int) (Program, error) {
 	// ptrace requests must come from the thread that attached.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	pt := func(req, tid int, addr, data uintptr) (uintptr, error) {
-		n, _, e := unix.Syscall6(unix.SYS_PTRACE, uintptr(req), uintptr(tid), addr, data, 0, 0)
-		if e != 0 {
-			return 0, e
-		}
-		return n, nil
-	}
-	if _, err := pt(unix.PTRACE_SEIZE, tid, 0, 0); err != nil {
+	if err := ptrace(unix.PTRACE_SEIZE, tid, 0, 0); err != nil {
 		return nil, fmt.Errorf("PTRACE_SEIZE: %w", err)
 	}
-	defer func() { _, _ = pt(unix.PTRACE_DETACH, tid, 0, 0) }()
-	if _, err := pt(unix.PTRACE_INTERRUPT, tid, 0, 0); err != nil {
+	defer func() { _ = ptrace(unix.PTRACE_DETACH, tid, 0, 0) }()
+	prog, err := TopFilter(tid)
+	if err != nil {
+		return nil, err
+	}
+	// PTRACE_SECCOMP_GET_FILTER counts from the first filter loaded: an
+	// index 1 is a second one, and there must be none.
+	if _, err := ptraceN(unix.PTRACE_SECCOMP_GET_FILTER, tid, 1, 0); !errors.Is(err, unix.ENOENT) {
+		return nil, fmt.Errorf("thread %d holds more than one seccomp filter (%v)", tid, err)
+	}
+	return prog, nil
+}
+
+// TopFilter reads, with PTRACE_SECCOMP_GET_FILTER, the last seccomp filter
+// loaded by thread tid, which the calling thread has attached
+// (PTRACE_SEIZE) and keeps attached: it interrupts tid and waits, with
+// WNOWAIT and within stopTimeout, for its ptrace stop, which it leaves to
+// the caller's wait or detach. It never reaps tid. Requirements: as
+// LoadedProgram's.
+func TopFilter(tid int) (Program, error) {
+	if err := ptrace(unix.PTRACE_INTERRUPT, tid, 0, 0); err != nil {
 		return nil, fmt.Errorf("PTRACE_INTERRUPT: %w", err)
 	}
 	// Polled, with a deadline, not waited for: an interrupt can be lost.
@@ -104,8 +116,9 @@ func LoadedProgram(tid int) (Program, error) {
 	// the test binary for good.
 	var info unix.Siginfo
 	for deadline := time.Now().Add(stopTimeout); ; {
-		// WNOWAIT: see the doc comment (never reap tid). With WNOHANG and
-		// nothing to report, the kernel writes a zero si_signo.
+		// WNOWAIT: see LoadedProgram's doc comment (never reap tid). With
+		// WNOHANG and nothing to report, the kernel writes a zero
+		// si_signo.
 		info = unix.Siginfo{}
 		err := unix.Waitid(unix.P_PID, tid, &info, unix.WSTOPPED|unix.WEXITED|unix.WNOWAIT|unix.WALL|unix.WNOHANG, nil)
 		if err == unix.EINTR {
@@ -125,20 +138,30 @@ func LoadedProgram(tid int) (Program, error) {
 	if info.Code != cldTrapped {
 		return nil, fmt.Errorf("thread %d did not stop for ptrace (waitid si_code %d, signal %d)", tid, info.Code, info.Signo)
 	}
-	n, err := pt(unix.PTRACE_SECCOMP_GET_FILTER, tid, 0, 0)
+	// PTRACE_SECCOMP_GET_FILTER counts from the first filter loaded (the
+	// kernel's get_nth_filter): the last one is at the highest index that
+	// answers, found by asking each in turn (ENOENT past it).
+	var last uintptr
+	n, err := ptraceN(unix.PTRACE_SECCOMP_GET_FILTER, tid, 0, 0)
 	if err != nil {
 		// EINVAL: not in filter mode (no filter at all).
 		return nil, fmt.Errorf("PTRACE_SECCOMP_GET_FILTER: %w", err)
 	}
-	// Index 1 is the filter loaded before the last one: there must be none.
-	if _, err := pt(unix.PTRACE_SECCOMP_GET_FILTER, tid, 1, 0); !errors.Is(err, unix.ENOENT) {
-		return nil, fmt.Errorf("thread %d holds more than one seccomp filter (%v)", tid, err)
+	for {
+		m, err := ptraceN(unix.PTRACE_SECCOMP_GET_FILTER, tid, last+1, 0)
+		if errors.Is(err, unix.ENOENT) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("PTRACE_SECCOMP_GET_FILTER %d: %w", last+1, err)
+		}
+		last, n = last+1, m
 	}
 	if n == 0 || n > unix.BPF_MAXINSNS {
 		return nil, fmt.Errorf("PTRACE_SECCOMP_GET_FILTER: %d instructions", n)
 	}
 	prog := make([]unix.SockFilter, n)
-	got, err := pt(unix.PTRACE_SECCOMP_GET_FILTER, tid, 0, uintptr(unsafe.Pointer(&prog[0])))
+	got, err := ptraceN(unix.PTRACE_SECCOMP_GET_FILTER, tid, last, uintptr(unsafe.Pointer(&prog[0])))
 	if err != nil {
 		return nil, fmt.Errorf("PTRACE_SECCOMP_GET_FILTER: %w", err)
 	}
@@ -146,4 +169,17 @@ func LoadedProgram(tid int) (Program, error) {
 		return nil, fmt.Errorf("PTRACE_SECCOMP_GET_FILTER: %d instructions, then %d", n, got)
 	}
 	return EncodeProgram(prog), nil
+}
+
+func ptraceN(req, tid int, addr, data uintptr) (uintptr, error) {
+	n, _, e := unix.Syscall6(unix.SYS_PTRACE, uintptr(req), uintptr(tid), addr, data, 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return n, nil
+}
+
+func ptrace(req, tid int, addr, data uintptr) error {
+	_, err := ptraceN(req, tid, addr, data)
+	return err
 }

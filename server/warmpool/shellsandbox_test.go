@@ -9,9 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandboxd/sandboxd/cgroup"
 	"github.com/sandboxd/sandboxd/nsjail"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
+	"github.com/sandboxd/sandboxd/seccomp"
 	"github.com/sandboxd/sandboxd/server/warmpool"
 )
 
@@ -173,28 +176,45 @@ func TestShellSandboxRetire(t *testing.T) {
 // TestShellCheckConfined: the host's check of G before the pool counts a
 // fork ready (SECURITY.md case 67) refuses a G that has not dropped (no
 // join yet: the template's root, every capability) and passes one that
-// has.
+// has; and it refuses a G that dropped but loaded a filter other than the
+// shell's program (one that allows everything: the code would run under
+// the template's profile only), which the filter count alone passes.
 func TestShellCheckConfined(t *testing.T) {
 	requireTemplates(t)
 	r := newPoolRunner(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}, Workspace: codeWorkspace(t, nil), WorkspaceReadOnly: true}
 	lab := startTplLab(t, r, rootfs, nil, "")
-	f := lab.fork(true)
-	sh, err := r.StartShell(context.Background(), lab.tpl, f.shellSpec(spec), f.g)
-	if err != nil {
-		t.Fatal(err)
+	shell := func() (*tplFork, *nsjail.Shell) {
+		f := lab.fork(true)
+		sh, err := r.StartShell(context.Background(), lab.tpl, f.shellSpec(spec), f.g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := sh.Pending(f.stdout, f.stderr)
+		t.Cleanup(func() { p.Retire(time.Second) })
+		if err := sh.MoveG(); err != nil {
+			t.Fatal(err)
+		}
+		return f, sh
 	}
-	p := sh.Pending(f.stdout, f.stderr)
-	defer p.Retire(time.Second)
-	if err := sh.MoveG(); err != nil {
-		t.Fatal(err)
-	}
+	f, sh := shell()
 	if err := sh.CheckConfined(); err == nil || !strings.Contains(err.Error(), "CapEff") {
 		t.Errorf("G before its join: %v, want refused for its capabilities", err)
 	}
 	lab.join(f, sh)
 	if err := sh.CheckConfined(); err != nil {
 		t.Errorf("G after READY: %v", err)
+	}
+	if tracer := nsjailtest.ProcStatus(t, sh.GPid(), "TracerPid"); tracer != "0" {
+		t.Errorf("G is traced by %s after the check", tracer)
+	}
+
+	f, sh = shell()
+	j := warmpool.JoinOf(sh)
+	j.Seccomp = seccomp.EncodeProgram([]unix.SockFilter{{Code: unix.BPF_RET | unix.BPF_K, K: unix.SECCOMP_RET_ALLOW}})
+	lab.joinWith(f, sh, j)
+	if err := sh.CheckConfined(); err == nil || !strings.Contains(err.Error(), "not the shell's program") {
+		t.Errorf("G with an allow-all filter: %v, want refused for its filter", err)
 	}
 }

@@ -297,10 +297,17 @@ func (l *tplLab) place(f *tplFork, sh *nsjail.Shell) {
 
 // join is place after MoveG: the go-ahead, the join, G's READY.
 func (l *tplLab) join(f *tplFork, sh *nsjail.Shell) {
+	l.t.Helper()
+	l.joinWith(f, sh, warmpool.JoinOf(sh))
+}
+
+// joinWith is join with the join message j (what a broken or compromised
+// template could give its G).
+func (l *tplLab) joinWith(f *tplFork, sh *nsjail.Shell, j warmpool.Join) {
 	t := l.t
 	t.Helper()
 	f.goAhead.Close()
-	line, err := warmpool.EncodeJoin(warmpool.JoinOf(sh))
+	line, err := warmpool.EncodeJoin(j)
 	if err != nil {
 		t.Fatal(err)
 	}
