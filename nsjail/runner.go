@@ -196,6 +196,11 @@ type Sandbox struct {
 	// another goroutine): nil if they could not be read, which leaves the
 	// counters zero.
 	cgroupPaths cgroup.Paths
+	// cgroupAlso is a cgroup directory of the worker's that goes with the
+	// sandbox, removed after libcontainer's and before the owner marker
+	// (a template's tpl-<id> on v2, which holds its leaf and its shells'
+	// cgroups): should it stay, so does the marker, for Sweep.
+	cgroupAlso string
 	// exitReport and cpuBaselineNS are set by a Pending's Handoff: the
 	// command's wait status as reported from inside the sandbox
 	// (HandoffOptions.ExitReport), and the CPU time spent before the
@@ -427,11 +432,17 @@ func hasEnv(env []string, key string) bool {
 // owner marker. libcontainer refuses to destroy a running container, so
 // anything still alive (it should not be) is killed first. What could not be
 // removed keeps its marker, for the next Sweep.
-func (r *Runner) destroy(c *libcontainer.Container, log *slog.Logger) {
+func (r *Runner) destroy(c *libcontainer.Container, log *slog.Logger, cgroupAlso ...string) {
 	if err := c.Destroy(); err != nil {
 		_ = c.Signal(unix.SIGKILL)
 		if err := c.Destroy(); err != nil {
 			log.Error("unable to destroy sandbox", "error", err)
+			return
+		}
+	}
+	for _, dir := range cgroupAlso {
+		if err := removeCgroupDir(dir); err != nil {
+			log.Error("unable to remove the sandbox's cgroup; its owner marker stays, for Sweep", "dir", dir, "error", err)
 			return
 		}
 	}

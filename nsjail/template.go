@@ -192,6 +192,9 @@ func (r *Runner) StartTemplate(spec Spec, files ...*os.File) (*Template, error) 
 	if v2 {
 		if dir, ok := s.cgroupPaths.V2(); ok && filepath.Base(dir) == templateLeaf {
 			t.dirV2 = filepath.Dir(dir)
+			// tpl-<id> is ours: it goes with the template's sandbox,
+			// after its leaf and its shells' cgroups (Stop).
+			s.cgroupAlso = t.dirV2
 		} else {
 			t.Stop(0)
 			err := fmt.Errorf("the template's cgroup %v is not a leaf %s", s.cgroupPaths, templateLeaf)
@@ -285,15 +288,11 @@ func (t *Template) Stop(grace time.Duration) *Result {
 	t.stopOnce.Do(func() {
 		t.s.lim.Timeout = max(grace, time.Nanosecond)
 		t.s.noDeadline = false
+		// Wait's removal of the sandbox, in the background, takes
+		// tpl-<id> on v2 too (cgroupAlso), after the leaf and before the
+		// owner marker, so that a tpl-<id> that stays (a shell's cgroup
+		// still in it) keeps the marker for Sweep.
 		t.result = t.s.Wait(context.Background())
-		if t.dirV2 != "" {
-			// libcontainer removed the leaf; tpl-<id> is ours (every
-			// shell's cgroup in it is gone by now: Destroy removes each,
-			// and a prepared one PrepareShell's Close).
-			if err := removeCgroupDir(t.dirV2); err != nil {
-				t.s.log.Error("unable to remove the template's cgroup", "dir", t.dirV2, "error", err)
-			}
-		}
 		for _, f := range []*os.File{t.userNS, t.pidNS} {
 			if f != nil {
 				f.Close()

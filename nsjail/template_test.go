@@ -1021,6 +1021,53 @@ func TestSweepAfterTemplateWorkerCrash(t *testing.T) {
 	}
 }
 
+// TestTemplateCgroupGoesLast: on cgroup v2 a template's tpl-<id>, which
+// holds its leaf and its shells' cgroups, goes with the template's sandbox
+// after the leaf and before the owner marker. Stopped while a shell's
+// cgroup is still in it (a prepared one here), tpl-<id> stays and so does
+// the marker, so that Sweep removes it once that cgroup is gone; Stop used
+// to try once, after which the sandbox's removal dropped the marker and a
+// tpl-<id> left behind was no sweep's.
+func TestTemplateCgroupGoesLast(t *testing.T) {
+	nsjailtest.RequireRoot(t)
+	dir := t.TempDir()
+	r := newRunnerAt(t, dir+"/state", testCgroupParent+"-tplcg")
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	lab := startTemplateLab(t, r, rootfs, templateSource(t))
+	if !lab.v2() {
+		t.Skip("cgroup v1: a template's shells' cgroups are not in one of its own")
+	}
+	tplDir := lab.shellsParent()[0]
+	marker := filepath.Join(dir, "state", lab.tpl.ID()+".sandboxd-owner")
+	p, err := r.PrepareShell(lab.tpl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = lab.ctl.Write([]byte("quit\n"))
+	lab.ctl.Close()
+	if res := lab.tpl.Stop(10 * time.Second); res.Status != nsjail.StatusSucceeded {
+		t.Fatalf("the template ended %s: %s", res.Status, res.Error)
+	}
+	r.WaitForCleanup()
+	if _, err := os.Stat(tplDir); err != nil {
+		t.Fatalf("tpl-<id> with a shell's cgroup in it: %v, want it still there", err)
+	}
+	if _, err := os.Stat(marker); err != nil {
+		t.Fatalf("the template's owner marker with its tpl-<id> still there: %v, want it kept for Sweep", err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Sweep(); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{tplDir, marker} {
+		if _, err := os.Stat(f); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s after the sweep: %v, want it gone", f, err)
+		}
+	}
+}
+
 // SECURITY.md case 70: on cgroup v2 the shell's cgroup goes to the
 // template as a detached mount of its directory, whose ".." stays on it
 // (a plain fd's would lead to tpl-<id> and on to the worker's whole

@@ -259,7 +259,11 @@ func (s *Sandbox) collect(a awaited) cgroup.Stats {
 		if s.shell != nil {
 			_ = s.shell.Destroy() // logs its own failure
 		} else {
-			s.r.destroy(s.c, s.log)
+			var also []string
+			if s.cgroupAlso != "" {
+				also = append(also, s.cgroupAlso)
+			}
+			s.r.destroy(s.c, s.log, also...)
 		}
 		s.dropAnchor()
 		if s.mntns != nil {
