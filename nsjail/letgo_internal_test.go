@@ -20,13 +20,7 @@ func seizeAndLetGo(t *testing.T, pid int, wait func()) {
 	t.Helper()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	pt := func(req int, data uintptr) error {
-		_, _, e := unix.Syscall6(unix.SYS_PTRACE, uintptr(req), uintptr(pid), 0, data, 0, 0)
-		if e != 0 {
-			return e
-		}
-		return nil
-	}
+	pt := func(req int, data uintptr) error { return ptrace(req, pid, data) }
 	if err := pt(unix.PTRACE_SEIZE, 0); err != nil {
 		t.Fatalf("PTRACE_SEIZE %d: %v", pid, err)
 	}

@@ -978,13 +978,7 @@ func pinG(pid int, pidfd *os.File, log *slog.Logger, f func() error) error {
 	// that attached.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	pt := func(req int, data uintptr) error {
-		_, _, e := unix.Syscall6(unix.SYS_PTRACE, uintptr(req), uintptr(pid), 0, data, 0, 0)
-		if e != 0 {
-			return e
-		}
-		return nil
-	}
+	pt := func(req int, data uintptr) error { return ptrace(req, pid, data) }
 	alive := func() error { return unix.PidfdSendSignal(int(pidfd.Fd()), 0, nil, 0) }
 	// Checked before the attach too, so that a G already reaped (by a
 	// hostile template, before the go-ahead) has its pid left alone.
@@ -1003,6 +997,15 @@ func pinG(pid int, pidfd *os.File, log *slog.Logger, f func() error) error {
 	}
 	defer releaseG(pid, pidfd, log, pt)
 	return f()
+}
+
+// ptrace makes request req of tracee pid, addr 0; it must come from the
+// thread that attached.
+func ptrace(req, pid int, data uintptr) error {
+	if _, _, e := unix.Syscall6(unix.SYS_PTRACE, uintptr(req), uintptr(pid), 0, data, 0, 0); e != 0 {
+		return e
+	}
+	return nil
 }
 
 // letGo undoes pinG's attach when the tracee is not known to be G: it is

@@ -2,9 +2,9 @@ package warmpool
 
 import (
 	"errors"
-	"slices"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
