@@ -441,6 +441,9 @@ func (r *Runner) destroy(c *libcontainer.Container, log *slog.Logger, cgroupAlso
 		}
 	}
 	for _, dir := range cgroupAlso {
+		if dir == "" {
+			continue
+		}
 		if err := removeCgroupDir(dir); err != nil {
 			log.Error("unable to remove the sandbox's cgroup; its owner marker stays, for Sweep", "dir", dir, "error", err)
 			return

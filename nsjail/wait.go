@@ -259,11 +259,7 @@ func (s *Sandbox) collect(a awaited) cgroup.Stats {
 		if s.shell != nil {
 			_ = s.shell.Destroy() // logs its own failure
 		} else {
-			var also []string
-			if s.cgroupAlso != "" {
-				also = append(also, s.cgroupAlso)
-			}
-			s.r.destroy(s.c, s.log, also...)
+			s.r.destroy(s.c, s.log, s.cgroupAlso)
 		}
 		s.dropAnchor()
 		if s.mntns != nil {
