@@ -428,10 +428,11 @@ func hasEnv(env []string, key string) bool {
 	return false
 }
 
-// destroy removes the container's cgroups and state directory, then its
-// owner marker. libcontainer refuses to destroy a running container, so
-// anything still alive (it should not be) is killed first. What could not be
-// removed keeps its marker, for the next Sweep.
+// destroy removes the container's cgroups and state directory, then the
+// cgroupAlso directories (those not empty), then its owner marker.
+// libcontainer refuses to destroy a running container, so anything still
+// alive (it should not be) is killed first. What could not be removed
+// keeps its marker, for the next Sweep.
 func (r *Runner) destroy(c *libcontainer.Container, log *slog.Logger, cgroupAlso ...string) {
 	if err := c.Destroy(); err != nil {
 		_ = c.Signal(unix.SIGKILL)
