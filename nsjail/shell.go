@@ -964,39 +964,70 @@ const pinReleaseGrace = 10 * time.Second
 
 // pinG runs f while the worker holds pid, G's, so that it cannot be reused:
 // it ptrace-attaches pid (PTRACE_SEIZE: G does not stop, and is not
-// otherwise disturbed) and checks G's pidfd after the attach: alive (a
-// zombie included), the pid attached was G's. While attached, a G that
-// dies stays a zombie that only the tracer can see: F cannot reap it, and
-// its pid cannot be reused. Afterwards G is let go: interrupted and
-// detached, or, when it died, waited for as its tracer, which hands the
-// zombie (and its exit status) back to F. A G that does not reach its stop
-// within pinReleaseGrace is SIGKILLed through its pidfd. ptrace needs what
-// seccomp.LoadedProgram needs (CAP_SYS_PTRACE; yama's ptrace_scope below
-// 3).
+// otherwise disturbed) and checks G's pidfd before and after the attach:
+// alive (a zombie included) after it, the pid attached was G's. While
+// attached, a G that dies stays a zombie that only the tracer can see: F
+// cannot reap it, and its pid cannot be reused. Afterwards G is let go:
+// interrupted and detached, or, when it died, waited for as its tracer,
+// which hands the zombie (and its exit status) back to F. A G that does
+// not reach its stop within pinReleaseGrace is SIGKILLed through its
+// pidfd. ptrace needs what seccomp.LoadedProgram needs (CAP_SYS_PTRACE;
+// yama's ptrace_scope below 3).
+//
+// It all runs on a thread of its own, locked to it: ptrace requests and
+// the tracer's waits must come from the thread that attached. Should the
+// pid attached not be known to be G's (G reaped between the checks, by a
+// hostile template before the go-ahead, say, and its pid taken since:
+// SECURITY.md case 71), the worker does not touch that process any
+// further: the thread ends instead (a goroutine that ends locked to its
+// thread ends the thread), and the kernel detaches its tracee as for any
+// tracer's exit (ptrace(2)): a running one runs on, a stopped one resumes
+// (with the signal of a signal-delivery stop), an exited one is its
+// parent's to reap, its status untaken, whoever the parent is.
 func pinG(pid int, pidfd *os.File, log *slog.Logger, f func() error) error {
-	// ptrace requests and the tracer's waits must come from the thread
-	// that attached.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
+	return onOwnThread(func() (error, bool) { return pinOnThread(pid, pidfd, log, f) })
+}
+
+// onOwnThread runs f on a goroutine locked to its thread and returns f's
+// error. When f says to end the thread, the goroutine ends still locked,
+// and Go then ends the thread (after onOwnThread returned): the kernel
+// detaches whatever that thread traced, as ptrace(2) says a tracer's exit
+// does.
+func onOwnThread(f func() (err error, endThread bool)) error {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		err, end := f()
+		if !end {
+			runtime.UnlockOSThread()
+		}
+		done <- err
+	}()
+	return <-done
+}
+
+// pinOnThread is pinG's work on its locked thread; abandon says the thread
+// must end (see pinG).
+func pinOnThread(pid int, pidfd *os.File, log *slog.Logger, f func() error) (err error, abandon bool) {
 	pt := func(req int, data uintptr) error { return ptrace(req, pid, data) }
 	alive := func() error { return unix.PidfdSendSignal(int(pidfd.Fd()), 0, nil, 0) }
-	// Checked before the attach too, so that a G already reaped (by a
-	// hostile template, before the go-ahead) has its pid left alone.
+	// Checked before the attach too, so that a G already reaped has its
+	// pid left alone.
 	if err := alive(); err != nil {
-		return fmt.Errorf("G (pid %d) is gone: %w", pid, err)
+		return fmt.Errorf("G (pid %d) is gone: %w", pid, err), false
 	}
 	if err := pt(unix.PTRACE_SEIZE, 0); err != nil {
-		return fmt.Errorf("unable to pin G (pid %d) with ptrace: %w", pid, err)
+		return fmt.Errorf("unable to pin G (pid %d) with ptrace: %w", pid, err), false
 	}
 	if err := alive(); err != nil {
-		// G was reaped between the checks, and the pid attached may be
-		// another process's already (pid reuse: the worker's own child,
-		// even): let it go without reaping it or taking its status.
-		letGo(pid, log, pt)
-		return fmt.Errorf("G (pid %d) is gone: %w", pid, err)
+		return fmt.Errorf("G (pid %d) is gone: %w", pid, err), true
 	}
-	defer releaseG(pid, pidfd, log, pt)
-	return f()
+	defer func() {
+		if !releaseG(pid, pidfd, log, pt) {
+			abandon = true
+		}
+	}()
+	return f(), false
 }
 
 // ptrace makes request req of tracee pid, addr 0; it must come from the
@@ -1008,48 +1039,11 @@ func ptrace(req, pid int, data uintptr) error {
 	return nil
 }
 
-// letGo undoes pinG's attach when the tracee is not known to be G: it is
-// interrupted and looked at without being waited for (WNOWAIT). Stopped,
-// it is detached (a signal whose delivery stop it was in is not
-// redelivered: the worker reads no more of an unknown process's status
-// than it must). Exited, it is waited for as its tracer only when the
-// worker is not its parent, which hands the zombie back to its parent as
-// releaseG does; a child of the worker's own (a sandbox's init) is left
-// for its own waiter, its status untaken.
-func letGo(pid int, log *slog.Logger, pt func(int, uintptr) error) {
-	_ = pt(unix.PTRACE_INTERRUPT, 0)
-	var info unix.Siginfo
-	for {
-		err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WSTOPPED|unix.WNOWAIT|unix.WALL, nil)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return // ECHILD: not our tracee (any more)
-		}
-		break
-	}
-	const cldExited, cldKilled, cldDumped = 1, 2, 3 // siginfo si_code of an exit
-	switch info.Code {
-	case cldExited, cldKilled, cldDumped:
-		// A zombie's pid is not reused, so its status file is its own.
-		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-		if v := statusField(string(status), "PPid"); err == nil && len(v) == 1 && v[0] != strconv.Itoa(os.Getpid()) {
-			var ws unix.WaitStatus
-			_, _ = unix.Wait4(pid, &ws, unix.WALL, nil)
-		}
-	default:
-		if err := pt(unix.PTRACE_DETACH, 0); err != nil && err != unix.ESRCH {
-			log.Error("unable to detach from a process pinned as G", "pid", pid, "error", err)
-		}
-	}
-}
-
 // releaseG lets G go after pinG (see there). It runs on pinG's locked
-// thread.
-func releaseG(pid int, pidfd *os.File, log *slog.Logger, pt func(int, uintptr) error) {
-	// ESRCH: G is a zombie (or the attach was someone else's pid, then
-	// already gone): the wait below handles both.
+// thread; false means it could not, and pinG ends the thread, which
+// detaches G as the kernel does for a tracer's exit.
+func releaseG(pid int, pidfd *os.File, log *slog.Logger, pt func(int, uintptr) error) bool {
+	// ESRCH: G is a zombie: the wait below hands it back.
 	_ = pt(unix.PTRACE_INTERRUPT, 0)
 	timer := time.AfterFunc(pinReleaseGrace, func() {
 		log.Error("G did not stop to be released from its pin: killed", "pid", pid)
@@ -1064,15 +1058,15 @@ func releaseG(pid int, pidfd *os.File, log *slog.Logger, pt func(int, uintptr) e
 		if err == unix.EINTR {
 			continue
 		}
+		if err == unix.ECHILD {
+			return true // not (or no longer) our tracee
+		}
 		if err != nil {
-			// ECHILD: not (or no longer) our tracee; nothing to release.
-			if err != unix.ECHILD {
-				log.Error("unable to release G from its pin", "pid", pid, "error", err)
-			}
-			return
+			log.Error("unable to release G from its pin; its thread ends instead", "pid", pid, "error", err)
+			return false
 		}
 		if !ws.Stopped() {
-			return // exited or killed: handed to F
+			return true // exited or killed: handed to F
 		}
 		// A stop with no ptrace event is a signal-delivery stop (a signal
 		// G got while pinned, before the interrupt's stop): detaching
@@ -1082,10 +1076,15 @@ func releaseG(pid int, pidfd *os.File, log *slog.Logger, pt func(int, uintptr) e
 		if int(ws)>>16 == 0 {
 			sig = uintptr(ws.StopSignal())
 		}
-		if err := pt(unix.PTRACE_DETACH, sig); err != nil {
-			log.Error("unable to detach from G", "pid", pid, "error", err)
+		err = pt(unix.PTRACE_DETACH, sig)
+		if err == unix.ESRCH {
+			continue // killed since its stop: its exit is the next wait's
 		}
-		return
+		if err != nil {
+			log.Error("unable to detach from G; its thread ends instead", "pid", pid, "error", err)
+			return false
+		}
+		return true
 	}
 }
 

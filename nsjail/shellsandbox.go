@@ -88,7 +88,7 @@ func (s *Shell) CheckConfined() error {
 	var top seccomp.Program
 	err = pinG(s.gpid, s.g, s.log, func() error {
 		var err error
-		top, err = seccomp.TopFilter(s.gpid)
+		top, _, err = seccomp.TopFilter(s.gpid)
 		return err
 	})
 	if err != nil {

@@ -86,27 +86,25 @@ func LoadedProgram(tid int) (Program, error) {
 		return nil, fmt.Errorf("PTRACE_SEIZE: %w", err)
 	}
 	defer func() { _ = ptrace(unix.PTRACE_DETACH, tid, 0, 0) }()
-	prog, err := TopFilter(tid)
+	prog, filters, err := TopFilter(tid)
 	if err != nil {
 		return nil, err
 	}
-	// PTRACE_SECCOMP_GET_FILTER counts from the first filter loaded: an
-	// index 1 is a second one, and there must be none.
-	if _, err := ptraceN(unix.PTRACE_SECCOMP_GET_FILTER, tid, 1, 0); !errors.Is(err, unix.ENOENT) {
-		return nil, fmt.Errorf("thread %d holds more than one seccomp filter (%v)", tid, err)
+	if filters != 1 {
+		return nil, fmt.Errorf("thread %d holds %d seccomp filters, want one", tid, filters)
 	}
 	return prog, nil
 }
 
 // TopFilter reads, with PTRACE_SECCOMP_GET_FILTER, the last seccomp filter
-// loaded by thread tid, which the calling thread has attached
-// (PTRACE_SEIZE) and keeps attached: it interrupts tid and waits, with
-// WNOWAIT and within stopTimeout, for its ptrace stop, which it leaves to
-// the caller's wait or detach. It never reaps tid. Requirements: as
-// LoadedProgram's.
-func TopFilter(tid int) (Program, error) {
+// loaded by thread tid, and how many it holds, which the calling thread
+// has attached (PTRACE_SEIZE) and keeps attached: it interrupts tid and
+// waits, with WNOWAIT and within stopTimeout, for its ptrace stop, which
+// it leaves to the caller's wait or detach. It never reaps tid.
+// Requirements: as LoadedProgram's.
+func TopFilter(tid int) (prog Program, filters int, err error) {
 	if err := ptrace(unix.PTRACE_INTERRUPT, tid, 0, 0); err != nil {
-		return nil, fmt.Errorf("PTRACE_INTERRUPT: %w", err)
+		return nil, 0, fmt.Errorf("PTRACE_INTERRUPT: %w", err)
 	}
 	// Polled, with a deadline, not waited for: an interrupt can be lost.
 	// Seen here: a process seized while libcontainer's init was about to
@@ -125,18 +123,18 @@ func TopFilter(tid int) (Program, error) {
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("waitid for the ptrace stop: %w", err)
+			return nil, 0, fmt.Errorf("waitid for the ptrace stop: %w", err)
 		}
 		if info.Signo != 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("thread %d did not stop for ptrace within %v", tid, stopTimeout)
+			return nil, 0, fmt.Errorf("thread %d did not stop for ptrace within %v", tid, stopTimeout)
 		}
 		time.Sleep(time.Millisecond)
 	}
 	if info.Code != cldTrapped {
-		return nil, fmt.Errorf("thread %d did not stop for ptrace (waitid si_code %d, signal %d)", tid, info.Code, info.Signo)
+		return nil, 0, fmt.Errorf("thread %d did not stop for ptrace (waitid si_code %d, signal %d)", tid, info.Code, info.Signo)
 	}
 	// PTRACE_SECCOMP_GET_FILTER counts from the first filter loaded (the
 	// kernel's get_nth_filter): the last one is at the highest index that
@@ -145,7 +143,7 @@ func TopFilter(tid int) (Program, error) {
 	n, err := ptraceN(unix.PTRACE_SECCOMP_GET_FILTER, tid, 0, 0)
 	if err != nil {
 		// EINVAL: not in filter mode (no filter at all).
-		return nil, fmt.Errorf("PTRACE_SECCOMP_GET_FILTER: %w", err)
+		return nil, 0, fmt.Errorf("PTRACE_SECCOMP_GET_FILTER: %w", err)
 	}
 	for {
 		m, err := ptraceN(unix.PTRACE_SECCOMP_GET_FILTER, tid, last+1, 0)
@@ -153,22 +151,22 @@ func TopFilter(tid int) (Program, error) {
 			break
 		}
 		if err != nil {
-			return nil, fmt.Errorf("PTRACE_SECCOMP_GET_FILTER %d: %w", last+1, err)
+			return nil, 0, fmt.Errorf("PTRACE_SECCOMP_GET_FILTER %d: %w", last+1, err)
 		}
 		last, n = last+1, m
 	}
 	if n == 0 || n > unix.BPF_MAXINSNS {
-		return nil, fmt.Errorf("PTRACE_SECCOMP_GET_FILTER: %d instructions", n)
+		return nil, 0, fmt.Errorf("PTRACE_SECCOMP_GET_FILTER: %d instructions", n)
 	}
-	prog := make([]unix.SockFilter, n)
-	got, err := ptraceN(unix.PTRACE_SECCOMP_GET_FILTER, tid, last, uintptr(unsafe.Pointer(&prog[0])))
+	insns := make([]unix.SockFilter, n)
+	got, err := ptraceN(unix.PTRACE_SECCOMP_GET_FILTER, tid, last, uintptr(unsafe.Pointer(&insns[0])))
 	if err != nil {
-		return nil, fmt.Errorf("PTRACE_SECCOMP_GET_FILTER: %w", err)
+		return nil, 0, fmt.Errorf("PTRACE_SECCOMP_GET_FILTER: %w", err)
 	}
 	if got != n {
-		return nil, fmt.Errorf("PTRACE_SECCOMP_GET_FILTER: %d instructions, then %d", n, got)
+		return nil, 0, fmt.Errorf("PTRACE_SECCOMP_GET_FILTER: %d instructions, then %d", n, got)
 	}
-	return EncodeProgram(prog), nil
+	return EncodeProgram(insns), int(last) + 1, nil
 }
 
 func ptraceN(req, tid int, addr, data uintptr) (uintptr, error) {

@@ -1,11 +1,8 @@
 package nsjail
 
 import (
-	"io"
-	"log/slog"
 	"os"
 	"os/exec"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,26 +11,31 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// seizeAndLetGo attaches pid as pinG does and lets it go with letGo, after
-// wait (run while attached), all on one locked thread as ptrace requires.
-func seizeAndLetGo(t *testing.T, pid int, wait func()) {
+// seizeAndEndThread attaches pid on a thread of its own, runs during while
+// attached, and ends that thread still attached, as pinG does with a pid
+// it no longer knows to be G's (onOwnThread).
+func seizeAndEndThread(t *testing.T, pid int, during func()) {
 	t.Helper()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	pt := func(req int, data uintptr) error { return ptrace(req, pid, data) }
-	if err := pt(unix.PTRACE_SEIZE, 0); err != nil {
+	err := onOwnThread(func() (error, bool) {
+		if err := ptrace(unix.PTRACE_SEIZE, pid, 0); err != nil {
+			return err, false
+		}
+		during()
+		return nil, true
+	})
+	if err != nil {
 		t.Fatalf("PTRACE_SEIZE %d: %v", pid, err)
 	}
-	wait()
-	letGo(pid, slog.New(slog.NewTextHandler(io.Discard, nil)), pt)
 }
 
-// letGo (pinG's undo when the pid attached may no longer be G's, SECURITY.md
-// case 41's pid reuse) must never take a process's exit from its parent:
-// a child of the worker's own that ended while attached keeps its status
-// for its own waiter, and another process's child is handed back to its
-// parent (which would otherwise wait for it forever).
-func TestLetGoLeavesTheExitToTheParent(t *testing.T) {
+// What pinG relies on when it ends its thread instead of releasing a
+// tracee it no longer knows to be G (SECURITY.md case 71: G reaped between
+// its checks, its pid reused): the kernel detaches the tracee without
+// taking anything from it. A child of the worker's own that exited while
+// attached keeps its exit status for its own wait; a running one runs on,
+// untraced; another process's child that exited while attached reaches
+// its parent's wait (which would otherwise wait for it for good).
+func TestEndingThePinThreadLeavesTheProcessAlone(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: ptrace")
 	}
@@ -46,7 +48,7 @@ func TestLetGoLeavesTheExitToTheParent(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		seizeAndLetGo(t, cmd.Process.Pid, func() {
+		seizeAndEndThread(t, cmd.Process.Pid, func() {
 			in.Close() // it exits while attached
 			waitState(t, cmd.Process.Pid, "Z")
 		})
@@ -64,9 +66,12 @@ func TestLetGoLeavesTheExitToTheParent(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		seizeAndLetGo(t, cmd.Process.Pid, func() {})
-		if tracer := statusOf(t, cmd.Process.Pid, "TracerPid"); tracer != "0" {
-			t.Errorf("TracerPid %s after letGo, want 0", tracer)
+		seizeAndEndThread(t, cmd.Process.Pid, func() {})
+		for deadline := time.Now().Add(10 * time.Second); statusOf(t, cmd.Process.Pid, "TracerPid") != "0"; {
+			if time.Now().After(deadline) {
+				t.Fatal("still traced 10 s after the tracing thread ended")
+			}
+			time.Sleep(time.Millisecond)
 		}
 		in.Close()
 		if err := cmd.Wait(); err == nil || !strings.Contains(err.Error(), "exit status 3") {
@@ -74,9 +79,12 @@ func TestLetGoLeavesTheExitToTheParent(t *testing.T) {
 		}
 	})
 	t.Run("another's child, exited", func(t *testing.T) {
-		// sh's child exits while attached; sh waits for it and exits with
-		// its status, which it gets only if letGo handed the zombie back.
-		cmd := exec.Command("sh", "-c", "(read x; exit 5) & echo $!; wait $!")
+		// sh's background child reads sh's stdin (fd 3: a non-interactive
+		// shell gives a background job /dev/null as its stdin) and exits
+		// 5 once it is closed, while attached; sh waits for it and exits
+		// with its status, which it gets only once the child is handed
+		// back to it.
+		cmd := exec.Command("sh", "-c", "exec 3<&0; (read x <&3; exit 5) & echo $!; wait $!")
 		in, err := cmd.StdinPipe()
 		if err != nil {
 			t.Fatal(err)
@@ -90,13 +98,16 @@ func TestLetGoLeavesTheExitToTheParent(t *testing.T) {
 		}
 		buf := make([]byte, 32)
 		n, _ := out.Read(buf)
-		gpid, err := strconv.Atoi(strings.TrimSpace(string(buf[:n])))
+		child, err := strconv.Atoi(strings.TrimSpace(string(buf[:n])))
 		if err != nil {
 			t.Fatalf("sh's child's pid: %q: %v", buf[:n], err)
 		}
-		seizeAndLetGo(t, gpid, func() {
+		if state := statusOf(t, child, "State"); state == "Z" {
+			t.Fatal("sh's child exited before its input was closed")
+		}
+		seizeAndEndThread(t, child, func() {
 			in.Close()
-			waitState(t, gpid, "Z")
+			waitState(t, child, "Z")
 		})
 		done := make(chan error, 1)
 		go func() { done <- cmd.Wait() }()
@@ -107,7 +118,7 @@ func TestLetGoLeavesTheExitToTheParent(t *testing.T) {
 			}
 		case <-time.After(10 * time.Second):
 			cmd.Process.Kill()
-			t.Fatal("sh never got its child's exit: letGo kept the zombie")
+			t.Fatal("sh never got its child's exit: the zombie was kept from it")
 		}
 	})
 }
@@ -125,7 +136,7 @@ func statusOf(t *testing.T, pid int, key string) string {
 	return v[0]
 }
 
-// waitState waits until pid's State starts with state (a zombie: "Z").
+// waitState waits until pid's State is state (a zombie: "Z").
 func waitState(t *testing.T, pid int, state string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
