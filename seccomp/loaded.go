@@ -113,7 +113,8 @@ func TopFilter(tid int) (prog Program, filters int, err error) {
 	// thread but not the pending interrupt, and a blocking waitid hung
 	// the test binary for good.
 	var info unix.Siginfo
-	for deadline := time.Now().Add(stopTimeout); ; {
+	// The stop takes tens of microseconds: the first looks come soon.
+	for deadline, wait := time.Now().Add(stopTimeout), 20*time.Microsecond; ; wait = min(2*wait, time.Millisecond) {
 		// WNOWAIT: see LoadedProgram's doc comment (never reap tid). With
 		// WNOHANG and nothing to report, the kernel writes a zero
 		// si_signo.
@@ -131,7 +132,7 @@ func TopFilter(tid int) (prog Program, filters int, err error) {
 		if time.Now().After(deadline) {
 			return nil, 0, fmt.Errorf("thread %d did not stop for ptrace within %v", tid, stopTimeout)
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(wait)
 	}
 	if info.Code != cldTrapped {
 		return nil, 0, fmt.Errorf("thread %d did not stop for ptrace (waitid si_code %d, signal %d)", tid, info.Code, info.Signo)
