@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -268,6 +269,11 @@ type startOptions struct {
 	// asRoot runs the command as uid/gid 0 of the sandbox's user
 	// namespace instead of inside.UID/GID.
 	asRoot bool
+	// v2ParentGoes: on cgroup v2, the parent of the sandbox's cgroup (a
+	// template's tpl-<id>, which libcontainer makes with the leaf) is the
+	// sandbox's too, removed with it (Sandbox.cgroupAlso), a failed start
+	// included.
+	v2ParentGoes bool
 }
 
 // startWith is start with o.
@@ -292,14 +298,22 @@ func (r *Runner) startWith(spec Spec, o startOptions) (*Sandbox, error) {
 	if err != nil {
 		return fail("unable to create sandbox: %w", err)
 	}
+	var cgroupAlso string
+	if o.v2ParentGoes {
+		if state, err := c.State(); err == nil {
+			if d, ok := cgroup.Paths(state.CgroupPaths).V2(); ok {
+				cgroupAlso = filepath.Dir(d)
+			}
+		}
+	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
-		r.destroy(c, log)
+		r.destroy(c, log, cgroupAlso)
 		return fail("unable to create stdout pipe: %w", err)
 	}
 	errR, errW, err := os.Pipe()
 	if err != nil {
-		r.destroy(c, log)
+		r.destroy(c, log, cgroupAlso)
 		outR.Close()
 		outW.Close()
 		return fail("unable to create stderr pipe: %w", err)
@@ -332,7 +346,7 @@ func (r *Runner) startWith(spec Spec, o startOptions) (*Sandbox, error) {
 	if err != nil {
 		outR.Close()
 		errR.Close()
-		r.destroy(c, log)
+		r.destroy(c, log, cgroupAlso)
 		return fail("unable to start sandbox: %w", err)
 	}
 	log.Debug("sandbox started", "start_ms", time.Since(startedAt).Milliseconds())
@@ -356,7 +370,7 @@ func (r *Runner) startWith(spec Spec, o startOptions) (*Sandbox, error) {
 		r:     r, id: id, lim: lim, c: c, proc: proc,
 		stdout:    newCapture(outR, lim.StdoutBytes, spec.Output.ForStream(StreamStdout)),
 		stderr:    newCapture(errR, lim.StderrBytes, spec.Output.ForStream(StreamStderr)),
-		startedAt: startedAt, log: log, cgroupPaths: cgroupPaths,
+		startedAt: startedAt, log: log, cgroupPaths: cgroupPaths, cgroupAlso: cgroupAlso,
 	}, nil
 }
 

@@ -184,17 +184,16 @@ func (r *Runner) StartTemplate(spec Spec, files ...*os.File) (*Template, error) 
 			cfg.Namespaces = slices.DeleteFunc(cfg.Namespaces, func(n configs.Namespace) bool { return n.Type == configs.NEWCGROUP })
 		}
 	}
-	s, err := r.startWith(spec, startOptions{extraFiles: files, tune: tune, asRoot: true})
+	s, err := r.startWith(spec, startOptions{extraFiles: files, tune: tune, asRoot: true, v2ParentGoes: v2})
 	if err != nil {
 		return nil, err
 	}
 	t := &Template{s: s, cgroupRel: cgroupRel}
 	if v2 {
 		if dir, ok := s.cgroupPaths.V2(); ok && filepath.Base(dir) == templateLeaf {
+			// tpl-<id> goes with the template's sandbox, after its leaf
+			// and its shells' cgroups (cgroupAlso, v2ParentGoes; Stop).
 			t.dirV2 = filepath.Dir(dir)
-			// tpl-<id> is ours: it goes with the template's sandbox,
-			// after its leaf and its shells' cgroups (Stop).
-			s.cgroupAlso = t.dirV2
 		} else {
 			t.Stop(0)
 			err := fmt.Errorf("the template's cgroup %v is not a leaf %s", s.cgroupPaths, templateLeaf)

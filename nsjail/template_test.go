@@ -1068,6 +1068,31 @@ func TestTemplateCgroupGoesLast(t *testing.T) {
 	}
 }
 
+// TestTemplateStartFailureLeavesNothing: a template that cannot start (its
+// command does not exist) leaves nothing behind: no state, no marker, no
+// cgroup, on cgroup v2 not even tpl-<id>, the parent libcontainer makes
+// with the template's leaf, which a failed start used to leave, unmarked,
+// for good.
+func TestTemplateStartFailureLeavesNothing(t *testing.T) {
+	nsjailtest.RequireRoot(t)
+	dir := t.TempDir()
+	parent := testCgroupParent + "-tplfail"
+	r := newRunnerAt(t, dir+"/state", parent)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	tpl, err := r.StartTemplate(nsjail.Spec{Rootfs: rootfs, Args: []string{"/no/such/command"}, Env: []string{"HOME=/tmp"}})
+	if err == nil {
+		tpl.Stop(0)
+		t.Fatal("a template whose command does not exist started")
+	}
+	if !strings.Contains(err.Error(), "unable to start sandbox") {
+		t.Fatalf("the start failed before its container ran (%v): nothing of its cgroup was made to leave", err)
+	}
+	r.WaitForCleanup()
+	if err := nsjailtest.CheckNoLeftovers(dir+"/state", parent); err != nil {
+		t.Fatalf("after a failed start: %v", err)
+	}
+}
+
 // SECURITY.md case 70: on cgroup v2 the shell's cgroup goes to the
 // template as a detached mount of its directory, whose ".." stays on it
 // (a plain fd's would lead to tpl-<id> and on to the worker's whole
