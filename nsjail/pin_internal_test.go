@@ -1,6 +1,7 @@
 package nsjail
 
 import (
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
@@ -41,31 +42,19 @@ func TestEndingThePinThreadLeavesTheProcessAlone(t *testing.T) {
 	}
 	t.Run("own child, exited", func(t *testing.T) {
 		cmd := exec.Command("sh", "-c", "read x; exit 7")
-		in, err := cmd.StdinPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
+		in := startWithStdin(t, cmd)
 		seizeAndEndThread(t, cmd.Process.Pid, func() {
 			in.Close() // it exits while attached
 			waitState(t, cmd.Process.Pid, "Z")
 		})
-		err = cmd.Wait()
+		err := cmd.Wait()
 		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 7 {
 			t.Fatalf("the child's own wait: %v, want exit status 7", err)
 		}
 	})
 	t.Run("own child, running", func(t *testing.T) {
 		cmd := exec.Command("sh", "-c", "read x; exit 3")
-		in, err := cmd.StdinPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
+		in := startWithStdin(t, cmd)
 		seizeAndEndThread(t, cmd.Process.Pid, func() {})
 		for deadline := time.Now().Add(10 * time.Second); statusOf(t, cmd.Process.Pid, "TracerPid") != "0"; {
 			if time.Now().After(deadline) {
@@ -85,17 +74,11 @@ func TestEndingThePinThreadLeavesTheProcessAlone(t *testing.T) {
 		// with its status, which it gets only once the child is handed
 		// back to it.
 		cmd := exec.Command("sh", "-c", "exec 3<&0; (read x <&3; exit 5) & echo $!; wait $!")
-		in, err := cmd.StdinPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
 		out, err := cmd.StdoutPipe()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
+		in := startWithStdin(t, cmd)
 		buf := make([]byte, 32)
 		n, _ := out.Read(buf)
 		child, err := strconv.Atoi(strings.TrimSpace(string(buf[:n])))
@@ -121,6 +104,20 @@ func TestEndingThePinThreadLeavesTheProcessAlone(t *testing.T) {
 			t.Fatal("sh never got its child's exit: the zombie was kept from it")
 		}
 	})
+}
+
+// startWithStdin starts cmd with a pipe as its stdin and returns the pipe's
+// write end: the tests' processes wait for it to close.
+func startWithStdin(t *testing.T, cmd *exec.Cmd) io.WriteCloser {
+	t.Helper()
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return in
 }
 
 func statusOf(t *testing.T, pid int, key string) string {
