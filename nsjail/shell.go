@@ -160,7 +160,7 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 		// tpl-<id> ends before openFork checks G is alone in the cgroup,
 		// so that an fd of it the template kept can move nothing in
 		// after the check (SECURITY.md case 70).
-		if err := prepared.endFork(); err != nil {
+		if err := prepared.EndFork(); err != nil {
 			return fail("%w", err)
 		}
 	}
@@ -934,7 +934,7 @@ func (s *Shell) MoveG() error {
 // (listed alone in its cgroup.procs, its pidfd alive after the read, so the
 // pid listed was G's), and the directory a child of tpl-<id> named after
 // the shell. Nothing is written. Alone again, after openFork's check: the
-// chown back of cgroup.procs (PreparedShell.endFork) does not wait for a
+// chown back of cgroup.procs (PreparedShell.EndFork) does not wait for a
 // clone3 CLONE_INTO_CGROUP whose permission check passed just before it,
 // and by now libcontainer's writes to the shell's cgroups, which take the
 // kernel's cgroup_mutex as that clone3 does, have let any such fork land

@@ -37,7 +37,7 @@ type PreparedShell struct {
 	mu     sync.Mutex
 	taken  bool // by a shell (StartShell)
 	closed bool
-	// inFlight: the fork is not done yet (endFork), so tpl-<id>'s
+	// inFlight: the fork is not done yet (EndFork), so tpl-<id>'s
 	// cgroup.procs may be the template root's.
 	inFlight bool
 }
@@ -51,13 +51,14 @@ type PreparedShell struct {
 // the fork is done: F, whose host credentials those are, may then clone G
 // into it (the kernel checks write access to cgroup.procs of the
 // destination and of the common ancestor, tpl-<id>: experiment E7).
-// StartShell gives both back to root once it holds G (endFork), Close if
-// no shell took the cgroup.
+// The caller gives both back to root once it holds G (EndFork; StartShell
+// makes sure), Close if no shell took the cgroup.
 //
-// One fork of a template at a time (the pool forks under the template's
-// fork lock, server/warmpool templatePool.forking): tpl-<id>'s
-// cgroup.procs is the template root's while any prepared shell of t is in
-// flight (SECURITY.md case 70).
+// One fork of a template between PrepareShell and EndFork at a time (the
+// pool holds the template's fork lock from one to the other,
+// server/warmpool templatePool.forking): tpl-<id>'s cgroup.procs is the
+// template root's while any prepared shell of t is in flight (SECURITY.md
+// case 70).
 func (r *Runner) PrepareShell(t *Template) (*PreparedShell, error) {
 	p := &PreparedShell{t: t, id: newID()}
 	if t.dirV2 == "" {
@@ -192,16 +193,19 @@ func (t *Template) beginFork(uid int) error {
 	return nil
 }
 
-// endFork ends p's fork: the shell's cgroup.procs and, when no other fork
+// EndFork ends p's fork: the shell's cgroup.procs and, when no other fork
 // of the template is in flight, tpl-<id>'s go back to root. From then on
 // an fd of the shell's cgroup.procs the template kept fails at every
 // write: the kernel checks write access to the destination's cgroup.procs
 // when it is opened, but to the common ancestor's (tpl-<id>) at each
 // write, with the opener's credentials (__cgroup_procs_write; tools/v2vm
-// TestKeptCgroupProcsFD). StartShell calls it before it checks that G is
-// alone in the cgroup, so nothing can join G after the check (SECURITY.md
-// case 70). Idempotent.
-func (p *PreparedShell) endFork() error {
+// TestKeptCgroupProcsFD). The caller calls it once it holds G's pidfd,
+// before it lets another fork of the template begin (PrepareShell), and
+// StartShell again before it checks that G is alone in the cgroup, so
+// nothing can join G after the check (SECURITY.md case 70). An error
+// makes the template unusable (ErrTemplateUnusable). No-op on v1;
+// idempotent.
+func (p *PreparedShell) EndFork() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.endForkLocked()

@@ -83,7 +83,7 @@ type Template struct {
 	preparedMu sync.Mutex
 	prepared   map[string]*PreparedShell
 	// forksInFlight counts the prepared shells whose fork is not done
-	// (PreparedShell.endFork): tpl-<id>'s cgroup.procs is the template
+	// (PreparedShell.EndFork): tpl-<id>'s cgroup.procs is the template
 	// root's only while it is not 0.
 	forksInFlight int
 	// chownBackFailed: tpl-<id>'s cgroup.procs could not be given back to
@@ -226,7 +226,7 @@ func (r *Runner) StartTemplate(spec Spec, files ...*os.File) (*Template, error) 
 	// destination (cgroup_attach_permissions, E7: EACCES otherwise):
 	// tpl-<id>'s and the shell's are handed to the template's host root,
 	// HostIDBase+1 (what F's credentials are on the host), only while a
-	// fork is in flight (PrepareShell, PreparedShell.endFork). T reaches
+	// fork is in flight (PrepareShell, PreparedShell.EndFork). T reaches
 	// neither file by any path (no cgroupfs in its mount namespace): only
 	// through the detached mount of a shell's cgroup PrepareShell gives
 	// it, which has no ".." to tpl-<id> (SECURITY.md case 70).

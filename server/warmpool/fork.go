@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -51,6 +52,9 @@ type templateProc struct {
 	// (rotation: Config.TemplateMaxForks, Config.TemplateMaxAge).
 	forks   int
 	started time.Time
+	// inFlight counts its forks being made (startFork), each added under
+	// the fork lock while this is the template pool's proc.
+	inFlight sync.WaitGroup
 }
 
 // startTemplate starts t's template process. It does not wait for T's
@@ -114,6 +118,9 @@ func (p *Pool) retireTemplate(tproc *templateProc) <-chan *nsjail.Result {
 		defer p.retiring.Done()
 		idle := make(chan struct{})
 		go func() {
+			// A fork in flight has its shell counted (WaitShells) by
+			// the time it is ready or abandoned.
+			tproc.inFlight.Wait()
 			tproc.tpl.WaitShells()
 			close(idle)
 		}()
@@ -159,23 +166,54 @@ func (p *Pool) lockFork(ctx context.Context, tp *templatePool) error {
 
 func (tp *templatePool) unlockFork() { <-tp.forking }
 
-// withForkLock runs f holding tp's fork lock, released however f ends (a
-// panic in a request's fork, which net/http recovers, would otherwise
-// leave it held, and the refill and Close waiting for it for good).
-func (p *Pool) withForkLock(ctx context.Context, tp *templatePool, f func() (*warmSandbox, error)) (*warmSandbox, error) {
+// forkLock is a template's fork lock as one fork holds it (makeFork):
+// fork releases it once the template's part is done, and startFork takes
+// it again to retire a template the fork found broken.
+type forkLock struct {
+	tp   *templatePool
+	held bool
+}
+
+func (l *forkLock) release() {
+	if l.held {
+		l.held = false
+		l.tp.unlockFork()
+	}
+}
+
+// makeFork makes one warm sandbox of tp's template (startFork). It holds
+// the template's fork lock only for the template's part of the fork (a
+// rotation or a template's start when due, the request to T, G's pidfd,
+// the end of cgroup v2's grant: a few ms), not for the shell's start, the
+// join and READY (tens of ms): forks of one template are made ready side
+// by side. check, if not nil, runs first under the lock; its error is
+// returned as is. ctx bounds the wait for the lock only. The lock is
+// released however makeFork ends (a panic in a request's fork, which
+// net/http recovers, would otherwise leave it held, and the refill and
+// Close waiting for it for good).
+func (p *Pool) makeFork(ctx context.Context, f Forker, tp *templatePool, check func() error) (*warmSandbox, error) {
 	if err := p.lockFork(ctx, tp); err != nil {
 		return nil, err
 	}
-	defer tp.unlockFork()
-	return f()
+	l := &forkLock{tp: tp, held: true}
+	defer l.release()
+	if check != nil {
+		if err := check(); err != nil {
+			return nil, err
+		}
+	}
+	return p.startFork(f, tp, l)
 }
 
 // startFork makes one warm sandbox of t, a fork of tp's template, with
-// its own workspace. The caller holds tp's fork lock (lockFork).
-func (p *Pool) startFork(f Forker, tp *templatePool) (w *warmSandbox, err error) {
+// its own workspace. The caller holds tp's fork lock (l), which fork
+// releases on the way.
+func (p *Pool) startFork(f Forker, tp *templatePool, l *forkLock) (w *warmSandbox, err error) {
 	defer func() {
 		if !errors.Is(err, errPoolClosed) {
+			p.mu.Lock()
 			tp.forkErr = err
+			p.mu.Unlock()
 		}
 	}()
 	if old := tp.proc; old != nil && p.rotates(old) {
@@ -226,18 +264,36 @@ func (p *Pool) startFork(f Forker, tp *templatePool) (w *warmSandbox, err error)
 		return nil, err
 	}
 	spec := nsjail.Spec{Rootfs: tp.t.Rootfs, Args: []string{"python3"}, Cwd: inside.Workspace, Workspace: ws, Limits: tp.t.Limits}
-	w, refused, err := p.fork(f, tp.proc, spec)
+	tproc := tp.proc
+	// Counted until the fork is ready or abandoned: a retirement waits
+	// for it (retireTemplate), the lock released or not.
+	tproc.inFlight.Add(1)
+	w, refused, err := p.fork(f, tproc, spec, l)
+	tproc.inFlight.Done()
 	if err != nil {
 		workspace.Remove(ws)
 		if errors.Is(err, errPoolClosed) {
 			return nil, err
 		}
 		if refused || errors.Is(err, errTemplateBroken) {
+			if !l.held {
+				// Found broken after the template's part (the shell
+				// says G is no fork of it, G says READY unconfined):
+				// the lock again, to retire it unless a rotation or
+				// another fork did already.
+				if err := p.lockFork(context.Background(), tp); err != nil {
+					return nil, err // closed: Close retires it
+				}
+				l.held = true
+				if tp.proc != tproc {
+					return nil, err
+				}
+			}
 			// A template that refuses (it holds what a fork must not
 			// inherit) or breaks the protocol is never asked again.
-			p.log.Error("warm pool: template retired", "template", tp.proc.tpl.ID(), "error", err)
-			first := tp.proc.forks == 1
-			ended := p.retireTemplate(tp.proc)
+			p.log.Error("warm pool: template retired", "template", tproc.tpl.ID(), "error", err)
+			first := tproc.forks == 1
+			ended := p.retireTemplate(tproc)
 			tp.proc = nil
 			if first {
 				// Its first request: no fork of it is in use (this one's
@@ -263,8 +319,11 @@ func (p *Pool) startFork(f Forker, tp *templatePool) (w *warmSandbox, err error)
 var errTemplateBroken = errors.New("the template broke the fork protocol")
 
 // fork asks tproc for one fork and makes it ready in a shell of spec.
-// refused says T refused to fork.
-func (p *Pool) fork(f Forker, tproc *templateProc, spec nsjail.Spec) (w *warmSandbox, refused bool, err error) {
+// refused says T refused to fork. The caller holds the template's fork
+// lock (l): fork releases it once it holds G's pidfd and the template's
+// grant of the shell's cgroup has ended (SECURITY.md case 70), before the
+// shell's start.
+func (p *Pool) fork(f Forker, tproc *templateProc, spec nsjail.Spec, l *forkLock) (w *warmSandbox, refused bool, err error) {
 	// The fork's channels; the pool keeps its ends and, of the control
 	// socket, the sandbox's end too (runWarm's unread check).
 	ctl, ctlPeer, err := controlPair()
@@ -391,6 +450,14 @@ func (p *Pool) fork(f Forker, tproc *templateProc, spec nsjail.Spec) (w *warmSan
 	}
 	g := os.NewFile(uintptr(gfds[0]), "pidfd-G")
 	defer g.Close() // StartShell keeps its own duplicate
+	// The template's part is done: its grant of the shell's cgroup (v2)
+	// ends before another fork of it may begin; the rest is this fork's.
+	if err := prep.EndFork(); err != nil {
+		_ = unix.PidfdSendSignal(int(g.Fd()), unix.SIGKILL, nil, 0)
+		goAheadW.Close()
+		return fail(fmt.Errorf("%w: %v", errTemplateBroken, err))
+	}
+	l.release()
 	shellCtx, shellCancel := context.WithTimeout(ctx, forkTimeout)
 	defer shellCancel()
 	sh, err := f.StartShell(shellCtx, tproc.tpl, spec, g)

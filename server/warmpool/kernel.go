@@ -291,33 +291,28 @@ func (p *Pool) startForkedKernel(ctx context.Context, root int, spec nsjail.Spec
 	if !ok {
 		return nil, errNoTemplate
 	}
-	var tp *templatePool
-	p.mu.Lock()
-	for _, t := range p.templates {
-		if t.t.MatchesKernel(&spec) {
-			tp = t
-			break
-		}
-	}
-	p.mu.Unlock()
+	tp := p.templateFor(func(t Template) bool { return t.MatchesKernel(&spec) })
 	if tp == nil {
 		return nil, errNoTemplate
 	}
-	// The template's fork lock: the refill may be making one of its forks
-	// (tens of ms; a template's start and import after a rotation or a
-	// failure, ~1.5 s), and one template forks once at a time.
-	w, err := p.withForkLock(ctx, tp, func() (*warmSandbox, error) {
+	// The template's fork lock: another fork may be in the template's
+	// part of its own (ms; a template's start and import after a rotation
+	// or a failure, ~1.5 s).
+	w, err := p.makeFork(ctx, f, tp, func() error {
 		if err := ctx.Err(); err != nil {
-			return nil, err // the request ended while it waited
+			return err // the request ended while it waited
 		}
-		if tp.proc == nil && tp.next == nil && tp.forkErr != nil {
+		p.mu.Lock()
+		lastErr := tp.forkErr
+		p.mu.Unlock()
+		if tp.proc == nil && tp.next == nil && lastErr != nil {
 			// The refill's last fork failed and left no template: this
 			// one would most likely fail as well, after a template's
 			// start and import on the request path. The refill retries,
 			// backing off.
-			return nil, fmt.Errorf("%w: the template's last fork failed and none runs: %w", errForkFailed, tp.forkErr)
+			return fmt.Errorf("%w: the template's last fork failed and none runs: %w", errForkFailed, lastErr)
 		}
-		return p.startFork(f, tp)
+		return nil
 	})
 	switch {
 	case err == nil:

@@ -135,20 +135,22 @@ type Pool struct {
 type templatePool struct {
 	t Template
 	// forking is the template's fork lock (a semaphore of one: holding
-	// it is having sent its one value), held across each startFork: by
-	// keepFull's refill and by a session kernel forked on demand
-	// (StartKernel), and by Close as it stops proc. It guards proc (its
-	// start, rotation and retirement, and its control socket: one request
-	// at a time) and keeps one fork of the template in flight at a time,
-	// which nsjail's cgroup v2 shells rely on (PrepareShell hands
-	// tpl-<id>/cgroup.procs to the template until endFork: SECURITY.md
-	// case 70). A channel rather than a sync.Mutex so that a kernel's wait
-	// for it ends with its request or the pool's Close (lockFork).
+	// it is having sent its one value), held for the template's part of
+	// each fork (makeFork): by keepFull's refill, by an execution or a
+	// session kernel forked on demand, and by Close as it stops proc. It
+	// guards proc (its start, rotation and retirement, and its control
+	// socket: one request at a time) and keeps one fork of the template
+	// between nsjail's PrepareShell and EndFork at a time, which cgroup
+	// v2's shells rely on (tpl-<id>/cgroup.procs is the template's in
+	// between: SECURITY.md case 70). A channel rather than a sync.Mutex
+	// so that a request's wait for it ends with its request or the
+	// pool's Close (lockFork).
 	forking chan struct{}
 	// proc is the running template process, with Config.Forks (nil
-	// until the first fork, or after one broke); forkErr is the last
-	// startFork's error (nil after a fork made). Both under forking.
-	proc    *templateProc
+	// until the first fork, or after one broke). Under forking.
+	proc *templateProc
+	// forkErr is the last startFork's error (nil after a fork made).
+	// Under Pool.mu.
 	forkErr error
 	// next is proc's successor, started ahead when proc is about to
 	// rotate (rotatesSoon): it imports the preload meanwhile and forks
@@ -549,7 +551,7 @@ func (p *Pool) startOne(tp *templatePool) bool {
 	var w *warmSandbox
 	var err error
 	if f, ok := p.sandboxer.(Forker); ok && p.cfg.Forks {
-		w, err = p.withForkLock(context.Background(), tp, func() (*warmSandbox, error) { return p.startFork(f, tp) })
+		w, err = p.makeFork(context.Background(), f, tp, nil)
 	} else {
 		w, err = p.start(tp.t)
 	}
@@ -711,4 +713,16 @@ func (p *Pool) Close() {
 		tp.unlockFork()
 	}
 	p.retiring.Wait()
+}
+
+// templateFor is the first template pool whose template matches.
+func (p *Pool) templateFor(matches func(Template) bool) *templatePool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, tp := range p.templates {
+		if matches(tp.t) {
+			return tp
+		}
+	}
+	return nil
 }
