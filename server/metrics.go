@@ -103,14 +103,16 @@ var (
 	poolTplForkDesc    = prometheus.NewDesc("sandboxd_pool_template_forks_total", "Forks the template processes made (pool_template_forks).", nil, nil)
 	poolKernelForkDesc = prometheus.NewDesc("sandboxd_pool_kernel_forks_total",
 		"Session kernels forked from their template on demand (pool_template_forks, no warm sandbox ready): neither taken from the pool nor started cold.", nil, nil)
+	poolExecForkDesc = prometheus.NewDesc("sandboxd_pool_execution_forks_total",
+		"Executions forked from their template on demand (pool_template_forks, no warm sandbox ready): neither taken from the pool nor run cold.", nil, nil)
 	poolFallbackDesc = prometheus.NewDesc("sandboxd_pool_fallback_total",
-		"Executions and session kernels that matched a warm template but ran cold, by reason: dead (the warm sandbox had died), env (the request sets a variable a warm sandbox cannot apply), fork (a session kernel's on-demand fork could not be made: its template broken, refused or not startable).",
+		"Executions and session kernels that matched a warm template but ran cold, by reason: dead (the warm sandbox had died), env (the request sets a variable a warm sandbox cannot apply), fork (an on-demand fork could not be made: its template broken, refused or not startable).",
 		[]string{"reason"}, nil)
 )
 
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{poolSizeDesc, poolReadyDesc, poolStartingDesc, poolTakenDesc, poolFailDesc, poolRetiredDesc, poolMemDesc,
-		poolTplDesc, poolTplStartDesc, poolTplForkDesc, poolKernelForkDesc, poolFallbackDesc} {
+		poolTplDesc, poolTplStartDesc, poolTplForkDesc, poolExecForkDesc, poolKernelForkDesc, poolFallbackDesc} {
 		ch <- d
 	}
 }
@@ -128,6 +130,7 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(poolTplStartDesc, prometheus.CounterValue, float64(st.TemplatesStarted))
 	ch <- prometheus.MustNewConstMetric(poolTplForkDesc, prometheus.CounterValue, float64(st.TemplateForks))
 	ch <- prometheus.MustNewConstMetric(poolFallbackDesc, prometheus.CounterValue, float64(st.FallbackDead), "dead")
+	ch <- prometheus.MustNewConstMetric(poolExecForkDesc, prometheus.CounterValue, float64(st.ExecForks))
 	ch <- prometheus.MustNewConstMetric(poolKernelForkDesc, prometheus.CounterValue, float64(st.KernelForks))
 	ch <- prometheus.MustNewConstMetric(poolFallbackDesc, prometheus.CounterValue, float64(st.FallbackEnv), "env")
 	ch <- prometheus.MustNewConstMetric(poolFallbackDesc, prometheus.CounterValue, float64(st.FallbackFork), "fork")

@@ -81,6 +81,10 @@ type Config struct {
 	// made this many forks or lived this long (0: no bound).
 	TemplateMaxForks int
 	TemplateMaxAge   time.Duration
+	// ExecForkWait bounds how long an execution that found its pool
+	// empty waits for its template's fork lock before it runs cold
+	// (forkForExecution; 0: defaultExecForkWait).
+	ExecForkWait time.Duration
 }
 
 // Stats is the pool's state, for /metrics.
@@ -103,12 +107,13 @@ type Stats struct {
 	// TemplatesAhead counts the templates started ahead of a rotation
 	// (rotatesSoon), TemplatesStarted included.
 	TemplatesAhead uint64
-	// KernelForks counts the session kernels forked from their template
-	// on demand (Config.Forks, no ready warm sandbox: StartKernel): not
-	// taken from the pool (not in Taken) and not cold. FallbackFork
-	// counts those whose fork failed (the template broken, refused or not
-	// startable) and that started cold instead.
-	KernelForks, FallbackFork uint64
+	// ExecForks and KernelForks count the executions and the session
+	// kernels forked from their template on demand (Config.Forks, no
+	// ready warm sandbox: Run, StartKernel): not taken from the pool (not
+	// in Taken) and not cold. FallbackFork counts those whose fork failed
+	// (the template broken, refused or not startable) and that ran cold
+	// instead.
+	ExecForks, KernelForks, FallbackFork uint64
 }
 
 // Pool keeps pre-started, single-use sandboxes whose Python has already
@@ -287,14 +292,21 @@ func (p *Pool) counts() (Stats, []*warmSandbox) {
 // error is non-nil only when nothing ran (see nsjail.Runner.Run).
 func (p *Pool) Run(ctx context.Context, spec nsjail.Spec) (res *nsjail.Result, outputs string, err error) {
 	w, tp := p.take(func(t Template) (bool, bool) { return t.Matches(&spec) })
+	onDemand := false
+	if w == nil {
+		w, tp = p.forkForExecution(ctx, &spec)
+		onDemand = w != nil
+	}
 	if w == nil {
 		res, err := p.sandboxer.Run(ctx, spec)
 		return res, spec.Workspace, err
 	}
-	// Refill once this execution is done: starting a sandbox and importing
-	// the data stack is CPU-heavy, and on a small VM it would compete with
-	// the execution it replaces.
-	defer tp.wakeRefill()
+	if !onDemand {
+		// Refill once this execution is done: starting a sandbox and
+		// importing the data stack is CPU-heavy, and on a small VM it
+		// would compete with the execution it replaces.
+		defer tp.wakeRefill()
+	}
 	res, delivered, err := p.runWarm(ctx, w, spec)
 	if err != nil {
 		return nil, "", err
@@ -307,10 +319,76 @@ func (p *Pool) Run(ctx context.Context, spec nsjail.Spec) (res *nsjail.Result, o
 		return res, spec.Workspace, err
 	}
 	p.mu.Lock()
-	p.stats.Taken++
-	tp.taken++
+	if onDemand {
+		p.stats.ExecForks++
+	} else {
+		p.stats.Taken++
+		tp.taken++
+	}
 	p.mu.Unlock()
 	return res, w.workspace, nil
+}
+
+// defaultExecForkWait is Config.ExecForkWait's default: other forks hold
+// the lock a few ms each, and a template's start and import (~1.5 s) is
+// not worth waiting for.
+const defaultExecForkWait = 100 * time.Millisecond
+
+// forkForExecution makes a fork of spec's template for this execution,
+// with Config.Forks, when the pool had none ready (a burst larger than the
+// pool, or a refill that cannot keep up) and the code imports part of the
+// preload (importsPreload): a fork is ready in ~50 ms and spares the
+// import, where a cold pandas step costs ~600 ms, mostly its import, in
+// CPU as much as in time; code that imports none of it starts cold about
+// as cheaply as a fork of the template (TEMPLATE.md section 12, "Forks on
+// demand"). It returns nil, and the execution runs cold, when the code
+// imports none of the preload, the pool has no such template, its fork
+// lock stays busy for Config.ExecForkWait, it runs no template that has answered
+// a fork already and is not due to rotate (a template's start or import
+// would cost more than the cold run), or the fork fails.
+func (p *Pool) forkForExecution(ctx context.Context, spec *nsjail.Spec) (*warmSandbox, *templatePool) {
+	f, ok := p.sandboxer.(Forker)
+	if !ok || !p.cfg.Forks || !importsPreload(spec, p.cfg.Preload) {
+		return nil, nil
+	}
+	tp := p.templateFor(func(t Template) bool {
+		shape, env := t.Matches(spec)
+		return shape && env
+	})
+	if tp == nil {
+		return nil, nil
+	}
+	lockCtx, cancel := context.WithTimeout(ctx, cmp.Or(p.cfg.ExecForkWait, defaultExecForkWait))
+	defer cancel()
+	w, err := p.makeFork(lockCtx, f, tp, func() error {
+		if tp.proc == nil || tp.proc.forks == 0 || p.rotates(tp.proc) {
+			return errNoTemplate
+		}
+		return nil
+	})
+	switch {
+	case err == nil:
+		return w, tp
+	case errors.Is(err, errNoTemplate), errors.Is(err, errPoolClosed), lockCtx.Err() != nil && errors.Is(err, lockCtx.Err()):
+	default:
+		p.mu.Lock()
+		p.stats.FallbackFork++
+		p.mu.Unlock()
+		cmp.Or(spec.Logger, p.log).Warn("no fork could be made for an execution; running it cold", "error", err)
+	}
+	return nil, nil
+}
+
+// templateFor is the first template pool whose template matches.
+func (p *Pool) templateFor(matches func(Template) bool) *templatePool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, tp := range p.templates {
+		if matches(tp.t) {
+			return tp
+		}
+	}
+	return nil
 }
 
 // closeControl closes both ends of w's ControlFD channel held by the pool.
@@ -713,16 +791,4 @@ func (p *Pool) Close() {
 		tp.unlockFork()
 	}
 	p.retiring.Wait()
-}
-
-// templateFor is the first template pool whose template matches.
-func (p *Pool) templateFor(matches func(Template) bool) *templatePool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, tp := range p.templates {
-		if matches(tp.t) {
-			return tp
-		}
-	}
-	return nil
 }
