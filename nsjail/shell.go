@@ -111,7 +111,8 @@ type Shell struct {
 // child of t's, owned by G's user namespace, and G is its pid 1, its uid and gid maps, as the host sees
 // them, are a cold sandbox's, and G has no shell yet: it is still the
 // template's root with every capability of its user namespace, in the
-// template's own cgroup (isUnplacedFork). Every one of those reads goes through a
+// template's own cgroup (isUnplacedFork), and no other shell being made has
+// taken it (Template.claimG). Every one of those reads goes through a
 // /proc/<G's pid> directory fd that is known to be G's because G's pidfd
 // still referred to a live process after it was opened (a pid is not
 // reused while its process lives, zombie included: SECURITY.md case 41's
@@ -179,6 +180,12 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 	if err != nil {
 		return fail("%w", err)
 	}
+	// openFork claimed G (Template.claimG): until the shell's Destroy.
+	defer func() {
+		if !keepG {
+			t.unclaimG(gpid)
+		}
+	}()
 	ffile, fpid, err := openParent(gpid, gfile)
 	if err != nil {
 		return fail("%w", err)
@@ -463,7 +470,8 @@ func (r *Runner) sameProgram(p seccomp.Program) (seccomp.Program, error) {
 // the directory is then G's for good (a /proc/<pid> fd stays bound to the
 // process it was opened for, and reads through it fail once that process
 // is gone, whatever reuses the pid), and every later read goes through it.
-// It also resets G's oom_score_adj (see resetOOMScoreAdj).
+// It then claims G (Template.claimG: the caller unclaims it unless a
+// shell keeps it) and resets G's oom_score_adj (see resetOOMScoreAdj).
 func (r *Runner) openFork(t *Template, gfd int, shellID string) (gpid int, userNS, pidNS, cgroupNS *os.File, err error) {
 	gpid, err = pidfdPid(gfd)
 	if err != nil {
@@ -583,7 +591,12 @@ func (r *Runner) openFork(t *Template, gfd int, shellID string) (gpid int, userN
 		closeAll()
 		return 0, nil, nil, nil, fmt.Errorf("%w %s: %w", ErrNotAFork, t.ID(), err)
 	}
+	if !t.claimG(gpid) {
+		closeAll()
+		return 0, nil, nil, nil, fmt.Errorf("%w %s: G (pid %d) is already another shell's", ErrNotAFork, t.ID(), gpid)
+	}
 	if err := resetOOMScoreAdj(dirfd); err != nil {
+		t.unclaimG(gpid)
 		closeAll()
 		return 0, nil, nil, nil, err
 	}
@@ -1126,6 +1139,7 @@ func (s *Shell) Destroy() error {
 		}
 		s.g.Close()
 		s.f.Close()
+		s.tpl.unclaimG(s.gpid)
 		s.tpl.shells.Done()
 		s.destroyErr = errors.Join(errs...)
 		if s.destroyErr != nil {

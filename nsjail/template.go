@@ -89,6 +89,10 @@ type Template struct {
 	// chownBackFailed: tpl-<id>'s cgroup.procs could not be given back to
 	// root after a fork; PrepareShell refuses every later fork.
 	chownBackFailed bool
+	// claimed are the host pids of the Gs a shell has taken, from
+	// StartShell's check that G is a fork until the shell's Destroy or
+	// the start's failure (claimG). Under preparedMu.
+	claimed map[int]bool
 	// seccompFilters is how many seccomp filters T holds (read at its
 	// start).
 	seccompFilters int
@@ -281,7 +285,8 @@ func (t *Template) ForkIDMap() (uidMap, gidMap string) {
 // template's namespace fds, and a concurrent StartShell's parentage checks
 // (isChildNamespace) would read fd numbers that may by then name another
 // file, another template's namespace included, and accept a fork of
-// another template. The caller (the pool) serialises them; nothing here
+// another template. The caller (the pool: it waits for the forks it is
+// making before it stops their template) serialises them; nothing here
 // guards it.
 func (t *Template) Stop(grace time.Duration) *Result {
 	t.stopOnce.Do(func() {
@@ -306,6 +311,37 @@ func (t *Template) Stop(grace time.Duration) *Result {
 // execution. No StartShell may begin while it waits (the caller has
 // stopped asking the template for forks).
 func (t *Template) WaitShells() { t.shells.Wait() }
+
+// claimG marks G's host pid as taken by a shell; false if a shell took it
+// already. SECURITY.md case 65: forks of a template are made ready side
+// by side (the pool's fork lock covers only the template's part), so
+// several Gs can be unplaced forks at once, and a template answering one
+// fork request with the pidfd of another request's G would otherwise get
+// that G two shells: a second runc init joining its namespaces (which G,
+// root there before its drop, could stop, leaving it in the pid namespace
+// of an execution: case 66) and two moves. The pid is G's while it is
+// claimed: F does not reap G before the worker's go-ahead, which comes
+// after MoveG, and a G that dies and is reaped early (a hostile template)
+// can at worst get a later fork refused, never a second shell.
+func (t *Template) claimG(pid int) bool {
+	t.preparedMu.Lock()
+	defer t.preparedMu.Unlock()
+	if t.claimed[pid] {
+		return false
+	}
+	if t.claimed == nil {
+		t.claimed = map[int]bool{}
+	}
+	t.claimed[pid] = true
+	return true
+}
+
+// unclaimG ends claimG's mark.
+func (t *Template) unclaimG(pid int) {
+	t.preparedMu.Lock()
+	defer t.preparedMu.Unlock()
+	delete(t.claimed, pid)
+}
 
 // nsID identifies a namespace: the device and inode of its nsfs file.
 type nsID struct{ dev, ino uint64 }

@@ -1,6 +1,7 @@
 package warmpool
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -172,7 +173,7 @@ func ForkFromPrelude(p *Pool, t Template, prelude string) error {
 		return err
 	}
 	spec := nsjail.Spec{Rootfs: t.Rootfs, Args: []string{"python3"}, Cwd: inside.Workspace, Workspace: ws, Limits: t.Limits}
-	w, _, err := p.fork(f, &templateProc{tpl: tpl, ctl: ctl, started: time.Now()}, spec, &forkLock{}) // no pool lock: a template of its own
+	w, _, err := p.fork(context.Background(), f, &templateProc{tpl: tpl, ctl: ctl, started: time.Now()}, spec, &forkLock{}) // no pool lock: a template of its own
 	if err != nil {
 		workspace.Remove(ws)
 		return err

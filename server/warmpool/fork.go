@@ -45,8 +45,8 @@ const forkTimeout = 30 * time.Second
 type templateProc struct {
 	tpl *nsjail.Template
 	// ctl is the pool's end of T's control socket (TemplateFD), used
-	// under the template pool's fork lock (templatePool.forking): one
-	// request at a time.
+	// only under the template pool's fork lock (templatePool.forking):
+	// one request at a time.
 	ctl *net.UnixConn
 	// forks counts the forks asked for; started is when it was started
 	// (rotation: Config.TemplateMaxForks, Config.TemplateMaxAge).
@@ -116,11 +116,13 @@ func (p *Pool) retireTemplate(tproc *templateProc) <-chan *nsjail.Result {
 	p.retiring.Add(1)
 	go func() {
 		defer p.retiring.Done()
+		// The forks being made first, whatever the pool's state: each
+		// ends at the pool's Close or within its bounds, and has its
+		// shell counted (WaitShells) or destroyed by then; a StartShell
+		// must not run while the template stops (Template.Stop).
+		tproc.inFlight.Wait()
 		idle := make(chan struct{})
 		go func() {
-			// A fork in flight has its shell counted (WaitShells) by
-			// the time it is ready or abandoned.
-			tproc.inFlight.Wait()
 			tproc.tpl.WaitShells()
 			close(idle)
 		}()
@@ -187,12 +189,20 @@ func (l *forkLock) release() {
 // the end of cgroup v2's grant: a few ms), not for the shell's start, the
 // join and READY (tens of ms): forks of one template are made ready side
 // by side. check, if not nil, runs first under the lock; its error is
-// returned as is. ctx bounds the wait for the lock only. The lock is
-// released however makeFork ends (a panic in a request's fork, which
+// returned as is. ctx is the request's (context.Background for the
+// refill): its end stops the wait for the lock, which lockWait bounds too
+// when > 0, and abandons the fork once past the template's part. The lock
+// is released however makeFork ends (a panic in a request's fork, which
 // net/http recovers, would otherwise leave it held, and the refill and
 // Close waiting for it for good).
-func (p *Pool) makeFork(ctx context.Context, f Forker, tp *templatePool, check func() error) (*warmSandbox, error) {
-	if err := p.lockFork(ctx, tp); err != nil {
+func (p *Pool) makeFork(ctx context.Context, lockWait time.Duration, f Forker, tp *templatePool, check func() error) (*warmSandbox, error) {
+	lockCtx := ctx
+	if lockWait > 0 {
+		var cancel context.CancelFunc
+		lockCtx, cancel = context.WithTimeout(ctx, lockWait)
+		defer cancel()
+	}
+	if err := p.lockFork(lockCtx, tp); err != nil {
 		return nil, err
 	}
 	l := &forkLock{tp: tp, held: true}
@@ -202,15 +212,16 @@ func (p *Pool) makeFork(ctx context.Context, f Forker, tp *templatePool, check f
 			return nil, err
 		}
 	}
-	return p.startFork(f, tp, l)
+	return p.startFork(ctx, f, tp, l)
 }
 
 // startFork makes one warm sandbox of t, a fork of tp's template, with
 // its own workspace. The caller holds tp's fork lock (l), which fork
 // releases on the way.
-func (p *Pool) startFork(f Forker, tp *templatePool, l *forkLock) (w *warmSandbox, err error) {
+func (p *Pool) startFork(ctx context.Context, f Forker, tp *templatePool, l *forkLock) (w *warmSandbox, err error) {
 	defer func() {
-		if !errors.Is(err, errPoolClosed) {
+		// A request that gave up says nothing of the template.
+		if !errors.Is(err, errPoolClosed) && ctx.Err() == nil {
 			p.mu.Lock()
 			tp.forkErr = err
 			p.mu.Unlock()
@@ -268,11 +279,13 @@ func (p *Pool) startFork(f Forker, tp *templatePool, l *forkLock) (w *warmSandbo
 	// Counted until the fork is ready or abandoned: a retirement waits
 	// for it (retireTemplate), the lock released or not.
 	tproc.inFlight.Add(1)
-	w, refused, err := p.fork(f, tproc, spec, l)
-	tproc.inFlight.Done()
+	w, refused, err := func() (*warmSandbox, bool, error) {
+		defer tproc.inFlight.Done() // a panic too (net/http recovers a request's)
+		return p.fork(ctx, f, tproc, spec, l)
+	}()
 	if err != nil {
 		workspace.Remove(ws)
-		if errors.Is(err, errPoolClosed) {
+		if errors.Is(err, errPoolClosed) || (ctx.Err() != nil && errors.Is(err, ctx.Err())) {
 			return nil, err
 		}
 		if refused || errors.Is(err, errTemplateBroken) {
@@ -290,7 +303,9 @@ func (p *Pool) startFork(f Forker, tp *templatePool, l *forkLock) (w *warmSandbo
 				}
 			}
 			// A template that refuses (it holds what a fork must not
-			// inherit) or breaks the protocol is never asked again.
+			// inherit) or breaks the protocol is retired: asked for no
+			// more forks once this holds the lock (forks already past
+			// the template's part go on, each checked on its own).
 			p.log.Error("warm pool: template retired", "template", tproc.tpl.ID(), "error", err)
 			first := tproc.forks == 1
 			ended := p.retireTemplate(tproc)
@@ -322,8 +337,9 @@ var errTemplateBroken = errors.New("the template broke the fork protocol")
 // refused says T refused to fork. The caller holds the template's fork
 // lock (l): fork releases it once it holds G's pidfd and the template's
 // grant of the shell's cgroup has ended (SECURITY.md case 70), before the
-// shell's start.
-func (p *Pool) fork(f Forker, tproc *templateProc, spec nsjail.Spec, l *forkLock) (w *warmSandbox, refused bool, err error) {
+// shell's start; from there on reqCtx's end abandons the fork with
+// reqCtx's error.
+func (p *Pool) fork(reqCtx context.Context, f Forker, tproc *templateProc, spec nsjail.Spec, l *forkLock) (w *warmSandbox, refused bool, err error) {
 	// The fork's channels; the pool keeps its ends and, of the control
 	// socket, the sandbox's end too (runWarm's unread check).
 	ctl, ctlPeer, err := controlPair()
@@ -378,7 +394,10 @@ func (p *Pool) fork(f Forker, tproc *templateProc, spec nsjail.Spec, l *forkLock
 	sent = append(sent, theirs[ForkFDs-1:]...)
 
 	// Every exchange below ends at the pool's Close, which makes it
-	// errPoolClosed, or at its bound.
+	// errPoolClosed, or at its bound; once the template's part is done,
+	// also at reqCtx's end, which makes it reqCtx's error (the template's
+	// exchange is never cut short by a request: its next reply would be
+	// read by another fork).
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
@@ -388,14 +407,17 @@ func (p *Pool) fork(f Forker, tproc *templateProc, spec nsjail.Spec, l *forkLock
 		case <-ctx.Done():
 		}
 	}()
-	stopIO := context.AfterFunc(ctx, func() {
-		now := time.Now()
-		_ = tproc.ctl.SetDeadline(now)
-		_ = ctl.SetDeadline(now)
-	})
+	// tproc.ctl is touched only under the fork lock: this stops at its
+	// release (before cancel on every path).
+	stopT := context.AfterFunc(ctx, func() { _ = tproc.ctl.SetDeadline(time.Now()) })
+	defer stopT()
+	stopIO := context.AfterFunc(ctx, func() { _ = ctl.SetDeadline(time.Now()) })
 	defer stopIO()
 	closedOr := func(err error) error {
 		if ctx.Err() != nil {
+			if reqCtx.Err() != nil {
+				return reqCtx.Err()
+			}
 			return errPoolClosed
 		}
 		return err
@@ -457,7 +479,10 @@ func (p *Pool) fork(f Forker, tproc *templateProc, spec nsjail.Spec, l *forkLock
 		goAheadW.Close()
 		return fail(fmt.Errorf("%w: %v", errTemplateBroken, err))
 	}
+	stopT()
 	l.release()
+	stopReq := context.AfterFunc(reqCtx, cancel)
+	defer stopReq()
 	shellCtx, shellCancel := context.WithTimeout(ctx, forkTimeout)
 	defer shellCancel()
 	sh, err := f.StartShell(shellCtx, tproc.tpl, spec, g)
@@ -513,7 +538,7 @@ func (p *Pool) fork(f Forker, tproc *templateProc, spec nsjail.Spec, l *forkLock
 	case <-timer.C:
 		err = fmt.Errorf("the fork was not ready within %s", forkTimeout)
 	case <-ctx.Done():
-		err = errPoolClosed
+		err = closedOr(ctx.Err())
 	}
 	if err == nil {
 		// G says so itself, on a pipe its template held too: the host
@@ -524,14 +549,15 @@ func (p *Pool) fork(f Forker, tproc *templateProc, spec nsjail.Spec, l *forkLock
 		}
 	}
 	if err != nil {
-		if errors.Is(err, errPoolClosed) {
+		if errors.Is(err, errPoolClosed) || (reqCtx.Err() != nil && errors.Is(err, reqCtx.Err())) {
 			return abandon(err)
 		}
 		return abandon(fmt.Errorf("the fork did not become ready: %w", err))
 	}
 	if !stopIO() {
-		// The pool closed just now: its deadline may be on ctl.
-		return abandon(errPoolClosed)
+		// The pool closed, or the request ended, just now: its deadline
+		// may be on ctl.
+		return abandon(closedOr(errPoolClosed))
 	}
 	readyR.Close()
 	if err := pending.OpenCounters(); err != nil {

@@ -298,7 +298,7 @@ func (p *Pool) startForkedKernel(ctx context.Context, root int, spec nsjail.Spec
 	// The template's fork lock: another fork may be in the template's
 	// part of its own (ms; a template's start and import after a rotation
 	// or a failure, ~1.5 s).
-	w, err := p.makeFork(ctx, f, tp, func() error {
+	w, err := p.makeFork(ctx, 0, f, tp, func() error {
 		if err := ctx.Err(); err != nil {
 			return err // the request ended while it waited
 		}

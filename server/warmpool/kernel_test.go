@@ -715,8 +715,8 @@ func TestKernelRefusesAnUnmountedWorkspace(t *testing.T) {
 // fork of the template's (its command line is template.py's, a cold
 // kernel's is zygote.py's), it is counted in KernelForks and
 // TemplateForks, not in Taken, its workspace is the session's volume and
-// it keeps its state; kernels asked for at once are each forked (one
-// fork of the template at a time: templatePool.forking). Without forks
+// it keeps its state; kernels asked for at once are each forked (side by
+// side past the template's part of each: fork.go makeFork). Without forks
 // such a kernel is cold, as it always was.
 func TestKernelForkedOnDemand(t *testing.T) {
 	requireTemplates(t)

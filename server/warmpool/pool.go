@@ -48,8 +48,9 @@ type Sandboxer interface {
 	HoldFreezerAnchor() (release func() error, err error)
 }
 
-// Config configures the warm pool. Nothing is defaulted: the server passes
-// its config's values (server/config sets the defaults and checks them).
+// Config configures the warm pool. Nothing is defaulted but ExecForkWait:
+// the server passes its config's values (server/config sets the defaults
+// and checks them).
 type Config struct {
 	// Size is the number of ready sandboxes kept per template whose own
 	// Size is 0 (0 with no template sized: the pool is off, and every
@@ -83,7 +84,8 @@ type Config struct {
 	TemplateMaxAge   time.Duration
 	// ExecForkWait bounds how long an execution that found its pool
 	// empty waits for its template's fork lock before it runs cold
-	// (forkForExecution; 0: defaultExecForkWait).
+	// (forkForExecution). Not a server setting: 0 means
+	// defaultExecForkWait; tests set their own.
 	ExecForkWait time.Duration
 }
 
@@ -358,9 +360,10 @@ func (p *Pool) forkForExecution(ctx context.Context, spec *nsjail.Spec) (*warmSa
 	if tp == nil {
 		return nil, nil
 	}
-	lockCtx, cancel := context.WithTimeout(ctx, cmp.Or(p.cfg.ExecForkWait, defaultExecForkWait))
-	defer cancel()
-	w, err := p.makeFork(lockCtx, f, tp, func() error {
+	w, err := p.makeFork(ctx, cmp.Or(p.cfg.ExecForkWait, defaultExecForkWait), f, tp, func() error {
+		if err := ctx.Err(); err != nil {
+			return err // the request ended while it waited
+		}
 		if tp.proc == nil || tp.proc.forks == 0 || p.rotates(tp.proc) {
 			return errNoTemplate
 		}
@@ -369,7 +372,9 @@ func (p *Pool) forkForExecution(ctx context.Context, spec *nsjail.Spec) (*warmSa
 	switch {
 	case err == nil:
 		return w, tp
-	case errors.Is(err, errNoTemplate), errors.Is(err, errPoolClosed), lockCtx.Err() != nil && errors.Is(err, lockCtx.Err()):
+	case errors.Is(err, errNoTemplate), errors.Is(err, errPoolClosed),
+		err == context.DeadlineExceeded, err == context.Canceled: // lockFork's and fork's own, unwrapped: not a failure's cause
+		// Not now (the lock stayed busy, the request ended): cold.
 	default:
 		p.mu.Lock()
 		p.stats.FallbackFork++
@@ -629,7 +634,7 @@ func (p *Pool) startOne(tp *templatePool) bool {
 	var w *warmSandbox
 	var err error
 	if f, ok := p.sandboxer.(Forker); ok && p.cfg.Forks {
-		w, err = p.makeFork(context.Background(), f, tp, nil)
+		w, err = p.makeFork(context.Background(), 0, f, tp, nil)
 	} else {
 		w, err = p.start(tp.t)
 	}
