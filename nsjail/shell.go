@@ -75,6 +75,11 @@ type Shell struct {
 	// gpid its host pid: StartShell checked that g is G's.
 	g    *os.File
 	gpid int
+	// unclaim ends the template's claim on G (Template.claimG): once
+	// MoveG placed it (from then on openFork refuses it by its cgroup),
+	// or at Destroy. Once: a second release could drop another shell's
+	// claim on a reused pid.
+	unclaim func()
 	// f is a pidfd of F, G's parent, which reports G's exit, and fpid its
 	// host pid (openParent): a fork whose F died can no longer report, so
 	// it is dead as a sandbox (Pending.Alive).
@@ -180,7 +185,8 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 	if err != nil {
 		return fail("%w", err)
 	}
-	// openFork claimed G (Template.claimG): until the shell's Destroy.
+	// openFork claimed G (Template.claimG): until MoveG placed it or the
+	// shell's Destroy (Shell.unclaim).
 	defer func() {
 		if !keepG {
 			t.unclaimG(gpid)
@@ -300,7 +306,8 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 		r.destroy(c, log)
 		return fail("unable to read the shell init's pid: %w", err)
 	}
-	s := &Shell{r: r, id: id, tpl: t, c: c, log: log, g: gfile, gpid: gpid, f: ffile, fpid: fpid, lim: lim, output: spec.Output}
+	s := &Shell{r: r, id: id, tpl: t, c: c, log: log, g: gfile, gpid: gpid, f: ffile, fpid: fpid, lim: lim, output: spec.Output,
+		unclaim: sync.OnceFunc(func() { t.unclaimG(gpid) })}
 	for _, l := range cfg.Rlimits {
 		s.rlimits = append(s.rlimits, Rlimit{Resource: l.Type, Soft: l.Soft, Hard: l.Hard})
 	}
@@ -530,12 +537,20 @@ func (r *Runner) openFork(t *Template, gfd int, shellID string) (gpid int, userN
 		return 0, nil, nil, nil, err
 	}
 	var errs []error
-	if err := isChildNamespace(userNS, t.userNS); err != nil {
-		errs = append(errs, fmt.Errorf("user namespace: %w", err))
+	// The template's namespace fds stay open while they are read: Stop
+	// closes them under nsMu, and a start after it fails.
+	t.nsMu.RLock()
+	if t.nsClosed {
+		errs = append(errs, errors.New("the template has stopped"))
+	} else {
+		if err := isChildNamespace(userNS, t.userNS); err != nil {
+			errs = append(errs, fmt.Errorf("user namespace: %w", err))
+		}
+		if err := isChildNamespace(pidNS, t.pidNS); err != nil {
+			errs = append(errs, fmt.Errorf("pid namespace: %w", err))
+		}
 	}
-	if err := isChildNamespace(pidNS, t.pidNS); err != nil {
-		errs = append(errs, fmt.Errorf("pid namespace: %w", err))
-	}
+	t.nsMu.RUnlock()
 	// PID_F must be owned by U_F, as a cold sandbox's pid namespace is by
 	// its user namespace. A template whose F unshared the pid namespace
 	// before the user namespace makes one owned by U_T: privilege over it
@@ -893,6 +908,14 @@ func (s *Shell) CgroupPaths() cgroup.Paths { return s.cgroupPaths }
 // still pinned, that G is listed in every one of the shell's cgroups, and
 // fails if it is not (G died).
 func (s *Shell) MoveG() error {
+	err := s.moveG()
+	if err == nil {
+		s.unclaim()
+	}
+	return err
+}
+
+func (s *Shell) moveG() error {
 	if dir, v2 := s.cgroupPaths.V2(); v2 {
 		return s.checkGIn(dir)
 	}
@@ -1139,7 +1162,7 @@ func (s *Shell) Destroy() error {
 		}
 		s.g.Close()
 		s.f.Close()
-		s.tpl.unclaimG(s.gpid)
+		s.unclaim()
 		s.tpl.shells.Done()
 		s.destroyErr = errors.Join(errs...)
 		if s.destroyErr != nil {

@@ -75,6 +75,9 @@ type Template struct {
 	// not reused while a file holds it): a fork's namespaces must be their
 	// children (StartShell).
 	userNS, pidNS *os.File
+	// nsMu guards the two against Stop's close (nsClosed).
+	nsMu     sync.RWMutex
+	nsClosed bool
 	// dirV2 is tpl-<id>'s absolute directory on cgroup v2 (T is in its
 	// leaf templateLeaf, each shell's cgroup is its child), "" on v1.
 	dirV2 string
@@ -90,8 +93,8 @@ type Template struct {
 	// root after a fork; PrepareShell refuses every later fork.
 	chownBackFailed bool
 	// claimed are the host pids of the Gs a shell has taken, from
-	// StartShell's check that G is a fork until the shell's Destroy or
-	// the start's failure (claimG). Under preparedMu.
+	// StartShell's check that G is a fork until MoveG placed G, the
+	// shell's Destroy or the start's failure (claimG). Under preparedMu.
 	claimed map[int]bool
 	// seccompFilters is how many seccomp filters T holds (read at its
 	// start).
@@ -281,13 +284,11 @@ func (t *Template) ForkIDMap() (uidMap, gidMap string) {
 // template's shells first: their containers are the caller's. Stop is
 // idempotent.
 //
-// No StartShell may run concurrently with or after Stop: Stop closes the
-// template's namespace fds, and a concurrent StartShell's parentage checks
-// (isChildNamespace) would read fd numbers that may by then name another
-// file, another template's namespace included, and accept a fork of
-// another template. The caller (the pool: it waits for the forks it is
-// making before it stops their template) serialises them; nothing here
-// guards it.
+// A StartShell concurrent with or after Stop fails: Stop closes the
+// template's namespace fds under nsMu, which StartShell's parentage
+// checks (isChildNamespace) hold for reading, so that they never read
+// fd numbers that may by then name another file, another template's
+// namespace included, and accept a fork of another template.
 func (t *Template) Stop(grace time.Duration) *Result {
 	t.stopOnce.Do(func() {
 		t.s.lim.Timeout = max(grace, time.Nanosecond)
@@ -297,11 +298,14 @@ func (t *Template) Stop(grace time.Duration) *Result {
 		// owner marker, so that a tpl-<id> that stays (a shell's cgroup
 		// still in it) keeps the marker for Sweep.
 		t.result = t.s.Wait(context.Background())
+		t.nsMu.Lock()
+		t.nsClosed = true
 		for _, f := range []*os.File{t.userNS, t.pidNS} {
 			if f != nil {
 				f.Close()
 			}
 		}
+		t.nsMu.Unlock()
 	})
 	return t.result
 }
@@ -320,9 +324,11 @@ func (t *Template) WaitShells() { t.shells.Wait() }
 // that G two shells: a second runc init joining its namespaces (which G,
 // root there before its drop, could stop, leaving it in the pid namespace
 // of an execution: case 66) and two moves. The pid is G's while it is
-// claimed: F does not reap G before the worker's go-ahead, which comes
-// after MoveG, and a G that dies and is reaped early (a hostile template)
-// can at worst get a later fork refused, never a second shell.
+// claimed until MoveG placed it (F does not reap G before the worker's
+// go-ahead, which comes after MoveG); a G that dies and is reaped early
+// (a hostile template), or whose shell fails before MoveG, can at worst
+// get a later fork with its pid refused (and the template retired), never
+// a second shell.
 func (t *Template) claimG(pid int) bool {
 	t.preparedMu.Lock()
 	defer t.preparedMu.Unlock()

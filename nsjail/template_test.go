@@ -595,7 +595,9 @@ func TestShellMoveGOnlyFromTheTemplate(t *testing.T) {
 		lab.destroyKillsG(t, a)
 		return
 	}
+	// Twice: a refused start leaves the first shell's claim as it was.
 	lab.refuse(t, spec, "a G another shell has taken", g, "already another shell's")
+	lab.refuse(t, spec, "a G another shell has taken, again", g, "already another shell's")
 	if err := unix.PidfdSendSignal(int(g.Fd()), 0, nil, 0); err != nil {
 		t.Errorf("G did not survive the refused shell: %v", err)
 	}

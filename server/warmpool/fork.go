@@ -116,13 +116,16 @@ func (p *Pool) retireTemplate(tproc *templateProc) <-chan *nsjail.Result {
 	p.retiring.Add(1)
 	go func() {
 		defer p.retiring.Done()
-		// The forks being made first, whatever the pool's state: each
-		// ends at the pool's Close or within its bounds, and has its
-		// shell counted (WaitShells) or destroyed by then; a StartShell
-		// must not run while the template stops (Template.Stop).
-		tproc.inFlight.Wait()
 		idle := make(chan struct{})
 		go func() {
+			// The forks being made first: each has its shell counted
+			// (WaitShells) or destroyed by the time it is ready or
+			// abandoned. Not waited for past the grace at Close: a
+			// hostile template can keep a fork's G from ever finishing
+			// its exit (a process of G's pid namespace that F never
+			// reaps), and only the template's stop ends that; a start
+			// racing the stop fails (Template.Stop).
+			tproc.inFlight.Wait()
 			tproc.tpl.WaitShells()
 			close(idle)
 		}()
@@ -221,7 +224,7 @@ func (p *Pool) makeFork(ctx context.Context, lockWait time.Duration, f Forker, t
 func (p *Pool) startFork(ctx context.Context, f Forker, tp *templatePool, l *forkLock) (w *warmSandbox, err error) {
 	defer func() {
 		// A request that gave up says nothing of the template.
-		if !errors.Is(err, errPoolClosed) && ctx.Err() == nil {
+		if !errors.Is(err, errPoolClosed) && (ctx.Err() == nil || !errors.Is(err, ctx.Err())) {
 			p.mu.Lock()
 			tp.forkErr = err
 			p.mu.Unlock()
@@ -481,6 +484,12 @@ func (p *Pool) fork(reqCtx context.Context, f Forker, tproc *templateProc, spec 
 	}
 	stopT()
 	l.release()
+	if err := reqCtx.Err(); err != nil {
+		// Ended during the template's part: no shell for it.
+		_ = unix.PidfdSendSignal(int(g.Fd()), unix.SIGKILL, nil, 0)
+		goAheadW.Close()
+		return fail(err)
+	}
 	stopReq := context.AfterFunc(reqCtx, cancel)
 	defer stopReq()
 	shellCtx, shellCancel := context.WithTimeout(ctx, forkTimeout)
