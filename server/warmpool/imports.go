@@ -78,11 +78,9 @@ func importsAny(src []byte, mods map[string]bool) bool {
 			stmt = strings.TrimSpace(stmt)
 			var names []string
 			if rest, ok := strings.CutPrefix(stmt, "import "); ok {
-				for item := range strings.SplitSeq(rest, ",") {
-					names = append(names, item)
-				}
+				names = strings.Split(rest, ",")
 			} else if rest, ok := strings.CutPrefix(stmt, "from "); ok {
-				names = append(names, rest)
+				names = []string{rest}
 			}
 			for _, name := range names {
 				name = strings.TrimLeft(strings.TrimSpace(name), "(")
