@@ -104,10 +104,12 @@ print("parent" if pid else "child")`)
 func TestKernelOutputAfterTheReplyIsDropped(t *testing.T) {
 	e := newKernelEnv(t, 0)
 	k := e.start(t, e.sessionDir(t), false, warmpool.KernelOptions{})
+	// "fg" first: print writes the text and its newline apart, and the
+	// writer's first "bg" could come between them.
 	kr := run(t, k, `import subprocess
+print("fg")
 subprocess.Popen(["sleep", "3600"])
-subprocess.Popen(["sh", "-c", "while :; do echo bg; echo bg >&2; sleep 0.01; done"])
-print("fg")`)
+subprocess.Popen(["sh", "-c", "while :; do echo bg; echo bg >&2; sleep 0.01; done"])`)
 	if kr.Result.Status != nsjail.StatusSucceeded || !strings.Contains(string(kr.Result.Stdout), "fg\n") {
 		t.Fatalf("status %s, stdout %q", kr.Result.Status, kr.Result.Stdout)
 	}
