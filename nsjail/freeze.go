@@ -118,8 +118,9 @@ func (s *Sandbox) thawForEnd() {
 
 // HoldFreezerAnchor keeps the cgroup v1 freezer anchor (cgroup/anchor.go)
 // until release is called: for a caller that freezes this Runner's
-// sandboxes for a while, as the warm pool's session kernels are, so that
-// even the first freeze of each flips nothing. A no-op on v2.
+// sandboxes for a while (session kernels idle frozen; a sandbox with
+// Spec.Done is frozen on its word), so that even the first freeze of each
+// flips nothing. A no-op on v2.
 func (r *Runner) HoldFreezerAnchor() (release func() error, err error) {
 	h, err := cgroup.Host()
 	if err != nil {

@@ -72,3 +72,57 @@ func TestFreezeThawAndKillFrozen(t *testing.T) {
 	}
 	r.WaitForCleanup()
 }
+
+// SECURITY.md case 72: on its command's word that it is done (Spec.Done),
+// Wait answers with that exit code and the output written before the
+// word, everything of the sandbox frozen; nothing it left running runs
+// again after Wait returns (a writer that would keep changing the
+// workspace, a process that waits for its end), and everything is gone
+// once the Runner's cleanup is. Without a word (a channel closed empty)
+// the exit decides, as without Done.
+func TestDoneWordEndsTheSandbox(t *testing.T) {
+	r := newRunner(t)
+	ws := t.TempDir()
+	if err := os.Chown(ws, r.HostUID(), r.HostGID()); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan int, 1)
+	sb, err := r.Start(nsjail.Spec{Rootfs: nsjailtest.ProbeRootfs(t), Workspace: ws, Done: done,
+		Args: sh(`(i=0; while :; do i=$((i+1)); echo $i > /workspace/n; done) &
+echo before; echo warn >&2; exec sleep 1072`),
+		Limits: nsjail.Limits{Timeout: 30 * time.Second}}) // without the word: a timeout
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := func() string {
+		b, _ := os.ReadFile(filepath.Join(ws, "n"))
+		return strings.TrimSpace(string(b))
+	}
+	for deadline := time.Now().Add(time.Minute); count() == ""; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the writer does not run")
+		}
+	}
+	done <- 5
+	res := sb.Wait(context.Background())
+	wantStatus(t, res, nsjail.StatusFailed)
+	if res.ExitCode != 5 || string(res.Stdout) != "before\n" || string(res.Stderr) != "warn\n" {
+		t.Fatalf("exit %d stdout %q stderr %q", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	at := count()
+	time.Sleep(300 * time.Millisecond)
+	if n := count(); n != at {
+		t.Fatalf("the writer ran after Wait returned: %s then %s", at, n)
+	}
+	r.WaitForCleanup()
+	if pids := nsjailtest.ProcessesMatching("sleep 1072"); len(pids) > 0 {
+		t.Fatalf("processes left after the cleanup: %v", pids)
+	}
+
+	closed := make(chan int)
+	close(closed)
+	res = run(t, r, nsjail.Spec{Args: sh("exit 3"), Done: closed})
+	if res.ExitCode != 3 {
+		t.Fatalf("exit %d after a closed Done, want the command's 3", res.ExitCode)
+	}
+}

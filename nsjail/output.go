@@ -179,18 +179,23 @@ func NewCapture(r *os.File, limit int64, onChunk func([]byte)) *Capture {
 // Idempotent in effect only once: call it once.
 func (c *Capture) Stop() Captured {
 	cc := c.c
-	// Wake the reading goroutine; what it read is counted, what is still
-	// in the pipe is drained below.
-	_ = cc.r.SetReadDeadline(time.Unix(1, 0))
-	<-cc.done
-	_ = cc.r.SetReadDeadline(time.Time{})
-	// A failed drain loses only what was still in the pipe; the stream is
-	// closed either way.
-	_ = cc.drainBuffered()
-	cc.r.Close()
+	cc.stop()
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
 	return Captured{Bytes: cc.kept(), Total: cc.total, Omitted: cc.omitted(), Truncated: cc.truncated()}
+}
+
+// stop ends the capture and closes r, as Capture.Stop.
+func (c *capture) stop() {
+	// Wake the reading goroutine; what it read is counted, what is still
+	// in the pipe is drained below.
+	_ = c.r.SetReadDeadline(time.Unix(1, 0))
+	<-c.done
+	_ = c.r.SetReadDeadline(time.Time{})
+	// A failed drain loses only what was still in the pipe; the stream is
+	// closed either way.
+	_ = c.drainBuffered()
+	c.r.Close()
 }
 
 // drainBuffered reads the bytes the pipe holds now (FIONREAD), without

@@ -211,6 +211,8 @@ type HandoffOptions struct {
 	// over a channel that the code cannot reach (SECURITY.md case 25): its
 	// sender must be a process that runs none of the code.
 	ExitReport <-chan syscall.WaitStatus
+	// Done is Spec.Done, for the execution handed off.
+	Done <-chan int
 	// NoDeadline runs the sandbox without a deadline: it lives until its
 	// command ends or Wait's context is cancelled. A session's kernel
 	// outlives any one execution, whose timeout its owner enforces.
@@ -243,6 +245,7 @@ func (p *Pending) Handoff(o HandoffOptions) (sb *Sandbox, droppedStdout, dropped
 	}
 	s.noDeadline = o.NoDeadline
 	s.exitReport = o.ExitReport
+	s.done = o.Done
 	return s, droppedStdout, droppedStderr
 }
 

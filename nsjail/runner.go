@@ -208,6 +208,8 @@ type Sandbox struct {
 	// hand-off, subtracted from the reported usage.
 	exitReport    <-chan syscall.WaitStatus
 	cpuBaselineNS uint64
+	// done is Spec.Done (HandoffOptions.Done).
+	done <-chan int
 	// noDeadline is HandoffOptions.NoDeadline: lim.Timeout does not apply.
 	noDeadline bool
 	// waitOnce runs Wait's work once (two would reap, close and destroy
@@ -371,6 +373,7 @@ func (r *Runner) startWith(spec Spec, o startOptions) (*Sandbox, error) {
 		stdout:    newCapture(outR, lim.StdoutBytes, spec.Output.ForStream(StreamStdout)),
 		stderr:    newCapture(errR, lim.StderrBytes, spec.Output.ForStream(StreamStderr)),
 		startedAt: startedAt, log: log, cgroupPaths: cgroupPaths, cgroupAlso: cgroupAlso,
+		done: spec.Done,
 	}, nil
 }
 

@@ -74,6 +74,13 @@ type awaited struct {
 	// state and waitErr are the reaped init's, when not haveReport.
 	state   *os.ProcessState
 	waitErr error
+	// done is the exit code the command's process said it was done with
+	// (HandoffOptions.Done), valid when haveDone; frozen says Wait froze
+	// the sandbox on that word, leaving the kill to collect's cleanup
+	// (endFrozen).
+	done     int
+	haveDone bool
+	frozen   bool
 }
 
 // await waits for the command's end: its exit, its exit report, the
@@ -94,6 +101,7 @@ func (s *Sandbox) await(ctx context.Context) awaited {
 
 	a := awaited{exited: exited}
 	report := s.exitReport
+	done := s.done
 	exitCase := (<-chan reaped)(exited)
 	// gEnded: a template fork's G has ended and its report is awaited
 	// (shellReportGrace).
@@ -132,6 +140,13 @@ wait:
 		case <-ctxDone:
 			a.killedFor = StatusCancelled
 			break wait
+		case code, ok := <-done:
+			if !ok {
+				done = nil // no word from the process: its end is awaited
+				continue
+			}
+			a.done, a.haveDone = code, true
+			break wait
 		case a.reported, a.haveReport = <-report:
 			if a.haveReport {
 				break wait
@@ -144,6 +159,27 @@ wait:
 				break wait
 			}
 		}
+	}
+	if a.haveDone {
+		// The code is done and its process waits to be ended: stopped
+		// where everything of the sandbox is, it can be read at once, and
+		// killed afterwards (collect). Without the freeze, the kill and
+		// the wait for the end come first, as at a timeout.
+		err := s.Freeze()
+		if err == nil {
+			a.frozen = true
+			return a
+		}
+		s.log.Warn("unable to freeze the sandbox its code was done in; killing it and waiting for its end", "error", err)
+		s.endFreezing()
+		s.killFirst()
+		s.thawForEnd()
+		if err := cgroup.KillAll(s.cgroupPaths); err != nil {
+			s.log.Error("unable to kill the sandbox's cgroup", "error", err)
+		}
+		r := <-exited
+		a.state, a.waitErr = r.state, r.err
+		return a
 	}
 	// Never frozen from now on; one frozen before is thawed after the
 	// kill, which a frozen task only takes once thawed (freeze.go).
@@ -233,8 +269,13 @@ func (s *Sandbox) killFirst() {
 func (s *Sandbox) collect(a awaited) cgroup.Stats {
 	// Once init is reaped every process of the pid namespace is gone and the
 	// pipes are at EOF (after an exit report, init closed its ends itself);
-	// the grace only guards against the impossible.
+	// the grace only guards against the impossible. Frozen, the processes
+	// still hold their ends, and everything they wrote is in the pipes.
 	for _, c := range []*capture{s.stdout, s.stderr} {
+		if a.frozen {
+			c.stop()
+			continue
+		}
 		select {
 		case <-c.done:
 		case <-time.After(2 * time.Second):
@@ -251,6 +292,10 @@ func (s *Sandbox) collect(a awaited) cgroup.Stats {
 	s.r.cleanups.Add(1)
 	go func() {
 		defer s.r.cleanups.Done()
+		if a.frozen {
+			s.endFrozen()
+			<-a.exited
+		}
 		if a.haveReport {
 			r := <-a.exited
 			s.crossCheckReport(a.reported, r.state)
@@ -269,6 +314,18 @@ func (s *Sandbox) collect(a awaited) cgroup.Stats {
 	return stats
 }
 
+// endFrozen ends a sandbox that Wait froze when its code was done, once
+// its result is built: every process is sent SIGKILL while still frozen,
+// and only then thawed (cgroup.KillAll), so that none runs again while
+// the caller reads the workspace (SECURITY.md case 72).
+func (s *Sandbox) endFrozen() {
+	s.endFreezing()
+	if err := cgroup.KillAll(s.cgroupPaths); err != nil {
+		s.log.Error("unable to kill the sandbox's cgroup", "error", err)
+	}
+	s.thawForEnd()
+}
+
 // ending is how the command ended, as Wait saw it.
 type ending struct {
 	// killedFor is StatusTimeout or StatusCancelled when Wait killed the
@@ -285,6 +342,8 @@ type ending struct {
 func (a awaited) ending() ending {
 	e := ending{killedFor: a.killedFor, exitCode: -1}
 	switch {
+	case a.haveDone:
+		e.known, e.exitCode = true, a.done
 	case a.haveReport:
 		e.known = true
 		e.exitCode, e.signal = decodeWaitStatus(a.reported)
