@@ -23,10 +23,11 @@ func DecodeEvent(line []byte) (Event, error) {
 		return ev, fmt.Errorf("event line longer than %d bytes", MaxLineBytes)
 	}
 	var wire struct {
-		Type  *string         `json:"type"`
-		Error json.RawMessage `json:"error"`
-		Mime  json.RawMessage `json:"mime"`
-		Name  *string         `json:"name"`
+		Type     *string         `json:"type"`
+		Error    json.RawMessage `json:"error"`
+		Mime     json.RawMessage `json:"mime"`
+		Name     *string         `json:"name"`
+		ExitCode *int            `json:"exit_code"`
 	}
 	if err := strictDecode(line, &wire); err != nil {
 		return ev, fmt.Errorf("event %s: %w", describe(line), err)
@@ -37,7 +38,7 @@ func DecodeEvent(line []byte) (Event, error) {
 	ev.Type = *wire.Type
 	only := func(field string, present bool) error {
 		n := 0
-		for _, p := range []bool{wire.Error != nil, wire.Mime != nil, wire.Name != nil} {
+		for _, p := range []bool{wire.Error != nil, wire.Mime != nil, wire.Name != nil, wire.ExitCode != nil} {
 			if p {
 				n++
 			}
@@ -74,6 +75,14 @@ func DecodeEvent(line []byte) (Event, error) {
 			return ev, fmt.Errorf("event %s: figure name %q is not %s", describe(line), *wire.Name, FigureNameFormat)
 		}
 		ev.Name = *wire.Name
+	case EventDone:
+		if err := only("exit_code", wire.ExitCode != nil); err != nil {
+			return ev, err
+		}
+		if *wire.ExitCode < 0 || *wire.ExitCode > maxExitCode {
+			return ev, fmt.Errorf("event %s: exit code out of range", describe(line))
+		}
+		ev.ExitCode = *wire.ExitCode
 	default:
 		return ev, fmt.Errorf("event %s: unknown type", describe(line))
 	}
@@ -184,6 +193,9 @@ type Reader struct {
 	c    *nsjail.Capture
 	want Want
 	on   EventFunc
+	// done delivers the first done event's exit code (Done).
+	done     chan int
+	doneSeen bool // under mu
 
 	mu       sync.Mutex
 	out      Outcome
@@ -195,7 +207,7 @@ type Reader struct {
 
 // NewReader starts reading r. on, when not nil, gets each accepted event.
 func NewReader(r *os.File, want Want, on EventFunc) *Reader {
-	rd := &Reader{want: want, on: on}
+	rd := &Reader{want: want, on: on, done: make(chan int, 1)}
 	rd.c = nsjail.NewCapture(r, 0, rd.add)
 	return rd
 }
@@ -249,6 +261,16 @@ func (rd *Reader) take(line []byte) {
 		return
 	}
 	switch {
+	case ev.Type == EventDone:
+		// The execution's end, for nsjail.Spec.Done: once, never passed
+		// on. A second one is the code's and changes nothing.
+		if rd.doneSeen {
+			rd.out.Dropped++
+			return
+		}
+		rd.doneSeen = true
+		rd.done <- ev.ExitCode
+		return
 	case ev.Type == EventError:
 		rd.out.Error = ev.Error
 	case ev.Type == EventDisplay && rd.want.Display && len(rd.out.Display) < maxDisplays:
@@ -263,6 +285,10 @@ func (rd *Reader) take(line []byte) {
 		rd.on(ev)
 	}
 }
+
+// Done delivers the exit code of the first done event read (a Job with
+// Done): the value for nsjail.Spec.Done. It never closes.
+func (rd *Reader) Done() <-chan int { return rd.done }
 
 // Stop ends the reading and closes the pipe (nsjail.Capture.Stop): what
 // the pipe holds at this moment (all the writers wrote, once the

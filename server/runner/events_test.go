@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // runnerProtocol is runner.py's PROTOCOL block: each `NAME = literal`.
@@ -40,6 +41,7 @@ func TestRunnerMirrorsProtocol(t *testing.T) {
 		"EVENT_ERROR":        strconv.Quote(EventError),
 		"EVENT_DISPLAY":      strconv.Quote(EventDisplay),
 		"EVENT_FIGURE":       strconv.Quote(EventFigure),
+		"EVENT_DONE":         strconv.Quote(EventDone),
 		"MIME_TEXT":          strconv.Quote(MimeText),
 		"MIME_MARKDOWN":      strconv.Quote(MimeMarkdown),
 		"FIGURE_NAME_FORMAT": strconv.Quote(FigureNameFormat),
@@ -110,6 +112,12 @@ func TestDecodeEvent(t *testing.T) {
 	if err != nil || ev.Name != "figure-12.png" {
 		t.Fatalf("DecodeEvent(figure) = %+v, %v", ev, err)
 	}
+	for _, code := range []int{0, 7, 255} {
+		ev, err = DecodeEvent(fmt.Appendf(nil, `{"type":"done","exit_code":%d}`, code))
+		if err != nil || ev.Type != EventDone || ev.ExitCode != code {
+			t.Fatalf("DecodeEvent(done %d) = %+v, %v", code, ev, err)
+		}
+	}
 	frames := make([]string, maxFrames+1)
 	for i := range frames {
 		frames[i] = `{"file":"f","line":1,"function":"g","source":""}`
@@ -143,6 +151,14 @@ func TestDecodeEvent(t *testing.T) {
 		"figure size":     `{"type":"figure","name":"figure-1.png","width":640,"height":480}`,
 		"size on display": `{"type":"display","mime":{"text/plain":"x"},"width":4}`,
 		"too long":        `{"type":"display","mime":{"text/plain":"` + strings.Repeat("x", MaxLineBytes) + `"}}`,
+		"done no code":    `{"type":"done"}`,
+		"done null":       `{"type":"done","exit_code":null}`,
+		"done negative":   `{"type":"done","exit_code":-1}`,
+		"done over 255":   `{"type":"done","exit_code":256}`,
+		"done string":     `{"type":"done","exit_code":"0"}`,
+		"done fraction":   `{"type":"done","exit_code":0.5}`,
+		"done and name":   `{"type":"done","exit_code":0,"name":"figure-1.png"}`,
+		"done status":     `{"type":"done","exit_code":0,"status":"succeeded"}`,
 	} {
 		if ev, err := DecodeEvent([]byte(line)); err == nil {
 			t.Errorf("%s: DecodeEvent accepted %q as %+v", name, clipTest(line), ev)
@@ -253,6 +269,42 @@ func TestReaderHostileStream(t *testing.T) {
 	out = readAll(t, Want{}, nil, goodError+"\n", second+"\n")
 	if out.Error == nil || out.Error.Type != "ValueError" {
 		t.Fatalf("two errors: %+v", out.Error)
+	}
+}
+
+// The first done event's exit code comes on Done, never to the EventFunc
+// nor into the outcome; a second is the code's and is dropped; events
+// after it are still read (the freeze decides when the reading ends).
+func TestReaderDone(t *testing.T) {
+	r, w, err := Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen []string
+	rd := NewReader(r, Want{Figures: true}, func(ev Event) { seen = append(seen, ev.Type) })
+	for _, l := range []string{`{"type":"done","exit_code":300}`, `{"type":"done","exit_code":3}`,
+		`{"type":"done","exit_code":4}`, `{"type":"figure","name":"figure-1.png"}`} {
+		if _, err := w.WriteString(l + "\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case code := <-rd.Done():
+		if code != 3 {
+			t.Fatalf("Done delivered %d, want the first valid done's 3", code)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("no exit code on Done")
+	}
+	w.Close()
+	out := rd.Stop()
+	if out.Dropped != 2 || strings.Join(seen, ",") != "figure" {
+		t.Fatalf("outcome %+v, callback saw %v", out, seen)
+	}
+	select {
+	case code := <-rd.Done():
+		t.Fatalf("a second exit code on Done: %d", code)
+	default:
 	}
 }
 

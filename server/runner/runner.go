@@ -12,6 +12,7 @@
 //	{"type":"error","error":{...}}      the code raised (Error)
 //	{"type":"display","mime":{...}}     the value of a final expression (Display)
 //	{"type":"figure","name":"figure-1.png"}  a pyplot figure saved as an artifact
+//	{"type":"done","exit_code":0}       the end of a single-shot execution (Done)
 //
 // The pipe is the events fd: EventsFD in a single-shot sandbox (cold:
 // nsjail.Spec.ExtraFiles; warm: passed with the hand-off and dup2'd there),
@@ -19,6 +20,19 @@
 // and can write anything on it: the Reader trusts nothing it reads
 // (SECURITY.md case 50). An event changes only the answer of the execution
 // that wrote it, and only within bounds.
+//
+// A single-shot Job with Done set ends with a done event: once the code
+// is done and the runner has done what the interpreter's exit would
+// (threads joined, atexit callbacks run, files and streams flushed), the
+// process that ran the file writes the exit code it would exit with and
+// then waits to be ended instead of exiting. The worker freezes the
+// sandbox on that word, reads it and answers, and kills it afterwards
+// (nsjail.Spec.Done): the kernel's teardown of the interpreter's address
+// space, milliseconds for one that imported the data stack, is no longer
+// on the answer's path. The code can write the event too, which decides
+// only what the code decides anyway (its exit code, and when it ends:
+// whatever it left running is stopped as at its exit; SECURITY.md case
+// 72).
 //
 // runner.py repeats the constants below in its PROTOCOL block;
 // TestRunnerMirrorsProtocol checks that both agree.
@@ -52,6 +66,8 @@ const (
 	maxDisplays = 1
 	// maxFrames bounds an error's traceback entries.
 	maxFrames = 100
+	// maxExitCode is the highest exit code a done event may carry.
+	maxExitCode = 255
 )
 
 // Event types.
@@ -59,6 +75,7 @@ const (
 	EventError   = "error"
 	EventDisplay = "display"
 	EventFigure  = "figure"
+	EventDone    = "done"
 )
 
 // Mime types of a display.
@@ -89,6 +106,9 @@ type Job struct {
 	Figures bool `json:"figures,omitempty"`
 	// EventsFD is the events fd (EventsFD), or 0: no events.
 	EventsFD int `json:"events_fd,omitempty"`
+	// Done ends the execution with a done event instead of the
+	// process's exit (EventDone); only with EventsFD.
+	Done bool `json:"done,omitempty"`
 }
 
 // Args is the command line that runs j cold: python with -P (no directory
@@ -147,8 +167,9 @@ type Display struct {
 	Mime map[string]string `json:"mime"`
 }
 
-// Event is one event as the Reader passes it on: Error for EventError,
-// Mime for EventDisplay, Name for EventFigure. A figure's size is never
+// Event is one event as DecodeEvent reads it: Error for EventError, Mime
+// for EventDisplay, Name for EventFigure, ExitCode for EventDone (which the
+// Reader delivers on Done, never to its EventFunc). A figure's size is never
 // the sandbox's word (SECURITY.md case 51): the answer's artifact carries
 // the worker's reading of the PNG.
 type Event struct {
@@ -156,6 +177,8 @@ type Event struct {
 	Error *Error
 	Mime  map[string]string
 	Name  string
+	// ExitCode is a done event's, 0-255.
+	ExitCode int
 }
 
 // EventFunc receives an execution's events as they are read (the streaming

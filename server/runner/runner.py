@@ -22,6 +22,7 @@ import json
 import linecache
 import os
 import reprlib
+import signal
 import sys
 import traceback
 import types
@@ -32,6 +33,7 @@ EVENTS_FD = 3
 EVENT_ERROR = "error"
 EVENT_DISPLAY = "display"
 EVENT_FIGURE = "figure"
+EVENT_DONE = "done"
 MIME_TEXT = "text/plain"
 MIME_MARKDOWN = "text/markdown"
 FIGURE_NAME_FORMAT = "figure-%d.png"
@@ -69,7 +71,7 @@ class Events:
     no event lines in that file."""
 
     def __init__(self, fd):
-        self.fd, self.ident = None, None
+        self.fd, self.ident, self.pid = None, None, os.getpid()
         if fd is None or fd < 0:
             return
         try:
@@ -103,6 +105,22 @@ class Events:
         except OSError:
             return False
         return True
+
+    def done(self, exit_code):
+        """The done event (runner.go's Job.Done): say the execution is
+        over, with the exit code this process is about to exit with, then
+        wait for the worker, which freezes the sandbox on the word and
+        kills it once it has read it. Returns, for the caller to exit, when
+        the event could not be written, and at once in a process the code
+        forked that ends the script too: as a forked child of a script, it
+        only exits, and the execution's end is the process's that ran it."""
+        if os.getpid() != self.pid or not self.emit({"type": EVENT_DONE, "exit_code": exit_code}):
+            return
+        try:
+            while True:
+                signal.pause()
+        except BaseException:
+            pass  # a handler the code left raised: exit
 
     def close(self):
         """Close the fd, unless the code closed it and its number is now a
@@ -758,6 +776,9 @@ def run_file(job, events_fd):
     sys.path.insert(0, os.path.dirname(path))
     unbuffered_streams()
     events = Events(events_fd)
+    # With Job.Done the execution ends on the done event, written on
+    # events (kept open for it), rather than on this process's exit.
+    ending = events if job.get("done") and events.fd is not None else None
 
     from importlib.machinery import SourceFileLoader
 
@@ -774,10 +795,11 @@ def run_file(job, events_fd):
             source = f.read()
     except OSError as e:
         sys.stderr.write("python3: can't open file %r: [Errno %d] %s\n" % (path, e.errno, e.strerror))
-        _finish(2, main, opened)
+        _finish(2, main, opened, ending)
     code = run_code(source, path, main.__dict__, events, bool(job.get("display")), bool(job.get("figures")))
-    events.close()
-    _finish(code, main, opened)
+    if ending is None:
+        events.close()
+    _finish(code, main, opened, ending)
 
 
 def _track_open():
@@ -800,7 +822,7 @@ def _track_open():
     return opened
 
 
-def _finish(code, main, opened):
+def _finish(code, main, opened, ending=None):
     """Exit as Py_FinalizeEx would, without its teardown of every module.
 
     Tearing down numpy, pandas and matplotlib costs ~100-200 ms of pure
@@ -808,8 +830,8 @@ def _finish(code, main, opened):
     in the interpreter's order: join non-daemon threads, run atexit
     callbacks, drop the user's globals (closing their files, running their
     __del__), flush every file the code left open and the standard streams;
-    then _exit. The sandbox is destroyed right after, so nothing else is
-    leaked."""
+    then _exit, or first the done event on ending (Events.done). The
+    sandbox is destroyed right after, so nothing else is leaked."""
     import atexit
     import threading
 
@@ -837,6 +859,8 @@ def _finish(code, main, opened):
         except BaseException:
             if code == 0:
                 code = 120  # what the interpreter returns when the flush fails
+    if ending is not None:
+        ending.done(code & 0xFF)
     os._exit(code)
 
 
