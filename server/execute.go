@@ -341,7 +341,7 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 		return nil, nil, x.refuse(&apiError{status: http.StatusInternalServerError, reason: "sandbox", msg: err.Error()})
 	}
 	events := runner.NewReader(evR, runner.Want{Display: p.display, Figures: p.figures}, p.runnerEvent)
-	spec := s.spec(p, rootfs, python, ws.Dir, evW)
+	spec := s.spec(p, rootfs, python, ws.Dir, evW, events.Done())
 	spec.Logger = log // execution_id and policy on the sandbox's lines too
 	spec.Output = p.hub.Output
 	log.Info("sandbox starting")
@@ -559,11 +559,17 @@ func unstoredResponse(resp *ExecutionResponse, err error) *ExecutionResponse {
 // (runner.Args) with events, the write end of its events pipe, as its
 // runner.EventsFD (none when nil: a kernel's, whose Args are the zygote's), the policy's Limits and Env (BaseEnv plus the request's
 // extras), so the warm pool can match it to the policy's Template.
-func (s *Server) spec(p *plan, rootfs, python, workspace string, events *os.File) nsjail.Spec {
+func (s *Server) spec(p *plan, rootfs, python, workspace string, events *os.File, done <-chan int) nsjail.Spec {
 	job := runner.Job{Path: CodePath, Cwd: inside.Workspace, Display: p.display, Figures: p.figures}
 	var extra []*os.File
 	if events != nil {
 		job.EventsFD, extra = runner.EventsFD, []*os.File{events}
+		// The execution ends on the runner's done event, read off events
+		// (runner.Reader.Done), when the caller reads it.
+		job.Done = done != nil
+	}
+	if !job.Done {
+		done = nil
 	}
 	return nsjail.Spec{
 		ID:         p.run,
@@ -574,6 +580,7 @@ func (s *Server) spec(p *plan, rootfs, python, workspace string, events *os.File
 		Workspace:  workspace,
 		ExtraFiles: extra,
 		Limits:     p.policy.Limits(s.cfg),
+		Done:       done,
 	}
 }
 

@@ -41,7 +41,7 @@ func TestRequestSpecsMatchTheirPolicyTemplate(t *testing.T) {
 			if e != nil {
 				t.Fatal(e)
 			}
-			spec := s.spec(p, rootfs, findPython(rootfs), "/work/exec-x", os.Stdin)
+			spec := s.spec(p, rootfs, findPython(rootfs), "/work/exec-x", os.Stdin, nil)
 			for _, other := range s.policies.Names() {
 				shape, env := s.policies[other].Template(cfg, rootfs).Matches(&spec)
 				if want := other == name; shape != want || env != (want && tc.wantEnv) {

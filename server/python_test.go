@@ -277,3 +277,51 @@ func jsonEqual(a, b any) bool {
 	y, _ := json.Marshal(b)
 	return bytes.Equal(x, y)
 }
+
+// The runner ends every execution with its done event (runner.Job.Done):
+// the answer is the code's exit as Python's would be (exit codes, atexit
+// output, a forked child that ends the script too), cold and warm. And
+// SECURITY.md case 72: code that writes a done event itself ends its own
+// execution there, with the exit code it wrote and the output written
+// before, instead of running into its timeout: the word decides only what
+// the code could decide anyway.
+func TestDoneEvent(t *testing.T) {
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	cold := newEnv(t, rootfs, noPool)
+	warm := newEnv(t, rootfs, func(c *config.Config) {
+		c.PoolSize = 1
+		c.PoolTemplateForks = true
+	})
+	waitFor(t, func() bool { return warm.srv.PoolStats().Ready >= 2 })
+	cases := []struct {
+		name, code, stdout string
+		exit               int
+	}{
+		{"exit code", "import sys\nprint('x')\nsys.exit(3)", "x\n", 3},
+		{"exception", "raise ValueError('boom')", "", 1},
+		{"os._exit", "import os\nprint('x', flush=True)\nos._exit(4)", "x\n", 4},
+		{"atexit", "import atexit\natexit.register(lambda: print('bye'))\nprint('x')", "x\nbye\n", 0},
+		{"fork falls through", "import os\npid = os.fork()\nif pid:\n    os.waitpid(pid, 0)\nprint('parent' if pid else 'child')", "child\nparent\n", 0},
+		{"forged done", "import os, time\nprint('before', flush=True)\nos.write(3, b'{\"type\":\"done\",\"exit_code\":7}\\n')\ntime.sleep(60)\nprint('after')", "before\n", 7},
+	}
+	for _, env := range []struct {
+		name string
+		e    *testEnv
+	}{{"cold", cold}, {"warm", warm}} {
+		for _, tc := range cases {
+			t.Run(env.name+"/"+tc.name, func(t *testing.T) {
+				if env.e == warm {
+					waitFor(t, func() bool { return warm.srv.PoolStats().Ready >= 2 })
+				}
+				taken := warm.srv.PoolStats().Taken
+				r := env.e.execute(ExecutionRequest{Code: tc.code, TimeoutMS: 20000})
+				if r.ExitCode != tc.exit || r.Stdout != tc.stdout {
+					t.Fatalf("status %s exit %d stdout %q stderr %.300q, want exit %d stdout %q", r.Status, r.ExitCode, r.Stdout, r.Stderr, tc.exit, tc.stdout)
+				}
+				if env.e == warm && warm.srv.PoolStats().Taken != taken+1 {
+					t.Fatalf("the pool did not serve it: %+v", warm.srv.PoolStats())
+				}
+			})
+		}
+	}
+}

@@ -106,8 +106,8 @@ type Server struct {
 	pool     *warmpool.Pool // set by Prepare (Size 0 with pool_size 0: cold starts)
 	manager  *session.Manager
 	sessErr  error // why there is no manager
-	// releaseAnchor lets go of the freezer anchor held while the session
-	// manager is open (nil: none held).
+	// releaseAnchor lets go of the freezer anchor held from Prepare to
+	// Drain (holdFreezerAnchor; nil: none held).
 	releaseAnchor func() error
 	draining      bool           // under mu: once set, inFlight gets no new Add
 	inFlight      sync.WaitGroup // executions between admission and cleanup
@@ -334,8 +334,33 @@ func (s *Server) Prepare(ctx context.Context) error {
 		s.log.Info("rootfs ready", "runtime", name, "rootfs", r.image.RootfsPath, "python", r.python, "digest", r.image.Digest)
 	}
 	s.log.Info("warm pool", "pool_size", s.cfg.PoolSize, "templates", len(templates))
+	s.holdFreezerAnchor()
 	s.openSessions()
 	return nil
+}
+
+// holdFreezerAnchor holds the cgroup v1 freezer anchor (cgroup/anchor.go)
+// until Drain. Every execution's sandbox is frozen when its runner says
+// it is done (nsjail.Spec.Done), and session kernels idle frozen: with the
+// anchor held no freeze or thaw flips the kernel-wide freezer state, which
+// costs 1.5 ms each on the reference VM.
+func (s *Server) holdFreezerAnchor() {
+	release, err := s.sandbox.HoldFreezerAnchor()
+	if err != nil {
+		s.log.Debug("no freezer anchor; freezing sandboxes costs more", "error", err)
+		return
+	}
+	s.mu.Lock()
+	keep := !s.draining && s.releaseAnchor == nil
+	if keep {
+		s.releaseAnchor = release
+	}
+	s.mu.Unlock()
+	if !keep {
+		if err := release(); err != nil {
+			s.log.Warn("unable to release the freezer anchor", "error", err)
+		}
+	}
 }
 
 // openSessions opens the session manager on sessions_dir: the sessions a
@@ -388,14 +413,6 @@ func (s *Server) openSessions() {
 		return
 	}
 	s.manager, s.sessErr = m, nil
-	// Session kernels idle frozen: while they may exist, even a new
-	// kernel's first freeze (on the create + first execution path) flips
-	// no kernel-wide freezer state (cgroup/anchor.go).
-	if release, err := s.sandbox.HoldFreezerAnchor(); err != nil {
-		s.log.Debug("no freezer anchor; freezing session kernels costs more", "error", err)
-	} else {
-		s.releaseAnchor = release
-	}
 	s.log.Info("sessions open", "sessions_dir", s.cfg.SessionsDir, "sessions", len(m.List()))
 }
 
@@ -431,7 +448,7 @@ func (s *Server) startKernel(ctx context.Context, policy, runtime, ws string, o 
 	pool := s.pool
 	s.mu.Unlock()
 	p := &plan{run: newRunName(), policy: pol, env: pol.BaseEnv()}
-	spec := s.spec(p, rootfs, python, ws, nil)
+	spec := s.spec(p, rootfs, python, ws, nil, nil)
 	spec.Logger = s.log.With("run", p.run, "policy", pol.Name)
 	return pool.StartKernel(ctx, spec, o)
 }

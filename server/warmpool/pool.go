@@ -43,8 +43,9 @@ type Sandboxer interface {
 	// WaitForCleanup blocks until every finished sandbox has been removed
 	// (see nsjail.Runner.WaitForCleanup); a drain waits for it.
 	WaitForCleanup()
-	// HoldFreezerAnchor keeps freezing cheap while session kernels, which
-	// idle frozen, may exist (see nsjail.Runner.HoldFreezerAnchor).
+	// HoldFreezerAnchor keeps freezing cheap while sandboxes may be
+	// frozen: session kernels idle frozen, and every execution's sandbox
+	// is frozen on its done word (see nsjail.Runner.HoldFreezerAnchor).
 	HoldFreezerAnchor() (release func() error, err error)
 }
 
@@ -465,7 +466,8 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (r
 	if err := w.pending.SetNice(0); err != nil {
 		p.log.Warn("warm pool: unable to restore the sandbox's priority", "sandbox", w.pending.ID(), "error", err)
 	}
-	sb, out, errOut := w.pending.Handoff(nsjail.HandoffOptions{Timeout: spec.Limits.Timeout, Logger: spec.Logger, ExitReport: w.exit, Output: spec.Output})
+	sb, out, errOut := w.pending.Handoff(nsjail.HandoffOptions{Timeout: spec.Limits.Timeout, Logger: spec.Logger, ExitReport: w.exit,
+		Output: spec.Output, Done: spec.Done})
 	if len(out)+len(errOut) > 0 {
 		p.log.Warn("warm sandbox wrote output before hand-off (dropped)", "sandbox", sb.ID(),
 			"stdout", truncateForLog(out), "stderr", truncateForLog(errOut))

@@ -27,8 +27,10 @@ package warmpool
 //     the sandbox's end open too, so the bytes outlive the sandbox: the
 //     sandbox died first, SECURITY.md case 34); it then closes ControlFD,
 //     puts the events fd on runner.EventsFD and runs the file through the
-//     runner, as a cold execution does (as `python3 PATH` would). EOF on ControlFD without a
-//     message retires the sandbox: both processes exit 0.
+//     runner, as a cold execution does (as `python3 PATH` would), ending
+//     with the runner's done event when the message says Done (the pool
+//     passes the word on: nsjail.HandoffOptions.Done). EOF on ControlFD
+//     without a message retires the sandbox: both processes exit 0.
 //  3k. Kernel hand-off. A Handoff with Kernel set makes the code's process
 //     a session's kernel instead: it keeps ControlFD, points fds 1 and 2 at
 //     /dev/null, changes to Cwd (after the pool bound the session's volume
@@ -113,6 +115,10 @@ type Handoff struct {
 	// Events says the message carries the execution's events fd
 	// (SCM_RIGHTS), which the code's process puts on runner.EventsFD.
 	Events bool `json:"events,omitempty"`
+	// Done is the runner's job's (runner.Job): the execution ends with
+	// the runner's done event there, which the pool passes on
+	// (nsjail.HandoffOptions.Done).
+	Done bool `json:"done,omitempty"`
 }
 
 const (

@@ -61,6 +61,7 @@ def decode_handoff(message):
         "cwd": h.get("cwd") or "/",
         "display": bool(h.get("display")),
         "figures": bool(h.get("figures")),
+        "done": bool(h.get("done")),
     }
     return job, bool(h.get("kernel")), bool(h.get("cwd_on_path")), bool(h.get("events"))
 
