@@ -46,7 +46,22 @@ var anchors = struct {
 // no-op one (and no error) on v2 or without a freezer hierarchy. An error
 // leaves nothing held: the anchor only saves time, the caller may go on.
 func AcquireFreezerAnchor(paths Paths) (release func() error, err error) {
-	return acquireAnchor(anchorDir(paths))
+	dir := anchorDir(paths)
+	if dir == "" {
+		return acquireAnchor("")
+	}
+	// The key counts frozen cgroups host-wide, so any anchor keeps it on:
+	// while this process holds one (the server holds its own from
+	// start-up), a sandbox takes a hold on that one instead of making
+	// another beside itself (a template fork's cgroup is a level deeper,
+	// under its template's).
+	anchors.Lock()
+	for held := range anchors.held {
+		dir = held
+		break
+	}
+	anchors.Unlock()
+	return acquireAnchor(dir)
 }
 
 // AcquireFreezerAnchor takes a hold on the freezer anchor under the

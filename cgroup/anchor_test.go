@@ -9,7 +9,9 @@ import (
 )
 
 // The freezer anchor exists, frozen and empty, while a sandbox holds it
-// (one per parent, counted), and goes with the last release; a release
+// (one per parent, counted; a sandbox a level deeper, as a template fork's
+// is, takes a hold on the one held rather than making its own), and goes
+// with the last release; a release
 // called twice counts once; one a killed worker left is removed by the
 // sweep, one held is not.
 func TestFreezerAnchor(t *testing.T) {
@@ -39,6 +41,17 @@ func TestFreezerAnchor(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { relB() })
+	deeper := Paths{"freezer": filepath.Join(a["freezer"], "deeper")}
+	relC, err := AcquireFreezerAnchor(deeper)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(anchorDir(deeper)); err == nil {
+		t.Fatalf("a deeper sandbox made its own anchor %s while %s is held", anchorDir(deeper), dir)
+	}
+	if err := relC(); err != nil || !exists() {
+		t.Fatalf("the deeper sandbox's release (err %v) took the anchor others hold", err)
+	}
 	if err := relA(); err != nil {
 		t.Fatal(err)
 	}

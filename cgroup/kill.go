@@ -68,8 +68,9 @@ func KillAll(paths Paths) error {
 }
 
 // thawV1 thaws a v1 freezer cgroup after a kill: a frozen task (a session
-// kernel idles frozen, SECURITY.md case 47) takes a SIGKILL only once
-// thawed there. v2's freezer lets a fatal signal through (and cgroup.kill
+// kernel idles frozen, SECURITY.md case 47; a sandbox is frozen on its
+// done word, case 72) takes a SIGKILL only once thawed there, and dies
+// then without running its own code again. v2's freezer lets a fatal signal through (and cgroup.kill
 // reaches frozen tasks). A cgroup without a freezer file is left alone.
 func thawV1(paths Paths) {
 	if d, ok := paths["freezer"]; ok && d != "" {

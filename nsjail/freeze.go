@@ -27,7 +27,9 @@ import (
 // gone), but not when the init has exited already, and a Freeze racing the
 // kill could freeze it again after. So the sandbox is never frozen once its
 // end began: Wait marks it ending under fz before it kills, and thaws it
-// after the kill, whatever froze it before.
+// after the kill, whatever froze it before. The one end that begins frozen
+// is on the command's done word (Spec.Done): Wait freezes the sandbox to
+// read it, and endFrozen kills every task while frozen before it thaws.
 
 // freezeTimeout bounds Freeze: a task in an uninterruptible sleep (a disk
 // write) freezes only when it wakes.

@@ -88,8 +88,9 @@ func TestDoneWordEndsTheSandbox(t *testing.T) {
 	}
 	done := make(chan int, 1)
 	sb, err := r.Start(nsjail.Spec{Rootfs: nsjailtest.ProbeRootfs(t), Workspace: ws, Done: done,
-		Args: sh(`(i=0; while :; do i=$((i+1)); echo $i > /workspace/n; done) &
-echo before; echo warn >&2; exec sleep 1072`),
+		Args: sh(`echo before; echo warn >&2
+(i=0; while :; do i=$((i+1)); echo $i > /workspace/n; done) &
+exec sleep 1072`),
 		Limits: nsjail.Limits{Timeout: 30 * time.Second}}) // without the word: a timeout
 	if err != nil {
 		t.Fatal(err)
@@ -106,6 +107,9 @@ echo before; echo warn >&2; exec sleep 1072`),
 	done <- 5
 	res := sb.Wait(context.Background())
 	wantStatus(t, res, nsjail.StatusFailed)
+	if res.Ended == nil {
+		t.Fatal("answered on the word, but no Ended to wait for")
+	}
 	if res.ExitCode != 5 || string(res.Stdout) != "before\n" || string(res.Stderr) != "warn\n" {
 		t.Fatalf("exit %d stdout %q stderr %q", res.ExitCode, res.Stdout, res.Stderr)
 	}
@@ -115,6 +119,11 @@ echo before; echo warn >&2; exec sleep 1072`),
 		t.Fatalf("the writer ran after Wait returned: %s then %s", at, n)
 	}
 	r.WaitForCleanup()
+	select {
+	case <-res.Ended:
+	default:
+		t.Fatal("Ended still open after the cleanup")
+	}
 	if pids := nsjailtest.ProcessesMatching("sleep 1072"); len(pids) > 0 {
 		t.Fatalf("processes left after the cleanup: %v", pids)
 	}
@@ -122,7 +131,7 @@ echo before; echo warn >&2; exec sleep 1072`),
 	closed := make(chan int)
 	close(closed)
 	res = run(t, r, nsjail.Spec{Args: sh("exit 3"), Done: closed})
-	if res.ExitCode != 3 {
-		t.Fatalf("exit %d after a closed Done, want the command's 3", res.ExitCode)
+	if res.ExitCode != 3 || res.Ended != nil {
+		t.Fatalf("exit %d, ended %v after a closed Done, want the command's 3 and no Ended", res.ExitCode, res.Ended)
 	}
 }

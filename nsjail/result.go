@@ -64,4 +64,10 @@ type Result struct {
 	FinishedAt      time.Time `json:"finished_at"`
 	// Error explains StatusSandboxError.
 	Error string `json:"error,omitempty"`
+	// Ended, when not nil, closes once the sandbox's processes are gone:
+	// Wait answered on its command's done word (Spec.Done) and kills it
+	// afterwards. Until then it still holds its memory (and its
+	// teardown's CPU): a caller that admits executions by what they may
+	// use holds the slot until Ended closes. Nil when the end came first.
+	Ended <-chan struct{} `json:"-"`
 }

@@ -140,20 +140,14 @@ type Spec struct {
 	// hand-off (HandoffOptions.Output).
 	Output OutputFunc
 	// Done, when set, delivers the exit code the command's process says
-	// it is done with: its code has finished, its output is flushed, and
-	// it waits to be ended instead of exiting (server/runner's done
-	// event). Wait then freezes the sandbox, reads its output and
-	// counters, and answers with that exit code at once; the kill, and
-	// the kernel's teardown of the process (~5 ms here for a Python that
-	// imported the data stack: TEMPLATE.md M5), come after Wait returns,
-	// everything of the sandbox frozen until the kill takes it. The
-	// command's process runs the code, so the code can send the word too:
-	// it decides only what the code decides anyway, its own exit code and
-	// when it ends, and whatever it left running is stopped as at its
-	// exit (SECURITY.md case 72). Without a word, or when the freeze
-	// fails (the sandbox is then killed and waited for before Wait
-	// answers, with the word's exit code), the end is the command's exit.
-	// A pre-started sandbox takes it at its hand-off (HandoffOptions.Done).
+	// it is done with, having flushed its output; it then waits to be
+	// ended. Wait answers on that word: it freezes the sandbox, reads it,
+	// and kills it after it has answered, so the kernel's teardown of the
+	// process is not on the answer's path (Result.Ended closes once it is
+	// gone). If the freeze fails it kills and waits first, still with the
+	// word's exit code. A channel closed empty is no word: the exit
+	// decides. The code can send the word too (SECURITY.md case 72). A
+	// pre-started sandbox takes it at its hand-off (HandoffOptions.Done).
 	Done <-chan int
 }
 

@@ -42,6 +42,9 @@ func (s *Sandbox) wait(ctx context.Context) *Result {
 	}
 	e := end.ending()
 	res.ExitCode, res.Signal = e.exitCode, e.signal
+	if end.frozen {
+		res.Ended = end.ended
+	}
 	res.Status, res.LimitsHit = classify(e, counted{
 		oomKills: stats.OOMKills, pidsLimitHits: stats.PidsLimitHits,
 		stdoutTruncated: res.StdoutTruncated, stderrTruncated: res.StderrTruncated,
@@ -75,12 +78,14 @@ type awaited struct {
 	state   *os.ProcessState
 	waitErr error
 	// done is the exit code the command's process said it was done with
-	// (HandoffOptions.Done), valid when haveDone; frozen says Wait froze
-	// the sandbox on that word, leaving the kill to collect's cleanup
-	// (endFrozen).
+	// (Spec.Done, HandoffOptions.Done), valid when haveDone; frozen says
+	// Wait froze the sandbox on that word, leaving the kill to collect's
+	// cleanup (endFrozen), which closes ended once the sandbox's processes
+	// are gone (Result.Ended).
 	done     int
 	haveDone bool
 	frozen   bool
+	ended    chan struct{}
 }
 
 // await waits for the command's end: its exit, its exit report, the
@@ -165,12 +170,14 @@ wait:
 		// where everything of the sandbox is, it can be read at once, and
 		// killed afterwards (collect). Without the freeze, the kill and
 		// the wait for the end come first, as at a timeout.
-		err := s.Freeze()
-		if err == nil {
-			a.frozen = true
-			return a
+		if s.freezable() {
+			err := s.Freeze()
+			if err == nil {
+				a.frozen, a.ended = true, make(chan struct{})
+				return a
+			}
+			s.log.Warn("unable to freeze the sandbox its code was done in; killing it and waiting for its end", "error", err)
 		}
-		s.log.Warn("unable to freeze the sandbox its code was done in; killing it and waiting for its end", "error", err)
 		s.endFreezing()
 		s.killFirst()
 		s.thawForEnd()
@@ -270,7 +277,7 @@ func (s *Sandbox) collect(a awaited) cgroup.Stats {
 	// Once init is reaped every process of the pid namespace is gone and the
 	// pipes are at EOF (after an exit report, init closed its ends itself);
 	// the grace only guards against the impossible. Frozen, the processes
-	// still hold their ends, and everything they wrote is in the pipes.
+	// still hold their ends, and what they wrote is in the pipes or read.
 	for _, c := range []*capture{s.stdout, s.stderr} {
 		if a.frozen {
 			c.stop()
@@ -293,8 +300,14 @@ func (s *Sandbox) collect(a awaited) cgroup.Stats {
 	go func() {
 		defer s.r.cleanups.Done()
 		if a.frozen {
-			s.endFrozen()
-			<-a.exited
+			killed := s.endFrozen()
+			if killed {
+				<-a.exited
+			}
+			close(a.ended)
+			if !killed {
+				return // left frozen, to the start-up sweep (endFrozen)
+			}
 		}
 		if a.haveReport {
 			r := <-a.exited
@@ -316,14 +329,32 @@ func (s *Sandbox) collect(a awaited) cgroup.Stats {
 
 // endFrozen ends a sandbox that Wait froze when its code was done, once
 // its result is built: every process is sent SIGKILL while still frozen,
-// and only then thawed (cgroup.KillAll), so that none runs again while
-// the caller reads the workspace (SECURITY.md case 72).
-func (s *Sandbox) endFrozen() {
+// and only then thawed (cgroup.KillAll thaws v1 after its kill), so that
+// none runs again while the caller reads the workspace (SECURITY.md case
+// 72). A kill that keeps failing (no pidfd to be had, say) leaves the
+// sandbox frozen, running nothing, for the start-up sweep: thawed, it would
+// run on with no deadline. It says whether the sandbox was killed.
+func (s *Sandbox) endFrozen() bool {
 	s.endFreezing()
-	if err := cgroup.KillAll(s.cgroupPaths); err != nil {
-		s.log.Error("unable to kill the sandbox's cgroup", "error", err)
+	for wait := 10 * time.Millisecond; ; wait *= 2 {
+		err := cgroup.KillAll(s.cgroupPaths)
+		if err == nil {
+			break
+		}
+		if wait > time.Second {
+			s.log.Error("unable to kill the sandbox frozen on its done word; leaving it frozen for the next start-up's sweep", "error", err)
+			return false
+		}
+		time.Sleep(wait)
 	}
 	s.thawForEnd()
+	return true
+}
+
+// freezable says the sandbox has a freezer: v2's, or v1's hierarchy.
+func (s *Sandbox) freezable() bool {
+	_, v2 := s.cgroupPaths.V2()
+	return v2 || s.cgroupPaths["freezer"] != ""
 }
 
 // ending is how the command ended, as Wait saw it.
