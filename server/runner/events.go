@@ -166,6 +166,8 @@ func decodeMime(raw json.RawMessage) (map[string]string, error) {
 type Want struct {
 	Display bool
 	Figures bool
+	// Done takes the done event (a Job with Done) for Reader.Done.
+	Done bool
 }
 
 // Outcome is what a Reader kept of an execution's events.
@@ -255,6 +257,9 @@ func (rd *Reader) add(b []byte) {
 // take decodes one complete line and keeps the event if it is wanted and
 // within the bounds.
 func (rd *Reader) take(line []byte) {
+	if len(line) == 0 {
+		return // the runner ends a line the code left open before its done event
+	}
 	ev, err := DecodeEvent(line)
 	if err != nil {
 		rd.out.Dropped++
@@ -264,7 +269,7 @@ func (rd *Reader) take(line []byte) {
 	case ev.Type == EventDone:
 		// The execution's end, for nsjail.Spec.Done: once, never passed
 		// on. A second one is the code's and changes nothing.
-		if rd.doneSeen {
+		if !rd.want.Done || rd.doneSeen {
 			rd.out.Dropped++
 			return
 		}
@@ -286,8 +291,8 @@ func (rd *Reader) take(line []byte) {
 	}
 }
 
-// Done delivers the exit code of the first done event read (a Job with
-// Done): the value for nsjail.Spec.Done. It never closes.
+// Done delivers the exit code of the first done event read, with
+// Want.Done: the value for nsjail.Spec.Done. It never closes.
 func (rd *Reader) Done() <-chan int { return rd.done }
 
 // Stop ends the reading and closes the pipe (nsjail.Capture.Stop): what

@@ -272,19 +272,22 @@ func TestReaderHostileStream(t *testing.T) {
 	}
 }
 
-// The first done event's exit code comes on Done, never to the EventFunc
-// nor into the outcome; a second is the code's and is dropped; events
-// after it are still read (the freeze decides when the reading ends).
+// With Want.Done, the first done event's exit code comes on Done, never
+// to the EventFunc nor into the outcome; a second is the code's and is
+// dropped; events after it are still read (the freeze decides when the
+// reading ends). A line the code left open before it is ended by the
+// runner's newline (and dropped), the empty line that makes is not
+// counted. Without Want.Done (a session's cell) a done event is dropped.
 func TestReaderDone(t *testing.T) {
 	r, w, err := Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var seen []string
-	rd := NewReader(r, Want{Figures: true}, func(ev Event) { seen = append(seen, ev.Type) })
-	for _, l := range []string{`{"type":"done","exit_code":300}`, `{"type":"done","exit_code":3}`,
-		`{"type":"done","exit_code":4}`, `{"type":"figure","name":"figure-1.png"}`} {
-		if _, err := w.WriteString(l + "\n"); err != nil {
+	rd := NewReader(r, Want{Figures: true, Done: true}, func(ev Event) { seen = append(seen, ev.Type) })
+	for _, l := range []string{`{"type":"disp`, "\n" + `{"type":"done","exit_code":300}` + "\n", "\n" + `{"type":"done","exit_code":3}` + "\n",
+		`{"type":"done","exit_code":4}` + "\n", `{"type":"figure","name":"figure-1.png"}` + "\n"} {
+		if _, err := w.WriteString(l); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -298,12 +301,27 @@ func TestReaderDone(t *testing.T) {
 	}
 	w.Close()
 	out := rd.Stop()
-	if out.Dropped != 2 || strings.Join(seen, ",") != "figure" {
+	if out.Dropped != 3 || strings.Join(seen, ",") != "figure" {
 		t.Fatalf("outcome %+v, callback saw %v", out, seen)
 	}
 	select {
 	case code := <-rd.Done():
 		t.Fatalf("a second exit code on Done: %d", code)
+	default:
+	}
+	r, w, err = Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd = NewReader(r, Want{}, nil)
+	w.WriteString(`{"type":"done","exit_code":0}` + "\n")
+	w.Close()
+	if out := rd.Stop(); out.Dropped != 1 {
+		t.Fatalf("a done event without Want.Done: %+v", out)
+	}
+	select {
+	case code := <-rd.Done():
+		t.Fatalf("an exit code on Done without Want.Done: %d", code)
 	default:
 	}
 }

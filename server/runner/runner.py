@@ -22,8 +22,8 @@ import json
 import linecache
 import os
 import reprlib
-import signal
 import sys
+import time
 import traceback
 import types
 import weakref
@@ -59,6 +59,9 @@ _TABLE_ROWS = 5  # head and tail rows of a DataFrame's table
 _TABLE_COLUMNS = 20  # columns shown (first and last half)
 _CELL_CHARS = 40
 
+# How long the runner waits to be ended after its done event (seconds).
+_DONE_WAIT = 2
+
 # An uncaught KeyboardInterrupt's exit code, as a shell shows a SIGINT
 # death (128 + 2): a cell's in protocol.go's KernelReply.
 _EXIT_INTERRUPTED = 130
@@ -90,12 +93,12 @@ class Events:
             return False
         return (st.st_dev, st.st_ino) == self.ident
 
-    def emit(self, event):
-        """Write one event line; False when it could not be written whole
-        (too long, or the fd is gone)."""
+    def emit(self, event, start=b""):
+        """Write one event line (after start); False when it could not be
+        written whole (too long, or the fd is gone)."""
         if self.fd is None:
             return False
-        data = (json.dumps(event, ensure_ascii=True, separators=(",", ":")) + "\n").encode("ascii")
+        data = start + (json.dumps(event, ensure_ascii=True, separators=(",", ":")) + "\n").encode("ascii")
         if len(data) > MAX_LINE_BYTES or not self._ours():
             return False
         try:
@@ -110,15 +113,18 @@ class Events:
         """The done event (runner.go's Job.Done): say the execution is
         over, with the exit code this process is about to exit with, then
         wait for the worker, which freezes the sandbox on the word and
-        kills it once it has read it. Returns, for the caller to exit, when
-        the event could not be written, and at once in a process the code
-        forked that ends the script too: as a forked child of a script, it
-        only exits, and the execution's end is the process's that ran it."""
-        if os.getpid() != self.pid or not self.emit({"type": EVENT_DONE, "exit_code": exit_code}):
+        kills it once it has read it. The line starts on a line of its own
+        (a newline first: the code may have left one open). Returns, for
+        the caller to exit, when the event could not be written, after
+        _DONE_WAIT seconds (the worker never read it: the code flooded the
+        pipe past its bound, say; the exit then ends the execution, with
+        the same code), and at once in a process the code forked that ends
+        the script too: as a forked child of a script, it only exits, and
+        the execution's end is the process's that ran it."""
+        if os.getpid() != self.pid or not self.emit({"type": EVENT_DONE, "exit_code": exit_code}, b"\n"):
             return
         try:
-            while True:
-                signal.pause()
+            time.sleep(_DONE_WAIT)
         except BaseException:
             pass  # a handler the code left raised: exit
 
