@@ -340,13 +340,16 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 		log.Error("events pipe failed", "err", err)
 		return nil, nil, x.refuse(&apiError{status: http.StatusInternalServerError, reason: "sandbox", msg: err.Error()})
 	}
-	events := runner.NewReader(evR, runner.Want{Display: p.display, Figures: p.figures}, p.runnerEvent)
+	events := runner.NewReader(evR, runner.Want{Display: p.display, Figures: p.figures, Done: true}, p.runnerEvent)
 	spec := s.spec(p, rootfs, python, ws.Dir, evW, events.Done())
 	spec.Logger = log // execution_id and policy on the sandbox's lines too
 	spec.Output = p.hub.Output
 	log.Info("sandbox starting")
 	x.started = true
 	res, outputs, err := s.run(ctx, spec)
+	if res != nil {
+		x.ended = res.Ended
+	}
 	evW.Close()
 	ev := events.Stop()
 	if err != nil {
@@ -386,6 +389,9 @@ type execution struct {
 	// started: the sandbox was asked to run the code, so the id must stay
 	// taken whatever happens (a retry must not run it again).
 	started bool
+	// ended, when not nil, closes once the sandbox that answered on its
+	// done word is gone (nsjail.Result.Ended): done keeps the slot till then.
+	ended <-chan struct{}
 }
 
 // admit registers the execution (refused while draining), claims its id
@@ -437,9 +443,20 @@ func (s *Server) admit(ctx context.Context, p *plan, reserve func() *apiError) (
 	return ctx, x, nil
 }
 
-// done gives back what admit took: the slot, the context, the drain's count.
+// done gives back what admit took: the slot, the context, the drain's
+// count. A sandbox answered on its done word still holds its memory until
+// its kill and teardown, after the answer: its slot is given back only
+// then, so that max_concurrent bounds the sandboxes alive, not only the
+// executions being answered.
 func (x *execution) done() {
-	x.ticket.Release()
+	if x.ended == nil {
+		x.ticket.Release()
+	} else {
+		go func(t *Ticket, ended <-chan struct{}) {
+			<-ended
+			t.Release()
+		}(x.ticket, x.ended)
+	}
 	x.cancel()
 	x.s.inFlight.Done()
 }
@@ -562,15 +579,13 @@ func unstoredResponse(resp *ExecutionResponse, err error) *ExecutionResponse {
 func (s *Server) spec(p *plan, rootfs, python, workspace string, events *os.File, done <-chan int) nsjail.Spec {
 	job := runner.Job{Path: CodePath, Cwd: inside.Workspace, Display: p.display, Figures: p.figures}
 	var extra []*os.File
+	if events == nil {
+		done = nil // the done event comes on the events pipe
+	}
 	if events != nil {
 		job.EventsFD, extra = runner.EventsFD, []*os.File{events}
-		// The execution ends on the runner's done event, read off events
-		// (runner.Reader.Done), when the caller reads it.
-		job.Done = done != nil
 	}
-	if !job.Done {
-		done = nil
-	}
+	job.Done = done != nil
 	return nsjail.Spec{
 		ID:         p.run,
 		Rootfs:     rootfs,

@@ -72,10 +72,8 @@ func handoffOf(spec *nsjail.Spec) (Handoff, bool) {
 		if len(argv) == 0 {
 			argv = []string{j.Path}
 		}
-		// Done only where the end is read (Spec.Done): a runner told to
-		// wait for its end after its done event would wait till its timeout.
 		return Handoff{Path: j.Path, Argv: argv, Cwd: cmp.Or(j.Cwd, "/"), Display: j.Display, Figures: j.Figures, Events: events,
-			Done: j.Done && events && spec.Done != nil}, true
+			Done: j.Done && events}, true
 	}
 	if len(spec.Args) != 2 || (spec.Args[0] != "python3" && spec.Args[0] != "python") || len(spec.ExtraFiles) > 0 {
 		return Handoff{}, false
