@@ -42,9 +42,7 @@ func (s *Sandbox) wait(ctx context.Context) *Result {
 	}
 	e := end.ending()
 	res.ExitCode, res.Signal = e.exitCode, e.signal
-	if end.frozen {
-		res.Ended = end.ended
-	}
+	res.Ended = end.ended
 	res.Status, res.LimitsHit = classify(e, counted{
 		oomKills: stats.OOMKills, pidsLimitHits: stats.PidsLimitHits,
 		stdoutTruncated: res.StdoutTruncated, stderrTruncated: res.StderrTruncated,
@@ -78,13 +76,12 @@ type awaited struct {
 	state   *os.ProcessState
 	waitErr error
 	// done is the exit code the command's process said it was done with
-	// (Spec.Done, HandoffOptions.Done), valid when haveDone; frozen says
-	// Wait froze the sandbox on that word, leaving the kill to collect's
-	// cleanup (endFrozen), which closes ended once the sandbox's processes
-	// are gone (Result.Ended).
+	// (Spec.Done, HandoffOptions.Done), valid when haveDone. ended is set
+	// when Wait froze the sandbox on that word, leaving the kill to
+	// collect's cleanup (endFrozen), which closes it once the sandbox's
+	// processes are gone (Result.Ended).
 	done     int
 	haveDone bool
-	frozen   bool
 	ended    chan struct{}
 }
 
@@ -173,7 +170,7 @@ wait:
 		if s.freezable() {
 			err := s.Freeze()
 			if err == nil {
-				a.frozen, a.ended = true, make(chan struct{})
+				a.ended = make(chan struct{})
 				return a
 			}
 			s.log.Warn("unable to freeze the sandbox its code was done in; killing it and waiting for its end", "error", err)
@@ -279,7 +276,7 @@ func (s *Sandbox) collect(a awaited) cgroup.Stats {
 	// the grace only guards against the impossible. Frozen, the processes
 	// still hold their ends, and what they wrote is in the pipes or read.
 	for _, c := range []*capture{s.stdout, s.stderr} {
-		if a.frozen {
+		if a.ended != nil { // frozen
 			c.stop()
 			continue
 		}
@@ -299,15 +296,13 @@ func (s *Sandbox) collect(a awaited) cgroup.Stats {
 	s.r.cleanups.Add(1)
 	go func() {
 		defer s.r.cleanups.Done()
-		if a.frozen {
-			killed := s.endFrozen()
-			if killed {
-				<-a.exited
-			}
-			close(a.ended)
-			if !killed {
+		if a.ended != nil {
+			if !s.endFrozen() {
+				close(a.ended)
 				return // left frozen, to the start-up sweep (endFrozen)
 			}
+			<-a.exited
+			close(a.ended)
 		}
 		if a.haveReport {
 			r := <-a.exited

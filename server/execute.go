@@ -579,11 +579,10 @@ func unstoredResponse(resp *ExecutionResponse, err error) *ExecutionResponse {
 func (s *Server) spec(p *plan, rootfs, python, workspace string, events *os.File, done <-chan int) nsjail.Spec {
 	job := runner.Job{Path: CodePath, Cwd: inside.Workspace, Display: p.display, Figures: p.figures}
 	var extra []*os.File
-	if events == nil {
-		done = nil // the done event comes on the events pipe
-	}
 	if events != nil {
 		job.EventsFD, extra = runner.EventsFD, []*os.File{events}
+	} else {
+		done = nil // the done event comes on the events pipe
 	}
 	job.Done = done != nil
 	return nsjail.Spec{
