@@ -42,7 +42,9 @@ var errEnding = errors.New("the sandbox is ending: not frozen")
 // are. A sandbox whose end has begun (Wait is killing it, or it was waited
 // for) is not frozen: an error. On an error nothing is frozen (a freeze
 // that failed half-way is thawed).
-func (s *Sandbox) Freeze() error {
+func (s *Sandbox) Freeze() error { return s.freeze(freezeTimeout) }
+
+func (s *Sandbox) freeze(timeout time.Duration) error {
 	s.fz.Lock()
 	defer s.fz.Unlock()
 	if s.ending {
@@ -60,7 +62,7 @@ func (s *Sandbox) Freeze() error {
 			s.releaseAnchor = release
 		}
 	}
-	if err := cgroup.Freeze(s.cgroupPaths, freezeTimeout); err != nil {
+	if err := cgroup.Freeze(s.cgroupPaths, timeout); err != nil {
 		return fmt.Errorf("unable to freeze the sandbox: %w", err)
 	}
 	s.frozen = true

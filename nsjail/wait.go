@@ -95,10 +95,16 @@ func (s *Sandbox) await(ctx context.Context) awaited {
 		exited <- reaped{state, err}
 	}()
 	var expired <-chan time.Time // none with HandoffOptions.NoDeadline
+	// freezeBound bounds the freeze on a done word: a freeze that waits
+	// for a task in an uninterruptible sleep must not let the rest of the
+	// sandbox run on past its deadline.
+	freezeBound := func() time.Duration { return freezeTimeout }
 	if !s.noDeadline {
 		deadline := time.NewTimer(s.lim.Timeout)
 		defer deadline.Stop()
 		expired = deadline.C
+		at := time.Now().Add(s.lim.Timeout)
+		freezeBound = func() time.Duration { return max(min(freezeTimeout, time.Until(at)), time.Millisecond) }
 	}
 
 	a := awaited{exited: exited}
@@ -162,33 +168,24 @@ wait:
 			}
 		}
 	}
-	if a.haveDone {
+	if a.haveDone && s.freezable() {
 		// The code is done and its process waits to be ended: stopped
 		// where everything of the sandbox is, it can be read at once, and
 		// killed afterwards (collect). Without the freeze, the kill and
-		// the wait for the end come first, as at a timeout.
-		if s.freezable() {
-			err := s.Freeze()
-			if err == nil {
-				a.ended = make(chan struct{})
-				return a
-			}
-			s.log.Warn("unable to freeze the sandbox its code was done in; killing it and waiting for its end", "error", err)
+		// the wait for the end come first, as at a timeout (below).
+		err := s.freeze(freezeBound())
+		if err == nil {
+			a.ended = make(chan struct{})
+			return a
 		}
-		s.endFreezing()
-		s.killFirst()
-		s.thawForEnd()
-		if err := cgroup.KillAll(s.cgroupPaths); err != nil {
-			s.log.Error("unable to kill the sandbox's cgroup", "error", err)
-		}
-		r := <-exited
-		a.state, a.waitErr = r.state, r.err
-		return a
+		s.log.Warn("unable to freeze the sandbox its code was done in; killing it and waiting for its end", "error", err)
 	}
+	// killed: Wait ends the sandbox itself, rather than awaiting its end.
+	killed := a.killedFor != "" || a.haveDone
 	// Never frozen from now on; one frozen before is thawed after the
 	// kill, which a frozen task only takes once thawed (freeze.go).
 	s.endFreezing()
-	if a.killedFor != "" || a.haveReport {
+	if killed || a.haveReport {
 		// After an exit report the init is exiting anyway; this ends what
 		// it leaves behind.
 		s.killFirst()
@@ -211,7 +208,7 @@ wait:
 			}
 		}
 	}
-	if !a.haveReport && (a.killedFor != "" || s.shell != nil) {
+	if !a.haveReport && (killed || s.shell != nil) {
 		// And the cgroup, should anything of the sandbox live outside its
 		// pid namespace's reach: cgroup.kill on v2 (Linux 5.14+), else a
 		// SIGKILL per pid until cgroup.procs is empty. A template fork's
@@ -232,7 +229,7 @@ wait:
 		if err := cgroup.KillAll(s.cgroupPaths); err != nil {
 			s.log.Error("unable to kill the sandbox's cgroup", "error", err)
 		}
-		if !a.haveReport && a.killedFor != "" {
+		if killed {
 			r := <-exited
 			a.state, a.waitErr = r.state, r.err
 			if s.shell != nil && report != nil {
