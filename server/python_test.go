@@ -292,6 +292,12 @@ func TestDoneEvent(t *testing.T) {
 		c.PoolSize = 1
 		c.PoolTemplateForks = true
 	})
+	// A zygote's code process says the word as a fork's does (the same
+	// runner, handed off by zygote.py instead of G).
+	zygote := newEnv(t, rootfs, func(c *config.Config) {
+		c.PoolSize = 1
+		c.PoolTemplateForks = false
+	})
 	waitFor(t, func() bool { return warm.srv.PoolStats().Ready >= 2 })
 	cases := []struct {
 		name, code, stdout string
@@ -307,19 +313,20 @@ func TestDoneEvent(t *testing.T) {
 	for _, env := range []struct {
 		name string
 		e    *testEnv
-	}{{"cold", cold}, {"warm", warm}} {
+	}{{"cold", cold}, {"warm", warm}, {"zygote", zygote}} {
 		for _, tc := range cases {
 			t.Run(env.name+"/"+tc.name, func(t *testing.T) {
-				if env.e == warm {
-					waitFor(t, func() bool { return warm.srv.PoolStats().Ready >= 2 })
+				pooled := env.e != cold
+				if pooled {
+					waitFor(t, func() bool { return env.e.srv.PoolStats().Ready >= 2 })
 				}
-				taken := warm.srv.PoolStats().Taken
+				taken := env.e.srv.PoolStats().Taken
 				r := env.e.execute(ExecutionRequest{Code: tc.code, TimeoutMS: 20000})
 				if r.ExitCode != tc.exit || r.Stdout != tc.stdout {
 					t.Fatalf("status %s exit %d stdout %q stderr %.300q, want exit %d stdout %q", r.Status, r.ExitCode, r.Stdout, r.Stderr, tc.exit, tc.stdout)
 				}
-				if env.e == warm && warm.srv.PoolStats().Taken != taken+1 {
-					t.Fatalf("the pool did not serve it: %+v", warm.srv.PoolStats())
+				if pooled && env.e.srv.PoolStats().Taken != taken+1 {
+					t.Fatalf("the pool did not serve it: %+v", env.e.srv.PoolStats())
 				}
 			})
 		}
