@@ -222,20 +222,6 @@ func (c *Counters) Close() error {
 // statReader parses counter files, keeping the first error.
 type statReader struct{ err error }
 
-// read reads a file whole (for ReadCPUUsage); a missing file reads as
-// empty.
-func (r *statReader) read(dir, name string) (path, text string) {
-	path = filepath.Join(dir, name)
-	b, err := os.ReadFile(path)
-	if err != nil {
-		if !errors.Is(err, fs.ErrNotExist) && r.err == nil {
-			r.err = fmt.Errorf("cgroup stats: %w", err)
-		}
-		return path, ""
-	}
-	return path, string(b)
-}
-
 // int parses a single-number file ("max" counts as zero: it is a limit,
 // not a counter).
 func (r *statReader) int(path, text string) int64 {
@@ -269,18 +255,4 @@ func (r *statReader) keyed(path, text string) map[string]uint64 {
 		m[k] = n
 	}
 	return m
-}
-
-// ReadCPUUsage reads only the CPU time of a sandbox's cgroup (v1
-// cpuacct.usage, v2 cpu.stat usage_usec): the one counter the warm pool
-// needs at hand-off, where ReadStats would cost ten file reads.
-func ReadCPUUsage(paths Paths) (uint64, error) {
-	r := statReader{}
-	if dir, ok := paths.V2(); ok {
-		return r.keyed(r.read(dir, "cpu.stat"))["usage_usec"] * 1000, r.err
-	}
-	if dir, ok := paths["cpuacct"]; ok {
-		return uint64(r.int(r.read(dir, "cpuacct.usage"))), r.err
-	}
-	return 0, errors.New("cgroup stats: no cpuacct or cgroup2 path")
 }

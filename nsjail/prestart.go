@@ -236,8 +236,8 @@ func (p *Pending) Handoff(o HandoffOptions) (sb *Sandbox, droppedStdout, dropped
 	}
 	droppedStdout = s.stdout.reset(o.Output.ForStream(StreamStdout))
 	droppedStderr = s.stderr.reset(o.Output.ForStream(StreamStderr))
-	if cpu, err := cgroup.ReadCPUUsage(s.cgroupPaths); err == nil {
-		s.cpuBaselineNS = cpu
+	if st, err := s.readCounters(); err == nil {
+		s.cpuBaselineNS = st.CPUUsageNS
 	}
 	s.startedAt = time.Now()
 	if o.Timeout > 0 {

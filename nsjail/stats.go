@@ -12,11 +12,25 @@ func (s *Sandbox) readStats() cgroup.Stats {
 	if s.cgroupPaths == nil {
 		return cgroup.Stats{}
 	}
-	st, err := cgroup.ReadStats(s.cgroupPaths)
+	st, err := s.readCounters()
 	if err != nil {
 		s.log.Warn("unable to read sandbox cgroup stats", "error", err)
 	}
 	return st
+}
+
+// readCounters reads the cgroup's counters through the files the warm
+// pool opened while it prepared the sandbox (Pending.OpenCounters), else
+// by path: on a warm execution's path, a pread per file instead of an
+// open, a read and a close (cgroup.Counters; ~0.2 ms on v1's paths).
+// Unlike Stats, the memory peak is the cgroup's own, never ResetMemoryPeak's.
+func (s *Sandbox) readCounters() (cgroup.Stats, error) {
+	s.peakMu.Lock()
+	defer s.peakMu.Unlock()
+	if s.counters != nil {
+		return s.counters.Read()
+	}
+	return cgroup.ReadStats(s.cgroupPaths)
 }
 
 // Stats reads the sandbox's cgroup counters now: a session's kernel takes

@@ -601,7 +601,8 @@ func cpuSampler(b *testing.B) func() cpuSample {
 		}
 	}
 	return func() cpuSample {
-		cg, err := cgroup.ReadCPUUsage(paths)
+		st, err := cgroup.ReadStats(paths)
+		cg := st.CPUUsageNS
 		if err != nil {
 			b.Fatal(err)
 		}
