@@ -32,7 +32,8 @@ import (
 // read it, and endFrozen kills every task while frozen before it thaws.
 
 // freezeTimeout bounds Freeze: a task in an uninterruptible sleep (a disk
-// write) freezes only when it wakes.
+// write) freezes only when it wakes. Wait's freeze on a done word is also
+// bounded by the time left to the execution's deadline (1 ms at least).
 const freezeTimeout = time.Second
 
 // errEnding: Freeze after the sandbox began to end.
@@ -44,6 +45,7 @@ var errEnding = errors.New("the sandbox is ending: not frozen")
 // that failed half-way is thawed).
 func (s *Sandbox) Freeze() error { return s.freeze(freezeTimeout) }
 
+// freeze is Freeze, waiting at most timeout for every task to freeze.
 func (s *Sandbox) freeze(timeout time.Duration) error {
 	s.fz.Lock()
 	defer s.fz.Unlock()

@@ -131,23 +131,26 @@ exec sleep 1072`),
 	// Without a freezer (or when the freeze fails) the word ends the
 	// sandbox as a timeout does: killed and waited for before the answer.
 	sb, err = r.Start(nsjail.Spec{Rootfs: nsjailtest.ProbeRootfs(t), Workspace: ws, Done: done,
-		Args:   sh(`echo before; (while :; do :; done) & exec sleep 1073`),
+		Args:   sh(`echo before; (while :; do :; done) & touch /workspace/started; exec sleep 1073`),
 		Limits: nsjail.Limits{Timeout: 30 * time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	forgot := nsjail.ForgetFreezer(sb) // v1 only
-	for deadline := time.Now().Add(time.Minute); len(nsjailtest.ProcessesMatching("sleep 1073")) == 0; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(5 * time.Millisecond) {
+		if _, err := os.Stat(filepath.Join(ws, "started")); err == nil {
+			break
+		}
 		if time.Now().After(deadline) {
 			t.Fatal("the command does not run")
 		}
 	}
 	done <- 6
 	res = sb.Wait(context.Background())
+	if res.ExitCode != 6 || string(res.Stdout) != "before\n" || (res.Ended == nil) != forgot {
+		t.Fatalf("unfreezable %v: exit %d ended %v stdout %q, want the word's 6 (and an Ended only when freezable)", forgot, res.ExitCode, res.Ended, res.Stdout)
+	}
 	if forgot {
-		if res.ExitCode != 6 || res.Ended != nil || string(res.Stdout) != "before\n" {
-			t.Fatalf("unfreezable: exit %d ended %v stdout %q, want the word's 6, no Ended", res.ExitCode, res.Ended, res.Stdout)
-		}
 		if pids := nsjailtest.ProcessesMatching("sleep 1073"); len(pids) > 0 {
 			t.Fatalf("unfreezable: processes left when Wait returned: %v", pids)
 		}

@@ -236,8 +236,11 @@ func (p *Pending) Handoff(o HandoffOptions) (sb *Sandbox, droppedStdout, dropped
 	}
 	droppedStdout = s.stdout.reset(o.Output.ForStream(StreamStdout))
 	droppedStderr = s.stderr.reset(o.Output.ForStream(StreamStderr))
-	if st, err := s.readCounters(); err == nil {
-		s.cpuBaselineNS = st.CPUUsageNS
+	// Kept when another counter fails to parse (Read parses them all).
+	st, err := s.readCounters()
+	s.cpuBaselineNS = st.CPUUsageNS
+	if err != nil {
+		s.log.Warn("unable to read the sandbox's counters at its hand-off", "error", err)
 	}
 	s.startedAt = time.Now()
 	if o.Timeout > 0 {

@@ -3,7 +3,9 @@ package nsjail_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -53,6 +55,70 @@ func TestPrestartThenHandoff(t *testing.T) {
 	}
 	if res.StartedAt.Before(handedOff) {
 		t.Fatalf("started at %v, before the hand-off at %v", res.StartedAt, handedOff)
+	}
+}
+
+// A hand-off's CPU time counts from the hand-off: what the sandbox burnt
+// while it was prepared (a zygote's import, here a busy loop) is not the
+// execution's, whether the warm pool opened the counter files ahead
+// (OpenCounters) or not.
+func TestHandoffCountsCPUFromTheHandOff(t *testing.T) {
+	r := newRunner(t)
+	for _, ahead := range []bool{true, false} {
+		t.Run(map[bool]string{true: "counters opened ahead", false: "counters opened at the hand-off"}[ahead], func(t *testing.T) {
+			ws := t.TempDir()
+			if err := os.Chown(ws, r.HostUID(), r.HostGID()); err != nil {
+				t.Fatal(err)
+			}
+			ctlR, ctlW, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ctlW.Close()
+			// The loop's CPU, as the shell's own times say it, lands in
+			// /workspace/burnt once it is over.
+			p, err := r.Prestart(nsjail.Spec{Rootfs: nsjailtest.ProbeRootfs(t), Workspace: ws,
+				Args: sh(`i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; times > /workspace/t; mv /workspace/t /workspace/burnt
+read job <&3; exit 0`),
+				Limits: nsjail.Limits{Timeout: time.Minute}}, ctlR)
+			ctlR.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var burnt []byte
+			for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+				if burnt, err = os.ReadFile(filepath.Join(ws, "burnt")); err == nil {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the loop did not end")
+				}
+			}
+			// times: "0m1.23s 0m0.04s" for the shell, then its children.
+			var m1, m2 int
+			var user, sys float64
+			if _, err := fmt.Sscanf(string(burnt), "%dm%fs %dm%fs", &m1, &user, &m2, &sys); err != nil {
+				t.Fatalf("times said %q: %v", burnt, err)
+			}
+			burntMS := int64((float64(m1*60+m2*60) + user + sys) * 1000)
+			if burntMS < 100 {
+				t.Fatalf("the loop burnt only %d ms of CPU (%q): nothing to tell apart", burntMS, burnt)
+			}
+			if ahead {
+				if err := p.OpenCounters(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			sb, _, _ := p.Handoff(nsjail.HandoffOptions{Timeout: 30 * time.Second})
+			if _, err := ctlW.WriteString("go\n"); err != nil {
+				t.Fatal(err)
+			}
+			res := sb.Wait(context.Background())
+			wantStatus(t, res, nsjail.StatusSucceeded)
+			if res.Usage.CPUMS > burntMS/2 {
+				t.Fatalf("cpu_ms %d after the hand-off, where the loop before it burnt %d", res.Usage.CPUMS, burntMS)
+			}
+		})
 	}
 }
 

@@ -226,13 +226,15 @@ type Sandbox struct {
 	releaseAnchor func() error
 	// peak follows the memory high-water mark from ResetMemoryPeak on
 	// (peakReset: a reset succeeded); counters are the cgroup's counter
-	// files, opened by the first Stats; both under peakMu.
+	// files, opened by the first read (Stats, or readCounters: the warm
+	// pool's OpenCounters while it prepares, else the hand-off or the
+	// result); both under peakMu.
 	peakMu    sync.Mutex
 	peak      *cgroup.PeakMeter
 	peakReset bool
 	counters  *cgroup.Counters
-	// countersClosed: closePeak ran (the cgroup is about to go); Stats
-	// opens nothing again.
+	// countersClosed: closePeak ran (the cgroup is about to go); no read
+	// opens them again.
 	countersClosed bool
 }
 

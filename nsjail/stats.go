@@ -19,18 +19,38 @@ func (s *Sandbox) readStats() cgroup.Stats {
 	return st
 }
 
-// readCounters reads the cgroup's counters through the files the warm
-// pool opened while it prepared the sandbox (Pending.OpenCounters), else
-// by path: on a warm execution's path, a pread per file instead of an
-// open, a read and a close (cgroup.Counters; ~0.2 ms on v1's paths).
-// Unlike Stats, the memory peak is the cgroup's own, never ResetMemoryPeak's.
+// readCounters reads the cgroup's counters through its counter files,
+// opened once (countersLocked): the warm pool opens them while it prepares
+// the sandbox (Pending.OpenCounters), so a warm execution's hand-off (its
+// CPU baseline) and result read them with a pread each instead of an open,
+// a read and a close by path (cgroup.Counters; ~0.2 ms on v1's paths).
+// Unlike Stats, it never replaces the memory peak with the PeakMeter's.
 func (s *Sandbox) readCounters() (cgroup.Stats, error) {
 	s.peakMu.Lock()
 	defer s.peakMu.Unlock()
-	if s.counters != nil {
-		return s.counters.Read()
+	c, err := s.countersLocked()
+	if err != nil {
+		return cgroup.Stats{}, err
 	}
-	return cgroup.ReadStats(s.cgroupPaths)
+	return c.Read()
+}
+
+// countersLocked returns the cgroup's counter files, opening them on first
+// use; under peakMu.
+func (s *Sandbox) countersLocked() (*cgroup.Counters, error) {
+	if s.countersClosed {
+		// A late reader (a memory metric) must not reopen the files of a
+		// cgroup being removed: they would pin it until the GC ran.
+		return nil, errors.New("the sandbox's cgroup is being removed")
+	}
+	if s.counters == nil {
+		c, err := cgroup.OpenCounters(s.cgroupPaths)
+		if err != nil {
+			return nil, err
+		}
+		s.counters = c
+	}
+	return s.counters, nil
 }
 
 // Stats reads the sandbox's cgroup counters now: a session's kernel takes
@@ -43,19 +63,11 @@ func (s *Sandbox) Stats() (cgroup.Stats, error) {
 	}
 	s.peakMu.Lock()
 	defer s.peakMu.Unlock()
-	if s.countersClosed {
-		// A late reader (a memory metric) must not reopen the files of a
-		// cgroup being removed: they would pin it until the GC ran.
-		return cgroup.Stats{}, errors.New("the sandbox's cgroup is being removed")
+	c, err := s.countersLocked()
+	if err != nil {
+		return cgroup.Stats{}, err
 	}
-	if s.counters == nil {
-		c, err := cgroup.OpenCounters(s.cgroupPaths)
-		if err != nil {
-			return cgroup.Stats{}, err
-		}
-		s.counters = c
-	}
-	st, err := s.counters.Read()
+	st, err := c.Read()
 	if err != nil {
 		return st, err
 	}

@@ -85,9 +85,10 @@ type awaited struct {
 	ended    chan struct{}
 }
 
-// await waits for the command's end: its exit, its exit report, the
-// deadline or ctx. On a deadline, a cancellation or a report it kills what
-// is left of the sandbox.
+// await waits for the command's end: its exit, its exit report, its done
+// word, the deadline or ctx. On a deadline, a cancellation or a report it
+// kills what is left of the sandbox; on a done word it freezes the
+// sandbox (its kill is collect's, endFrozen), or kills it when it cannot.
 func (s *Sandbox) await(ctx context.Context) awaited {
 	exited := make(chan reaped, 1)
 	go func() {
@@ -100,10 +101,10 @@ func (s *Sandbox) await(ctx context.Context) awaited {
 	// sandbox run on past its deadline.
 	freezeBound := func() time.Duration { return freezeTimeout }
 	if !s.noDeadline {
-		deadline := time.NewTimer(s.lim.Timeout)
+		at := time.Now().Add(s.lim.Timeout)
+		deadline := time.NewTimer(time.Until(at))
 		defer deadline.Stop()
 		expired = deadline.C
-		at := time.Now().Add(s.lim.Timeout)
 		freezeBound = func() time.Duration { return max(min(freezeTimeout, time.Until(at)), time.Millisecond) }
 	}
 
@@ -232,9 +233,10 @@ wait:
 		if killed {
 			r := <-exited
 			a.state, a.waitErr = r.state, r.err
-			if s.shell != nil && report != nil {
+			if s.shell != nil && report != nil && !a.haveDone {
 				// G's status (the kill's, as a cold init's would be)
-				// comes in F's report, written as G ends.
+				// comes in F's report, written as G ends. (After a done
+				// word the status is the word's: no wait for it.)
 				exited <- r
 				select {
 				case a.reported, a.haveReport = <-report:
