@@ -188,3 +188,40 @@ func TestFreezeThaw(t *testing.T) {
 		}
 	}
 }
+
+// SECURITY.md case 72: KillOnce on a frozen cgroup signals every task in
+// one round, without waiting; thawed, they all die (a frozen v1 task takes
+// the signal as it is thawed), and none ran between the kill and the end.
+func TestKillOnceFrozen(t *testing.T) {
+	h := realHost(t)
+	paths := sandboxCgroup(t, h, "killonce")
+	cmd := startIn(t, cgroupDirs(paths), `(setsid sh -c 'sleep 1000 & sleep 1000' &)
+		sh -c 'trap "" TERM; while :; do :; done' &
+		exec sleep 1000`)
+	waitProcs(t, paths, 5)
+	if err := Freeze(paths, 10*time.Second); err != nil {
+		t.Skipf("no freezer: %v", err)
+	}
+	if err := KillOnce(paths); err != nil {
+		t.Fatal(err)
+	}
+	if err := Thaw(paths); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		pids, err := procs(uniqueDirs(paths))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(pids) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still there 10 s after KillOnce and the thaw: %v", pids)
+		}
+	}
+	err := cmd.Wait()
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
+		t.Errorf("child: %v, want killed by SIGKILL", err)
+	}
+}

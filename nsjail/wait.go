@@ -323,15 +323,19 @@ func (s *Sandbox) collect(a awaited) cgroup.Stats {
 
 // endFrozen ends a sandbox that Wait froze when its code was done, once
 // its result is built: every process is sent SIGKILL while still frozen,
-// and only then thawed (cgroup.KillAll thaws v1 after its kill), so that
-// none runs again while the caller reads the workspace (SECURITY.md case
-// 72). A kill that keeps failing (no pidfd to be had, say) leaves the
-// sandbox frozen, running nothing, for the start-up sweep: thawed, it would
-// run on with no deadline. It says whether the sandbox was killed.
+// and only then thawed, so that none runs again while the caller reads the
+// workspace (SECURITY.md case 72). Frozen, none can fork, so one round of
+// kills reaches them all (cgroup.KillOnce); the caller then waits for the
+// init's (a template fork's G's) exit, which as its pid namespace's init
+// it makes only once every other process of the namespace is gone
+// (pid_namespaces(7)), and every process of the sandbox is in it. A kill
+// that keeps failing (no pidfd to be had, say) leaves the sandbox frozen,
+// running nothing, for the start-up sweep: thawed, it would run on with no
+// deadline. It says whether the sandbox was killed.
 func (s *Sandbox) endFrozen() bool {
 	s.endFreezing()
 	for wait := 10 * time.Millisecond; ; wait *= 2 {
-		err := cgroup.KillAll(s.cgroupPaths)
+		err := cgroup.KillOnce(s.cgroupPaths)
 		if err == nil {
 			break
 		}
