@@ -41,12 +41,7 @@ func KillAll(paths Paths) error {
 	if len(dirs) == 0 {
 		return errors.New("cgroup kill: no cgroup paths given")
 	}
-	if d, ok := paths.V2(); ok {
-		// On failure the loop below does the work and reports what is left.
-		if kill := filepath.Join(d, "cgroup.kill"); fileExists(kill) {
-			_ = writeFile(kill, "1")
-		}
-	}
+	cgroupKill(paths) // on failure the loop below does the work and reports what is left
 	deadline := time.Now().Add(killTimeout)
 	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
 		pids, err := procs(dirs)
@@ -82,12 +77,8 @@ func KillOnce(paths Paths) error {
 	if len(dirs) == 0 {
 		return errors.New("cgroup kill: no cgroup paths given")
 	}
-	if d, ok := paths.V2(); ok {
-		if kill := filepath.Join(d, "cgroup.kill"); fileExists(kill) {
-			if err := writeFile(kill, "1"); err == nil {
-				return nil
-			}
-		}
+	if cgroupKill(paths) {
+		return nil
 	}
 	pids, err := procs(dirs)
 	if err != nil {
@@ -97,6 +88,18 @@ func KillOnce(paths Paths) error {
 		return fmt.Errorf("cgroup kill: %w", err)
 	}
 	return nil
+}
+
+// cgroupKill kills a v2 cgroup's whole subtree at once through
+// cgroup.kill (Linux 5.14+; frozen tasks and forks in flight included). It
+// says whether it did: false on v1, on an older kernel, or on an error.
+func cgroupKill(paths Paths) bool {
+	d, ok := paths.V2()
+	if !ok {
+		return false
+	}
+	kill := filepath.Join(d, "cgroup.kill")
+	return fileExists(kill) && writeFile(kill, "1") == nil
 }
 
 // thawV1 thaws a v1 freezer cgroup after a kill: a frozen task (a session
