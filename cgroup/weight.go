@@ -1,0 +1,88 @@
+package cgroup
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
+
+// A cgroup's CPU weight decides its share of the CPU against its siblings
+// when they all want more than there is (v1 cpu.shares, v2 cpu.weight;
+// the CFS quota, a sandbox's limit, is another thing). The warm pool
+// makes its sandboxes ready at the background weight and raises it to the
+// foreground weight at the hand-off (issue 17, M4: a refill must not cost
+// executions their throughput). A process's niceness cannot do this: it
+// weighs only against the tasks of its own cgroup, and a warm sandbox is
+// alone in its cgroup (measured: a nice-19 loop in one cgroup and a nice-0
+// loop in a sibling share a CPU 50/50).
+const (
+	// ForegroundShares and ForegroundWeight are the kernel's defaults,
+	// every cold sandbox's: v1 cpu.shares and v2 cpu.weight.
+	ForegroundShares = 1024
+	ForegroundWeight = 100
+	// BackgroundShares and BackgroundWeight are a sixteenth of them: low
+	// enough that a sandbox being made ready takes little from executions
+	// that want the CPU, high enough that it still gets ready within the
+	// pool's bounds (30 s an exchange) when every CPU is busy (with k busy
+	// foreground cgroups beside it, 1/(16k+1) of the CPU). Not cpu.idle's
+	// SCHED_IDLE class (3/1024): under saturation that starves a refill
+	// into its timeouts, which the pool must treat as a broken template.
+	BackgroundShares = ForegroundShares / 16
+	BackgroundWeight = 6
+)
+
+// CPUWeight is a cgroup's CPU weight file, held open so that a hand-off
+// changes it with one pwrite(2) instead of a walk of the cgroup's path.
+type CPUWeight struct {
+	f  *os.File
+	v2 bool
+}
+
+// OpenCPUWeight opens the CPU weight file of the cgroup at paths (as
+// ReadStats takes them: v1's "cpu" hierarchy, or v2's one directory).
+func OpenCPUWeight(paths Paths) (*CPUWeight, error) {
+	dir, v2 := paths.V2()
+	name := "cpu.weight"
+	if !v2 {
+		dir, name = paths["cpu"], "cpu.shares"
+	}
+	if dir == "" {
+		return nil, errors.New("cgroup CPU weight: no cpu hierarchy in the cgroup's paths")
+	}
+	f, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY, 0)
+	if err != nil {
+		return nil, fmt.Errorf("cgroup CPU weight: %w", err)
+	}
+	return &CPUWeight{f: f, v2: v2}, nil
+}
+
+// Set writes the background weight (background) or the foreground one.
+func (w *CPUWeight) Set(background bool) error {
+	v := ForegroundShares
+	switch {
+	case w.v2 && background:
+		v = BackgroundWeight
+	case w.v2:
+		v = ForegroundWeight
+	case background:
+		v = BackgroundShares
+	}
+	b := []byte(strconv.Itoa(v))
+	for {
+		_, err := unix.Pwrite(int(w.f.Fd()), b, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("cgroup CPU weight: write %s: %w", w.f.Name(), err)
+		}
+		return nil
+	}
+}
+
+// Close closes the file.
+func (w *CPUWeight) Close() error { return w.f.Close() }
