@@ -13,6 +13,7 @@ import (
 	"github.com/opencontainers/cgroups"
 	devcfg "github.com/opencontainers/cgroups/devices/config"
 	"github.com/opencontainers/runc/libcontainer/configs"
+	"github.com/sandboxd/sandboxd/cgroup"
 	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"golang.org/x/sys/unix"
 )
@@ -41,7 +42,7 @@ func (r *Runner) buildConfig(id string, spec *Spec, lim Limits) (*configs.Config
 		ReadonlyPaths: readonlyPaths,
 		// Loopback only: the sandbox has no route anywhere else.
 		Networks: []*configs.Network{{Type: "loopback", Address: "127.0.0.1/0", Gateway: "localhost"}},
-		Cgroups:  r.cgroupConfig(id, lim),
+		Cgroups:  r.cgroupConfig(id, lim, spec.Background),
 		// An empty set, not nil: nil keeps the full bounding set.
 		Capabilities:    &configs.Capabilities{},
 		NoNewPrivileges: true,
@@ -210,7 +211,10 @@ var readonlyPaths = []string{
 
 const cpuPeriodUS = 100_000
 
-func (r *Runner) cgroupConfig(id string, lim Limits) *cgroups.Cgroup {
+// cgroupConfig is the sandbox's cgroup: its limits, and the background CPU
+// weight when background (Spec.Background; each of libcontainer's managers
+// writes its own: v1 cpu.shares, v2 cpu.weight).
+func (r *Runner) cgroupConfig(id string, lim Limits, background bool) *cgroups.Cgroup {
 	pids := lim.Pids
 	var deviceRules []*devcfg.Rule
 	// Deny everything, then allow the five nodes we bind in.
@@ -230,6 +234,9 @@ func (r *Runner) cgroupConfig(id string, lim Limits) *cgroups.Cgroup {
 	if r.swapAccounting {
 		// memory+swap == memory: the sandbox cannot swap.
 		res.MemorySwap = lim.MemoryBytes
+	}
+	if background {
+		res.CpuShares, res.CpuWeight = cgroup.BackgroundShares, cgroup.BackgroundWeight
 	}
 	return &cgroups.Cgroup{
 		// Relative: libcontainer nests it under the worker's own cgroup in

@@ -1,6 +1,10 @@
 package nsjail
 
-import "maps"
+import (
+	"maps"
+
+	"github.com/sandboxd/sandboxd/cgroup"
+)
 
 // NormalizeMap is normalizeMap, for the external tests (template_test.go
 // compares id maps the way StartShell does).
@@ -19,3 +23,6 @@ func ForgetFreezer(sb *Sandbox) bool {
 	sb.cgroupPaths = paths
 	return true
 }
+
+// PendingCgroupPaths are p's cgroup directories.
+func PendingCgroupPaths(p *Pending) cgroup.Paths { return p.s.cgroupPaths }

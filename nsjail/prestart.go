@@ -140,55 +140,14 @@ func (p *Pending) MemoryBytes() int64 {
 }
 
 // OpenCounters opens the sandbox's cgroup counter files (cgroup.Counters)
-// now, so that the first Stats after the hand-off only reads them: the
-// warm pool does it while it prepares, off the request path (ten opens by
-// path were ~0.25 ms of a session kernel's start).
+// now, so that the first Stats after the hand-off only reads them, and the
+// CPU weight file of a sandbox started in the background (Spec.Background)
+// that its hand-off writes: the warm pool does it while it prepares, off
+// the request path (ten opens by path were ~0.25 ms of a session kernel's
+// start).
 func (p *Pending) OpenCounters() error {
 	_, err := p.s.Stats()
-	return err
-}
-
-// SetNice sets the scheduling niceness of every thread of every process
-// of the sandbox (the first process and its descendants; threads and
-// processes created later inherit it). The warm pool prepares at nice 19,
-// so refills use idle CPU only, and restores 0 before the hand-off.
-func (p *Pending) SetNice(nice int) error {
-	if p.s.shell != nil {
-		// A no-op: a template fork imports nothing to be niced for, and
-		// its pids are not the worker's children (one could be another
-		// process's by the time it is set).
-		return nil
-	}
-	pid, err := p.s.proc.Pid()
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for queue := []int{pid}; len(queue) > 0; queue = queue[1:] {
-		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", queue[0]))
-		if err != nil {
-			if !errors.Is(err, os.ErrNotExist) {
-				errs = append(errs, err)
-			}
-			continue
-		}
-		for _, t := range tasks {
-			tid, err := strconv.Atoi(t.Name())
-			if err != nil {
-				continue
-			}
-			if err := unix.Setpriority(unix.PRIO_PROCESS, tid, nice); err != nil && !errors.Is(err, unix.ESRCH) {
-				errs = append(errs, err)
-			}
-			children, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", queue[0], tid))
-			for _, c := range strings.Fields(string(children)) {
-				if cpid, err := strconv.Atoi(c); err == nil {
-					queue = append(queue, cpid)
-				}
-			}
-		}
-	}
-	return errors.Join(errs...)
+	return errors.Join(err, p.s.openWeight())
 }
 
 // HandoffOptions are the execution's, given to a pre-started sandbox.
@@ -234,6 +193,7 @@ func (p *Pending) Handoff(o HandoffOptions) (sb *Sandbox, droppedStdout, dropped
 	if o.Logger != nil {
 		s.log = o.Logger.With("sandbox", s.id)
 	}
+	s.toForeground()
 	droppedStdout = s.stdout.reset(o.Output.ForStream(StreamStdout))
 	droppedStderr = s.stderr.reset(o.Output.ForStream(StreamStderr))
 	// Kept when another counter fails to parse (Read parses them all).

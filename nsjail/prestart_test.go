@@ -58,6 +58,49 @@ func TestPrestartThenHandoff(t *testing.T) {
 	}
 }
 
+// A sandbox pre-started in the background (the warm pool's refill) has
+// the background CPU weight until its hand-off, and a cold sandbox's from
+// then on (issue 17, M4: a refill takes little CPU from executions that
+// want it; niceness could not, a warm sandbox being alone in its cgroup).
+// A sandbox started cold cannot be started in the background: nothing
+// would ever raise it.
+func TestPrestartInTheBackground(t *testing.T) {
+	r := newRunner(t)
+	rootfs := nsjailtest.ProbeRootfs(t)
+	if _, err := r.Start(nsjail.Spec{Rootfs: rootfs, Args: sh("true"), Background: true}); err == nil || !strings.Contains(err.Error(), "pre-started") {
+		t.Fatalf("a cold start in the background: %v, want a refusal", err)
+	}
+	for _, ahead := range []bool{false, true} {
+		t.Run(fmt.Sprintf("opened ahead %v", ahead), func(t *testing.T) {
+			ctlR, ctlW, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ctlW.Close()
+			p, err := r.Prestart(nsjail.Spec{Rootfs: rootfs, Args: sh(`read job <&3; exit 0`), Background: true}, ctlR)
+			ctlR.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ahead {
+				if err := p.OpenCounters(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			paths := nsjail.PendingCgroupPaths(p)
+			if w, bg := nsjailtest.CPUWeight(t, paths); !bg {
+				t.Errorf("before its hand-off: CPU weight %d, want the background weight", w)
+			}
+			sb, _, _ := p.Handoff(nsjail.HandoffOptions{Timeout: 30 * time.Second})
+			if w, bg := nsjailtest.CPUWeight(t, paths); bg {
+				t.Errorf("after its hand-off: CPU weight %d, want the foreground weight", w)
+			}
+			ctlW.WriteString("go\n")
+			wantStatus(t, sb.Wait(context.Background()), nsjail.StatusSucceeded)
+		})
+	}
+}
+
 // A hand-off's CPU time counts from the hand-off: what the sandbox burnt
 // while it was prepared (a zygote's import, here a busy loop) is not the
 // execution's, whether the warm pool opened the counter files ahead

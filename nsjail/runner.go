@@ -236,6 +236,11 @@ type Sandbox struct {
 	// countersClosed: closePeak ran (the cgroup is about to go); no read
 	// opens them again.
 	countersClosed bool
+	// background: the sandbox is at the background CPU weight
+	// (Spec.Background) until its hand-off; weight is its weight file,
+	// opened ahead with the counters (under peakMu).
+	background bool
+	weight     *cgroup.CPUWeight
 }
 
 // firstProcess is what a Sandbox knows of its first process: a
@@ -255,7 +260,13 @@ func (s *Sandbox) ID() string { return s.id }
 // returned Sandbox must be waited for. A validation error means nothing was
 // started; any other error is a *StartError, and everything that was created
 // is already removed.
-func (r *Runner) Start(spec Spec) (*Sandbox, error) { return r.start(spec, spec.ExtraFiles) }
+func (r *Runner) Start(spec Spec) (*Sandbox, error) {
+	if spec.Background {
+		// Nothing would ever raise its weight.
+		return nil, errors.New("only a pre-started sandbox starts in the background (Spec.Background): its hand-off raises its CPU weight")
+	}
+	return r.start(spec, spec.ExtraFiles)
+}
 
 // start is Start, passing extraFiles to the command as fds 3, 4, ...
 func (r *Runner) start(spec Spec, extraFiles []*os.File) (*Sandbox, error) {
@@ -375,7 +386,7 @@ func (r *Runner) startWith(spec Spec, o startOptions) (*Sandbox, error) {
 		stdout:    newCapture(outR, lim.StdoutBytes, spec.Output.ForStream(StreamStdout)),
 		stderr:    newCapture(errR, lim.StderrBytes, spec.Output.ForStream(StreamStderr)),
 		startedAt: startedAt, log: log, cgroupPaths: cgroupPaths, cgroupAlso: cgroupAlso,
-		done: spec.Done,
+		done: spec.Done, background: spec.Background,
 	}, nil
 }
 

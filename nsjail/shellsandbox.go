@@ -122,7 +122,7 @@ func (s *Shell) Pending(stdout, stderr *os.File) *Pending {
 		proc:        gProcess{pid: s.gpid, pidfd: s.g, fpid: s.fpid, fpidfd: s.f},
 		stdout:      newCapture(stdout, s.lim.StdoutBytes, s.output.ForStream(StreamStdout)),
 		stderr:      newCapture(stderr, s.lim.StderrBytes, s.output.ForStream(StreamStderr)),
-		cgroupPaths: s.cgroupPaths, mntns: mntns,
+		cgroupPaths: s.cgroupPaths, mntns: mntns, background: s.background,
 	}
 	return &Pending{s: sb}
 }

@@ -132,6 +132,14 @@ type Spec struct {
 	Hostname string
 	// Limits; zero fields take DefaultLimits.
 	Limits Limits
+	// Background makes a pre-started sandbox ready at the background CPU
+	// weight (cgroup.BackgroundShares, v2 cgroup.BackgroundWeight: a
+	// sixteenth of a cold sandbox's), which its hand-off raises to the
+	// foreground weight: the warm pool's refills then take little CPU from
+	// the executions that want it (issue 17, M4). Only Prestart and
+	// StartShell take it; a template fork's template gets the foreground
+	// weight while a fork of it is handed off (Template.HoldForeground).
+	Background bool
 	// Logger, when set, receives this sandbox's log lines instead of the
 	// Runner's (the server passes one carrying execution_id and policy).
 	Logger *slog.Logger

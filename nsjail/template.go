@@ -101,7 +101,12 @@ type Template struct {
 	seccompFilters int
 	// shells counts the shells StartShell made for it that Destroy has not
 	// ended yet (WaitShells).
-	shells   sync.WaitGroup
+	shells sync.WaitGroup
+	// weight is tpl-<id>'s CPU weight file, fg how many hold its
+	// foreground weight (HoldForeground); nil once stopped. Under fgMu.
+	fgMu     sync.Mutex
+	fg       int
+	weight   *cgroup.CPUWeight
 	stopOnce sync.Once
 	result   *Result
 }
@@ -246,11 +251,60 @@ func (r *Runner) StartTemplate(spec Spec, files ...*os.File) (*Template, error) 
 			err = nil
 		}
 	}
+	if err == nil {
+		// tpl-<id>, which holds T and every fork's cgroup, weighs as a
+		// background sandbox until a fork of it is handed off
+		// (HoldForeground): T's import and the pool's refills take little
+		// CPU from executions that want it.
+		paths := t.s.cgroupPaths // v1: tpl-<id> is T's own
+		if t.dirV2 != "" {
+			paths = cgroup.Paths{"": t.dirV2}
+		}
+		if t.weight, err = cgroup.OpenCPUWeight(paths); err == nil {
+			err = t.weight.Set(true)
+		}
+	}
 	if err != nil {
 		t.Stop(0)
 		return nil, &StartError{ID: spec.ID, At: time.Now(), Err: fmt.Errorf("unable to prepare the template's process: %w", err)}
 	}
 	return t, nil
+}
+
+// HoldForeground gives tpl-<id> the foreground CPU weight until release
+// is called, as many holds at once as there are: a fork made for a
+// request (the warm pool holds it from its request to T until the fork is
+// ready) and every fork handed off (from its hand-off to its shell's
+// Destroy) weigh against other sandboxes as a cold sandbox does. All the
+// forks handed off share one weight, not one each: where cold executions
+// compete with them, they get less CPU than as many cold ones would. A
+// failure to write the weight is logged. release may be called more than
+// once.
+func (t *Template) HoldForeground() (release func()) {
+	t.fgMu.Lock()
+	defer t.fgMu.Unlock()
+	t.fg++
+	if t.fg == 1 {
+		t.setWeightLocked(false)
+	}
+	return sync.OnceFunc(func() {
+		t.fgMu.Lock()
+		defer t.fgMu.Unlock()
+		t.fg--
+		if t.fg == 0 {
+			t.setWeightLocked(true)
+		}
+	})
+}
+
+// setWeightLocked writes tpl-<id>'s CPU weight; under fgMu.
+func (t *Template) setWeightLocked(background bool) {
+	if t.weight == nil {
+		return // stopped
+	}
+	if err := t.weight.Set(background); err != nil {
+		t.s.log.Error("unable to set the template's CPU weight", "background", background, "error", err)
+	}
 }
 
 // ID is the template's id (tpl-<hex> unless the spec named it).
@@ -297,6 +351,12 @@ func (t *Template) Stop(grace time.Duration) *Result {
 		// tpl-<id> on v2 too (cgroupAlso), after the leaf and before the
 		// owner marker, so that a tpl-<id> that stays (a shell's cgroup
 		// still in it) keeps the marker for Sweep.
+		t.fgMu.Lock()
+		if t.weight != nil {
+			t.weight.Close()
+			t.weight = nil
+		}
+		t.fgMu.Unlock()
 		t.result = t.s.Wait(context.Background())
 		t.nsMu.Lock()
 		t.nsClosed = true

@@ -1215,3 +1215,36 @@ func skipMoveOnV2(t *testing.T) {
 		t.Skip("v1's move of G; on v2 G is forked into its shell's cgroup (TEMPLATE.md section 4)")
 	}
 }
+
+// tpl-<id>, which holds the template and its forks' cgroups, has the
+// background CPU weight while nothing holds its foreground weight, and the
+// foreground one while anything does (a request's fork, a fork handed
+// off: Template.HoldForeground); a release counts once however often it
+// is called.
+func TestTemplateHoldForeground(t *testing.T) {
+	r := newRunner(t)
+	lab := startTemplateLab(t, r, nsjailtest.RuntimeRootfs(t), templateSource(t))
+	paths := lab.tpl.CgroupPaths()
+	if d, ok := paths.V2(); ok {
+		paths = cgroup.Paths{"": filepath.Dir(d)}
+	}
+	want := func(when string, background bool) {
+		t.Helper()
+		if w, bg := nsjailtest.CPUWeight(t, paths); bg != background {
+			t.Errorf("%s: tpl-<id>'s CPU weight %d, want background %v", when, w, background)
+		}
+	}
+	want("started", true)
+	a := lab.tpl.HoldForeground()
+	b := lab.tpl.HoldForeground()
+	want("two holds", false)
+	a()
+	a()
+	want("one hold released twice", false)
+	b()
+	want("both released", true)
+	c := lab.tpl.HoldForeground()
+	want("held again", false)
+	c()
+	want("released again", true)
+}

@@ -128,3 +128,24 @@ func compile(t Fataler, p *seccomp.Profile) *configs.Seccomp {
 // Key: the view's field (/proc/self/status Seccomp_filters); value: what a
 // cold run and a fork read.
 var ForkViewDifference = map[string][2]string{"seccomp_filters": {"1", "2"}}
+
+// CPUWeight is the CPU weight of the cgroup at paths as its files say it
+// (v1 cpu.shares, v2 cpu.weight), and whether that is the background
+// weight (cgroup.BackgroundShares, cgroup.BackgroundWeight) or the
+// foreground one; any other value fails the test.
+func CPUWeight(t Fataler, paths cgroup.Paths) (weight int, background bool) {
+	t.Helper()
+	file, bg, fg := filepath.Join(paths["cpu"], "cpu.shares"), cgroup.BackgroundShares, cgroup.ForegroundShares
+	if dir, v2 := paths.V2(); v2 {
+		file, bg, fg = filepath.Join(dir, "cpu.weight"), cgroup.BackgroundWeight, cgroup.ForegroundWeight
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || (w != bg && w != fg) {
+		t.Fatalf("%s: %q is neither the background weight %d nor the foreground %d (%v)", file, b, bg, fg, err)
+	}
+	return w, w == bg
+}
