@@ -177,9 +177,30 @@ func (tp *templatePool) unlockFork() { <-tp.forking }
 type forkLock struct {
 	tp   *templatePool
 	held bool
+	// endFg ends the template's foreground CPU weight that the fork holds
+	// with the lock (holdForeground).
+	endFg func()
+}
+
+// holdForeground gives t, the template the fork asks, the foreground CPU
+// weight until the lock's release (nsjail.Template.HoldForeground): a
+// refill's part in the template (T's fork of F, F's of G) never runs at
+// the background weight with the lock held, which a request's fork on
+// demand would wait for (a priority inversion), nor is T starved into
+// missing its reply's deadline, which retires it as broken. The rest of
+// a refill, the shell's start and G's preparation, stays at the
+// background weight.
+func (l *forkLock) holdForeground(t *nsjail.Template) {
+	if l.endFg == nil {
+		l.endFg = t.HoldForeground()
+	}
 }
 
 func (l *forkLock) release() {
+	if l.endFg != nil {
+		l.endFg()
+		l.endFg = nil
+	}
 	if l.held {
 		l.held = false
 		l.tp.unlockFork()
@@ -198,7 +219,7 @@ func (l *forkLock) release() {
 // is released however makeFork ends (a panic in a request's fork, which
 // net/http recovers, would otherwise leave it held, and the refill and
 // Close waiting for it for good).
-func (p *Pool) makeFork(ctx context.Context, lockWait time.Duration, f Forker, tp *templatePool, check func() error) (*warmSandbox, error) {
+func (p *Pool) makeFork(ctx context.Context, lockWait time.Duration, f Forker, tp *templatePool, refill bool, check func() error) (*warmSandbox, error) {
 	lockCtx := ctx
 	if lockWait > 0 {
 		var cancel context.CancelFunc
@@ -215,13 +236,14 @@ func (p *Pool) makeFork(ctx context.Context, lockWait time.Duration, f Forker, t
 			return nil, err
 		}
 	}
-	return p.startFork(ctx, f, tp, l)
+	return p.startFork(ctx, f, tp, l, refill)
 }
 
 // startFork makes one warm sandbox of t, a fork of tp's template, with
-// its own workspace. The caller holds tp's fork lock (l), which fork
-// releases on the way.
-func (p *Pool) startFork(ctx context.Context, f Forker, tp *templatePool, l *forkLock) (w *warmSandbox, err error) {
+// its own workspace: a refill's at the background CPU weight
+// (nsjail.Spec.Background), a request's at the foreground one. The caller
+// holds tp's fork lock (l), which fork releases on the way.
+func (p *Pool) startFork(ctx context.Context, f Forker, tp *templatePool, l *forkLock, refill bool) (w *warmSandbox, err error) {
 	defer func() {
 		// A request that gave up says nothing of the template.
 		if !errors.Is(err, errPoolClosed) && (ctx.Err() == nil || !errors.Is(err, ctx.Err())) {
@@ -277,13 +299,21 @@ func (p *Pool) startFork(ctx context.Context, f Forker, tp *templatePool, l *for
 	if err != nil {
 		return nil, err
 	}
-	spec := nsjail.Spec{Rootfs: tp.t.Rootfs, Args: []string{"python3"}, Cwd: inside.Workspace, Workspace: ws, Limits: tp.t.Limits}
+	spec := nsjail.Spec{Rootfs: tp.t.Rootfs, Args: []string{"python3"}, Cwd: inside.Workspace, Workspace: ws, Limits: tp.t.Limits,
+		Background: refill}
 	tproc := tp.proc
+	l.holdForeground(tproc.tpl)
 	// Counted until the fork is ready or abandoned: a retirement waits
 	// for it (retireTemplate), the lock released or not.
 	tproc.inFlight.Add(1)
 	w, refused, err := func() (*warmSandbox, bool, error) {
 		defer tproc.inFlight.Done() // a panic too (net/http recovers a request's)
+		if !refill {
+			// A request waits for it: T's part (its import too, for a
+			// template just started) and the shell's start weigh as the
+			// execution will.
+			defer tproc.tpl.HoldForeground()()
+		}
 		return p.fork(ctx, f, tproc, spec, l)
 	}()
 	if err != nil {

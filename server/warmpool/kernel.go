@@ -298,7 +298,7 @@ func (p *Pool) startForkedKernel(ctx context.Context, root int, spec nsjail.Spec
 	// The template's fork lock: another fork may be in the template's
 	// part of its own (ms; a template's start and import after a rotation
 	// or a failure, ~1.5 s).
-	w, err := p.makeFork(ctx, 0, f, tp, func() error {
+	w, err := p.makeFork(ctx, 0, f, tp, false, func() error {
 		if err := ctx.Err(); err != nil {
 			return err // the request ended while it waited
 		}
@@ -352,9 +352,6 @@ func (p *Pool) startWarmKernel(ctx context.Context, w *warmSandbox, tp *template
 		}()
 		return nil, fmt.Errorf("unable to bind the session's workspace into the warm sandbox: %w", err)
 	}
-	if err := w.pending.SetNice(0); err != nil {
-		p.log.Warn("warm pool: unable to restore the sandbox's priority", "sandbox", w.pending.ID(), "error", err)
-	}
 	bind := &warmBind{dir: w.workspace, mntID: mntID, refill: tp.wakeRefill, onDemand: onDemand}
 	if onDemand {
 		bind.refill = nil
@@ -389,7 +386,7 @@ type warmBind struct {
 // no warm sandbox for it). libcontainer binds spec.Workspace by its path,
 // which StartKernel found a mount root just before.
 func (p *Pool) startColdKernel(ctx context.Context, spec nsjail.Spec, o KernelOptions) (*Kernel, error) {
-	w, err := p.launch(ctx, nil, spec, 0)
+	w, err := p.launch(ctx, nil, spec)
 	if err != nil {
 		return nil, err
 	}

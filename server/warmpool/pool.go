@@ -361,7 +361,7 @@ func (p *Pool) forkForExecution(ctx context.Context, spec *nsjail.Spec) (*warmSa
 	if tp == nil {
 		return nil, nil
 	}
-	w, err := p.makeFork(ctx, cmp.Or(p.cfg.ExecForkWait, defaultExecForkWait), f, tp, func() error {
+	w, err := p.makeFork(ctx, cmp.Or(p.cfg.ExecForkWait, defaultExecForkWait), f, tp, false, func() error {
 		if err := ctx.Err(); err != nil {
 			return err // the request ended while it waited
 		}
@@ -462,9 +462,6 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (r
 		// The execution's events pipe goes with the message (SCM_RIGHTS);
 		// a message never read takes it along when the socket closes.
 		rights = unix.UnixRights(int(spec.ExtraFiles[0].Fd()))
-	}
-	if err := w.pending.SetNice(0); err != nil {
-		p.log.Warn("warm pool: unable to restore the sandbox's priority", "sandbox", w.pending.ID(), "error", err)
 	}
 	sb, out, errOut := w.pending.Handoff(nsjail.HandoffOptions{Timeout: spec.Limits.Timeout, Logger: spec.Logger, ExitReport: w.exit,
 		Output: spec.Output, Done: spec.Done})
@@ -636,7 +633,7 @@ func (p *Pool) startOne(tp *templatePool) bool {
 	var w *warmSandbox
 	var err error
 	if f, ok := p.sandboxer.(Forker); ok && p.cfg.Forks {
-		w, err = p.makeFork(context.Background(), 0, f, tp, nil)
+		w, err = p.makeFork(context.Background(), 0, f, tp, true, nil)
 	} else {
 		w, err = p.start(tp.t)
 	}
@@ -683,9 +680,11 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 		Cwd:       inside.Workspace,
 		Workspace: ws,
 		Limits:    t.Limits,
+		// A refill must take little CPU from running executions
+		// (cgroup.BackgroundShares).
+		Background: true,
 	}
-	// Preload on idle CPU only: a refill must not slow running executions.
-	w, err := p.launch(context.Background(), p.stop, spec, 19)
+	w, err := p.launch(context.Background(), p.stop, spec)
 	if err != nil {
 		workspace.Remove(ws)
 		return nil, err
@@ -693,10 +692,10 @@ func (p *Pool) start(t Template) (*warmSandbox, error) {
 	return w, nil
 }
 
-// launch starts spec, a zygote's (zygoteArgs), at the given niceness and
-// waits until its preload is done (bounded by readyTimeout, ctx and stop,
-// which makes it errPoolClosed). spec.Workspace is the caller's to remove.
-func (p *Pool) launch(ctx context.Context, stop <-chan struct{}, spec nsjail.Spec, nice int) (*warmSandbox, error) {
+// launch starts spec, a zygote's (zygoteArgs), and waits until its
+// preload is done (bounded by readyTimeout, ctx and stop, which makes it
+// errPoolClosed). spec.Workspace is the caller's to remove.
+func (p *Pool) launch(ctx context.Context, stop <-chan struct{}, spec nsjail.Spec) (*warmSandbox, error) {
 	ctl, ctlPeer, err := controlPair()
 	if err != nil {
 		return nil, err
@@ -726,11 +725,6 @@ func (p *Pool) launch(ctx context.Context, stop <-chan struct{}, spec nsjail.Spe
 		readyR.Close()
 		statusR.Close()
 		return nil, err
-	}
-	if nice != 0 {
-		if err := pending.SetNice(nice); err != nil {
-			p.log.Warn("warm pool: unable to lower the preload's priority", "sandbox", pending.ID(), "error", err)
-		}
 	}
 	if err := pending.OpenCounters(); err != nil {
 		p.log.Debug("warm pool: counters not opened ahead (the hand-off opens them)", "sandbox", pending.ID(), "error", err)

@@ -3,6 +3,7 @@ package warmpool_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"maps"
@@ -398,6 +399,152 @@ func TestPoolRefillsAndNeverReuses(t *testing.T) {
 	}
 	if st := pool.Stats(); st.Taken != 3 || st.RefillFailures != 0 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// The pool makes its warm sandboxes ready at the background CPU weight,
+// and an execution runs at the foreground one (issue 17, M4: a refill
+// takes little CPU from executions that want it). Zygotes: each warm
+// sandbox's own cgroup, raised at the hand-off. Forks: tpl-<id>, which
+// holds the template and every fork's cgroup, and each fork's cgroup
+// inside it, both raised while the fork serves its execution; tpl-<id> is
+// back at the background weight once the execution has ended.
+func TestPoolRefillsInTheBackground(t *testing.T) {
+	for _, forks := range []bool{false, true} {
+		t.Run(map[bool]string{false: "zygotes", true: "forks"}[forks], func(t *testing.T) {
+			testPoolRefillsInTheBackground(t, forks)
+		})
+	}
+}
+
+func testPoolRefillsInTheBackground(t *testing.T, forks bool) {
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	r := newPoolRunner(t)
+	tpl := poolTemplate(rootfs)
+	cfg := poolConfig(t, 1, t.TempDir(), 0)
+	cfg.Forks = forks
+	pool, err := warmpool.New(r, cfg, []warmpool.Template{tpl}, poolQuietLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	h, err := cgroup.Host()
+	if err != nil {
+		t.Fatal(err)
+	}
+	parents, err := h.ParentDirs(nsjailtest.CgroupParent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent, v2 := parents.V2()
+	if !v2 {
+		parent = parents["cpu"]
+	}
+	pathsOf := func(dir string) cgroup.Paths {
+		if v2 {
+			return cgroup.Paths{"": dir}
+		}
+		return cgroup.Paths{"cpu": dir}
+	}
+	// weights reads every sandbox's cgroup and every template's, and each
+	// template's forks' (not T's own leaf on v2, nor a shell's init's),
+	// by path relative to the parent; true is the background weight.
+	weights := func() map[string]bool {
+		out := map[string]bool{}
+		var walk func(rel string)
+		walk = func(rel string) {
+			entries, err := os.ReadDir(filepath.Join(parent, rel))
+			if err != nil {
+				return // removed meanwhile
+			}
+			for _, e := range entries {
+				name := filepath.Join(rel, e.Name())
+				if !e.IsDir() || e.Name() == "template" || strings.HasSuffix(e.Name(), "-init") {
+					continue
+				}
+				if _, err := os.Stat(filepath.Join(parent, name, "cgroup.procs")); err != nil {
+					continue // removed meanwhile
+				}
+				_, out[name] = nsjailtest.CPUWeight(t, pathsOf(filepath.Join(parent, name)))
+				if rel == "" && strings.HasPrefix(e.Name(), "tpl-") {
+					walk(name)
+				}
+			}
+		}
+		walk("")
+		return out
+	}
+	// foreground lists the cgroups at the foreground weight: the
+	// templates' and the forks', apart.
+	foreground := func(w map[string]bool) (tpls, sandboxes []string) {
+		for name, bg := range w {
+			switch {
+			case bg:
+			case filepath.Dir(name) == "." && strings.HasPrefix(name, "tpl-"):
+				tpls = append(tpls, name)
+			default:
+				sandboxes = append(sandboxes, name)
+			}
+		}
+		return tpls, sandboxes
+	}
+	waitReady(t, pool, 1)
+	ready := weights()
+	if tpls, sbs := foreground(ready); len(tpls)+len(sbs) > 0 || len(ready) == 0 {
+		t.Fatalf("a full pool, nothing running: the cgroups' weights (true: background) %v", ready)
+	}
+
+	ws := poolWorkspace(t, r, `import time; time.sleep(3)`)
+	ran := make(chan error, 1)
+	go func() {
+		res, out, err := pool.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+			Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits})
+		if err == nil && out != ws {
+			workspace.Remove(out)
+		}
+		if err == nil && res.Status != nsjail.StatusSucceeded {
+			err = fmt.Errorf("%s: %s", res.Status, res.Stderr)
+		}
+		ran <- err
+	}()
+	var seen map[string]bool
+	for running := true; running; {
+		select {
+		case err := <-ran:
+			if err != nil {
+				t.Fatal(err)
+			}
+			running = false
+		case <-time.After(20 * time.Millisecond):
+		}
+		w := weights()
+		tpls, sbs := foreground(w)
+		if len(sbs) == 1 && len(tpls) == map[bool]int{false: 0, true: 1}[forks] &&
+			(!forks || filepath.Dir(sbs[0]) == tpls[0]) {
+			seen = w
+		}
+	}
+	if seen == nil {
+		t.Fatal("never saw the execution's sandbox alone at the foreground weight (and, forks, its template)")
+	}
+	t.Logf("while the execution ran (true: background): %v", seen)
+	if st := pool.Stats(); st.Taken != 1 {
+		t.Fatalf("the execution ran cold: %+v", st)
+	}
+	if forks {
+		// The fork's shell is destroyed off the result's path: its
+		// template's foreground weight goes with it.
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			tpls, _ := foreground(weights())
+			if len(tpls) == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the template keeps the foreground weight after its fork's execution ended: %v", weights())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
 	}
 }
 

@@ -273,7 +273,7 @@ func runSessions(ctx context.Context, srv *serverProc, poolSize int, o sessionsO
 			fail("live warm-up: %v", err)
 		}
 		// The pool refills the sandbox this session's kernel came from
-		// (a preload: ~0.5 s of CPU at nice 19) after its first
+		// (a preload: ~0.5 s of CPU at the background CPU weight) after its first
 		// execution: measured after it, as a conversation's later steps
 		// run on a worker that is not refilling.
 		wait()
