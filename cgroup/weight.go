@@ -6,8 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-
-	"golang.org/x/sys/unix"
 )
 
 // A cgroup's CPU weight decides its share of the CPU against its siblings
@@ -27,10 +25,11 @@ const (
 	// BackgroundShares and BackgroundWeight are a sixteenth of them: low
 	// enough that a sandbox being made ready takes little from executions
 	// that want the CPU, high enough that it still gets ready within the
-	// pool's bounds (30 s an exchange) when every CPU is busy (with k busy
-	// foreground cgroups beside it, 1/(16k+1) of the CPU). Not cpu.idle's
-	// SCHED_IDLE class (3/1024): under saturation that starves a refill
-	// into its timeouts, which the pool must treat as a broken template.
+	// pool's bounds (a fork's exchanges 30 s each, a zygote's preload
+	// 2 min) when every CPU is busy: beside k busy foreground cgroups it
+	// gets 1/(16k+1) of their CPUs, ~1/16 of a CPU with max_concurrent's
+	// default of one execution per CPU. Not cpu.idle's SCHED_IDLE class
+	// (3/1024), which under saturation starves a refill into those bounds.
 	BackgroundShares = ForegroundShares / 16
 	BackgroundWeight = 6
 )
@@ -71,17 +70,21 @@ func (w *CPUWeight) Set(background bool) error {
 	case background:
 		v = BackgroundShares
 	}
-	b := []byte(strconv.Itoa(v))
-	for {
-		_, err := unix.Pwrite(int(w.f.Fd()), b, 0)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("cgroup CPU weight: write %s: %w", w.f.Name(), err)
-		}
-		return nil
+	if _, err := w.f.WriteAt([]byte(strconv.Itoa(v)), 0); err != nil {
+		return fmt.Errorf("cgroup CPU weight: %w", err)
 	}
+	return nil
+}
+
+// SetCPUWeight writes the CPU weight of the cgroup at paths once
+// (OpenCPUWeight, Set, Close).
+func SetCPUWeight(paths Paths, background bool) error {
+	w, err := OpenCPUWeight(paths)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	return w.Set(background)
 }
 
 // Close closes the file.

@@ -140,14 +140,12 @@ func (p *Pending) MemoryBytes() int64 {
 }
 
 // OpenCounters opens the sandbox's cgroup counter files (cgroup.Counters)
-// now, so that the first Stats after the hand-off only reads them, and the
-// CPU weight file of a sandbox started in the background (Spec.Background)
-// that its hand-off writes: the warm pool does it while it prepares, off
-// the request path (ten opens by path were ~0.25 ms of a session kernel's
-// start).
+// now, so that the first Stats after the hand-off only reads them: the
+// warm pool does it while it prepares, off the request path (ten opens by
+// path were ~0.25 ms of a session kernel's start).
 func (p *Pending) OpenCounters() error {
 	_, err := p.s.Stats()
-	return errors.Join(err, p.s.openWeight())
+	return err
 }
 
 // HandoffOptions are the execution's, given to a pre-started sandbox.

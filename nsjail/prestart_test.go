@@ -70,35 +70,26 @@ func TestPrestartInTheBackground(t *testing.T) {
 	if _, err := r.Start(nsjail.Spec{Rootfs: rootfs, Args: sh("true"), Background: true}); err == nil || !strings.Contains(err.Error(), "pre-started") {
 		t.Fatalf("a cold start in the background: %v, want a refusal", err)
 	}
-	for _, ahead := range []bool{false, true} {
-		t.Run(fmt.Sprintf("opened ahead %v", ahead), func(t *testing.T) {
-			ctlR, ctlW, err := os.Pipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ctlW.Close()
-			p, err := r.Prestart(nsjail.Spec{Rootfs: rootfs, Args: sh(`read job <&3; exit 0`), Background: true}, ctlR)
-			ctlR.Close()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if ahead {
-				if err := p.OpenCounters(); err != nil {
-					t.Fatal(err)
-				}
-			}
-			paths := nsjail.PendingCgroupPaths(p)
-			if w, bg := nsjailtest.CPUWeight(t, paths); !bg {
-				t.Errorf("before its hand-off: CPU weight %d, want the background weight", w)
-			}
-			sb, _, _ := p.Handoff(nsjail.HandoffOptions{Timeout: 30 * time.Second})
-			if w, bg := nsjailtest.CPUWeight(t, paths); bg {
-				t.Errorf("after its hand-off: CPU weight %d, want the foreground weight", w)
-			}
-			ctlW.WriteString("go\n")
-			wantStatus(t, sb.Wait(context.Background()), nsjail.StatusSucceeded)
-		})
+	ctlR, ctlW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer ctlW.Close()
+	p, err := r.Prestart(nsjail.Spec{Rootfs: rootfs, Args: sh(`read job <&3; exit 0`), Background: true}, ctlR)
+	ctlR.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	paths := nsjail.PendingCgroupPaths(p)
+	if w, bg := nsjailtest.CPUWeight(t, paths); !bg {
+		t.Errorf("before its hand-off: CPU weight %d, want the background weight", w)
+	}
+	sb, _, _ := p.Handoff(nsjail.HandoffOptions{Timeout: 30 * time.Second})
+	if w, bg := nsjailtest.CPUWeight(t, paths); bg {
+		t.Errorf("after its hand-off: CPU weight %d, want the foreground weight", w)
+	}
+	ctlW.WriteString("go\n")
+	wantStatus(t, sb.Wait(context.Background()), nsjail.StatusSucceeded)
 }
 
 // A hand-off's CPU time counts from the hand-off: what the sandbox burnt

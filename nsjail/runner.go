@@ -224,6 +224,12 @@ type Sandbox struct {
 	// releaseAnchor, under fz, releases the freezer anchor the first
 	// Freeze took (cgroup.AcquireFreezerAnchor); nil when none is held.
 	releaseAnchor func() error
+	// A template fork's sandbox holds its template's foreground CPU
+	// weight (Template.HoldForeground) while it serves an execution and
+	// is not frozen: fgServing from the hand-off until the end begins,
+	// fgRelease while held. Under fz.
+	fgServing bool
+	fgRelease func()
 	// peak follows the memory high-water mark from ResetMemoryPeak on
 	// (peakReset: a reset succeeded); counters are the cgroup's counter
 	// files, opened by the first read (Stats, or readCounters: the warm
@@ -237,10 +243,9 @@ type Sandbox struct {
 	// opens them again.
 	countersClosed bool
 	// background: the sandbox is at the background CPU weight
-	// (Spec.Background) until its hand-off; weight is its weight file,
-	// opened ahead with the counters (under peakMu).
+	// (Spec.Background) until its hand-off. Set at the start, read once by
+	// the hand-off.
 	background bool
-	weight     *cgroup.CPUWeight
 }
 
 // firstProcess is what a Sandbox knows of its first process: a

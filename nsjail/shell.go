@@ -101,13 +101,7 @@ type Shell struct {
 	cgroupPaths cgroup.Paths
 	// background is spec's Background: the shell's cgroup is at the
 	// background CPU weight until its hand-off.
-	background bool
-	// releaseFg ends the shell's hold of its template's foreground weight,
-	// taken at its hand-off (holdForeground); fgEnded: Destroy ran, no
-	// hold is taken any more. Under fgMu.
-	fgMu        sync.Mutex
-	releaseFg   func()
-	fgEnded     bool
+	background  bool
 	destroyOnce sync.Once
 	destroyErr  error
 }
@@ -830,17 +824,6 @@ func sameNamespace(path string, f *os.File) error {
 // ID is the shell's id (its container, cgroup and state directory name).
 func (s *Shell) ID() string { return s.id }
 
-// holdForeground holds the template's foreground CPU weight for the
-// shell's execution (Template.HoldForeground), from its hand-off until
-// Destroy.
-func (s *Shell) holdForeground() {
-	s.fgMu.Lock()
-	defer s.fgMu.Unlock()
-	if !s.fgEnded && s.releaseFg == nil {
-		s.releaseFg = s.tpl.HoldForeground()
-	}
-}
-
 // GPid is G's host pid, as read from its pidfd. It is G's only while G
 // lives: signal G through GPidfd.
 func (s *Shell) GPid() int { return s.gpid }
@@ -1183,12 +1166,6 @@ func (s *Shell) Destroy() error {
 		s.g.Close()
 		s.f.Close()
 		s.unclaim()
-		s.fgMu.Lock()
-		s.fgEnded = true
-		if s.releaseFg != nil {
-			s.releaseFg()
-		}
-		s.fgMu.Unlock()
 		s.tpl.shells.Done()
 		s.destroyErr = errors.Join(errs...)
 		if s.destroyErr != nil {

@@ -52,7 +52,11 @@ type PreparedShell struct {
 // into it (the kernel checks write access to cgroup.procs of the
 // destination and of the common ancestor, tpl-<id>: experiment E7).
 // The caller gives both back to root once it holds G (EndFork; StartShell
-// makes sure), Close if no shell took the cgroup.
+// makes sure), Close if no shell took the cgroup. Made with the default
+// CPU weight, not a background shell's (StartShell writes that): F's fork
+// of G into it and G's work before its pidfd is sent are the template's
+// part of the fork, which the pool runs at the foreground weight
+// (server/warmpool forkLock.holdForeground).
 //
 // One fork of a template between PrepareShell and EndFork at a time (the
 // pool holds the template's fork lock from one to the other,

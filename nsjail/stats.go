@@ -118,58 +118,5 @@ func (s *Sandbox) closePeak() {
 		s.counters.Close()
 		s.counters = nil
 	}
-	if s.weight != nil {
-		s.weight.Close()
-		s.weight = nil
-	}
 	s.countersClosed = true
-}
-
-// openWeight opens the CPU weight file of a sandbox still at the
-// background weight (Spec.Background), for its hand-off.
-func (s *Sandbox) openWeight() error {
-	s.peakMu.Lock()
-	defer s.peakMu.Unlock()
-	return s.openWeightLocked()
-}
-
-func (s *Sandbox) openWeightLocked() error {
-	if !s.background || s.weight != nil {
-		return nil
-	}
-	if s.countersClosed {
-		return errors.New("the sandbox's cgroup is being removed")
-	}
-	w, err := cgroup.OpenCPUWeight(s.cgroupPaths)
-	if err != nil {
-		return err
-	}
-	s.weight = w
-	return nil
-}
-
-// toForeground gives the sandbox, at its hand-off, the foreground CPU
-// weight if it was made ready in the background, and a template fork's
-// template the foreground weight while the fork lasts
-// (Template.HoldForeground). A failure is logged: the execution runs,
-// slower under load.
-func (s *Sandbox) toForeground() {
-	if s.shell != nil {
-		s.shell.holdForeground()
-	}
-	s.peakMu.Lock()
-	defer s.peakMu.Unlock()
-	if !s.background {
-		return
-	}
-	err := s.openWeightLocked()
-	if err == nil {
-		err = s.weight.Set(false)
-		s.weight.Close()
-		s.weight = nil
-	}
-	s.background = false
-	if err != nil {
-		s.log.Error("unable to give the sandbox the foreground CPU weight at its hand-off: it runs at the background weight", "error", err)
-	}
 }

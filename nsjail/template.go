@@ -102,13 +102,17 @@ type Template struct {
 	// shells counts the shells StartShell made for it that Destroy has not
 	// ended yet (WaitShells).
 	shells sync.WaitGroup
-	// weight is tpl-<id>'s CPU weight file, fg how many hold its
-	// foreground weight (HoldForeground); nil once stopped. Under fgMu.
-	fgMu     sync.Mutex
-	fg       int
-	weight   *cgroup.CPUWeight
-	stopOnce sync.Once
-	result   *Result
+	// weight is tpl-<id>'s CPU weight file (nil once stopped), fg how
+	// many hold its foreground weight (HoldForeground), weightBackground
+	// the weight last written and weightOK whether that write worked.
+	// Under fgMu.
+	fgMu             sync.Mutex
+	fg               int
+	weight           *cgroup.CPUWeight
+	weightOK         bool
+	weightBackground bool
+	stopOnce         sync.Once
+	result           *Result
 }
 
 // StartTemplate starts a template sandbox: spec's command runs as root of
@@ -148,6 +152,11 @@ func (r *Runner) StartTemplate(spec Spec, files ...*os.File) (*Template, error) 
 		// The template's memory is every fork's (copy-on-write): nothing
 		// of any execution, a workspace included, may ever be in it.
 		return nil, errors.New("a template gets no workspace")
+	}
+	if spec.Background {
+		// tpl-<id>'s weight is HoldForeground's; T's own leaf (v2) at the
+		// background weight would slow T's part of every fork.
+		return nil, errors.New("a template does not start in the background (Spec.Background): its weight is HoldForeground's")
 	}
 	if len(spec.ExtraFiles) > 0 {
 		return nil, errors.New("a template takes its files as StartTemplate's arguments, not Spec.ExtraFiles")
@@ -253,15 +262,21 @@ func (r *Runner) StartTemplate(spec Spec, files ...*os.File) (*Template, error) 
 	}
 	if err == nil {
 		// tpl-<id>, which holds T and every fork's cgroup, weighs as a
-		// background sandbox until a fork of it is handed off
-		// (HoldForeground): T's import and the pool's refills take little
-		// CPU from executions that want it.
+		// background sandbox while nothing holds its foreground weight
+		// (HoldForeground): a template started ahead of its rotation
+		// imports, and the pool's refills get their shells ready, taking
+		// little CPU from executions that want it.
 		paths := t.s.cgroupPaths // v1: tpl-<id> is T's own
 		if t.dirV2 != "" {
 			paths = cgroup.Paths{"": t.dirV2}
 		}
 		if t.weight, err = cgroup.OpenCPUWeight(paths); err == nil {
-			err = t.weight.Set(true)
+			t.fgMu.Lock()
+			t.applyWeightLocked()
+			if !t.weightOK {
+				err = errors.New("unable to give tpl-<id> the background CPU weight")
+			}
+			t.fgMu.Unlock()
 		}
 	}
 	if err != nil {
@@ -272,37 +287,37 @@ func (r *Runner) StartTemplate(spec Spec, files ...*os.File) (*Template, error) 
 }
 
 // HoldForeground gives tpl-<id> the foreground CPU weight until release
-// is called, as many holds at once as there are: a fork made for a
-// request (the warm pool holds it from its request to T until the fork is
-// ready) and every fork handed off (from its hand-off to its shell's
-// Destroy) weigh against other sandboxes as a cold sandbox does. All the
-// forks handed off share one weight, not one each: where cold executions
-// compete with them, they get less CPU than as many cold ones would. A
-// failure to write the weight is logged. release may be called more than
-// once.
+// is called, as many holds at once as there are: a fork serving an
+// execution (from its hand-off to its result, but for the time it is
+// frozen, a session's idle kernel), a fork made for a request, and the
+// pool's fork lock weigh against other sandboxes as a cold sandbox does.
+// All the forks served share one weight, not one each: where cold
+// executions compete with them, they get less CPU than as many cold ones
+// would. release may be called more than once.
 func (t *Template) HoldForeground() (release func()) {
 	t.fgMu.Lock()
 	defer t.fgMu.Unlock()
 	t.fg++
-	if t.fg == 1 {
-		t.setWeightLocked(false)
-	}
+	t.applyWeightLocked()
 	return sync.OnceFunc(func() {
 		t.fgMu.Lock()
 		defer t.fgMu.Unlock()
 		t.fg--
-		if t.fg == 0 {
-			t.setWeightLocked(true)
-		}
+		t.applyWeightLocked()
 	})
 }
 
-// setWeightLocked writes tpl-<id>'s CPU weight; under fgMu.
-func (t *Template) setWeightLocked(background bool) {
-	if t.weight == nil {
-		return // stopped
+// applyWeightLocked writes tpl-<id>'s CPU weight when it is not what the
+// holds want (a write that failed is tried again at the next hold or
+// release); under fgMu.
+func (t *Template) applyWeightLocked() {
+	background := t.fg == 0
+	if t.weight == nil || (t.weightOK && t.weightBackground == background) {
+		return // stopped, or written already
 	}
-	if err := t.weight.Set(background); err != nil {
+	err := t.weight.Set(background)
+	t.weightOK, t.weightBackground = err == nil, background
+	if err != nil {
 		t.s.log.Error("unable to set the template's CPU weight", "background", background, "error", err)
 	}
 }

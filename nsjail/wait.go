@@ -295,6 +295,9 @@ func (s *Sandbox) collect(a awaited) cgroup.Stats {
 	s.r.cleanups.Add(1)
 	go func() {
 		defer s.r.cleanups.Done()
+		// What is left (the kill of a frozen sandbox, the kernel's
+		// teardown of its processes) is no execution's.
+		s.endForeground()
 		if a.ended != nil {
 			if !s.endFrozen() {
 				close(a.ended)

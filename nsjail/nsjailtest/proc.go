@@ -132,20 +132,30 @@ var ForkViewDifference = map[string][2]string{"seccomp_filters": {"1", "2"}}
 // CPUWeight is the CPU weight of the cgroup at paths as its files say it
 // (v1 cpu.shares, v2 cpu.weight), and whether that is the background
 // weight (cgroup.BackgroundShares, cgroup.BackgroundWeight) or the
-// foreground one; any other value fails the test.
+// foreground one; any other value, or no such file, fails the test.
 func CPUWeight(t Fataler, paths cgroup.Paths) (weight int, background bool) {
 	t.Helper()
+	weight, background, err := ReadCPUWeight(paths)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return weight, background
+}
+
+// ReadCPUWeight is CPUWeight's reading, which fails (an fs.ErrNotExist or
+// ENODEV for a cgroup removed meanwhile) instead of the test.
+func ReadCPUWeight(paths cgroup.Paths) (weight int, background bool, err error) {
 	file, bg, fg := filepath.Join(paths["cpu"], "cpu.shares"), cgroup.BackgroundShares, cgroup.ForegroundShares
 	if dir, v2 := paths.V2(); v2 {
 		file, bg, fg = filepath.Join(dir, "cpu.weight"), cgroup.BackgroundWeight, cgroup.ForegroundWeight
 	}
 	b, err := os.ReadFile(file)
 	if err != nil {
-		t.Fatal(err)
+		return 0, false, err
 	}
 	w, err := strconv.Atoi(strings.TrimSpace(string(b)))
 	if err != nil || (w != bg && w != fg) {
-		t.Fatalf("%s: %q is neither the background weight %d nor the foreground %d (%v)", file, b, bg, fg, err)
+		return 0, false, fmt.Errorf("%s: %q is neither the background weight %d nor the foreground %d (%v)", file, b, bg, fg, err)
 	}
-	return w, w == bg
+	return w, w == bg, nil
 }

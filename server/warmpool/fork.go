@@ -182,18 +182,21 @@ type forkLock struct {
 	endFg func()
 }
 
-// holdForeground gives t, the template the fork asks, the foreground CPU
-// weight until the lock's release (nsjail.Template.HoldForeground): a
-// refill's part in the template (T's fork of F, F's of G) never runs at
-// the background weight with the lock held, which a request's fork on
-// demand would wait for (a priority inversion), nor is T starved into
-// missing its reply's deadline, which retires it as broken. The rest of
-// a refill, the shell's start and G's preparation, stays at the
-// background weight.
-func (l *forkLock) holdForeground(t *nsjail.Template) {
-	if l.endFg == nil {
-		l.endFg = t.HoldForeground()
+// holdForeground makes release, the end of a hold of the template's
+// foreground CPU weight (nsjail.Template.HoldForeground), the lock's to
+// call at its release: a refill's part in the template (T's fork of F,
+// F's of G) never runs at the background weight with the lock held, which
+// a request's fork on demand would wait for (a priority inversion), nor is
+// T starved into missing its reply's deadline, which retires it as broken.
+// The rest of a refill, the shell's start and G's preparation, runs at the
+// background weight. (On v2 F forks G into the shell's cgroup, which is at
+// the foreground weight until StartShell sets the shell's limits: made by
+// PrepareShell with a mkdir alone, see nsjail/shellcgroup.go.)
+func (l *forkLock) holdForeground(release func()) {
+	if l.endFg != nil {
+		l.endFg()
 	}
+	l.endFg = release
 }
 
 func (l *forkLock) release() {
@@ -302,18 +305,20 @@ func (p *Pool) startFork(ctx context.Context, f Forker, tp *templatePool, l *for
 	spec := nsjail.Spec{Rootfs: tp.t.Rootfs, Args: []string{"python3"}, Cwd: inside.Workspace, Workspace: ws, Limits: tp.t.Limits,
 		Background: refill}
 	tproc := tp.proc
-	l.holdForeground(tproc.tpl)
+	fg := tproc.tpl.HoldForeground()
+	if refill {
+		l.holdForeground(fg) // until the template's part is done
+	} else {
+		// A request waits for the whole fork: T's part (its import too,
+		// for a template just started) and the shell's start weigh as
+		// the execution will.
+		defer fg()
+	}
 	// Counted until the fork is ready or abandoned: a retirement waits
 	// for it (retireTemplate), the lock released or not.
 	tproc.inFlight.Add(1)
 	w, refused, err := func() (*warmSandbox, bool, error) {
 		defer tproc.inFlight.Done() // a panic too (net/http recovers a request's)
-		if !refill {
-			// A request waits for it: T's part (its import too, for a
-			// template just started) and the shell's start weigh as the
-			// execution will.
-			defer tproc.tpl.HoldForeground()()
-		}
 		return p.fork(ctx, f, tproc, spec, l)
 	}()
 	if err != nil {

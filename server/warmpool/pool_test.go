@@ -3,6 +3,7 @@ package warmpool_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
@@ -428,66 +429,7 @@ func testPoolRefillsInTheBackground(t *testing.T, forks bool) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	h, err := cgroup.Host()
-	if err != nil {
-		t.Fatal(err)
-	}
-	parents, err := h.ParentDirs(nsjailtest.CgroupParent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	parent, v2 := parents.V2()
-	if !v2 {
-		parent = parents["cpu"]
-	}
-	pathsOf := func(dir string) cgroup.Paths {
-		if v2 {
-			return cgroup.Paths{"": dir}
-		}
-		return cgroup.Paths{"cpu": dir}
-	}
-	// weights reads every sandbox's cgroup and every template's, and each
-	// template's forks' (not T's own leaf on v2, nor a shell's init's),
-	// by path relative to the parent; true is the background weight.
-	weights := func() map[string]bool {
-		out := map[string]bool{}
-		var walk func(rel string)
-		walk = func(rel string) {
-			entries, err := os.ReadDir(filepath.Join(parent, rel))
-			if err != nil {
-				return // removed meanwhile
-			}
-			for _, e := range entries {
-				name := filepath.Join(rel, e.Name())
-				if !e.IsDir() || e.Name() == "template" || strings.HasSuffix(e.Name(), "-init") {
-					continue
-				}
-				if _, err := os.Stat(filepath.Join(parent, name, "cgroup.procs")); err != nil {
-					continue // removed meanwhile
-				}
-				_, out[name] = nsjailtest.CPUWeight(t, pathsOf(filepath.Join(parent, name)))
-				if rel == "" && strings.HasPrefix(e.Name(), "tpl-") {
-					walk(name)
-				}
-			}
-		}
-		walk("")
-		return out
-	}
-	// foreground lists the cgroups at the foreground weight: the
-	// templates' and the forks', apart.
-	foreground := func(w map[string]bool) (tpls, sandboxes []string) {
-		for name, bg := range w {
-			switch {
-			case bg:
-			case filepath.Dir(name) == "." && strings.HasPrefix(name, "tpl-"):
-				tpls = append(tpls, name)
-			default:
-				sandboxes = append(sandboxes, name)
-			}
-		}
-		return tpls, sandboxes
-	}
+	weights := func() map[string]bool { return cgroupWeights(t) }
 	waitReady(t, pool, 1)
 	ready := weights()
 	if tpls, sbs := foreground(ready); len(tpls)+len(sbs) > 0 || len(ready) == 0 {
@@ -546,6 +488,73 @@ func testPoolRefillsInTheBackground(t *testing.T, forks bool) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
+}
+
+// cgroupWeights reads the CPU weight of every sandbox's cgroup under the
+// test runner's cgroup parent, every template's (tpl-<id>) and each
+// template's forks' (not T's own leaf on v2, nor a shell's init's), by
+// path relative to the parent; true is the background weight. A cgroup
+// removed meanwhile is left out.
+func cgroupWeights(t testing.TB) map[string]bool {
+	t.Helper()
+	h, err := cgroup.Host()
+	if err != nil {
+		t.Fatal(err)
+	}
+	parents, err := h.ParentDirs(nsjailtest.CgroupParent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent, v2 := parents.V2()
+	if !v2 {
+		parent = parents["cpu"]
+	}
+	out := map[string]bool{}
+	var walk func(rel string)
+	walk = func(rel string) {
+		entries, err := os.ReadDir(filepath.Join(parent, rel))
+		if err != nil {
+			return // removed meanwhile
+		}
+		for _, e := range entries {
+			name := filepath.Join(rel, e.Name())
+			if !e.IsDir() || e.Name() == "template" || strings.HasSuffix(e.Name(), "-init") {
+				continue
+			}
+			paths := cgroup.Paths{"cpu": filepath.Join(parent, name)}
+			if v2 {
+				paths = cgroup.Paths{"": filepath.Join(parent, name)}
+			}
+			_, bg, err := nsjailtest.ReadCPUWeight(paths)
+			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENODEV) {
+				continue // removed meanwhile
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[name] = bg
+			if rel == "" && strings.HasPrefix(e.Name(), "tpl-") {
+				walk(name)
+			}
+		}
+	}
+	walk("")
+	return out
+}
+
+// foreground lists the cgroups of w (cgroupWeights) at the foreground
+// weight: the templates' and the sandboxes', apart.
+func foreground(w map[string]bool) (tpls, sandboxes []string) {
+	for name, bg := range w {
+		switch {
+		case bg:
+		case filepath.Dir(name) == "." && strings.HasPrefix(name, "tpl-"):
+			tpls = append(tpls, name)
+		default:
+			sandboxes = append(sandboxes, name)
+		}
+	}
+	return tpls, sandboxes
 }
 
 // BenchmarkWarmPrint measures a warm execution of print(1) through the pool,
