@@ -53,17 +53,7 @@ func TestKernelIdlesFrozen(t *testing.T) {
 				// Frozen, a fork's kernel lets its template's
 				// foreground CPU weight go (nsjail.Template.HoldForeground):
 				// refills of the template weigh as refills again.
-				deadline := time.Now().Add(30 * time.Second)
-				for {
-					tpls, _ := foreground(cgroupWeights(t))
-					if len(tpls) == 0 {
-						break
-					}
-					if time.Now().After(deadline) {
-						t.Fatalf("the template keeps the foreground weight while its fork's kernel idles frozen: %v", cgroupWeights(t))
-					}
-					time.Sleep(20 * time.Millisecond)
-				}
+				waitTemplatesInTheBackground(t, "while its fork's kernel idles frozen")
 			}
 			// Idle: unfrozen, the two spinners would use ~2 CPU-seconds
 			// a second (measured 2.79 CPU-s in 3 s before the freeze).

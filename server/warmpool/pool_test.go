@@ -476,17 +476,7 @@ func testPoolRefillsInTheBackground(t *testing.T, forks bool) {
 	if forks {
 		// The fork's shell is destroyed off the result's path: its
 		// template's foreground weight goes with it.
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			tpls, _ := foreground(weights())
-			if len(tpls) == 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the template keeps the foreground weight after its fork's execution ended: %v", weights())
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		waitTemplatesInTheBackground(t, "after its fork's execution ended")
 	}
 }
 
@@ -555,6 +545,23 @@ func foreground(w map[string]bool) (tpls, sandboxes []string) {
 		}
 	}
 	return tpls, sandboxes
+}
+
+// waitTemplatesInTheBackground waits until no template's cgroup has the
+// foreground weight (within 30 s), failing the test with when otherwise.
+func waitTemplatesInTheBackground(t testing.TB, when string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		w := cgroupWeights(t)
+		if tpls, _ := foreground(w); len(tpls) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a template keeps the foreground weight %s: %v", when, w)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // BenchmarkWarmPrint measures a warm execution of print(1) through the pool,
