@@ -12,8 +12,8 @@ import (
 // when they all want more than there is (v1 cpu.shares, v2 cpu.weight;
 // the CFS quota, a sandbox's limit, is another thing). The warm pool
 // makes its sandboxes ready at the background weight and raises it to the
-// foreground weight at the hand-off (issue 17, M4: a refill must not cost
-// executions their throughput). A process's niceness cannot do this: it
+// foreground weight at the hand-off (issue 17, M4): a refill yields the
+// CPU to executions that want it. A process's niceness cannot do this: it
 // weighs only against the tasks of its own cgroup, and a warm sandbox is
 // alone in its cgroup (measured: a nice-19 loop in one cgroup and a nice-0
 // loop in a sibling share a CPU 50/50).
@@ -34,8 +34,9 @@ const (
 	BackgroundWeight = 6
 )
 
-// CPUWeight is a cgroup's CPU weight file, held open so that a hand-off
-// changes it with one pwrite(2) instead of a walk of the cgroup's path.
+// CPUWeight is a cgroup's CPU weight file held open: a template's, whose
+// weight changes as its forks serve executions (one pwrite(2) each, not a
+// walk of the cgroup's path).
 type CPUWeight struct {
 	f  *os.File
 	v2 bool
