@@ -45,7 +45,7 @@ PLAN=(
 	"nsjail ./nsjail -test.v -test.count=1 -test.timeout=5m -test.skip=^TestOutputFloodIsCapped$"
 	"nsjail-rt ./nsjail -test.v -test.count=1 -test.timeout=10m -test.run=^(TestTemplate|TestShell|TestPreparedShell|TestSweepAfterTemplateWorkerCrash)"
 	"warmpool-rt ./server/warmpool -test.v -test.count=1 -test.timeout=15m -test.run=^(TestTemplate|TestShell)"
-	"warmpool-forks-rt ./server/warmpool -test.v -test.count=1 -test.timeout=15m -test.run=^(TestWarmMatchesCold|TestKernelsOnForks)$/^(forks|[A-Z].*)$"
+	"warmpool-forks-rt ./server/warmpool -test.v -test.count=1 -test.timeout=15m -test.run=^(TestWarmMatchesCold|TestKernelsOnForks|TestPoolRefillsInTheBackground)$/^(forks|[A-Z].*)$"
 	"server-forks-rt ./server -test.v -test.count=1 -test.timeout=10m -test.run=^(TestPoolThroughAPI|TestSessionKernelFromTheWarmPool)$/^forks$"
 	"v2vm-bench ./tools/v2vm -test.run=^$ -test.bench=ForkExecTrue -test.benchtime=200x"
 	"nsjail-bench ./nsjail -test.run=^$ -test.bench=ExecTrue -test.benchtime=50x"
