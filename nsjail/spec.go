@@ -135,10 +135,10 @@ type Spec struct {
 	// Background makes a pre-started sandbox ready at the background CPU
 	// weight (cgroup.BackgroundShares, v2 cgroup.BackgroundWeight: a
 	// sixteenth of a cold sandbox's), which its hand-off raises to the
-	// foreground weight: the warm pool's refills then take little CPU from
-	// the executions that want it (issue 17, M4). Only Prestart and
-	// StartShell take it; a template fork's template gets the foreground
-	// weight while a fork of it is handed off (Template.HoldForeground).
+	// foreground weight: the warm pool's refills then yield the CPU to the
+	// executions that want it (issue 17, M4). Only Prestart and StartShell
+	// take it; a template fork's template has the foreground weight while
+	// a fork of it serves and is not frozen (Template.HoldForeground).
 	Background bool
 	// Logger, when set, receives this sandbox's log lines instead of the
 	// Runner's (the server passes one carrying execution_id and policy).
