@@ -60,7 +60,7 @@ type PreparedShell struct {
 //
 // One fork of a template between PrepareShell and EndFork at a time (the
 // pool holds the template's fork lock from one to the other,
-// server/warmpool templatePool.forking): tpl-<id>'s cgroup.procs is the
+// server/warmpool forkSource.forking): tpl-<id>'s cgroup.procs is the
 // template root's while any prepared shell of t is in flight (SECURITY.md
 // case 70).
 func (r *Runner) PrepareShell(t *Template) (*PreparedShell, error) {

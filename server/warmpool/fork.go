@@ -45,7 +45,7 @@ const forkTimeout = 30 * time.Second
 type templateProc struct {
 	tpl *nsjail.Template
 	// ctl is the pool's end of T's control socket (TemplateFD), used
-	// only under the template pool's fork lock (templatePool.forking):
+	// only under its fork lock (forkSource.forking):
 	// one request at a time.
 	ctl *net.UnixConn
 	// forks counts the forks asked for; started is when it was started
@@ -149,11 +149,11 @@ func (p *Pool) retireTemplate(tproc *templateProc) <-chan *nsjail.Result {
 	return ended
 }
 
-// lockFork takes tp's fork lock (templatePool.forking), or fails with
+// lockFork takes tp's template's fork lock (forkSource.forking), or fails with
 // ctx's error when ctx ends first, or errPoolClosed when the pool closes.
 func (p *Pool) lockFork(ctx context.Context, tp *templatePool) error {
 	select {
-	case tp.forking <- struct{}{}:
+	case tp.src.forking <- struct{}{}:
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-p.stop:
@@ -162,14 +162,14 @@ func (p *Pool) lockFork(ctx context.Context, tp *templatePool) error {
 	select {
 	case <-p.stop:
 		// Both were ready: the pool is closed all the same.
-		tp.unlockFork()
+		tp.src.unlockFork()
 		return errPoolClosed
 	default:
 		return nil
 	}
 }
 
-func (tp *templatePool) unlockFork() { <-tp.forking }
+func (s *forkSource) unlockFork() { <-s.forking }
 
 // forkLock is a template's fork lock as one fork holds it (makeFork):
 // fork releases it once the template's part is done, and startFork takes
@@ -206,7 +206,7 @@ func (l *forkLock) release() {
 	}
 	if l.held {
 		l.held = false
-		l.tp.unlockFork()
+		l.tp.src.unlockFork()
 	}
 }
 
@@ -247,50 +247,51 @@ func (p *Pool) makeFork(ctx context.Context, lockWait time.Duration, f Forker, t
 // (nsjail.Spec.Background), a request's at the foreground one. The caller
 // holds tp's fork lock (l), which fork releases on the way.
 func (p *Pool) startFork(ctx context.Context, f Forker, tp *templatePool, l *forkLock, refill bool) (w *warmSandbox, err error) {
+	src := tp.src
 	defer func() {
 		// A request that gave up says nothing of the template.
 		if !errors.Is(err, errPoolClosed) && (ctx.Err() == nil || !errors.Is(err, ctx.Err())) {
 			p.mu.Lock()
-			tp.forkErr = err
+			src.forkErr = err
 			p.mu.Unlock()
 		}
 	}()
-	if old := tp.proc; old != nil && p.rotates(old) {
+	if old := src.proc; old != nil && p.rotates(old) {
 		// TEMPLATE.md section 7: what forks share with their template
 		// (its address-space layout, its hash secret) is bounded by how
 		// many forks, and for how long, one template serves.
 		p.log.Info("warm pool: template rotated", "template", old.tpl.ID(), "forks", old.forks,
 			"age", time.Since(old.started).Round(time.Second))
 		p.retireTemplate(old)
-		tp.proc = nil
+		src.proc = nil
 	}
-	if tp.proc == nil && tp.next != nil {
+	if src.proc == nil && src.next != nil {
 		// Started ahead: it has been importing the preload since, unless
 		// it waited so long (an idle pool) that it is due itself.
-		if p.rotates(tp.next) {
-			p.retireTemplate(tp.next)
+		if p.rotates(src.next) {
+			p.retireTemplate(src.next)
 		} else {
-			tp.proc = tp.next
+			src.proc = src.next
 		}
-		tp.next = nil
+		src.next = nil
 	}
-	if tp.proc == nil {
-		proc, err := p.startTemplate(f, tp.t)
+	if src.proc == nil {
+		proc, err := p.startTemplate(f, src.t)
 		if err != nil {
 			return nil, fmt.Errorf("unable to start the template: %w", err)
 		}
-		tp.proc = proc
+		src.proc = proc
 	}
-	if tp.next == nil && p.rotatesSoon(tp.proc) {
+	if src.next == nil && p.rotatesSoon(src.proc) {
 		// The successor imports the preload while this one still
 		// forks, so the rotation does not stop the refill for the
 		// length of an import (~1.5 s, during which the ready sandboxes
 		// drain and executions start cold).
-		next, err := p.startTemplate(f, tp.t)
+		next, err := p.startTemplate(f, src.t)
 		if err != nil {
 			p.log.Warn("warm pool: unable to start the next template ahead; it starts at the rotation", "error", err)
 		} else {
-			tp.next = next
+			src.next = next
 			p.mu.Lock()
 			p.stats.TemplatesAhead++
 			p.mu.Unlock()
@@ -304,7 +305,7 @@ func (p *Pool) startFork(ctx context.Context, f Forker, tp *templatePool, l *for
 	}
 	spec := nsjail.Spec{Rootfs: tp.t.Rootfs, Args: []string{"python3"}, Cwd: inside.Workspace, Workspace: ws, Limits: tp.t.Limits,
 		Background: refill}
-	tproc := tp.proc
+	tproc := src.proc
 	fg := tproc.tpl.HoldForeground()
 	if refill {
 		l.holdForeground(fg) // until the template's part is done
@@ -336,7 +337,7 @@ func (p *Pool) startFork(ctx context.Context, f Forker, tp *templatePool, l *for
 					return nil, err // closed: Close retires it
 				}
 				l.held = true
-				if tp.proc != tproc {
+				if src.proc != tproc {
 					return nil, err
 				}
 			}
@@ -347,7 +348,7 @@ func (p *Pool) startFork(ctx context.Context, f Forker, tp *templatePool, l *for
 			p.log.Error("warm pool: template retired", "template", tproc.tpl.ID(), "error", err)
 			first := tproc.forks == 1
 			ended := p.retireTemplate(tproc)
-			tp.proc = nil
+			src.proc = nil
 			if first {
 				// Its first request: no fork of it is in use (this one's
 				// shell, if it got one, is destroyed), so it ends within

@@ -303,9 +303,9 @@ func (p *Pool) startForkedKernel(ctx context.Context, root int, spec nsjail.Spec
 			return err // the request ended while it waited
 		}
 		p.mu.Lock()
-		lastErr := tp.forkErr
+		lastErr := tp.src.forkErr
 		p.mu.Unlock()
-		if tp.proc == nil && tp.next == nil && lastErr != nil {
+		if tp.src.proc == nil && tp.src.next == nil && lastErr != nil {
 			// The refill's last fork failed and left no template: this
 			// one would most likely fail as well, after a template's
 			// start and import on the request path. The refill retries,

@@ -131,10 +131,13 @@ type Pool struct {
 
 	mu        sync.Mutex
 	templates []*templatePool
-	closed    bool
-	wg        sync.WaitGroup
-	stop      chan struct{}
-	stats     Stats
+	// sources are the template pools' template processes, one per
+	// templateKey (Config.Forks).
+	sources []*forkSource
+	closed  bool
+	wg      sync.WaitGroup
+	stop    chan struct{}
+	stats   Stats
 	// retiring tracks the retirements that run in the background: of
 	// sandboxes found dead at hand-off or given up on, and of templates.
 	retiring sync.WaitGroup
@@ -142,9 +145,28 @@ type Pool struct {
 
 type templatePool struct {
 	t Template
+	// src is the template process this pool's forks come from, with
+	// Config.Forks: shared with every template pool of the same
+	// templateKey.
+	src     *forkSource
+	ready   []*warmSandbox
+	refill  chan struct{}
+	backoff time.Duration
+	taken   uint64 // under Pool.mu: Stats.TakenBy
+}
+
+// forkSource is a template process (and its successor) and its fork
+// lock, shared by the template pools whose Templates have one templateKey:
+// a template process holds nothing of a policy but what its key says
+// (TEMPLATE.md section 4), so the policies of one runtime fork from one
+// template, whose pages their forks all share (section 12, M2).
+type forkSource struct {
+	// t is the first of its Templates: the template process is started
+	// with its rootfs, environment and limits (the key's part of them).
+	t Template
 	// forking is the template's fork lock (a semaphore of one: holding
 	// it is having sent its one value), held for the template's part of
-	// each fork (makeFork): by keepFull's refill, by an execution or a
+	// each fork (makeFork): by each pool's refill, by an execution or a
 	// session kernel forked on demand, and by Close as it stops proc. It
 	// guards proc (its start, rotation and retirement, and its control
 	// socket: one request at a time) and keeps one fork of the template
@@ -163,11 +185,28 @@ type templatePool struct {
 	// next is proc's successor, started ahead when proc is about to
 	// rotate (rotatesSoon): it imports the preload meanwhile and forks
 	// nothing until it becomes proc. Under forking.
-	next    *templateProc
-	ready   []*warmSandbox
-	refill  chan struct{}
-	backoff time.Duration
-	taken   uint64 // under Pool.mu: Stats.TakenBy
+	next *templateProc
+}
+
+// templateKey is what a template process takes of a Template: everything
+// but the limits each fork's shell sets for its execution (its cgroup's
+// memory, pids and CPU, and the timeout), which the template never has
+// (nsjail.Runner.StartTemplate). The rest must be the same for every
+// fork: the rootfs and environment T imported the preload in, and the
+// rlimits and tmpfs sizes of T's sandbox (a fork cannot raise a hard
+// rlimit above its template's).
+type templateKey struct {
+	rootfs string
+	env    string
+	limits nsjail.Limits
+}
+
+func templateKeyOf(t Template) templateKey {
+	env := slices.Clone(t.Env)
+	slices.Sort(env)
+	lim := t.Limits
+	lim.Timeout, lim.MemoryBytes, lim.Pids, lim.CPUs = 0, 0, 0, 0
+	return templateKey{rootfs: t.Rootfs, env: fmt.Sprintf("%q", env), limits: lim}
 }
 
 type warmSandbox struct {
@@ -241,6 +280,7 @@ func New(sandboxer Sandboxer, cfg Config, templates []Template, log *slog.Logger
 	if err := os.MkdirAll(cfg.WorkRoot, 0o711); err != nil {
 		return nil, fmt.Errorf("unable to create pool work root: %w", err)
 	}
+	sources := map[templateKey]*forkSource{}
 	for _, t := range templates {
 		if t.Size == 0 {
 			t.Size = cfg.Size
@@ -248,7 +288,13 @@ func New(sandboxer Sandboxer, cfg Config, templates []Template, log *slog.Logger
 		if t.Size == 0 {
 			continue
 		}
-		tp := &templatePool{t: t, refill: make(chan struct{}, 1), forking: make(chan struct{}, 1)}
+		src := sources[templateKeyOf(t)]
+		if src == nil {
+			src = &forkSource{t: t, forking: make(chan struct{}, 1)}
+			sources[templateKeyOf(t)] = src
+			p.sources = append(p.sources, src)
+		}
+		tp := &templatePool{t: t, src: src, refill: make(chan struct{}, 1)}
 		p.templates = append(p.templates, tp)
 		p.wg.Add(1)
 		go p.keepFull(tp)
@@ -365,7 +411,7 @@ func (p *Pool) forkForExecution(ctx context.Context, spec *nsjail.Spec) (*warmSa
 		if err := ctx.Err(); err != nil {
 			return err // the request ended while it waited
 		}
-		if tp.proc == nil || tp.proc.forks == 0 || p.rotates(tp.proc) {
+		if tp.src.proc == nil || tp.src.proc.forks == 0 || p.rotates(tp.src.proc) {
 			return errNoTemplate
 		}
 		return nil
@@ -781,15 +827,15 @@ func (p *Pool) Close() {
 	// every fork handed off has ended (the server closes its sessions'
 	// kernels first). A kernel's fork in flight ends at the stop; none
 	// starts after it (lockFork checks the stop once it holds the lock).
-	for _, tp := range p.templates {
-		tp.forking <- struct{}{}
-		for _, proc := range []*templateProc{tp.proc, tp.next} {
+	for _, src := range p.sources {
+		src.forking <- struct{}{}
+		for _, proc := range []*templateProc{src.proc, src.next} {
 			if proc != nil {
 				p.retireTemplate(proc)
 			}
 		}
-		tp.proc, tp.next = nil, nil
-		tp.unlockFork()
+		src.proc, src.next = nil, nil
+		src.unlockFork()
 	}
 	p.retiring.Wait()
 }

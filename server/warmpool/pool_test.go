@@ -902,3 +902,54 @@ func TestTemplateRotation(t *testing.T) {
 		}
 	}
 }
+
+// TestTemplateSharedByPolicies: with forks, the policies of one runtime
+// (the server's dynamic and skill, which differ in their limits) fork
+// from one template process, whose pages all their warm sandboxes share
+// (TEMPLATE.md section 12, M2), and each fork still runs under its own
+// policy's limits, which its shell sets: 250 MiB is an OOM under a
+// 160 MiB limit and fits in 400 MiB.
+func TestTemplateSharedByPolicies(t *testing.T) {
+	requireTemplates(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	r := newPoolRunner(t)
+	cfg := config.Default()
+	policies := server.PoliciesFromConfig(cfg)
+	small := policies[server.TypeDynamic].Template(cfg, rootfs)
+	large := policies[server.TypeSkill].Template(cfg, rootfs)
+	small.Name, large.Name = "small", "large"
+	small.Limits.MemoryBytes, large.Limits.MemoryBytes = 160<<20, 400<<20
+	pcfg := poolConfig(t, 1, t.TempDir(), 64<<20)
+	pcfg.Forks = true
+	pool, err := warmpool.New(r, pcfg, []warmpool.Template{small, large}, poolQuietLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	waitReady(t, pool, 2)
+	if st := pool.Stats(); st.Templates != 1 || st.TemplatesStarted != 1 || st.TemplateForks != 2 {
+		t.Fatalf("two policies of one runtime: want one template that made both forks, stats %+v", st)
+	}
+	run := func(tpl warmpool.Template, code string) *nsjail.Result {
+		ws := poolWorkspace(t, r, code, 64<<20)
+		res, out, err := pool.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+			Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out != ws {
+			workspace.Remove(out)
+		}
+		return res
+	}
+	const hog = "b = b'x' * (250 << 20)\nprint('allocated')\n"
+	if res := run(small, hog); res.Status != nsjail.StatusOOM {
+		t.Errorf("250 MiB under a 160 MiB limit: %s (exit %d), want oom; stdout %q stderr %q", res.Status, res.ExitCode, res.Stdout, res.Stderr)
+	}
+	if res := run(large, hog); res.Status != nsjail.StatusSucceeded || string(res.Stdout) != "allocated\n" {
+		t.Errorf("250 MiB under a 400 MiB limit: %s (exit %d), want succeeded; stdout %q stderr %q", res.Status, res.ExitCode, res.Stdout, res.Stderr)
+	}
+	if st := pool.Stats(); st.Taken != 2 || st.TakenBy["small"] != 1 || st.TakenBy["large"] != 1 || st.FallbackDead != 0 {
+		t.Errorf("both executions warm, one per policy: stats %+v", st)
+	}
+}

@@ -141,3 +141,40 @@ func TestHandoffOf(t *testing.T) {
 		t.Fatalf("handoffOf(python3 FILE) = %+v, %v", h, ok)
 	}
 }
+
+// templateKeyOf: Templates that differ only in what a fork's shell sets
+// (memory, pids, CPU) or in the timeout share a template process; a
+// difference in anything the template's own sandbox has (rootfs,
+// environment, rlimits, tmpfs sizes) keeps them apart. Env order does
+// not matter (Matches compares it as a set too).
+func TestTemplateKey(t *testing.T) {
+	base := Template{Name: "dynamic/default", Rootfs: "/r", Env: []string{"PATH=/bin", "LANG=C.UTF-8"}, Size: 2,
+		Limits: nsjail.Limits{Timeout: 30 * time.Second, MemoryBytes: 1 << 30, Pids: 128, CPUs: 1, OpenFiles: 1024,
+			FileSizeBytes: 1 << 30, TmpBytes: 64 << 20, ShmBytes: 64 << 20, StdoutBytes: 1 << 20, StderrBytes: 1 << 20}}
+	for _, c := range []struct {
+		name  string
+		mod   func(*Template)
+		share bool
+	}{
+		{"another policy's shell limits", func(t *Template) {
+			t.Name, t.Size = "skill/default", 1
+			t.Limits.Timeout, t.Limits.MemoryBytes, t.Limits.Pids, t.Limits.CPUs = 2*time.Minute, 2<<30, 64, 0.5
+		}, true},
+		{"env in another order", func(t *Template) { t.Env = []string{"LANG=C.UTF-8", "PATH=/bin"} }, true},
+		{"another rootfs", func(t *Template) { t.Rootfs = "/other" }, false},
+		{"another env", func(t *Template) { t.Env = []string{"PATH=/bin", "LANG=C"} }, false},
+		{"a variable more", func(t *Template) { t.Env = append(t.Env, "TZ=UTC") }, false},
+		// One entry that joined with a NUL would read as the two.
+		{"an env split differently", func(t *Template) { t.Env = []string{"LANG=C.UTF-8\x00PATH=/bin"} }, false},
+		{"other open files", func(t *Template) { t.Limits.OpenFiles = 4096 }, false},
+		{"another file size", func(t *Template) { t.Limits.FileSizeBytes = 1 << 20 }, false},
+		{"another /tmp", func(t *Template) { t.Limits.TmpBytes = 1 << 20 }, false},
+	} {
+		other := base
+		other.Env = append([]string(nil), base.Env...)
+		c.mod(&other)
+		if got := templateKeyOf(other) == templateKeyOf(base); got != c.share {
+			t.Errorf("%s: shares the template = %v, want %v", c.name, got, c.share)
+		}
+	}
+}
