@@ -116,8 +116,8 @@ type Config struct {
 	PoolPreload []string `toml:"pool_preload" doc:"modules imported by warm sandboxes (comma-separated in the env)"`
 	// PoolTemplateForks makes each warm sandbox a copy-on-write fork of a
 	// template process that imported pool_preload once per runtime (the
-	// policies of one runtime share it: server/warmpool/TEMPLATE.md),
-	// instead of a sandbox that imports it
+	// policies of one runtime share it when their environments agree:
+	// server/warmpool/TEMPLATE.md), instead of a sandbox that imports it
 	// itself (a zygote, false). On by default since the default suites
 	// run on it (TEMPLATE.md step 8); cgroup v1 and v2.
 	PoolTemplateForks bool `toml:"pool_template_forks" doc:"warm sandboxes are forks of a per-runtime template process (false: each imports pool_preload itself)"`

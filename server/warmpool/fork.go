@@ -20,8 +20,8 @@ import (
 
 // Template forks (issue 17, TEMPLATE.md plan step 5): with Config.Forks,
 // a warm sandbox is not a zygote that imported the preload itself but a
-// fork of a template process (template.py, T) that imported it once per
-// Template. The pool asks T for a fork (protocol.go T2), gives the fork's
+// fork of a template process (template.py, T) that imported it once for
+// the Templates of one templateKey (forkSource). The pool asks T for a fork (protocol.go T2), gives the fork's
 // G a shell (nsjail.Runner.StartShell: the namespaces, cgroup and seccomp
 // program of a cold sandbox of the Template), moves G into it, gives the
 // go-ahead and the join (T4), and waits for G's READY: from there on the
@@ -41,7 +41,7 @@ type Forker interface {
 // code that stalls one is broken or hostile.
 const forkTimeout = 30 * time.Second
 
-// templateProc is one running template of a Template.
+// templateProc is one running template process of a forkSource.
 type templateProc struct {
 	tpl *nsjail.Template
 	// ctl is the pool's end of T's control socket (TemplateFD), used
@@ -53,7 +53,7 @@ type templateProc struct {
 	forks   int
 	started time.Time
 	// inFlight counts its forks being made (startFork), each added under
-	// the fork lock while this is the template pool's proc.
+	// the fork lock while this is its forkSource's proc.
 	inFlight sync.WaitGroup
 }
 

@@ -75,7 +75,7 @@ type Config struct {
 	// WorkspaceBytes > 0: tmpfs reads 0 as unlimited.
 	WorkspaceInodes int64
 	// Forks makes each warm sandbox a fork of a template that imported
-	// the preload once per template (fork.go; TEMPLATE.md), instead of a
+	// the preload once per templateKey (fork.go; TEMPLATE.md), instead of a
 	// zygote that imports it itself. The sandboxer must be a Forker.
 	Forks bool
 	// TemplateMaxForks and TemplateMaxAge rotate a template (a new one is
@@ -157,9 +157,10 @@ type templatePool struct {
 
 // forkSource is a template process (and its successor) and its fork
 // lock, shared by the template pools whose Templates have one templateKey:
-// a template process holds nothing of a policy but what its key says
-// (TEMPLATE.md section 4), so the policies of one runtime fork from one
-// template, whose pages their forks all share (section 12, M2).
+// a template process holds nothing of a policy but what its key says, so
+// the policies of one runtime with the same environment and rlimits (the
+// server's two, by default) fork from one template, whose pages their
+// forks all share (TEMPLATE.md section 12, M2).
 type forkSource struct {
 	// t is the first of its Templates: the template process is started
 	// with its rootfs, environment and limits (the key's part of them).
@@ -188,13 +189,19 @@ type forkSource struct {
 	next *templateProc
 }
 
-// templateKey is what a template process takes of a Template: everything
-// but the limits each fork's shell sets for its execution (its cgroup's
-// memory, pids and CPU, and the timeout), which the template never has
-// (nsjail.Runner.StartTemplate). The rest must be the same for every
-// fork: the rootfs and environment T imported the preload in, and the
-// rlimits and tmpfs sizes of T's sandbox (a fork cannot raise a hard
-// rlimit above its template's).
+// templateKey is what a template process takes of a Template (fork.go's
+// startTemplate: its rootfs, environment and limits): everything but the
+// limits each fork's shell sets for its execution (its cgroup's memory,
+// pids and CPU, and the timeout), which the template never has
+// (nsjail.Runner.StartTemplate). What must be the same for every fork:
+// the rootfs and environment T imported the preload in (server.Policy's
+// BaseEnv has thread counts from the policy's CPUs: policies whose CPUs
+// round up differently get a template each) and the rlimits (a fork
+// cannot raise a hard rlimit above its template's). The rest of T's
+// sandbox, its tmpfs sizes and output bounds, no fork uses (G joins its
+// shell's mount namespace, and its output goes to its own pipes): kept
+// in the key anyway, so that T is started exactly as every fork's
+// Template asks.
 type templateKey struct {
 	rootfs string
 	env    string
@@ -202,7 +209,13 @@ type templateKey struct {
 }
 
 func templateKeyOf(t Template) templateKey {
-	env := slices.Clone(t.Env)
+	// As the process gets it: one value per name, the last (runc's
+	// prepareEnv), whatever the order.
+	vars := envMap(t.Env)
+	env := make([]string, 0, len(vars))
+	for k, v := range vars {
+		env = append(env, k+"="+v)
+	}
 	slices.Sort(env)
 	lim := t.Limits
 	lim.Timeout, lim.MemoryBytes, lim.Pids, lim.CPUs = 0, 0, 0, 0

@@ -919,6 +919,11 @@ func TestTemplateSharedByPolicies(t *testing.T) {
 	large := policies[server.TypeSkill].Template(cfg, rootfs)
 	small.Name, large.Name = "small", "large"
 	small.Limits.MemoryBytes, large.Limits.MemoryBytes = 160<<20, 400<<20
+	// Their environments agree when their CPUs round up to the same
+	// thread count (server.Policy.BaseEnv), as the defaults do: made so
+	// here whatever the defaults (server's TestPoolThroughAPI checks
+	// theirs).
+	large.Env = slices.Clone(small.Env)
 	pcfg := poolConfig(t, 1, t.TempDir(), 64<<20)
 	pcfg.Forks = true
 	pool, err := warmpool.New(r, pcfg, []warmpool.Template{small, large}, poolQuietLog)

@@ -169,6 +169,12 @@ func TestTemplateKey(t *testing.T) {
 		{"other open files", func(t *Template) { t.Limits.OpenFiles = 4096 }, false},
 		{"another file size", func(t *Template) { t.Limits.FileSizeBytes = 1 << 20 }, false},
 		{"another /tmp", func(t *Template) { t.Limits.TmpBytes = 1 << 20 }, false},
+		{"another /dev/shm", func(t *Template) { t.Limits.ShmBytes = 1 << 20 }, false},
+		{"another output bound", func(t *Template) { t.Limits.StdoutBytes = 1 << 10 }, false},
+		// The process gets one value per name, the last (runc's
+		// prepareEnv): the key says what it gets.
+		{"a name twice, the last as base's", func(t *Template) { t.Env = []string{"PATH=/bin", "LANG=C", "LANG=C.UTF-8"} }, true},
+		{"a name twice, the last another", func(t *Template) { t.Env = []string{"PATH=/bin", "LANG=C.UTF-8", "LANG=C"} }, false},
 	} {
 		other := base
 		other.Env = append([]string(nil), base.Env...)
