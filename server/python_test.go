@@ -265,8 +265,9 @@ print(sorted(os.listdir("/workspace")), sorted(os.listdir("/workspace/input")), 
 	if !strings.Contains(string(body), "sandboxd_pool_idle_memory_bytes ") || strings.Contains(string(body), "sandboxd_pool_idle_memory_bytes 0\n") {
 		t.Errorf("/metrics has no idle memory for the ready sandboxes")
 	}
-	// With forks, one template for both policies (they differ only in
-	// the limits each fork's shell sets); none without.
+	// With forks, one template for both policies (by default their
+	// environments agree, and the rest is the limits each fork's shell
+	// sets: warmpool's templateKey); none without.
 	templates := map[bool]string{false: "sandboxd_pool_templates 0\n", true: "sandboxd_pool_templates 1\n"}[forks]
 	if !strings.Contains(string(body), templates) || strings.Contains(string(body), "sandboxd_pool_template_forks_total 0\n") == forks {
 		t.Errorf("/metrics: want %q, template forks counted only with forks:\n%s", templates, body)

@@ -21,10 +21,11 @@ import (
 // Template forks (issue 17, TEMPLATE.md plan step 5): with Config.Forks,
 // a warm sandbox is not a zygote that imported the preload itself but a
 // fork of a template process (template.py, T) that imported it once for
-// the Templates of one templateKey (forkSource). The pool asks T for a fork (protocol.go T2), gives the fork's
-// G a shell (nsjail.Runner.StartShell: the namespaces, cgroup and seccomp
-// program of a cold sandbox of the Template), moves G into it, gives the
-// go-ahead and the join (T4), and waits for G's READY: from there on the
+// the Templates of one templateKey (forkSource). The pool asks T for a
+// fork (protocol.go T2), gives the fork's G a shell
+// (nsjail.Runner.StartShell: the namespaces, cgroup and seccomp program of
+// a cold sandbox of the Template), moves G into it, gives the go-ahead and
+// the join (T4), and waits for G's READY: from there on the
 // fork is a warmSandbox like any other (nsjail.Shell.Pending), served by
 // runWarm and handOffKernel unchanged.
 

@@ -301,10 +301,11 @@ func New(sandboxer Sandboxer, cfg Config, templates []Template, log *slog.Logger
 		if t.Size == 0 {
 			continue
 		}
-		src := sources[templateKeyOf(t)]
+		key := templateKeyOf(t)
+		src := sources[key]
 		if src == nil {
 			src = &forkSource{t: t, forking: make(chan struct{}, 1)}
-			sources[templateKeyOf(t)] = src
+			sources[key] = src
 			p.sources = append(p.sources, src)
 		}
 		tp := &templatePool{t: t, src: src, refill: make(chan struct{}, 1)}
