@@ -303,68 +303,118 @@ func (s *Server) executeNew(ctx context.Context, p *plan) (*ExecutionResponse, *
 		return x.finish()
 	}
 	log := x.log
-	ws, err := s.createWorkspace(s.cfg.WorkRoot, p.run, workspace.Options{
-		Bytes: s.cfg.WorkspaceBytes, Inodes: s.cfg.WorkspaceInodes, UID: s.sandbox.HostUID(), GID: s.sandbox.HostGID(),
-	}, workspace.Request{Code: p.code, Input: p.input, Files: p.files})
-	if err != nil {
-		log.Error("workspace failed", "err", err)
-		if errors.Is(err, workspace.ErrFull) {
-			return nil, nil, x.refuse(&apiError{status: http.StatusInsufficientStorage, reason: "disk_full", msg: err.Error(), retryAfter: "5"})
-		}
-		return nil, nil, x.refuse(&apiError{status: http.StatusInternalServerError, reason: "workspace", msg: err.Error()})
-	}
-	// The request's bytes are in the workspace now: let them go while the
-	// run lasts (only queued executions hold them; see server/README.md).
-	p.code, p.input, p.files = "", nil, nil
-	// Removal (lazy unmounts, whose RCU waits cost milliseconds) happens
-	// after the response; Drain waits for it. warm is a warm sandbox's own
-	// workspace, when one served the run.
-	var warm string
-	s.cleanups.Add(1)
-	defer func() {
-		go func() {
-			defer s.cleanups.Done()
-			for _, dir := range []string{ws.Dir, warm} {
-				if dir == "" {
-					continue
-				}
-				if err := workspace.Remove(dir); err != nil {
-					log.Error("workspace removal failed", "dir", dir, "err", err)
-				}
-			}
-		}()
-	}()
-
 	evR, evW, err := runner.Pipe()
 	if err != nil {
 		log.Error("events pipe failed", "err", err)
 		return nil, nil, x.refuse(&apiError{status: http.StatusInternalServerError, reason: "sandbox", msg: err.Error()})
 	}
 	events := runner.NewReader(evR, runner.Want{Display: p.display, Figures: p.figures, Done: true}, p.runnerEvent)
-	spec := s.spec(p, rootfs, python, ws.Dir, evW, events.Done())
+	spec := s.spec(p, rootfs, python, "", evW, events.Done())
 	spec.Logger = log // execution_id and policy on the sandbox's lines too
 	spec.Output = p.hub.Output
-	log.Info("sandbox starting")
-	x.started = true
-	res, outputs, err := s.run(ctx, spec)
-	if res != nil {
-		x.ended = res.Ended
-	}
+	// Removal (lazy unmounts, whose RCU waits cost milliseconds) happens
+	// after the response; Drain waits for it.
+	var remove []string
+	s.cleanups.Add(1)
+	defer func() {
+		go func() {
+			defer s.cleanups.Done()
+			for _, dir := range remove {
+				if err := workspace.Remove(dir); err != nil {
+					log.Error("workspace removal failed", "dir", dir, "err", err)
+				}
+			}
+		}()
+	}()
+	req := workspace.Request{Code: p.code, Input: p.input, Files: p.files}
+	// The plan lets the request's bytes go; req keeps them until they are
+	// in the workspace that runs, a warm run until it ends (see run and
+	// server/README.md, "Admitted requests").
+	p.code, p.input, p.files = "", nil, nil
+	res, outputs, e := s.run(ctx, x, spec, &req, &remove)
 	evW.Close()
 	ev := events.Stop()
-	if err != nil {
-		// The spec was refused before anything started: our bug, not the
-		// caller's.
-		log.Error("sandbox refused the spec", "err", err)
-		x.resp.Status = string(nsjail.StatusSandboxError)
-		x.resp.Error = errorMessage(err.Error())
-		return x.finish()
+	if e != nil {
+		return nil, nil, x.refuse(e)
 	}
-	if outputs != ws.Dir {
-		warm = outputs
+	if res == nil {
+		return x.finish() // the spec was refused: x.resp says why
 	}
 	s.fill(x.resp, res, ev, outputs, nil, x.saveArtifact, log)
 	return x.finish()
+}
+
+// run runs spec with *req written into its workspace: a warm sandbox's own
+// when the pool has one for it (warmpool.Claim: no workspace of the
+// request's own, no copy), else a fresh one (createWorkspace), which also
+// serves when the warm sandbox is found dead at its hand-off. It drops
+// *req once the request is in the workspace that runs, and adds every
+// workspace to *remove. outputs holds what the code left in /workspace.
+// An apiError means nothing ran and nothing is to run (the workspace could
+// not be made); a nil res with no apiError means the sandbox refused the
+// spec, said in x.resp.
+func (s *Server) run(ctx context.Context, x *execution, spec nsjail.Spec, req *workspace.Request, remove *[]string) (res *nsjail.Result, outputs string, e *apiError) {
+	log := x.log
+	o := workspace.Options{Bytes: s.cfg.WorkspaceBytes, Inodes: s.cfg.WorkspaceInodes, UID: s.sandbox.HostUID(), GID: s.sandbox.HostGID()}
+	s.mu.Lock()
+	pool := s.pool
+	s.mu.Unlock()
+	if pool != nil {
+		if c := pool.Claim(ctx, spec); c != nil {
+			if err := workspace.Write(c.Workspace(), o, *req); err != nil {
+				// As a cold workspace's would (ErrFull among them): the
+				// cold path below says so.
+				log.Warn("unable to write the request into a warm sandbox's workspace; running cold", "err", err)
+				c.Release()
+			} else {
+				spec.Workspace = c.Workspace()
+				log.Info("sandbox starting")
+				x.started = true
+				res, delivered, err := c.Run(ctx, spec)
+				if delivered || err != nil {
+					*req = workspace.Request{}
+					*remove = append(*remove, c.Workspace())
+				}
+				if err != nil {
+					refusedSpec(x, err)
+					return nil, "", nil
+				}
+				if delivered {
+					x.ended = res.Ended
+					return res, c.Workspace(), nil
+				}
+				// Dead at hand-off: nothing ran; cold, below.
+			}
+		}
+	}
+	ws, err := s.createWorkspace(s.cfg.WorkRoot, x.p.run, o, *req)
+	if err != nil {
+		log.Error("workspace failed", "err", err)
+		if errors.Is(err, workspace.ErrFull) {
+			return nil, "", &apiError{status: http.StatusInsufficientStorage, reason: "disk_full", msg: err.Error(), retryAfter: "5"}
+		}
+		return nil, "", &apiError{status: http.StatusInternalServerError, reason: "workspace", msg: err.Error()}
+	}
+	*req = workspace.Request{}
+	*remove = append(*remove, ws.Dir)
+	spec.Workspace = ws.Dir
+	log.Info("sandbox starting")
+	x.started = true
+	res, err = s.sandbox.Run(ctx, spec)
+	if err != nil {
+		refusedSpec(x, err)
+		return nil, "", nil
+	}
+	x.ended = res.Ended
+	return res, ws.Dir, nil
+}
+
+// refusedSpec says in x's answer that the sandbox refused the spec before
+// anything started: our bug, not the caller's.
+func refusedSpec(x *execution, err error) {
+	x.log.Error("sandbox refused the spec", "err", err)
+	x.resp.Status = string(nsjail.StatusSandboxError)
+	x.resp.Error = errorMessage(err.Error())
 }
 
 // readyOr503 is ready, its error as the API answers it.

@@ -475,21 +475,6 @@ func (s *Server) PoolStats() warmpool.Stats {
 	return pool.Stats()
 }
 
-// run runs spec on the warm pool once it is built (it runs spec cold itself
-// when no warm sandbox matches, and always with pool_size 0), else cold. outputs is the host directory
-// that holds what the code left in /workspace: spec.Workspace, or a warm
-// sandbox's own workspace, which the caller removes too.
-func (s *Server) run(ctx context.Context, spec nsjail.Spec) (res *nsjail.Result, outputs string, err error) {
-	s.mu.Lock()
-	pool := s.pool
-	s.mu.Unlock()
-	if pool != nil {
-		return pool.Run(ctx, spec)
-	}
-	res, err = s.sandbox.Run(ctx, spec)
-	return res, spec.Workspace, err
-}
-
 // checkReachable fails unless root is a directory that every user can reach:
 // the sandbox's root is an unprivileged host uid, and a rootfs under a 0700
 // directory fails every start with "permission denied" otherwise.

@@ -352,44 +352,121 @@ func (p *Pool) counts() (Stats, []*warmSandbox) {
 // code left in /workspace: spec.Workspace after a cold run, else the warm
 // sandbox's own workspace, which the caller collects from (it is hostile:
 // see package workspace) and then removes, as it does spec.Workspace. The
-// error is non-nil only when nothing ran (see nsjail.Runner.Run).
+// error is non-nil only when nothing ran (see nsjail.Runner.Run). A warm
+// run moves the request from spec.Workspace into the sandbox's; a caller
+// that has not written its request yet saves that copy with Claim.
 func (p *Pool) Run(ctx context.Context, spec nsjail.Spec) (res *nsjail.Result, outputs string, err error) {
-	w, tp := p.take(func(t Template) (bool, bool) { return t.Matches(&spec) })
-	onDemand := false
-	if w == nil {
-		w, tp = p.forkForExecution(ctx, &spec)
-		onDemand = w != nil
-	}
-	if w == nil {
+	c := p.claim(ctx, spec, spec.Workspace != "")
+	if c == nil {
 		res, err := p.sandboxer.Run(ctx, spec)
 		return res, spec.Workspace, err
 	}
-	if !onDemand {
-		// Refill once this execution is done: starting a sandbox and
-		// importing the data stack is CPU-heavy, and on a small VM it
-		// would compete with the execution it replaces.
-		defer tp.wakeRefill()
-	}
-	res, delivered, err := p.runWarm(ctx, w, spec)
+	res, delivered, err := c.run(ctx, spec, spec.Workspace)
 	if err != nil {
 		return nil, "", err
 	}
 	if !delivered {
-		p.mu.Lock()
-		p.stats.FallbackDead++
-		p.mu.Unlock()
 		res, err := p.sandboxer.Run(ctx, spec)
 		return res, spec.Workspace, err
 	}
-	p.mu.Lock()
-	if onDemand {
-		p.stats.ExecForks++
-	} else {
-		p.stats.Taken++
-		tp.taken++
+	return res, c.Workspace(), nil
+}
+
+// Claim is a ready sandbox taken for one execution whose request is not
+// written yet (Pool.Claim): the caller writes it straight into Workspace
+// and calls Run, or Release if it cannot. That spares a warm execution the
+// request's own tmpfs and its copy into the sandbox's, ~0.5 ms of a warm
+// `print(1)`'s few (TEMPLATE.md section 12, M5).
+type Claim struct {
+	p        *Pool
+	w        *warmSandbox
+	tp       *templatePool
+	onDemand bool // forked for this execution (forkForExecution)
+	used     bool
+}
+
+// Claim takes a ready sandbox that can run spec, given the workspace the
+// sandbox brings (spec.Workspace is not looked at), or forks one on demand
+// as Run does; nil when spec is to run cold.
+func (p *Pool) Claim(ctx context.Context, spec nsjail.Spec) *Claim {
+	return p.claim(ctx, spec, true)
+}
+
+func (p *Pool) claim(ctx context.Context, spec nsjail.Spec, workspace bool) *Claim {
+	w, tp := p.take(func(t Template) (bool, bool) { return t.matches(&spec, workspace) })
+	onDemand := false
+	if w == nil && workspace {
+		w, tp = p.forkForExecution(ctx, &spec)
+		onDemand = w != nil
 	}
-	p.mu.Unlock()
-	return res, w.workspace, nil
+	if w == nil {
+		return nil
+	}
+	return &Claim{p: p, w: w, tp: tp, onDemand: onDemand}
+}
+
+// Workspace is the claimed sandbox's workspace, empty until the caller
+// writes the request in. It is the caller's to collect from and remove
+// after a Run that delivered; otherwise the pool removes it.
+func (c *Claim) Workspace() string { return c.w.workspace }
+
+// Release ends a claim the caller will not Run (its request could not be
+// written): the sandbox is retired and its workspace removed.
+func (c *Claim) Release() {
+	if c.used {
+		return
+	}
+	c.used = true
+	c.p.retire(c.w)
+	if !c.onDemand {
+		c.tp.wakeRefill()
+	}
+}
+
+// Run hands spec, whose Workspace is c.Workspace() with the request
+// written in, to the claimed sandbox and waits, as Pool.Run. delivered is
+// false when the sandbox had died before its code's process read the
+// hand-off: nothing of the execution ran, the pool removes the sandbox and
+// its workspace, and the caller runs the execution cold from its own copy
+// of the request. The error is non-nil only when nothing ran.
+func (c *Claim) Run(ctx context.Context, spec nsjail.Spec) (res *nsjail.Result, delivered bool, err error) {
+	if spec.Workspace != c.w.workspace {
+		c.Release()
+		return nil, false, fmt.Errorf("warm pool: a claim runs in its own workspace %s, not %s", c.w.workspace, spec.Workspace)
+	}
+	return c.run(ctx, spec, "")
+}
+
+// run is Run; orig, when not "", is where the request came from (Pool.Run
+// moved it in), and where it goes back when the sandbox is found dead.
+func (c *Claim) run(ctx context.Context, spec nsjail.Spec, orig string) (res *nsjail.Result, delivered bool, err error) {
+	if c.used {
+		return nil, false, errors.New("warm pool: a claim runs once")
+	}
+	c.used = true
+	p := c.p
+	if !c.onDemand {
+		// Refill once this execution is done: starting a sandbox and
+		// importing the data stack is CPU-heavy, and on a small VM it
+		// would compete with the execution it replaces.
+		defer c.tp.wakeRefill()
+	}
+	res, delivered, err = p.runWarm(ctx, c.w, spec, orig)
+	if err != nil {
+		return nil, false, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case !delivered:
+		p.stats.FallbackDead++
+	case c.onDemand:
+		p.stats.ExecForks++
+	default:
+		p.stats.Taken++
+		c.tp.taken++
+	}
+	return res, delivered, nil
 }
 
 // defaultExecForkWait is Config.ExecForkWait's default: other forks hold
@@ -497,19 +574,22 @@ func (tp *templatePool) wakeRefill() {
 	}
 }
 
-// runWarm moves the request's workspace contents into the warm sandbox's
+// runWarm moves the request's workspace contents from orig (unless "":
+// the request is in the warm workspace already) into the warm sandbox's
 // bound workspace, hands the file over and waits; what the code leaves
 // stays in the warm workspace, laid out as after a cold run, for the
 // caller to collect. delivered is false when the sandbox had died before
 // its code's process read the hand-off: nothing of the execution ran, the
-// request's files are back in spec.Workspace, and the caller runs it cold.
-func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (res *nsjail.Result, delivered bool, err error) {
-	// Two tmpfs workspaces: the request files (small, written by the
-	// server) are copied in; the results stay in the warm workspace, which
-	// Run returns and the caller collects from and removes.
-	if err := workspace.MoveInto(spec.Workspace, w.workspace); err != nil {
-		p.retire(w)
-		return nil, false, fmt.Errorf("unable to move the workspace into the warm sandbox: %w", err)
+// request's files are back in orig, and the caller runs it cold.
+func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec, orig string) (res *nsjail.Result, delivered bool, err error) {
+	if orig != "" {
+		// Two tmpfs workspaces: the request files (small, written by the
+		// server) are copied in; the results stay in the warm workspace,
+		// which Run returns and the caller collects from and removes.
+		if err := workspace.MoveInto(orig, w.workspace); err != nil {
+			p.retire(w)
+			return nil, false, fmt.Errorf("unable to move the workspace into the warm sandbox: %w", err)
+		}
 	}
 	h, _ := handoffOf(&spec) // Matches took it
 	msg, err := EncodeHandoff(h)
@@ -530,12 +610,12 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (r
 			"stdout", truncateForLog(out), "stderr", truncateForLog(errOut))
 	}
 	if why := w.deadWhy(); why != "" {
-		return nil, false, p.dropDead(w, sb, spec, false, why)
+		return nil, false, p.dropDead(w, sb, spec, orig, false, why)
 	}
 	// The peer stays open until the sandbox is gone, so that what is left
 	// unread in it tells whether the code's process ever took the hand-off.
 	if err := writeMessage(w.control, msg, rights); err != nil {
-		return nil, false, p.dropDead(w, sb, spec, false, fmt.Sprintf("the hand-off failed: %v", err))
+		return nil, false, p.dropDead(w, sb, spec, orig, false, fmt.Sprintf("the hand-off failed: %v", err))
 	}
 	res = sb.Wait(ctx)
 	unread, uerr := pipeUnread(w.peer)
@@ -543,7 +623,7 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (r
 	if uerr == nil && unread > 0 {
 		// The code's process never read the whole message (it runs the
 		// code only after MessageEnd): none of the execution ran.
-		return nil, false, p.dropDead(w, sb, spec, true, "the hand-off was never read")
+		return nil, false, p.dropDead(w, sb, spec, orig, true, "the hand-off was never read")
 	}
 	if uerr != nil {
 		p.log.Warn("warm pool: unable to check the hand-off pipe", "sandbox", sb.ID(), "error", uerr)
@@ -563,14 +643,17 @@ func writeMessage(c *net.UnixConn, msg, rights []byte) error {
 	return err
 }
 
-// dropDead gives the request's files back to spec.Workspace from a warm
+// dropDead gives the request's files back to orig (unless "") from a warm
 // sandbox that died before its code ran (so the workspace holds only what
 // the server wrote) and ends the sandbox, handed sb, or only removes its
 // workspace once it was waited for.
-func (p *Pool) dropDead(w *warmSandbox, sb *nsjail.Sandbox, spec nsjail.Spec, waited bool, why string) error {
+func (p *Pool) dropDead(w *warmSandbox, sb *nsjail.Sandbox, spec nsjail.Spec, orig string, waited bool, why string) error {
 	log := cmp.Or(spec.Logger, p.log)
 	log.Warn("warm sandbox found dead at hand-off; running the execution cold", "sandbox", sb.ID(), "why", why)
-	err := workspace.MoveBack(w.workspace, spec.Workspace)
+	var err error
+	if orig != "" {
+		err = workspace.MoveBack(w.workspace, orig)
+	}
 	p.retiring.Add(1)
 	go func() {
 		defer p.retiring.Done()

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -956,5 +957,80 @@ func TestTemplateSharedByPolicies(t *testing.T) {
 	}
 	if st := pool.Stats(); st.Taken != 2 || st.TakenBy["small"] != 1 || st.TakenBy["large"] != 1 || st.FallbackDead != 0 {
 		t.Errorf("both executions warm, one per policy: stats %+v", st)
+	}
+}
+
+// A Claim is the server's warm path: the request is written straight into
+// the claimed sandbox's workspace (no workspace of its own, no copy), the
+// code finds it there as in a cold run, and what it leaves stays there for
+// the caller. A claim given up (Release) retires its sandbox and removes
+// its workspace, and the pool refills; a claim runs once and only in its
+// own workspace; a spec no warm sandbox can run gets no claim.
+func TestClaimWritesStraightIntoTheWarmWorkspace(t *testing.T) {
+	rootfs, r, tpl, pool := numpyPool(t)
+	defer pool.Close()
+	spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/" + inside.CodeFile},
+		Env: tpl.Env, Cwd: inside.Workspace, Limits: tpl.Limits}
+	spec.Limits.Timeout = 30 * time.Second
+	o := workspace.Options{UID: r.HostUID(), GID: r.HostGID()}
+	ctx := context.Background()
+
+	waitReady(t, pool, 1)
+	odd := spec
+	odd.Hostname = "elsewhere"
+	if c := pool.Claim(ctx, odd); c != nil {
+		t.Fatal("a claim for a spec with a hostname of its own, which no warm sandbox runs")
+	}
+	c := pool.Claim(ctx, spec)
+	if c == nil {
+		t.Fatal("no claim on a pool with a ready sandbox")
+	}
+	released := c.Workspace()
+	c.Release()
+	waitGone(t, released)
+
+	waitReady(t, pool, 1)
+	before := pool.Stats()
+	c = pool.Claim(ctx, spec)
+	if c == nil {
+		t.Fatal("no claim after the refill")
+	}
+	code := "import json, os\n" +
+		"print(json.load(open(" + strconv.Quote(inside.RequestFile) + "))['x'], open('input/a/b.txt').read())\n" +
+		"open(" + strconv.Quote(inside.OutputDir+"/left.txt") + ", 'w').write('left')\n"
+	err := workspace.Write(c.Workspace(), o, workspace.Request{Code: code, Input: []byte(`{"x": 42}`),
+		Files: []workspace.File{{Path: "a/b.txt", Data: []byte("data")}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrong := spec
+	wrong.Workspace = t.TempDir()
+	if _, _, err := c.Run(ctx, wrong); err == nil {
+		t.Fatal("a claim ran in another workspace")
+	}
+	waitReady(t, pool, 1)
+	c = pool.Claim(ctx, spec)
+	if err := workspace.Write(c.Workspace(), o, workspace.Request{Code: code, Input: []byte(`{"x": 42}`),
+		Files: []workspace.File{{Path: "a/b.txt", Data: []byte("data")}}}); err != nil {
+		t.Fatal(err)
+	}
+	run := spec
+	run.Workspace = c.Workspace()
+	res, delivered, err := c.Run(ctx, run)
+	if err != nil || !delivered {
+		t.Fatalf("delivered %v, error %v", delivered, err)
+	}
+	defer workspace.Remove(c.Workspace())
+	if res.Status != nsjail.StatusSucceeded || string(res.Stdout) != "42 data\n" {
+		t.Fatalf("status %s stdout %q stderr %.500s error %s", res.Status, res.Stdout, res.Stderr, res.Error)
+	}
+	if b, err := os.ReadFile(filepath.Join(c.Workspace(), inside.OutputDir, "left.txt")); err != nil || string(b) != "left" {
+		t.Fatalf("what the code left: %q, %v", b, err)
+	}
+	if _, _, err := c.Run(ctx, run); err == nil {
+		t.Fatal("a claim ran twice")
+	}
+	if after := pool.Stats(); after.Taken != before.Taken+1 || after.FallbackDead != before.FallbackDead {
+		t.Fatalf("taken %d→%d, dead fallbacks %d→%d", before.Taken, after.Taken, before.FallbackDead, after.FallbackDead)
 	}
 }

@@ -33,7 +33,13 @@ type Template struct {
 // start-up, and a preload may read any at import, long before a hand-off: a
 // request that sets one has the shape but runs cold, counted.
 func (t Template) Matches(spec *nsjail.Spec) (shape, env bool) {
-	if _, ok := handoffOf(spec); !ok || spec.Workspace == "" || spec.Stdin != nil {
+	return t.matches(spec, spec.Workspace != "")
+}
+
+// matches is Matches, with whether spec will have a workspace said apart
+// (Pool.Claim: the claimed sandbox's own).
+func (t Template) matches(spec *nsjail.Spec, workspace bool) (shape, env bool) {
+	if _, ok := handoffOf(spec); !ok || !workspace || spec.Stdin != nil {
 		return false, false
 	}
 	if !t.sandboxMatches(spec) {

@@ -7,7 +7,9 @@ package warmpool_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"os"
@@ -355,6 +357,36 @@ func TestDeadWarmSandboxRunsCold(t *testing.T) {
 					before.Taken, after.Taken, before.FallbackDead, after.FallbackDead)
 			}
 		})
+		// The same through a Claim, the server's path: the request written
+		// straight into the dead sandbox's workspace; nothing runs there,
+		// the pool removes that workspace, and the caller runs cold.
+		t.Run(tc.name+" claimed", func(t *testing.T) {
+			waitReady(t, pool, 1)
+			tc.kill(warmPid(t, pool, true), warmPid(t, pool, false))
+			before := pool.Stats()
+			spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+				Env: tpl.Env, Cwd: inside.Workspace, Limits: tpl.Limits}
+			spec.Limits.Timeout = 2 * time.Second
+			c := pool.Claim(context.Background(), spec)
+			if c == nil {
+				t.Fatal("no claim on a pool with a ready sandbox")
+			}
+			warm := c.Workspace()
+			if err := workspace.Write(warm, workspace.Options{UID: r.HostUID(), GID: r.HostGID()},
+				workspace.Request{Code: `print("ran")`}); err != nil {
+				t.Fatal(err)
+			}
+			spec.Workspace = warm
+			res, delivered, err := c.Run(context.Background(), spec)
+			if err != nil || delivered || res != nil {
+				t.Fatalf("delivered %v, result %v, error %v; want nothing delivered", delivered, res, err)
+			}
+			if after := pool.Stats(); after.Taken != before.Taken || after.FallbackDead != before.FallbackDead+1 {
+				t.Fatalf("taken %d→%d, dead fallbacks %d→%d; want a counted fallback",
+					before.Taken, after.Taken, before.FallbackDead, after.FallbackDead)
+			}
+			waitGone(t, warm)
+		})
 	}
 }
 
@@ -647,4 +679,18 @@ func TestTrustOnForks(t *testing.T) {
 	defer func() { trustOnForks = false }()
 	t.Run("WarmExitReportCannotBeForged", TestWarmExitReportCannotBeForged)
 	t.Run("DeadWarmSandboxRunsCold", TestDeadWarmSandboxRunsCold)
+}
+
+// waitGone waits until path no longer exists (the pool removes a dead or
+// released sandbox's workspace in the background).
+func waitGone(t *testing.T, path string) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still exists", path)
+		}
+	}
 }

@@ -62,9 +62,8 @@ type Workspace struct {
 }
 
 // Create makes a fresh workspace under root for the run named run, mounts
-// a tmpfs sized by o on it (see Mount), writes the request in the layout of
-// package inside, and hands everything to o.UID and o.GID so the sandbox
-// user can read it and write output/.
+// a tmpfs sized by o on it (see Mount) and writes the request in (Write),
+// so the sandbox user can read it and write output/.
 func Create(root, run string, o Options, req Request) (ws *Workspace, err error) {
 	if err := os.MkdirAll(root, 0o711); err != nil {
 		return nil, wrapSpace(fmt.Errorf("work root: %w", err))
@@ -83,37 +82,52 @@ func Create(root, run string, o Options, req Request) (ws *Workspace, err error)
 	if err := Mount(dir, o); err != nil {
 		return ws, err
 	}
+	if err := Write(dir, o, req); err != nil {
+		return ws, err
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return ws, fmt.Errorf("chmod workspace: %w", err)
+	}
+	return ws, nil
+}
+
+// Write writes req into dir, an empty workspace (Create's, or a warm
+// sandbox's before its hand-off), in the layout of package inside, and
+// hands it to o.UID and o.GID. Nothing in dir is followed: a warm
+// sandbox's process could have put a link there before its hand-off had
+// its template been compromised (SECURITY.md case 73), and a name already
+// taken is an error.
+func Write(dir string, o Options, req Request) error {
 	// os.Root: every write below stays inside dir whatever the names say
 	// (defence in depth behind the server's path checks).
 	r, err := os.OpenRoot(dir)
 	if err != nil {
-		return ws, fmt.Errorf("open workspace: %w", err)
+		return fmt.Errorf("open workspace: %w", err)
 	}
 	defer r.Close()
 	for _, d := range inside.LayoutDirs {
 		if err := r.Mkdir(d, 0o755); err != nil {
-			return ws, wrapSpace(fmt.Errorf("create workspace: %w", err))
+			return wrapSpace(fmt.Errorf("create workspace: %w", err))
 		}
 	}
 	if err := r.WriteFile(inside.CodeFile, []byte(req.Code), 0o644); err != nil {
-		return ws, wrapSpace(fmt.Errorf("write code: %w", err))
+		return wrapSpace(fmt.Errorf("write code: %w", err))
 	}
 	if req.Input != nil {
 		if err := r.WriteFile(inside.RequestFile, req.Input, 0o644); err != nil {
-			return ws, wrapSpace(fmt.Errorf("write input: %w", err))
+			return wrapSpace(fmt.Errorf("write input: %w", err))
 		}
 	}
 	for _, f := range req.Files {
 		p := inside.InputDir + "/" + f.Path
 		if err := r.MkdirAll(path.Dir(p), 0o755); err != nil {
-			return ws, wrapSpace(fmt.Errorf("write file %s: %w", f.Path, err))
+			return wrapSpace(fmt.Errorf("write file %s: %w", f.Path, err))
 		}
 		if err := r.WriteFile(p, f.Data, 0o644); err != nil {
-			return ws, wrapSpace(fmt.Errorf("write file %s: %w", f.Path, err))
+			return wrapSpace(fmt.Errorf("write file %s: %w", f.Path, err))
 		}
 	}
-	// Nothing in dir is a symlink yet (the sandbox has not run), so a plain
-	// walk is safe here.
+	// WalkDir and Lchown follow no link.
 	err = filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -121,12 +135,9 @@ func Create(root, run string, o Options, req Request) (ws *Workspace, err error)
 		return os.Lchown(p, o.UID, o.GID)
 	})
 	if err != nil {
-		return ws, fmt.Errorf("chown workspace: %w", err)
+		return fmt.Errorf("chown workspace: %w", err)
 	}
-	if err := os.Chmod(dir, 0o700); err != nil {
-		return ws, fmt.Errorf("chmod workspace: %w", err)
-	}
-	return ws, nil
+	return nil
 }
 
 // CreateWarm makes an empty workspace under root for a warm sandbox, which
