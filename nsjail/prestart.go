@@ -213,10 +213,16 @@ func (p *Pending) Handoff(o HandoffOptions) (sb *Sandbox, droppedStdout, dropped
 // Retire ends a pre-started sandbox that gets no execution: it gives the
 // command grace to exit on its own (the caller has told it to, as by
 // closing its channel), then kills it, and returns its result with
-// everything it wrote (why it failed, when it did). The sandbox is removed
-// as after Wait. It panics when p was already handed off or retired.
-func (p *Pending) Retire(grace time.Duration) *Result {
+// everything it wrote (why it failed, when it did); its wall time counts
+// from the call. report, when not nil, is the exit report as at a
+// hand-off (HandoffOptions.ExitReport): a template fork's G's status is
+// its F's to tell, and without it the result is a sandbox_error. The
+// sandbox is removed as after Wait. It panics when p was already handed
+// off or retired.
+func (p *Pending) Retire(grace time.Duration, report <-chan syscall.WaitStatus) *Result {
 	p.leave(pendingRetired, "Retire")
 	p.s.lim.Timeout = grace
+	p.s.startedAt = time.Now()
+	p.s.exitReport = report
 	return p.s.Wait(context.Background())
 }

@@ -16,7 +16,7 @@ func TestPendingLeavesOnce(t *testing.T) {
 		p.state.Store(state)
 		for call, f := range map[string]func(){
 			"Handoff": func() { p.Handoff(HandoffOptions{}) },
-			"Retire":  func() { p.Retire(time.Second) },
+			"Retire":  func() { p.Retire(time.Second, nil) },
 		} {
 			func() {
 				defer func() {

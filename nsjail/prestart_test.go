@@ -166,7 +166,7 @@ func TestPrestartRetire(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := p.Retire(30 * time.Second)
+	res := p.Retire(30*time.Second, nil)
 	wantStatus(t, res, nsjail.StatusFailed)
 	if res.ExitCode != 3 || string(res.Stderr) != "cannot prepare\n" {
 		t.Fatalf("exit %d, stderr %q", res.ExitCode, res.Stderr)
@@ -176,7 +176,7 @@ func TestPrestartRetire(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res = p.Retire(100 * time.Millisecond)
+	res = p.Retire(100*time.Millisecond, nil)
 	wantStatus(t, res, nsjail.StatusTimeout)
 	r.WaitForCleanup()
 	if pids := nsjailtest.ProcessesMatching("sleep 1011"); len(pids) > 0 {
@@ -221,7 +221,7 @@ func TestPrestartIsHandedOffOrRetiredOnce(t *testing.T) {
 		t.Error("a handed-off sandbox still reports its memory as the pool's")
 	}
 	mustPanic(t, "Handoff on pre-started sandbox "+p.ID()+", already handed off", func() { p.Handoff(nsjail.HandoffOptions{}) })
-	mustPanic(t, "Retire on pre-started sandbox "+p.ID()+", already handed off", func() { p.Retire(time.Millisecond) })
+	mustPanic(t, "Retire on pre-started sandbox "+p.ID()+", already handed off", func() { p.Retire(time.Millisecond, nil) })
 	if _, err := ctlW.WriteString("1\n"); err != nil {
 		t.Fatal(err)
 	}
@@ -238,9 +238,9 @@ func TestPrestartIsHandedOffOrRetiredOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res = p.Retire(30 * time.Second)
+	res = p.Retire(30*time.Second, nil)
 	wantStatus(t, res, nsjail.StatusFailed)
-	mustPanic(t, "Retire on pre-started sandbox "+p.ID()+", already retired", func() { p.Retire(time.Millisecond) })
+	mustPanic(t, "Retire on pre-started sandbox "+p.ID()+", already retired", func() { p.Retire(time.Millisecond, nil) })
 	mustPanic(t, "Handoff on pre-started sandbox "+p.ID()+", already retired", func() { p.Handoff(nsjail.HandoffOptions{}) })
 	if p.MemoryBytes() != 0 {
 		t.Error("a retired sandbox reports memory")
@@ -300,5 +300,5 @@ func TestMemoryBytesRacesHandoff(t *testing.T) {
 	if p.MemoryBytes() <= 0 {
 		t.Error("a waiting sandbox reports no memory")
 	}
-	p.Retire(time.Millisecond)
+	p.Retire(time.Millisecond, nil)
 }

@@ -608,7 +608,7 @@ func TestAliveSeesAKillAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	alive := p.Alive()
-	res := p.Retire(30 * time.Second)
+	res := p.Retire(30*time.Second, nil)
 	if alive {
 		t.Error("a killed sandbox is still alive")
 	}

@@ -889,7 +889,7 @@ func coldProgram(t *testing.T, r *nsjail.Runner, rootfs string) seccomp.Program 
 	}
 	runningW.Close()
 	if n, err := running.Read(make([]byte, 1)); n != 1 {
-		p.Retire(time.Second)
+		p.Retire(time.Second, nil)
 		t.Fatalf("the cold sandbox's command did not start: %v", err)
 	}
 	pid, err := p.Pid()
@@ -898,7 +898,7 @@ func coldProgram(t *testing.T, r *nsjail.Runner, rootfs string) seccomp.Program 
 	}
 	prog, err := seccomp.LoadedProgram(pid)
 	wr.Close()
-	p.Retire(10 * time.Second)
+	p.Retire(10*time.Second, nil)
 	if err != nil {
 		t.Fatalf("the cold sandbox's program: %v", err)
 	}

@@ -556,7 +556,7 @@ func (p *Pool) fork(reqCtx context.Context, f Forker, tproc *templateProc, spec 
 		_ = unix.PidfdSendSignal(int(g.Fd()), unix.SIGKILL, nil, 0)
 		goAheadW.Close()
 		ctl.Close()
-		pending.Retire(0)
+		pending.Retire(0, nil)
 		ctlPeer.Close()
 		closeAll(ours)
 		return nil, false, e

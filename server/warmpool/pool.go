@@ -778,7 +778,7 @@ const retireGrace = 5 * time.Second
 // code's process, then the zygote, exit 0; a bounded wait kills it otherwise.
 func (p *Pool) retire(w *warmSandbox) {
 	w.control.Close()
-	w.pending.Retire(retireGrace)
+	w.pending.Retire(retireGrace, w.exit)
 	w.peer.Close()
 	workspace.Remove(w.workspace)
 }
@@ -909,7 +909,7 @@ func (p *Pool) launch(ctx context.Context, stop <-chan struct{}, spec nsjail.Spe
 	readyR.Close()
 	if err != nil {
 		ctl.Close()
-		res := pending.Retire(time.Second)
+		res := pending.Retire(time.Second, nil)
 		ctlPeer.Close()
 		if err == errPoolClosed || ctx.Err() != nil {
 			return nil, err

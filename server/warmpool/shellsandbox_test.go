@@ -158,9 +158,20 @@ func TestShellSandboxRetire(t *testing.T) {
 	if !p.Alive() {
 		t.Fatal("a placed fork is not alive")
 	}
-	res := p.Retire(500 * time.Millisecond)
+	res := p.Retire(500*time.Millisecond, nil)
 	if res.Status != nsjail.StatusTimeout {
 		t.Errorf("retired: %s (%s), want timeout: G was told nothing and killed", res.Status, res.Error)
+	}
+	// As the pool retires one: told (its control socket closed, as the
+	// pool's retire does) and its exit report given, G's own exit 0 is
+	// the result, timed from the retirement (it was a sandbox_error with
+	// a wall time from the zero time in every retirement's log line).
+	f2, p2, report, _ := forkPending(t, r, lab, spec)
+	f2.ctl.Close()
+	res2 := p2.Retire(30*time.Second, report)
+	if res2.Status != nsjail.StatusSucceeded || res2.ExitCode != 0 || res2.Usage.WallMS < 0 || res2.Usage.WallMS > 30_000 {
+		t.Errorf("retired after its EOF: %s exit %d wall %d ms (%s), want succeeded, 0, within the grace",
+			res2.Status, res2.ExitCode, res2.Usage.WallMS, res2.Error)
 	}
 	r.WaitForCleanup()
 	for ctrl, dir := range paths {
@@ -192,7 +203,7 @@ func TestShellCheckConfined(t *testing.T) {
 			t.Fatal(err)
 		}
 		p := sh.Pending(f.stdout, f.stderr)
-		t.Cleanup(func() { p.Retire(time.Second) })
+		t.Cleanup(func() { p.Retire(time.Second, nil) })
 		if err := sh.MoveG(); err != nil {
 			t.Fatal(err)
 		}
