@@ -360,7 +360,7 @@ func (s *Server) run(ctx context.Context, x *execution, spec nsjail.Spec, req *w
 	pool := s.pool
 	s.mu.Unlock()
 	if pool != nil {
-		if c := pool.Claim(ctx, spec); c != nil {
+		if c := pool.Claim(ctx, spec, []byte(req.Code)); c != nil {
 			if err := workspace.Write(c.Workspace(), o, *req); err != nil {
 				// As a cold workspace's would (ErrFull among them): the
 				// cold path below says so.

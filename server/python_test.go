@@ -240,6 +240,21 @@ print(sorted(os.listdir("/workspace")), sorted(os.listdir("/workspace/input")), 
 	// and the refill waits for the execution.
 	waitFor(t, func() bool { return warm.srv.PoolStats().Ready == 1 })
 	warm.waitStatus("warm-cancel", StatusRunning)
+	// Its policy's pool is empty now: with forks, code that imports part
+	// of the preload gets a fork made for it (the server's path decides
+	// that from the request's code, before any workspace exists), and
+	// code that imports none of it runs cold; without, both run cold.
+	forksBefore, coldBefore := warm.srv.PoolStats().ExecForks, warm.sandbox.started.Load()
+	if r := warm.execute(ExecutionRequest{Code: "import pandas as pd\nprint(pd.__name__)"}); r.Stdout != "pandas\n" {
+		t.Fatalf("pandas with the pool empty: %+v", r)
+	}
+	if r := warm.execute(ExecutionRequest{Code: "print(2)"}); r.Stdout != "2\n" {
+		t.Fatalf("print with the pool empty: %+v", r)
+	}
+	wantForks, wantCold := map[bool]uint64{false: 0, true: 1}[forks], map[bool]int64{false: 2, true: 1}[forks]
+	if got, cold := warm.srv.PoolStats().ExecForks-forksBefore, warm.sandbox.started.Load()-coldBefore; got != wantForks || cold != wantCold {
+		t.Fatalf("with the pool empty: %d forked on demand and %d cold, want %d and %d", got, cold, wantForks, wantCold)
+	}
 	time.Sleep(200 * time.Millisecond)
 	if code, _, body := warm.do("DELETE", "/v1/executions/warm-cancel", nil); code != 200 {
 		t.Fatalf("DELETE = %d %s", code, body)

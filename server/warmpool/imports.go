@@ -52,7 +52,17 @@ func importsPreload(spec *nsjail.Spec, preload []string) bool {
 	if err != nil {
 		return false
 	}
-	return importsAny(src, topLevel(preload))
+	return codeImportsPreload(src, preload)
+}
+
+// codeImportsPreload is importsPreload on the code itself (Pool.Claim's:
+// its file is written only once a sandbox is claimed), of which the first
+// maxScannedSource bytes are scanned, as of the file.
+func codeImportsPreload(src []byte, preload []string) bool {
+	if len(preload) == 0 {
+		return false
+	}
+	return importsAny(src[:min(len(src), maxScannedSource)], topLevel(preload))
 }
 
 // topLevel is the set of the modules' top-level packages.

@@ -1,6 +1,7 @@
 package warmpool
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -77,5 +78,31 @@ func TestImportsPreloadReadsTheExecutionsFile(t *testing.T) {
 	}
 	if importsPreload(spec(inside.Workspace+"/main.py"), nil) {
 		t.Error("importsPreload with no preload = true")
+	}
+}
+
+// codeImportsPreload decides Claim's forks on demand from the code itself
+// (its file is not written yet), scanning as much of it as importsPreload
+// scans of the file.
+func TestCodeImportsPreload(t *testing.T) {
+	preload := []string{"numpy", "matplotlib.pyplot"}
+	late := bytes.Repeat([]byte("#\n"), maxScannedSource/2) // the scan's bound, in comments
+	for _, c := range []struct {
+		name string
+		src  []byte
+		want bool
+	}{
+		{"imports", []byte("import os\nimport numpy as np\n"), true},
+		{"submodule", []byte("from matplotlib import pyplot\n"), true},
+		{"none", []byte("import os\nprint(1)\n"), false},
+		{"empty", nil, false},
+		{"past the bound", append(late, "import numpy\n"...), false},
+	} {
+		if got := codeImportsPreload(c.src, preload); got != c.want {
+			t.Errorf("%s: codeImportsPreload = %v, want %v", c.name, got, c.want)
+		}
+	}
+	if codeImportsPreload([]byte("import numpy\n"), nil) {
+		t.Error("codeImportsPreload with no preload = true")
 	}
 }

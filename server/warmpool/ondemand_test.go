@@ -3,6 +3,7 @@ package warmpool_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -19,7 +20,16 @@ import (
 // none of it runs cold, as it always did; three at once are each a fork
 // (made side by side past the template's part of each: fork.go makeFork),
 // and each gets its own answer.
+//
+// Through Pool.Run (the request's workspace written first) and through
+// Pool.Claim (the server's path: the code given, its workspace written
+// only once a sandbox is claimed, or made for a cold run).
 func TestExecutionForkedOnDemand(t *testing.T) {
+	t.Run("Run", func(t *testing.T) { testExecutionForkedOnDemand(t, false) })
+	t.Run("Claim", func(t *testing.T) { testExecutionForkedOnDemand(t, true) })
+}
+
+func testExecutionForkedOnDemand(t *testing.T, claim bool) {
 	requireTemplates(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	r := newPoolRunner(t)
@@ -32,17 +42,55 @@ func TestExecutionForkedOnDemand(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	// Workspaces are made on the test's goroutine (poolWorkspace fails
-	// the test with t.Fatal).
-	run := func(ctx context.Context, ws string, timeout time.Duration) (*nsjail.Result, error) {
+	// A job is a workspace for Pool.Run, made on the test's goroutine
+	// (poolWorkspace fails the test with t.Fatal), or the code for a
+	// Claim.
+	type job struct{ ws, code string }
+	prepare := func(code string) job {
+		if claim {
+			return job{code: code}
+		}
+		return job{ws: poolWorkspace(t, r, code)}
+	}
+	base := t.TempDir()
+	o := workspace.Options{UID: r.HostUID(), GID: r.HostGID()}
+	run := func(ctx context.Context, j job, timeout time.Duration) (*nsjail.Result, error) {
 		lim := tpl.Limits
 		if timeout > 0 {
 			lim.Timeout = timeout
 		}
-		res, out, err := pool.Run(ctx, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/" + inside.CodeFile},
-			Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: lim})
-		if err == nil && out != ws {
-			defer workspace.Remove(out)
+		spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/" + inside.CodeFile},
+			Env: tpl.Env, Cwd: inside.Workspace, Workspace: j.ws, Limits: lim}
+		var res *nsjail.Result
+		var err error
+		if claim {
+			delivered := false
+			if c := pool.Claim(ctx, spec, []byte(j.code)); c != nil {
+				if err := workspace.Write(c.Workspace(), o, workspace.Request{Code: j.code}); err != nil {
+					c.Release()
+					return nil, err
+				}
+				spec.Workspace = c.Workspace()
+				res, delivered, err = c.Run(ctx, spec)
+				defer workspace.Remove(c.Workspace())
+			}
+			if !delivered && err == nil { // cold, as the server runs it
+				dir, derr := os.MkdirTemp(base, "cold-")
+				if derr == nil {
+					derr = workspace.Write(dir, o, workspace.Request{Code: j.code})
+				}
+				if derr != nil {
+					return nil, derr
+				}
+				spec.Workspace = dir
+				res, err = r.Run(ctx, spec)
+			}
+		} else {
+			var out string
+			res, out, err = pool.Run(ctx, spec)
+			if err == nil && out != j.ws {
+				defer workspace.Remove(out)
+			}
 		}
 		if err == nil && res.Status != nsjail.StatusSucceeded {
 			err = fmt.Errorf("status %s, stderr %s", res.Status, res.Stderr)
@@ -54,11 +102,11 @@ func TestExecutionForkedOnDemand(t *testing.T) {
 	// pool's ticker (every 30 s): a take it makes possible is tolerated
 	// below, where it can only make one, and each take's end another.
 	waitReady(t, pool, 1)
-	heldWS := poolWorkspace(t, r, "import time\ntime.sleep(600)")
+	heldJob := prepare("import time\ntime.sleep(600)")
 	ctx, cancel := context.WithCancel(context.Background())
 	held := make(chan error, 1)
 	go func() {
-		_, err := run(ctx, heldWS, 10*time.Minute)
+		_, err := run(ctx, heldJob, 10*time.Minute)
 		held <- err
 	}()
 	defer func() {
@@ -71,7 +119,7 @@ func TestExecutionForkedOnDemand(t *testing.T) {
 
 	first := pool.Stats()
 	before := first
-	res, err := run(context.Background(), poolWorkspace(t, r, "import pandas as pd\nprint(pd.__name__)"), 0)
+	res, err := run(context.Background(), prepare("import pandas as pd\nprint(pd.__name__)"), 0)
 	if err != nil || string(res.Stdout) != "pandas\n" {
 		t.Fatalf("pandas: %v, stdout %q", err, res.Stdout)
 	}
@@ -80,7 +128,7 @@ func TestExecutionForkedOnDemand(t *testing.T) {
 	}
 
 	before = pool.Stats()
-	if res, err := run(context.Background(), poolWorkspace(t, r, "print(1)"), 0); err != nil || string(res.Stdout) != "1\n" {
+	if res, err := run(context.Background(), prepare("print(1)"), 0); err != nil || string(res.Stdout) != "1\n" {
 		t.Fatalf("print: %v", err)
 	}
 	if st := pool.Stats(); st.ExecForks != before.ExecForks {
@@ -88,14 +136,14 @@ func TestExecutionForkedOnDemand(t *testing.T) {
 	}
 
 	before = pool.Stats()
-	var wss []string
+	var jobs []job
 	for i := range 3 {
-		wss = append(wss, poolWorkspace(t, r, fmt.Sprintf("import numpy as np\nprint(int(np.int64(%d)) * 2)", i)))
+		jobs = append(jobs, prepare(fmt.Sprintf("import numpy as np\nprint(int(np.int64(%d)) * 2)", i)))
 	}
 	errs := make(chan error, 3)
-	for i, ws := range wss {
+	for i, j := range jobs {
 		go func() {
-			res, err := run(context.Background(), ws, 0)
+			res, err := run(context.Background(), j, 0)
 			if err == nil && string(res.Stdout) != fmt.Sprintf("%d\n", i*2) {
 				err = fmt.Errorf("execution %d: stdout %q", i, res.Stdout)
 			}

@@ -356,7 +356,7 @@ func (p *Pool) counts() (Stats, []*warmSandbox) {
 // run moves the request from spec.Workspace into the sandbox's; a caller
 // that has not written its request yet saves that copy with Claim.
 func (p *Pool) Run(ctx context.Context, spec nsjail.Spec) (res *nsjail.Result, outputs string, err error) {
-	c := p.claim(ctx, spec, spec.Workspace != "")
+	c := p.claim(ctx, spec, spec.Workspace != "", func() bool { return importsPreload(&spec, p.cfg.Preload) })
 	if c == nil {
 		res, err := p.sandboxer.Run(ctx, spec)
 		return res, spec.Workspace, err
@@ -387,15 +387,19 @@ type Claim struct {
 
 // Claim takes a ready sandbox that can run spec, given the workspace the
 // sandbox brings (spec.Workspace is not looked at), or forks one on demand
-// as Run does; nil when spec is to run cold.
-func (p *Pool) Claim(ctx context.Context, spec nsjail.Spec) *Claim {
-	return p.claim(ctx, spec, true)
+// as Run does when code, the source of the file spec runs (not written
+// yet), imports part of the preload; nil when spec is to run cold.
+func (p *Pool) Claim(ctx context.Context, spec nsjail.Spec, code []byte) *Claim {
+	return p.claim(ctx, spec, true, func() bool { return codeImportsPreload(code, p.cfg.Preload) })
 }
 
-func (p *Pool) claim(ctx context.Context, spec nsjail.Spec, workspace bool) *Claim {
+// claim is Claim and Run's: workspace says spec will have one, imports
+// whether its code imports part of the preload (asked only when no ready
+// sandbox matches).
+func (p *Pool) claim(ctx context.Context, spec nsjail.Spec, workspace bool, imports func() bool) *Claim {
 	w, tp := p.take(func(t Template) (bool, bool) { return t.matches(&spec, workspace) })
 	onDemand := false
-	if w == nil && workspace {
+	if w == nil && workspace && imports() {
 		w, tp = p.forkForExecution(ctx, &spec)
 		onDemand = w != nil
 	}
@@ -496,23 +500,23 @@ const defaultExecForkWait = 100 * time.Millisecond
 
 // forkForExecution makes a fork of spec's template for this execution,
 // with Config.Forks, when the pool had none ready (a burst larger than the
-// pool, or a refill that cannot keep up) and the code imports part of the
-// preload (importsPreload): a fork is ready in ~50 ms and spares the
-// import, where a cold pandas step costs ~600 ms, mostly its import, in
-// CPU as much as in time; code that imports none of it starts cold about
-// as cheaply as a fork of the template (TEMPLATE.md section 12, "Forks on
-// demand"). It returns nil, and the execution runs cold, when the code
-// imports none of the preload, the pool has no such template, its fork
+// pool, or a refill that cannot keep up); its caller asks it only for code
+// that imports part of the preload (importsPreload, codeImportsPreload): a
+// fork is ready in ~50 ms and spares the import, where a cold pandas step
+// costs ~600 ms, mostly its import, in CPU as much as in time; code that
+// imports none of it starts cold about as cheaply as a fork of the
+// template (TEMPLATE.md section 12, "Forks on demand"). It returns nil,
+// and the execution runs cold, when the pool has no such template, its fork
 // lock stays busy for Config.ExecForkWait, it runs no template that has answered
 // a fork already and is not due to rotate (a template's start or import
 // would cost more than the cold run), or the fork fails.
 func (p *Pool) forkForExecution(ctx context.Context, spec *nsjail.Spec) (*warmSandbox, *templatePool) {
 	f, ok := p.sandboxer.(Forker)
-	if !ok || !p.cfg.Forks || !importsPreload(spec, p.cfg.Preload) {
+	if !ok || !p.cfg.Forks {
 		return nil, nil
 	}
 	tp := p.templateFor(func(t Template) bool {
-		shape, env := t.Matches(spec)
+		shape, env := t.matches(spec, true) // a workspace: the request's (Run) or the fork's (Claim)
 		return shape && env
 	})
 	if tp == nil {
