@@ -359,8 +359,11 @@ func (s *Server) run(ctx context.Context, x *execution, spec nsjail.Spec, req *w
 	s.mu.Lock()
 	pool := s.pool
 	s.mu.Unlock()
-	if pool != nil {
-		if c := pool.Claim(ctx, spec, []byte(req.Code)); c != nil {
+	// A request already cancelled (its client gone while it queued) takes
+	// no warm sandbox: it would be killed before its hand-off is read and
+	// counted as found dead.
+	if pool != nil && ctx.Err() == nil {
+		if c := pool.Claim(ctx, spec, req.Code); c != nil {
 			if err := workspace.Write(c.Workspace(), o, *req); err != nil {
 				// As a cold workspace's would (ErrFull among them): the
 				// cold path below says so.
@@ -371,9 +374,11 @@ func (s *Server) run(ctx context.Context, x *execution, spec nsjail.Spec, req *w
 				log.Info("sandbox starting")
 				x.started = true
 				res, delivered, err := c.Run(ctx, spec)
-				if delivered || err != nil {
+				if err != nil || delivered {
 					*req = workspace.Request{}
-					*remove = append(*remove, c.Workspace())
+				}
+				if delivered {
+					*remove = append(*remove, c.Workspace()) // else the pool removes it
 				}
 				if err != nil {
 					refusedSpec(x, err)

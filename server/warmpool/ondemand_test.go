@@ -65,7 +65,7 @@ func testExecutionForkedOnDemand(t *testing.T, claim bool) {
 		var err error
 		if claim {
 			delivered := false
-			if c := pool.Claim(ctx, spec, []byte(j.code)); c != nil {
+			if c := pool.Claim(ctx, spec, j.code); c != nil {
 				if err := workspace.Write(c.Workspace(), o, workspace.Request{Code: j.code}); err != nil {
 					c.Release()
 					return nil, err

@@ -1,7 +1,9 @@
 // Package warmpool keeps pre-started, single-use sandboxes whose Python has
 // already imported the data stack, one set per template (a policy's shape),
-// and runs an execution in one of them when it matches; otherwise it runs
-// the execution cold. Each warm sandbox's first process is zygote.py; how
+// and runs an execution in one of them when it matches (Claim: the
+// server writes the request straight into the claimed sandbox's
+// workspace; Run: a workspace of the request's is moved in); otherwise
+// the execution runs cold. Each warm sandbox's first process is zygote.py; how
 // the pool and it talk is protocol.go. A warm sandbox (or a cold one) can
 // also become a session's long-lived kernel (kernel.go).
 package warmpool
@@ -112,7 +114,7 @@ type Stats struct {
 	TemplatesAhead uint64
 	// ExecForks and KernelForks count the executions and the session
 	// kernels forked from their template on demand (Config.Forks, no
-	// ready warm sandbox: Run, StartKernel): not taken from the pool (not
+	// ready warm sandbox: Claim, Run, StartKernel): not taken from the pool (not
 	// in Taken) and not cold. FallbackFork counts those whose fork failed
 	// (the template broken, refused or not startable) and that ran cold
 	// instead.
@@ -389,8 +391,8 @@ type Claim struct {
 // sandbox brings (spec.Workspace is not looked at), or forks one on demand
 // as Run does when code, the source of the file spec runs (not written
 // yet), imports part of the preload; nil when spec is to run cold.
-func (p *Pool) Claim(ctx context.Context, spec nsjail.Spec, code []byte) *Claim {
-	return p.claim(ctx, spec, true, func() bool { return codeImportsPreload(code, p.cfg.Preload) })
+func (p *Pool) Claim(ctx context.Context, spec nsjail.Spec, code string) *Claim {
+	return p.claim(ctx, spec, true, func() bool { return codeImportsPreload([]byte(code), p.cfg.Preload) })
 }
 
 // claim is Claim and Run's: workspace says spec will have one, imports
@@ -399,7 +401,7 @@ func (p *Pool) Claim(ctx context.Context, spec nsjail.Spec, code []byte) *Claim 
 func (p *Pool) claim(ctx context.Context, spec nsjail.Spec, workspace bool, imports func() bool) *Claim {
 	w, tp := p.take(func(t Template) (bool, bool) { return t.matches(&spec, workspace) })
 	onDemand := false
-	if w == nil && workspace && imports() {
+	if w == nil && workspace && p.cfg.Forks && imports() {
 		w, tp = p.forkForExecution(ctx, &spec)
 		onDemand = w != nil
 	}
@@ -415,16 +417,24 @@ func (p *Pool) claim(ctx context.Context, spec nsjail.Spec, workspace bool, impo
 func (c *Claim) Workspace() string { return c.w.workspace }
 
 // Release ends a claim the caller will not Run (its request could not be
-// written): the sandbox is retired and its workspace removed.
+// written): the sandbox is retired and its workspace removed, in the
+// background.
 func (c *Claim) Release() {
 	if c.used {
 		return
 	}
 	c.used = true
-	c.p.retire(c.w)
-	if !c.onDemand {
-		c.tp.wakeRefill()
-	}
+	// In the background, as dropDead's: a sandbox that does not exit when
+	// told would hold the caller for retireGrace.
+	p := c.p
+	p.retiring.Add(1)
+	go func() {
+		defer p.retiring.Done()
+		p.retire(c.w)
+		if !c.onDemand {
+			c.tp.wakeRefill()
+		}
+	}()
 }
 
 // Run hands spec, whose Workspace is c.Workspace() with the request

@@ -978,10 +978,10 @@ func TestClaimWritesStraightIntoTheWarmWorkspace(t *testing.T) {
 	waitReady(t, pool, 1)
 	odd := spec
 	odd.Hostname = "elsewhere"
-	if c := pool.Claim(ctx, odd, nil); c != nil {
+	if c := pool.Claim(ctx, odd, ""); c != nil {
 		t.Fatal("a claim for a spec with a hostname of its own, which no warm sandbox runs")
 	}
-	c := pool.Claim(ctx, spec, nil)
+	c := pool.Claim(ctx, spec, "")
 	if c == nil {
 		t.Fatal("no claim on a pool with a ready sandbox")
 	}
@@ -991,7 +991,7 @@ func TestClaimWritesStraightIntoTheWarmWorkspace(t *testing.T) {
 
 	waitReady(t, pool, 1)
 	before := pool.Stats()
-	c = pool.Claim(ctx, spec, nil)
+	c = pool.Claim(ctx, spec, "")
 	if c == nil {
 		t.Fatal("no claim after the refill")
 	}
@@ -1009,7 +1009,7 @@ func TestClaimWritesStraightIntoTheWarmWorkspace(t *testing.T) {
 		t.Fatal("a claim ran in another workspace")
 	}
 	waitReady(t, pool, 1)
-	c = pool.Claim(ctx, spec, nil)
+	c = pool.Claim(ctx, spec, "")
 	if err := workspace.Write(c.Workspace(), o, workspace.Request{Code: code, Input: []byte(`{"x": 42}`),
 		Files: []workspace.File{{Path: "a/b.txt", Data: []byte("data")}}}); err != nil {
 		t.Fatal(err)

@@ -367,7 +367,7 @@ func TestDeadWarmSandboxRunsCold(t *testing.T) {
 			spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
 				Env: tpl.Env, Cwd: inside.Workspace, Limits: tpl.Limits}
 			spec.Limits.Timeout = 2 * time.Second
-			c := pool.Claim(context.Background(), spec, nil)
+			c := pool.Claim(context.Background(), spec, "")
 			if c == nil {
 				t.Fatal("no claim on a pool with a ready sandbox")
 			}

@@ -1,6 +1,7 @@
 // Package workspace is an execution's host directory, bound at /workspace
-// inside its sandbox: created on a tmpfs of its own with the request written
-// in (code, input, files), read back after the run without trusting anything
+// inside its sandbox: a tmpfs of its own (Create), or a warm sandbox's
+// (CreateWarm), with the request written in (code, input, files: Write),
+// read back after the run without trusting anything
 // the code left there (result.json, artifacts), and removed, or swept at
 // start-up when a killed worker left it. The layout is package inside's.
 package workspace
@@ -91,15 +92,17 @@ func Create(root, run string, o Options, req Request) (ws *Workspace, err error)
 	return ws, nil
 }
 
-// Write writes req into dir, an empty workspace (Create's, or a warm
-// sandbox's before its hand-off), in the layout of package inside, and
-// hands it to o.UID and o.GID. Nothing in dir is followed: a warm
-// sandbox's process could have put a link there before its hand-off had
-// its template been compromised (SECURITY.md case 73), and a name already
-// taken is an error.
+// Write writes req into dir, a workspace without the layout yet (Create's,
+// or a warm sandbox's before its hand-off), in the layout of package
+// inside, and hands what it wrote to o.UID and o.GID. A warm sandbox's
+// process is alive while it writes, and owns dir: had its template been
+// compromised, it could plant links, FIFOs or renames in dir at any moment
+// (SECURITY.md case 73). So everything goes through an os.Root of dir (no
+// name resolves outside it, whatever a concurrent rename makes of a path),
+// every layout directory and file is created anew (Mkdir, O_EXCL: an
+// existing name, a FIFO among them, is an error, never opened), and the
+// hand-over walks and chowns through the root too.
 func Write(dir string, o Options, req Request) error {
-	// os.Root: every write below stays inside dir whatever the names say
-	// (defence in depth behind the server's path checks).
 	r, err := os.OpenRoot(dir)
 	if err != nil {
 		return fmt.Errorf("open workspace: %w", err)
@@ -110,11 +113,11 @@ func Write(dir string, o Options, req Request) error {
 			return wrapSpace(fmt.Errorf("create workspace: %w", err))
 		}
 	}
-	if err := r.WriteFile(inside.CodeFile, []byte(req.Code), 0o644); err != nil {
+	if err := createFile(r, inside.CodeFile, []byte(req.Code)); err != nil {
 		return wrapSpace(fmt.Errorf("write code: %w", err))
 	}
 	if req.Input != nil {
-		if err := r.WriteFile(inside.RequestFile, req.Input, 0o644); err != nil {
+		if err := createFile(r, inside.RequestFile, req.Input); err != nil {
 			return wrapSpace(fmt.Errorf("write input: %w", err))
 		}
 	}
@@ -123,16 +126,19 @@ func Write(dir string, o Options, req Request) error {
 		if err := r.MkdirAll(path.Dir(p), 0o755); err != nil {
 			return wrapSpace(fmt.Errorf("write file %s: %w", f.Path, err))
 		}
-		if err := r.WriteFile(p, f.Data, 0o644); err != nil {
+		if err := createFile(r, p, f.Data); err != nil {
 			return wrapSpace(fmt.Errorf("write file %s: %w", f.Path, err))
 		}
 	}
-	// WalkDir and Lchown follow no link.
-	err = filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
+	// Through the root: a path walked by name could be renamed into a
+	// link to the host's / between the listing and the chown (the attack
+	// case 73's test races), and Lchown follows links in every component
+	// but the last.
+	err = fs.WalkDir(r.FS(), ".", func(p string, _ fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		return os.Lchown(p, o.UID, o.GID)
+		return r.Lchown(p, o.UID, o.GID)
 	})
 	if err != nil {
 		return fmt.Errorf("chown workspace: %w", err)
@@ -140,8 +146,20 @@ func Write(dir string, o Options, req Request) error {
 	return nil
 }
 
+// createFile creates name in r, which must not exist (O_EXCL: no link, no
+// FIFO or device planted there is ever opened), and writes data.
+func createFile(r *os.Root, name string, data []byte) error {
+	f, err := r.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	return errors.Join(err, f.Close())
+}
+
 // CreateWarm makes an empty workspace under root for a warm sandbox, which
-// an execution's request is moved into later (MoveInto): a tmpfs sized by
+// an execution's request is written into later (Write; Pool.Run's tests
+// move one in, MoveInto): a tmpfs sized by
 // o, made a shared mount (a kernel's volume is bound on it later), or, when
 // o.Bytes is 0, a plain directory (then root must be on the same filesystem
 // as the executions' workspaces: entries are renamed; no volume can be
