@@ -370,7 +370,6 @@ func (s *Server) run(ctx context.Context, x *execution, spec nsjail.Spec, req *w
 				log.Warn("unable to write the request into a warm sandbox's workspace; running cold", "err", err)
 				c.Release()
 			} else {
-				spec.Workspace = c.Workspace()
 				log.Info("sandbox starting")
 				x.started = true
 				res, delivered, err := c.Run(ctx, spec)

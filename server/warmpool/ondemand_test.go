@@ -70,7 +70,6 @@ func testExecutionForkedOnDemand(t *testing.T, claim bool) {
 					c.Release()
 					return nil, err
 				}
-				spec.Workspace = c.Workspace()
 				res, delivered, err = c.Run(ctx, spec)
 				defer workspace.Remove(c.Workspace())
 			}

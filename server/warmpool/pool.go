@@ -437,17 +437,14 @@ func (c *Claim) Release() {
 	}()
 }
 
-// Run hands spec, whose Workspace is c.Workspace() with the request
-// written in, to the claimed sandbox and waits, as Pool.Run. delivered is
-// false when the sandbox had died before its code's process read the
-// hand-off: nothing of the execution ran, the pool removes the sandbox and
-// its workspace, and the caller runs the execution cold from its own copy
-// of the request. The error is non-nil only when nothing ran.
+// Run hands spec to the claimed sandbox, in its workspace (spec.Workspace
+// is c.Workspace(), the request written in), and waits, as Pool.Run.
+// delivered is false when the sandbox had died before its code's process
+// read the hand-off: nothing of the execution ran, the pool removes the
+// sandbox and its workspace, and the caller runs the execution cold from
+// its own copy of the request. The error is non-nil only when nothing ran.
 func (c *Claim) Run(ctx context.Context, spec nsjail.Spec) (res *nsjail.Result, delivered bool, err error) {
-	if spec.Workspace != c.w.workspace {
-		c.Release()
-		return nil, false, fmt.Errorf("warm pool: a claim runs in its own workspace %s, not %s", c.w.workspace, spec.Workspace)
-	}
+	spec.Workspace = c.w.workspace
 	return c.run(ctx, spec, "")
 }
 

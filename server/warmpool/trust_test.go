@@ -376,7 +376,6 @@ func TestDeadWarmSandboxRunsCold(t *testing.T) {
 				workspace.Request{Code: `print("ran")`}); err != nil {
 				t.Fatal(err)
 			}
-			spec.Workspace = warm
 			res, delivered, err := c.Run(context.Background(), spec)
 			if err != nil || delivered || res != nil {
 				t.Fatalf("delivered %v, result %v, error %v; want nothing delivered", delivered, res, err)
