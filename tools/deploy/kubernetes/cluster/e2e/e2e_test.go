@@ -15,6 +15,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -618,7 +619,21 @@ func (c *cluster) byName(t *testing.T, name string, args ...string) *exec.Cmd {
 	t.Helper()
 	hosts := filepath.Join(c.state, "e2e-hosts")
 	ip := strings.TrimSuffix(strings.TrimPrefix(c.service, "http://"), ":"+c.port)
-	if err := os.WriteFile(hosts, []byte(ip+" sandboxd.sandboxd.svc\n"), 0o644); err != nil {
+	// Replaced whole (a new file renamed over it), never rewritten in
+	// place: the commands started before read it while later ones are
+	// started (the saturation step's bridges), and a lookup that met it
+	// truncated went to the host's DNS, which does not know the name
+	// (seen once: "lookup sandboxd.sandboxd.svc ... network is
+	// unreachable").
+	tmp, err := os.CreateTemp(c.state, "e2e-hosts-*")
+	if err == nil {
+		_, err = tmp.WriteString(ip + " sandboxd.sandboxd.svc\n")
+		err = errors.Join(err, tmp.Chmod(0o644), tmp.Close())
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), hosts)
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	return exec.Command("unshare", append([]string{"-m", "--", "sh", "-c", `mount --bind "$0" /etc/hosts && exec "$@"`, hosts, name}, args...)...)
