@@ -80,11 +80,22 @@ func MoveInto(src, dst string) error {
 	if err != nil {
 		return err
 	}
+	var root *os.Root // dst's, for copies: opened at the first
+	defer func() {
+		if root != nil {
+			root.Close()
+		}
+	}()
 	for _, e := range entries {
 		from, to := filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())
 		err := os.Rename(from, to)
 		if errors.Is(err, unix.EXDEV) {
-			err = copyTrustedTree(from, to)
+			if root == nil {
+				if root, err = os.OpenRoot(dst); err != nil {
+					return err
+				}
+			}
+			err = copyTrustedTree(from, root, e.Name())
 		}
 		if err != nil {
 			return err
@@ -113,9 +124,12 @@ func MoveBack(warm, orig string) error {
 	return nil
 }
 
-// copyTrustedTree copies a tree the server itself wrote. Anything but a
-// directory or a regular file is an error (nothing else is ever written).
-func copyTrustedTree(src, dst string) error {
+// copyTrustedTree copies a tree the server itself wrote to name in dst.
+// Anything but a directory or a regular file is an error (nothing else is
+// ever written). The copy is made through dst's os.Root: dst is a warm
+// sandbox's workspace, which its live process owns and could rename into
+// links meanwhile (SECURITY.md case 73, as for Write).
+func copyTrustedTree(src string, dst *os.Root, name string) error {
 	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -124,34 +138,34 @@ func copyTrustedTree(src, dst string) error {
 		if err != nil {
 			return err
 		}
-		target := filepath.Join(dst, rel)
+		target := filepath.Join(name, rel)
 		var st unix.Stat_t
 		if err := unix.Lstat(p, &st); err != nil {
 			return err
 		}
 		switch st.Mode & unix.S_IFMT {
 		case unix.S_IFDIR:
-			if err := os.Mkdir(target, fs.FileMode(st.Mode&0o7777)); err != nil {
+			if err := dst.Mkdir(target, fs.FileMode(st.Mode&0o777)); err != nil {
 				return err
 			}
 		case unix.S_IFREG:
-			if err := copyFile(p, target, fs.FileMode(st.Mode&0o777)); err != nil {
+			if err := copyFile(p, dst, target, fs.FileMode(st.Mode&0o777)); err != nil {
 				return err
 			}
 		default:
 			return fmt.Errorf("copy %s: not a directory or regular file", p)
 		}
-		return os.Lchown(target, int(st.Uid), int(st.Gid))
+		return dst.Lchown(target, int(st.Uid), int(st.Gid))
 	})
 }
 
-func copyFile(src, dst string, mode fs.FileMode) error {
+func copyFile(src string, dst *os.Root, name string, mode fs.FileMode) error {
 	in, err := os.OpenFile(src, os.O_RDONLY|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return err
 	}
 	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, mode)
+	out, err := dst.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, mode)
 	if err != nil {
 		return err
 	}
