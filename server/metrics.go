@@ -106,7 +106,7 @@ var (
 	poolExecForkDesc = prometheus.NewDesc("sandboxd_pool_execution_forks_total",
 		"Executions forked from their template on demand (pool_template_forks, no warm sandbox ready): neither taken from the pool nor run cold.", nil, nil)
 	poolFallbackDesc = prometheus.NewDesc("sandboxd_pool_fallback_total",
-		"Executions and session kernels that matched a warm template but ran cold, by reason: dead (the warm sandbox had died), env (the request sets a variable a warm sandbox cannot apply), fork (an on-demand fork could not be made: its template broken, refused or not startable).",
+		"Executions and session kernels that matched a warm template but ran cold, by reason: dead (the warm sandbox had died), env (the request sets a variable a warm sandbox cannot apply), fork (an on-demand fork could not be made: its template broken, refused or not startable), write (the request could not be written into the claimed warm sandbox's workspace).",
 		[]string{"reason"}, nil)
 )
 
@@ -134,6 +134,7 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(poolKernelForkDesc, prometheus.CounterValue, float64(st.KernelForks))
 	ch <- prometheus.MustNewConstMetric(poolFallbackDesc, prometheus.CounterValue, float64(st.FallbackEnv), "env")
 	ch <- prometheus.MustNewConstMetric(poolFallbackDesc, prometheus.CounterValue, float64(st.FallbackFork), "fork")
+	ch <- prometheus.MustNewConstMetric(poolFallbackDesc, prometheus.CounterValue, float64(st.FallbackWrite), "write")
 }
 
 // sessionCollector exports the session manager's state, one Stats() per

@@ -11,7 +11,7 @@ import (
 func TestPoolCollectorExportsFallbacks(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(&poolCollector{size: 2, stats: func() warmpool.Stats {
-		return warmpool.Stats{FallbackDead: 3, FallbackEnv: 5, FallbackFork: 7, KernelForks: 11, ExecForks: 13}
+		return warmpool.Stats{FallbackDead: 3, FallbackEnv: 5, FallbackFork: 7, FallbackWrite: 17, KernelForks: 11, ExecForks: 13}
 	}})
 	families, err := reg.Gather()
 	if err != nil {
@@ -37,7 +37,7 @@ func TestPoolCollectorExportsFallbacks(t *testing.T) {
 			got[strings.Join(labels, ",")] = m.GetCounter().GetValue()
 		}
 	}
-	if got["reason=dead"] != 3 || got["reason=env"] != 5 || got["reason=fork"] != 7 || len(got) != 3 {
+	if got["reason=dead"] != 3 || got["reason=env"] != 5 || got["reason=fork"] != 7 || got["reason=write"] != 17 || len(got) != 4 {
 		t.Fatalf("sandboxd_pool_fallback_total = %v", got)
 	}
 	if forked != 11 || execForked != 13 {

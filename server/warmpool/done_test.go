@@ -11,6 +11,7 @@ import (
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 	"github.com/sandboxd/sandboxd/server/runner"
 	"github.com/sandboxd/sandboxd/server/warmpool"
+	"github.com/sandboxd/sandboxd/server/workspace"
 )
 
 // The runner's done word (runner.Job.Done, nsjail.Spec.Done; SECURITY.md
@@ -44,7 +45,6 @@ func TestDoneWordOnEveryPath(t *testing.T) {
 					if warm {
 						waitReady(t, pool, 1)
 					}
-					ws := poolWorkspace(t, r, tc.code)
 					evR, evW, err := runner.Pipe()
 					if err != nil {
 						t.Fatal(err)
@@ -52,14 +52,17 @@ func TestDoneWordOnEveryPath(t *testing.T) {
 					rd := runner.NewReader(evR, runner.Want{Done: true}, nil)
 					job := runner.Job{Path: inside.Workspace + "/code/main.py", Cwd: inside.Workspace, EventsFD: runner.EventsFD, Done: true}
 					spec := nsjail.Spec{Rootfs: rootfs, Args: runner.Args("python3", job), Env: tpl.Env, Cwd: inside.Workspace,
-						Workspace: ws, Limits: tpl.Limits, ExtraFiles: []*os.File{evW}, Done: rd.Done()}
+						Limits: tpl.Limits, ExtraFiles: []*os.File{evW}, Done: rd.Done()}
 					spec.Limits.Timeout = 20 * time.Second
 					taken := pool.Stats().Taken + pool.Stats().ExecForks
 					var res *nsjail.Result
-					out := ws
 					if warm {
-						res, out, err = pool.Run(context.Background(), spec)
+						var out string
+						if res, out, err = runPooled(context.Background(), t, pool, r, spec, tc.code); err == nil {
+							defer workspace.Remove(out)
+						}
 					} else {
+						spec.Workspace = poolWorkspace(t, r, tc.code)
 						res, err = r.Run(context.Background(), spec)
 					}
 					evW.Close()
@@ -67,7 +70,6 @@ func TestDoneWordOnEveryPath(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					cleanupWarm(t, out, ws)
 					if warm && pool.Stats().Taken+pool.Stats().ExecForks != taken+1 {
 						t.Fatalf("%s: the pool did not serve it: %+v", tc.name, pool.Stats())
 					}

@@ -2,62 +2,22 @@ package warmpool
 
 import (
 	"bytes"
-	"io"
-	"os"
-	"path/filepath"
 	"strings"
-	"syscall"
-
-	"github.com/sandboxd/sandboxd/nsjail"
-	"github.com/sandboxd/sandboxd/nsjail/inside"
 )
 
-// maxScannedSource bounds how much of an execution's file importsPreload
-// reads: imports are at the top, and a larger file is scanned that far.
+// maxScannedSource bounds how much of an execution's code
+// codeImportsPreload scans: imports are at the top, and a larger file is
+// scanned that far.
 const maxScannedSource = 256 << 10
 
-// importsPreload reports whether the file spec runs (its hand-off's Path,
-// in spec.Workspace) imports one of the preload's top-level packages. It
-// decides whether an execution that found its pool empty gets a fork made
-// on demand (forkForExecution): a fork pays for itself when the code uses
-// what its template imported, and costs about what a cold start does when
-// it does not (TEMPLATE.md section 12, "Forks on demand"). A guess, which
-// costs time when wrong, never correctness: the file is the server's, not
-// the code's (nothing has run yet), read through os.Root so that a link
-// cannot lead outside the workspace.
-func importsPreload(spec *nsjail.Spec, preload []string) bool {
-	h, ok := handoffOf(spec)
-	if !ok || len(preload) == 0 || spec.Workspace == "" {
-		return false
-	}
-	rel, ok := strings.CutPrefix(h.Path, inside.Workspace+"/")
-	if !ok {
-		return false
-	}
-	root, err := os.OpenRoot(spec.Workspace)
-	if err != nil {
-		return false
-	}
-	defer root.Close()
-	// O_NONBLOCK: a FIFO in its place opens at once, and is no file.
-	f, err := root.OpenFile(filepath.Clean(rel), os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
-		return false
-	}
-	src, err := io.ReadAll(io.LimitReader(f, maxScannedSource))
-	if err != nil {
-		return false
-	}
-	return codeImportsPreload(src, preload)
-}
-
-// codeImportsPreload is importsPreload on the code itself (Pool.Claim's:
-// its file is written only once a sandbox is claimed), of which the first
-// maxScannedSource bytes are scanned, as of the file.
+// codeImportsPreload reports whether src, the source of the file an
+// execution runs, imports one of the preload's top-level packages,
+// scanning its first maxScannedSource bytes. It decides whether an
+// execution that found its pool empty gets a fork made on demand
+// (Pool.Claim, forkForExecution): a fork pays for itself when the code
+// uses what its template imported, and costs about what a cold start does
+// when it does not (TEMPLATE.md section 12, "Forks on demand"). A guess,
+// which costs time when wrong, never correctness.
 func codeImportsPreload(src []byte, preload []string) bool {
 	if len(preload) == 0 {
 		return false

@@ -2,13 +2,7 @@ package warmpool
 
 import (
 	"bytes"
-	"os"
-	"path/filepath"
-	"syscall"
 	"testing"
-
-	"github.com/sandboxd/sandboxd/nsjail"
-	"github.com/sandboxd/sandboxd/nsjail/inside"
 )
 
 func TestImportsAny(t *testing.T) {
@@ -38,52 +32,9 @@ func TestImportsAny(t *testing.T) {
 	}
 }
 
-func TestImportsPreloadReadsTheExecutionsFile(t *testing.T) {
-	dir := t.TempDir()
-	preload := []string{"pandas"}
-	spec := func(path string) *nsjail.Spec {
-		return &nsjail.Spec{Args: []string{"python3", path}, Workspace: dir}
-	}
-	if err := os.WriteFile(filepath.Join(dir, "main.py"), []byte("import pandas as pd\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "plain.py"), []byte("print(1)\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	outside := filepath.Join(t.TempDir(), "x.py")
-	if err := os.WriteFile(outside, []byte("import pandas\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(outside, filepath.Join(dir, "link.py")); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Mkfifo(filepath.Join(dir, "fifo.py"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range []struct {
-		path string
-		want bool
-	}{
-		{inside.Workspace + "/fifo.py", false}, // not read, never waited on
-		{inside.Workspace + "/main.py", true},
-		{inside.Workspace + "/plain.py", false},
-		{inside.Workspace + "/missing.py", false},
-		{inside.Workspace + "/link.py", false}, // leads out of the workspace
-		{inside.Workspace + "/../main.py", false},
-		{"/etc/main.py", false},
-	} {
-		if got := importsPreload(spec(c.path), preload); got != c.want {
-			t.Errorf("importsPreload(%s) = %v, want %v", c.path, got, c.want)
-		}
-	}
-	if importsPreload(spec(inside.Workspace+"/main.py"), nil) {
-		t.Error("importsPreload with no preload = true")
-	}
-}
-
 // codeImportsPreload decides Claim's forks on demand from the code itself
-// (its file is not written yet), scanning as much of it as importsPreload
-// scans of the file.
+// (its file is not written yet), scanning its first maxScannedSource
+// bytes.
 func TestCodeImportsPreload(t *testing.T) {
 	preload := []string{"numpy", "matplotlib.pyplot"}
 	late := bytes.Repeat([]byte("#\n"), maxScannedSource/2) // the scan's bound, in comments

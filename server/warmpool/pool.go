@@ -95,10 +95,12 @@ type Config struct {
 // Stats is the pool's state, for /metrics.
 type Stats struct {
 	Ready, Starting, Taken, RefillFailures, Retired uint64
-	// FallbackDead and FallbackEnv count executions that matched a
-	// template but ran cold: the warm sandbox had died, or the request sets
-	// a variable a warm sandbox cannot apply.
-	FallbackDead, FallbackEnv uint64
+	// FallbackDead, FallbackEnv and FallbackWrite count executions that
+	// matched a template but ran cold: the warm sandbox had died, the
+	// request sets a variable a warm sandbox cannot apply, or the request
+	// could not be written into the claimed sandbox's workspace (the claim
+	// released: Claim.Release).
+	FallbackDead, FallbackEnv, FallbackWrite uint64
 	// IdleMemoryBytes sums what the ready sandboxes' cgroups account.
 	IdleMemoryBytes int64
 	// TakenBy is Taken by template name (a policy on a runtime).
@@ -114,7 +116,7 @@ type Stats struct {
 	TemplatesAhead uint64
 	// ExecForks and KernelForks count the executions and the session
 	// kernels forked from their template on demand (Config.Forks, no
-	// ready warm sandbox: Claim, Run, StartKernel): not taken from the pool (not
+	// ready warm sandbox: Claim, StartKernel): not taken from the pool (not
 	// in Taken) and not cold. FallbackFork counts those whose fork failed
 	// (the template broken, refused or not startable) and that ran cold
 	// instead.
@@ -349,31 +351,6 @@ func (p *Pool) counts() (Stats, []*warmSandbox) {
 	return st, ready
 }
 
-// Run serves spec from a ready sandbox when one matches, else cold, and
-// returns the result and outputs, the host directory that holds what the
-// code left in /workspace: spec.Workspace after a cold run, else the warm
-// sandbox's own workspace, which the caller collects from (it is hostile:
-// see package workspace) and then removes, as it does spec.Workspace. The
-// error is non-nil only when nothing ran (see nsjail.Runner.Run). A warm
-// run moves the request from spec.Workspace into the sandbox's; a caller
-// that has not written its request yet saves that copy with Claim.
-func (p *Pool) Run(ctx context.Context, spec nsjail.Spec) (res *nsjail.Result, outputs string, err error) {
-	c := p.claim(ctx, spec, spec.Workspace != "", func() bool { return importsPreload(&spec, p.cfg.Preload) })
-	if c == nil {
-		res, err := p.sandboxer.Run(ctx, spec)
-		return res, spec.Workspace, err
-	}
-	res, delivered, err := c.run(ctx, spec, spec.Workspace)
-	if err != nil {
-		return nil, "", err
-	}
-	if !delivered {
-		res, err := p.sandboxer.Run(ctx, spec)
-		return res, spec.Workspace, err
-	}
-	return res, c.Workspace(), nil
-}
-
 // Claim is a ready sandbox taken for one execution whose request is not
 // written yet (Pool.Claim): the caller writes it straight into Workspace
 // and calls Run, or Release if it cannot. That spares a warm execution the
@@ -388,20 +365,14 @@ type Claim struct {
 }
 
 // Claim takes a ready sandbox that can run spec, given the workspace the
-// sandbox brings (spec.Workspace is not looked at), or forks one on demand
-// as Run does when code, the source of the file spec runs (not written
-// yet), imports part of the preload; nil when spec is to run cold.
+// sandbox brings (spec.Workspace is not looked at), or, when none is ready
+// and code (the source of the file spec runs, not written yet) imports
+// part of the preload, forks one on demand (forkForExecution); nil when
+// spec is to run cold.
 func (p *Pool) Claim(ctx context.Context, spec nsjail.Spec, code string) *Claim {
-	return p.claim(ctx, spec, true, func() bool { return codeImportsPreload([]byte(code), p.cfg.Preload) })
-}
-
-// claim is Claim and Run's: workspace says spec will have one, imports
-// whether its code imports part of the preload (asked only when no ready
-// sandbox matches).
-func (p *Pool) claim(ctx context.Context, spec nsjail.Spec, workspace bool, imports func() bool) *Claim {
-	w, tp := p.take(func(t Template) (bool, bool) { return t.matches(&spec, workspace) })
+	w, tp := p.take(func(t Template) (bool, bool) { return t.matches(&spec, true) })
 	onDemand := false
-	if w == nil && workspace && p.cfg.Forks && imports() {
+	if w == nil && p.cfg.Forks && codeImportsPreload([]byte(code), p.cfg.Preload) {
 		w, tp = p.forkForExecution(ctx, &spec)
 		onDemand = w != nil
 	}
@@ -417,13 +388,16 @@ func (p *Pool) claim(ctx context.Context, spec nsjail.Spec, workspace bool, impo
 func (c *Claim) Workspace() string { return c.w.workspace }
 
 // Release ends a claim the caller will not Run (its request could not be
-// written): the sandbox is retired and its workspace removed, in the
-// background.
+// written), counted in Stats.FallbackWrite: the sandbox is retired and its
+// workspace removed, in the background.
 func (c *Claim) Release() {
 	if c.used {
 		return
 	}
 	c.used = true
+	c.p.mu.Lock()
+	c.p.stats.FallbackWrite++
+	c.p.mu.Unlock()
 	// In the background, as dropDead's: a sandbox that does not exit when
 	// told would hold the caller for retireGrace.
 	p := c.p
@@ -438,25 +412,22 @@ func (c *Claim) Release() {
 }
 
 // Run hands spec to the claimed sandbox, in its workspace (spec.Workspace
-// is c.Workspace(), the request written in), and waits, as Pool.Run.
-// delivered is false when the sandbox had died before its code's process
-// read the hand-off: nothing of the execution ran, the pool removes the
-// sandbox and its workspace, and the caller runs the execution cold from
-// its own copy of the request. The error is non-nil only when nothing ran.
+// is set to c.Workspace(), the request written in), and waits. res is the
+// result; what the code left in /workspace is in c.Workspace(), which is
+// hostile (see package workspace): the caller collects from it and then
+// removes it. delivered is false when the sandbox had died before its
+// code's process read the hand-off: nothing of the execution ran, the pool
+// removes the sandbox and its workspace, and the caller runs the execution
+// cold from its own copy of the request. The error is non-nil only when
+// nothing ran (see nsjail.Runner.Run).
 func (c *Claim) Run(ctx context.Context, spec nsjail.Spec) (res *nsjail.Result, delivered bool, err error) {
-	spec.Workspace = c.w.workspace
-	return c.run(ctx, spec, "")
-}
-
-// run is Run; orig, when not "", is where the request came from (Pool.Run
-// moved it in), and where it goes back when the sandbox is found dead.
-func (c *Claim) run(ctx context.Context, spec nsjail.Spec, orig string) (res *nsjail.Result, delivered bool, err error) {
 	if c.used {
 		return nil, false, errors.New("warm pool: a claim runs once")
 	}
 	c.used = true
+	spec.Workspace = c.w.workspace
 	p := c.p
-	res, delivered, err = p.runWarm(ctx, c.w, spec, orig)
+	res, delivered, err = p.runWarm(ctx, c.w, spec)
 	if !c.onDemand {
 		p.refillAfter(c.tp, res)
 	}
@@ -509,7 +480,7 @@ const defaultExecForkWait = 100 * time.Millisecond
 // forkForExecution makes a fork of spec's template for this execution,
 // with Config.Forks, when the pool had none ready (a burst larger than the
 // pool, or a refill that cannot keep up); its caller asks it only for code
-// that imports part of the preload (importsPreload, codeImportsPreload): a
+// that imports part of the preload (codeImportsPreload): a
 // fork is ready in ~50 ms and spares the import, where a cold pandas step
 // costs ~600 ms, mostly its import, in CPU as much as in time; code that
 // imports none of it starts cold about as cheaply as a fork of the
@@ -524,7 +495,7 @@ func (p *Pool) forkForExecution(ctx context.Context, spec *nsjail.Spec) (*warmSa
 		return nil, nil
 	}
 	tp := p.templateFor(func(t Template) bool {
-		shape, env := t.matches(spec, true) // a workspace: the request's (Run) or the fork's (Claim)
+		shape, env := t.matches(spec, true) // the fork's workspace
 		return shape && env
 	})
 	if tp == nil {
@@ -606,23 +577,13 @@ func (tp *templatePool) wakeRefill() {
 	}
 }
 
-// runWarm moves the request's workspace contents from orig (unless "":
-// the request is in the warm workspace already) into the warm sandbox's
-// bound workspace, hands the file over and waits; what the code leaves
-// stays in the warm workspace, laid out as after a cold run, for the
-// caller to collect. delivered is false when the sandbox had died before
-// its code's process read the hand-off: nothing of the execution ran, the
-// request's files are back in orig, and the caller runs it cold.
-func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec, orig string) (res *nsjail.Result, delivered bool, err error) {
-	if orig != "" {
-		// Two tmpfs workspaces: the request files (small, written by the
-		// server) are copied in; the results stay in the warm workspace,
-		// which Run returns and the caller collects from and removes.
-		if err := workspace.MoveInto(orig, w.workspace); err != nil {
-			p.retire(w)
-			return nil, false, fmt.Errorf("unable to move the workspace into the warm sandbox: %w", err)
-		}
-	}
+// runWarm hands spec's file over to the warm sandbox, its request in
+// its workspace already, and waits; what the code leaves stays in the warm
+// workspace, laid out as after a cold run, for the caller to collect.
+// delivered is false when the sandbox had died before its code's process
+// read the hand-off: nothing of the execution ran, and the caller runs it
+// cold.
+func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (res *nsjail.Result, delivered bool, err error) {
 	h, _ := handoffOf(&spec) // Matches took it
 	msg, err := EncodeHandoff(h)
 	if err != nil {
@@ -642,12 +603,14 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec, or
 			"stdout", truncateForLog(out), "stderr", truncateForLog(errOut))
 	}
 	if why := w.deadWhy(); why != "" {
-		return nil, false, p.dropDead(w, sb, spec, orig, false, why)
+		p.dropDead(w, sb, spec, false, why)
+		return nil, false, nil
 	}
 	// The peer stays open until the sandbox is gone, so that what is left
 	// unread in it tells whether the code's process ever took the hand-off.
 	if err := writeMessage(w.control, msg, rights); err != nil {
-		return nil, false, p.dropDead(w, sb, spec, orig, false, fmt.Sprintf("the hand-off failed: %v", err))
+		p.dropDead(w, sb, spec, false, fmt.Sprintf("the hand-off failed: %v", err))
+		return nil, false, nil
 	}
 	res = sb.Wait(ctx)
 	unread, uerr := pipeUnread(w.peer)
@@ -655,7 +618,8 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec, or
 	if uerr == nil && unread > 0 {
 		// The code's process never read the whole message (it runs the
 		// code only after MessageEnd): none of the execution ran.
-		return nil, false, p.dropDead(w, sb, spec, orig, true, "the hand-off was never read")
+		p.dropDead(w, sb, spec, true, "the hand-off was never read")
+		return nil, false, nil
 	}
 	if uerr != nil {
 		p.log.Warn("warm pool: unable to check the hand-off pipe", "sandbox", sb.ID(), "error", uerr)
@@ -675,17 +639,11 @@ func writeMessage(c *net.UnixConn, msg, rights []byte) error {
 	return err
 }
 
-// dropDead gives the request's files back to orig (unless "") from a warm
-// sandbox that died before its code ran (so the workspace holds only what
-// the server wrote) and ends the sandbox, handed sb, or only removes its
-// workspace once it was waited for.
-func (p *Pool) dropDead(w *warmSandbox, sb *nsjail.Sandbox, spec nsjail.Spec, orig string, waited bool, why string) error {
-	log := cmp.Or(spec.Logger, p.log)
-	log.Warn("warm sandbox found dead at hand-off; running the execution cold", "sandbox", sb.ID(), "why", why)
-	var err error
-	if orig != "" {
-		err = workspace.MoveBack(w.workspace, orig)
-	}
+// dropDead ends a warm sandbox that died before its code ran, handed sb,
+// and removes its workspace (which holds only the request), or only
+// removes the workspace once the sandbox was waited for.
+func (p *Pool) dropDead(w *warmSandbox, sb *nsjail.Sandbox, spec nsjail.Spec, waited bool, why string) {
+	cmp.Or(spec.Logger, p.log).Warn("warm sandbox found dead at hand-off; running the execution cold", "sandbox", sb.ID(), "why", why)
 	p.retiring.Add(1)
 	go func() {
 		defer p.retiring.Done()
@@ -700,10 +658,6 @@ func (p *Pool) dropDead(w *warmSandbox, sb *nsjail.Sandbox, spec nsjail.Spec, or
 			p.log.Warn("warm pool: unable to remove a dead sandbox's workspace", "workspace", w.workspace, "error", err)
 		}
 	}()
-	if err != nil {
-		return fmt.Errorf("unable to move the request back from a dead warm sandbox: %w", err)
-	}
-	return nil
 }
 
 // pipeUnread is the number of bytes in f's receive queue, not read yet

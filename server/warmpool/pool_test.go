@@ -63,17 +63,25 @@ func poolConfig(t testing.TB, size int, workRoot string, workspaceBytes int64) w
 		Forks: nsjailtest.TemplateForks(t, cfg.PoolTemplateForks)}
 }
 
-// poolWorkspace makes a workspace like the server does: code/main.py,
-// input/, output/artifacts/, owned by the sandbox user; on a tmpfs of
-// tmpfsBytes when that is > 0 (as the server's are).
-func poolWorkspace(t *testing.T, r *nsjail.Runner, code string, tmpfsBytes ...int64) string {
+// testRequest is what every pool test's workspace holds: code as
+// code/main.py, and a CSV as input/data.csv.
+func testRequest(code string) workspace.Request {
+	return workspace.Request{Code: code, Files: []workspace.File{{Path: "data.csv", Data: []byte("k,v\na,1\nb,2\na,3\n")}}}
+}
+
+// poolWorkspace makes a workspace like the server does (workspace.Write:
+// code/main.py, input/, output/artifacts/, owned by the sandbox user); on
+// a tmpfs of tmpfsBytes when that is > 0 (as the server's are).
+func poolWorkspace(t testing.TB, r *nsjail.Runner, code string, tmpfsBytes ...int64) string {
 	t.Helper()
 	ws := filepath.Join(t.TempDir(), "ws")
+	if err := os.Mkdir(ws, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	o := workspace.Options{UID: r.HostUID(), GID: r.HostGID()}
 	if len(tmpfsBytes) > 0 && tmpfsBytes[0] > 0 {
-		if err := os.Mkdir(ws, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := workspace.Mount(ws, workspace.Options{Bytes: tmpfsBytes[0], Inodes: config.Default().WorkspaceInodes, UID: r.HostUID(), GID: r.HostGID()}); err != nil {
+		o.Bytes, o.Inodes = tmpfsBytes[0], config.Default().WorkspaceInodes
+		if err := workspace.Mount(ws, o); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() {
@@ -82,27 +90,45 @@ func poolWorkspace(t *testing.T, r *nsjail.Runner, code string, tmpfsBytes ...in
 			}
 		})
 	}
-	for _, d := range inside.LayoutDirs {
-		if err := os.MkdirAll(filepath.Join(ws, d), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.WriteFile(filepath.Join(ws, inside.CodeFile), []byte(code), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(ws, "input/data.csv"), []byte("k,v\na,1\nb,2\na,3\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	err := filepath.WalkDir(ws, func(p string, _ fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		return os.Lchown(p, r.HostUID(), r.HostGID())
-	})
-	if err != nil {
+	if err := workspace.Write(ws, o, testRequest(code)); err != nil {
 		t.Fatal(err)
 	}
 	return ws
+}
+
+// runPooled runs code as the server does (server/execute.go, Server.run):
+// in a sandbox claimed from pool, the request (testRequest) written
+// straight into its workspace, when the pool has one for spec; else, and
+// when the claimed sandbox is found dead at its hand-off, cold in a
+// workspace of its own (a tmpfs under a t.TempDir, as the server's).
+// spec.Workspace is not looked at. outputs is the workspace that ran,
+// which the caller removes (workspace.Remove); the error is non-nil only
+// when nothing ran. Safe from any goroutine: it fails no test itself.
+func runPooled(ctx context.Context, t testing.TB, pool *warmpool.Pool, r *nsjail.Runner, spec nsjail.Spec, code string) (res *nsjail.Result, outputs string, err error) {
+	o := workspace.Options{Bytes: 64 << 20, Inodes: config.Default().WorkspaceInodes, UID: r.HostUID(), GID: r.HostGID()}
+	if c := pool.Claim(ctx, spec, code); c != nil {
+		if err := workspace.Write(c.Workspace(), o, testRequest(code)); err != nil {
+			c.Release()
+			return nil, "", err
+		}
+		res, delivered, err := c.Run(ctx, spec)
+		if err != nil {
+			return nil, "", err
+		}
+		if delivered {
+			return res, c.Workspace(), nil
+		}
+	}
+	ws, err := workspace.Create(t.TempDir(), "test", o, testRequest(code))
+	if err != nil {
+		return nil, "", err
+	}
+	spec.Workspace = ws.Dir
+	if res, err = r.Run(ctx, spec); err != nil {
+		ws.Remove()
+		return nil, "", err
+	}
+	return res, ws.Dir, nil
 }
 
 func waitReady(t *testing.T, p *warmpool.Pool, n uint64) {
@@ -270,12 +296,16 @@ func testWarmMatchesCold(t *testing.T, tmpfsBytes int64, forks bool) {
 				t.Fatal(err)
 			}
 			waitReady(t, pool, 1)
-			warmWS := poolWorkspace(t, r, code, tmpfsBytes)
 			before := pool.Stats().Taken
-			warm, warmOut, err := pool.Run(context.Background(), spec(warmWS))
+			warm, warmOut, err := runPooled(context.Background(), t, pool, r, spec(""), code)
 			if err != nil {
 				t.Fatal(err)
 			}
+			defer func() {
+				if err := workspace.Remove(warmOut); err != nil {
+					t.Error(err)
+				}
+			}()
 			if pool.Stats().Taken != before+1 {
 				t.Fatal("the pool did not serve the warm run")
 			}
@@ -293,15 +323,7 @@ func testWarmMatchesCold(t *testing.T, tmpfsBytes int64, forks bool) {
 				wantDeniedSyscalls(t, string(cold.Stdout))
 			}
 			compareResults(t, cold, warm)
-			if warmOut == "" || warmOut == warmWS {
-				t.Fatalf("warm outputs in %q (request in %q), want the warm sandbox's own workspace", warmOut, warmWS)
-			}
 			compareTrees(t, filepath.Join(coldWS, "output"), filepath.Join(warmOut, "output"))
-			if warmOut != warmWS {
-				if err := workspace.Remove(warmOut); err != nil {
-					t.Fatal(err)
-				}
-			}
 		})
 	}
 }
@@ -385,10 +407,10 @@ func TestPoolRefillsAndNeverReuses(t *testing.T) {
 	seen := map[string]bool{}
 	for i := range 3 {
 		waitReady(t, pool, 1)
-		ws := poolWorkspace(t, r, `import os, socket; open("/tmp/mark", "x").write("x"); print(socket.gethostname(), os.getpid(), os.path.exists("/workspace/output/prev"))`)
-		res, out, err := pool.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
-			Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits})
-		if err == nil && out != ws {
+		res, out, err := runPooled(context.Background(), t, pool, r, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+			Env: tpl.Env, Cwd: inside.Workspace, Limits: tpl.Limits},
+			`import os, socket; open("/tmp/mark", "x").write("x"); print(socket.gethostname(), os.getpid(), os.path.exists("/workspace/output/prev"))`)
+		if err == nil {
 			defer workspace.Remove(out)
 		}
 		if err != nil || res.Status != nsjail.StatusSucceeded {
@@ -437,12 +459,11 @@ func testPoolRefillsInTheBackground(t *testing.T, forks bool) {
 		t.Fatalf("a full pool, nothing running: the cgroups' weights (true: background) %v", ready)
 	}
 
-	ws := poolWorkspace(t, r, `import time; time.sleep(3)`)
 	ran := make(chan error, 1)
 	go func() {
-		res, out, err := pool.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
-			Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits})
-		if err == nil && out != ws {
+		res, out, err := runPooled(context.Background(), t, pool, r, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+			Env: tpl.Env, Cwd: inside.Workspace, Limits: tpl.Limits}, `import time; time.sleep(3)`)
+		if err == nil {
 			workspace.Remove(out)
 		}
 		if err == nil && res.Status != nsjail.StatusSucceeded {
@@ -712,10 +733,9 @@ func benchExecCPU(b *testing.B, code, mode string) {
 	var sum cpuSample
 	n := 0
 	for b.Loop() {
-		ws := benchWorkspace(b, r, code)
 		before := take()
-		res, out, err := pool.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
-			Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits})
+		res, out, err := runPooled(context.Background(), b, pool, r, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+			Env: tpl.Env, Cwd: inside.Workspace, Limits: tpl.Limits}, code)
 		if err != nil || res.Status != nsjail.StatusSucceeded {
 			b.Fatalf("%v %+v %s", err, res, res.Stderr)
 		}
@@ -723,10 +743,7 @@ func benchExecCPU(b *testing.B, code, mode string) {
 		full()
 		sum = sum.add(take().sub(before))
 		n++
-		os.RemoveAll(ws)
-		if out != ws {
-			workspace.Remove(out)
-		}
+		workspace.Remove(out)
 	}
 	if st := pool.Stats(); mode != "cold" && st.Taken != uint64(n) {
 		b.Fatalf("%d of %d executions were warm: %+v", st.Taken, n, st)
@@ -802,38 +819,21 @@ func benchPool(b *testing.B, code string, size int, workspaceBytes int64, forks 
 				time.Sleep(time.Millisecond)
 			}
 		}
-		ws := benchWorkspace(b, r, code)
 		b.StartTimer()
 		start := time.Now()
-		res, out, err := pool.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
-			Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits})
+		res, out, err := runPooled(context.Background(), b, pool, r, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+			Env: tpl.Env, Cwd: inside.Workspace, Limits: tpl.Limits}, code)
 		lat = append(lat, time.Since(start))
 		if err != nil || res.Status != nsjail.StatusSucceeded {
 			b.Fatalf("%v %+v", err, res)
 		}
 		b.StopTimer()
-		os.RemoveAll(ws)
-		if out != ws {
-			workspace.Remove(out)
-		}
+		workspace.Remove(out)
 		b.StartTimer()
 	}
 	slices.Sort(lat)
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
-}
-
-func benchWorkspace(b *testing.B, r *nsjail.Runner, code string) string {
-	ws, err := os.MkdirTemp("", "bench-ws-")
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, d := range inside.LayoutDirs {
-		_ = os.MkdirAll(filepath.Join(ws, d), 0o755)
-	}
-	_ = os.WriteFile(filepath.Join(ws, inside.CodeFile), []byte(code), 0o644)
-	_ = filepath.WalkDir(ws, func(p string, _ fs.DirEntry, err error) error { return os.Lchown(p, r.HostUID(), r.HostGID()) })
-	return ws
 }
 
 // TestTemplateRotation: with Config.TemplateMaxForks, a template serves at
@@ -856,16 +856,13 @@ func TestTemplateRotation(t *testing.T) {
 	defer pool.Close()
 	run := func(code string) *nsjail.Result {
 		waitReady(t, pool, 1)
-		ws := poolWorkspace(t, r, code, 64<<20)
-		res, out, err := pool.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
-			Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits})
+		res, out, err := runPooled(context.Background(), t, pool, r, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+			Env: tpl.Env, Cwd: inside.Workspace, Limits: tpl.Limits}, code)
 		if err != nil || res.Status != nsjail.StatusSucceeded {
 			t.Errorf("%q: %v %+v", code, err, res)
 			return &nsjail.Result{}
 		}
-		if out != ws {
-			workspace.Remove(out)
-		}
+		workspace.Remove(out)
 		return res
 	}
 	// The first template's first fork runs through two rotations: a
@@ -937,15 +934,12 @@ func TestTemplateSharedByPolicies(t *testing.T) {
 		t.Fatalf("two policies of one runtime: want one template that made both forks, stats %+v", st)
 	}
 	run := func(tpl warmpool.Template, code string) *nsjail.Result {
-		ws := poolWorkspace(t, r, code, 64<<20)
-		res, out, err := pool.Run(context.Background(), nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
-			Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits})
+		res, out, err := runPooled(context.Background(), t, pool, r, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+			Env: tpl.Env, Cwd: inside.Workspace, Limits: tpl.Limits}, code)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if out != ws {
-			workspace.Remove(out)
-		}
+		workspace.Remove(out)
 		return res
 	}
 	const hog = "b = b'x' * (250 << 20)\nprint('allocated')\n"
@@ -963,8 +957,9 @@ func TestTemplateSharedByPolicies(t *testing.T) {
 // A Claim is the server's warm path: the request is written straight into
 // the claimed sandbox's workspace (no workspace of its own, no copy), the
 // code finds it there as in a cold run, and what it leaves stays there for
-// the caller. A claim given up (Release) retires its sandbox and removes
-// its workspace, and the pool refills; a claim runs once; a spec no warm
+// the caller. A claim given up (Release) retires its sandbox, removes its
+// workspace and is counted once (FallbackWrite), and the pool refills; a
+// claim runs once; a spec no warm
 // sandbox can run gets no claim.
 func TestClaimWritesStraightIntoTheWarmWorkspace(t *testing.T) {
 	rootfs, r, tpl, pool := numpyPool(t)
@@ -987,7 +982,11 @@ func TestClaimWritesStraightIntoTheWarmWorkspace(t *testing.T) {
 	}
 	released := c.Workspace()
 	c.Release()
+	c.Release() // once
 	waitGone(t, released)
+	if st := pool.Stats(); st.FallbackWrite != 1 || st.Taken != 0 {
+		t.Fatalf("a released claim: stats %+v, want it counted once in FallbackWrite, not taken", st)
+	}
 
 	waitReady(t, pool, 1)
 	before := pool.Stats()

@@ -139,16 +139,15 @@ func TestWarmExitReportCannotBeForged(t *testing.T) {
 			if maps := writableSharedMappings(t, zygote); len(maps) > 0 {
 				t.Fatalf("the zygote shares writable memory with the code's process: %q", maps)
 			}
-			ws := poolWorkspace(t, r, strings.Replace(forgeryScript, "MODE", tc.mode, 1))
 			spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
-				Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits, Logger: log}
+				Env: tpl.Env, Cwd: inside.Workspace, Limits: tpl.Limits, Logger: log}
 			spec.Limits.Timeout = 3 * time.Second
 			before := pool.Stats().Taken
-			res, out, err := pool.Run(context.Background(), spec)
+			res, out, err := runPooled(context.Background(), t, pool, r, spec, strings.Replace(forgeryScript, "MODE", tc.mode, 1))
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer cleanupWarm(t, out, ws)
+			defer workspace.Remove(out)
 			if pool.Stats().Taken != before+1 {
 				t.Fatal("the pool did not serve the run")
 			}
@@ -199,17 +198,6 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
-// cleanupWarm removes a warm run's outputs, when they are not ws, the
-// request's workspace (the test's to remove).
-func cleanupWarm(t *testing.T, outputs, ws string) {
-	t.Helper()
-	if outputs != "" && outputs != ws {
-		if err := workspace.Remove(outputs); err != nil {
-			t.Error(err)
-		}
-	}
-}
-
 // startupEnvScript prints what Python makes of the variables it reads only at
 // start-up (hash seed, stdio encoding, warning filters, locale and UTF-8 mode)
 // and of TZ, without printing the variables themselves.
@@ -243,21 +231,21 @@ func TestWarmHonoursStartupEnv(t *testing.T) {
 	// run runs the script cold, or through the pool when warm.
 	run := func(warm bool, extra map[string]string) *nsjail.Result {
 		t.Helper()
-		ws := poolWorkspace(t, r, startupEnvScript)
 		spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
-			Env: withEnv(tpl.Env, extra), Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits}
+			Env: withEnv(tpl.Env, extra), Cwd: inside.Workspace, Limits: tpl.Limits}
 		if !warm {
+			spec.Workspace = poolWorkspace(t, r, startupEnvScript)
 			res, err := r.Run(context.Background(), spec)
 			if err != nil {
 				t.Fatal(err)
 			}
 			return res
 		}
-		res, out, err := pool.Run(context.Background(), spec)
+		res, out, err := runPooled(context.Background(), t, pool, r, spec, startupEnvScript)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { cleanupWarm(t, out, ws) })
+		t.Cleanup(func() { workspace.Remove(out) })
 		return res
 	}
 	baseline := run(false, nil)
@@ -340,17 +328,17 @@ func TestDeadWarmSandboxRunsCold(t *testing.T) {
 			waitReady(t, pool, 1)
 			tc.kill(warmPid(t, pool, true), warmPid(t, pool, false))
 			before := pool.Stats()
-			ws := poolWorkspace(t, r, `print("ran")`)
 			spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
-				Env: tpl.Env, Cwd: inside.Workspace, Workspace: ws, Limits: tpl.Limits}
+				Env: tpl.Env, Cwd: inside.Workspace, Limits: tpl.Limits}
 			spec.Limits.Timeout = 2 * time.Second
-			res, out, err := pool.Run(context.Background(), spec)
+			res, out, err := runPooled(context.Background(), t, pool, r, spec, `print("ran")`)
 			if err != nil {
 				t.Fatal(err)
 			}
+			defer workspace.Remove(out)
 			after := pool.Stats()
-			if res.Status != nsjail.StatusSucceeded || string(res.Stdout) != "ran\n" || out != ws {
-				t.Fatalf("status %s stdout %q stderr %.300s error %s outputs %s", res.Status, res.Stdout, res.Stderr, res.Error, out)
+			if res.Status != nsjail.StatusSucceeded || string(res.Stdout) != "ran\n" {
+				t.Fatalf("status %s stdout %q stderr %.300s error %s", res.Status, res.Stdout, res.Stderr, res.Error)
 			}
 			if after.Taken != before.Taken || after.FallbackDead != before.FallbackDead+1 {
 				t.Fatalf("taken %d→%d, dead fallbacks %d→%d; want a counted cold run",

@@ -10,8 +10,6 @@ package workspace
 import (
 	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -69,109 +67,4 @@ func Remove(dir string) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// MoveInto moves every top-level entry of src, a workspace Create wrote
-// (trusted: directories and regular files only), into dst, a warm one. It
-// renames when both are on one filesystem and copies otherwise (two tmpfs
-// workspaces), keeping modes and owners.
-func MoveInto(src, dst string) error {
-	entries, err := os.ReadDir(src)
-	if err != nil {
-		return err
-	}
-	var root *os.Root // dst's, for copies: opened at the first
-	defer func() {
-		if root != nil {
-			root.Close()
-		}
-	}()
-	for _, e := range entries {
-		from, to := filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())
-		err := os.Rename(from, to)
-		if errors.Is(err, unix.EXDEV) {
-			if root == nil {
-				if root, err = os.OpenRoot(dst); err != nil {
-					return err
-				}
-			}
-			err = copyTrustedTree(from, root, e.Name())
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// MoveBack undoes MoveInto(orig, warm) for a warm sandbox that died before
-// its code ran (warm then holds only what Create wrote): entries renamed
-// into warm go back; copied ones are still in orig.
-func MoveBack(warm, orig string) error {
-	entries, err := os.ReadDir(warm)
-	if err != nil {
-		return err
-	}
-	for _, e := range entries {
-		to := filepath.Join(orig, e.Name())
-		if _, err := os.Lstat(to); err == nil {
-			continue
-		}
-		if err := os.Rename(filepath.Join(warm, e.Name()), to); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// copyTrustedTree copies a tree the server itself wrote to name in dst.
-// Anything but a directory or a regular file is an error (nothing else is
-// ever written). The copy is made through dst's os.Root: dst is a warm
-// sandbox's workspace, which its live process owns and could rename into
-// links meanwhile (SECURITY.md case 73, as for Write).
-func copyTrustedTree(src string, dst *os.Root, name string) error {
-	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(src, p)
-		if err != nil {
-			return err
-		}
-		target := filepath.Join(name, rel)
-		var st unix.Stat_t
-		if err := unix.Lstat(p, &st); err != nil {
-			return err
-		}
-		switch st.Mode & unix.S_IFMT {
-		case unix.S_IFDIR:
-			if err := dst.Mkdir(target, fs.FileMode(st.Mode&0o777)); err != nil {
-				return err
-			}
-		case unix.S_IFREG:
-			if err := copyFile(p, dst, target, fs.FileMode(st.Mode&0o777)); err != nil {
-				return err
-			}
-		default:
-			return fmt.Errorf("copy %s: not a directory or regular file", p)
-		}
-		return dst.Lchown(target, int(st.Uid), int(st.Gid))
-	})
-}
-
-func copyFile(src string, dst *os.Root, name string, mode fs.FileMode) error {
-	in, err := os.OpenFile(src, os.O_RDONLY|unix.O_NOFOLLOW, 0)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := dst.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, mode)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }
