@@ -106,7 +106,7 @@ var (
 	poolExecForkDesc = prometheus.NewDesc("sandboxd_pool_execution_forks_total",
 		"Executions forked from their template on demand (pool_template_forks, no warm sandbox ready): neither taken from the pool nor run cold.", nil, nil)
 	poolFallbackDesc = prometheus.NewDesc("sandboxd_pool_fallback_total",
-		"Executions and session kernels that matched a warm template but ran cold, by reason: dead (the warm sandbox had died), env (the request sets a variable a warm sandbox cannot apply), fork (an on-demand fork could not be made: its template broken, refused or not startable), write (the request could not be written into the claimed warm sandbox's workspace).",
+		"Executions and session kernels that matched a warm template but ran cold, by reason: dead (the warm sandbox had died), env (the request sets a variable a warm sandbox cannot apply), fork (an on-demand fork could not be made: its template broken, refused or not startable), write (the request could not be written into the claimed warm sandbox's workspace: the sandbox filled it or put names in the way, a sign of a compromised template).",
 		[]string{"reason"}, nil)
 )
 

@@ -9,10 +9,13 @@ import (
 	"fmt"
 	"image/png"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/nsjail/inside"
 	"github.com/sandboxd/sandboxd/nsjail/nsjailtest"
 	"github.com/sandboxd/sandboxd/server/config"
 	"github.com/sandboxd/sandboxd/server/workspace"
@@ -232,6 +235,26 @@ print(sorted(os.listdir("/workspace")), sorted(os.listdir("/workspace/input")), 
 	if n := warm.sandbox.started.Load() - coldBefore; n != 2 {
 		t.Fatalf("Deps.Sandbox ran %d of the pool's 2 cold fallbacks", n)
 	}
+	// A request that cannot be written into the claimed sandbox's
+	// workspace (the sandbox, which owns it, put a name in the way:
+	// SECURITY.md case 73) runs cold, same answer, counted; the claim is
+	// released and the pool refills.
+	waitFor(t, func() bool { return warm.srv.PoolStats().Ready >= 2 })
+	planted, _ := filepath.Glob(filepath.Join(warm.cfg.WorkRoot, workspace.WarmPrefix+"*"))
+	for _, dir := range planted {
+		if err := os.WriteFile(filepath.Join(dir, inside.CodeDir), []byte("in the way"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	coldBefore = warm.sandbox.started.Load()
+	if r := warm.execute(ExecutionRequest{Code: "print(3)"}); r.Stdout != "3\n" || warm.srv.PoolStats().Taken != before ||
+		warm.srv.PoolStats().FallbackWrite != 1 || warm.sandbox.started.Load() != coldBefore+1 || len(planted) != 2 {
+		t.Fatalf("a warm workspace with a name in the way (%d planted): %+v, stats %+v, cold runs %d", len(planted), r,
+			warm.srv.PoolStats(), warm.sandbox.started.Load()-coldBefore)
+	}
+	for _, dir := range planted { // the other policy's sandbox, unclaimed: its pool retires it
+		os.Remove(filepath.Join(dir, inside.CodeDir))
+	}
 	// Cancel and timeout of a warm execution: killed, reported, cleaned.
 	waitFor(t, func() bool { return warm.srv.PoolStats().Ready >= 2 })
 	before = warm.srv.PoolStats().Taken
@@ -272,7 +295,8 @@ print(sorted(os.listdir("/workspace")), sorted(os.listdir("/workspace/input")), 
 	wantNoProcess(t, "time.sleep(1009)")
 	_, _, body := warm.do("GET", "/metrics", nil)
 	for _, want := range []string{"sandboxd_pool_size 1", "sandboxd_pool_taken_total 3", "sandboxd_pool_refill_failures_total 0",
-		`sandboxd_pool_fallback_total{reason="env"} 2`, `sandboxd_pool_fallback_total{reason="dead"} 0`} {
+		`sandboxd_pool_fallback_total{reason="env"} 2`, `sandboxd_pool_fallback_total{reason="dead"} 0`,
+		`sandboxd_pool_fallback_total{reason="write"} 1`} {
 		if !strings.Contains(string(body), want+"\n") {
 			t.Errorf("/metrics lacks %q", want)
 		}

@@ -58,7 +58,7 @@ func TestDoneWordOnEveryPath(t *testing.T) {
 					var res *nsjail.Result
 					if warm {
 						var out string
-						if res, out, err = runPooled(context.Background(), t, pool, r, spec, tc.code); err == nil {
+						if res, out, err = runPooled(context.Background(), pool, r, spec, tc.code); err == nil {
 							defer workspace.Remove(out)
 						}
 					} else {

@@ -42,7 +42,7 @@ func TestExecutionForkedOnDemand(t *testing.T) {
 		}
 		spec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/" + inside.CodeFile},
 			Env: tpl.Env, Cwd: inside.Workspace, Limits: lim}
-		res, out, err := runPooled(ctx, t, pool, r, spec, code)
+		res, out, err := runPooled(ctx, pool, r, spec, code)
 		if err != nil {
 			return nil, err
 		}

@@ -2,8 +2,7 @@
 // already imported the data stack, one set per template (a policy's shape),
 // and runs an execution in one of them when it matches (Claim: the
 // server writes the request straight into the claimed sandbox's
-// workspace; Run: a workspace of the request's is moved in); otherwise
-// the execution runs cold. Each warm sandbox's first process is zygote.py; how
+// workspace); otherwise the server runs the execution cold. Each warm sandbox's first process is zygote.py; how
 // the pool and it talk is protocol.go. A warm sandbox (or a cold one) can
 // also become a session's long-lived kernel (kernel.go).
 package warmpool
@@ -28,9 +27,8 @@ import (
 )
 
 // Sandboxer runs the worker's sandboxes: *nsjail.Runner, or a wrapper of
-// one. The server runs its cold executions through it and the pool its
-// pre-started sandboxes and cold fallbacks, so a fallback goes through
-// whatever wraps it.
+// one. The server runs its cold executions through it (Run), and the pool
+// its pre-started sandboxes (Prestart).
 type Sandboxer interface {
 	// Run runs spec cold; the error is non-nil only when nothing was
 	// started (see nsjail.Runner.Run).
@@ -70,8 +68,8 @@ type Config struct {
 	WorkRoot string
 	// WorkspaceBytes, when > 0, mounts a tmpfs of this size on every warm
 	// workspace, as the server does on its own (see workspace.Mount); when 0
-	// the workspaces are plain directories and WorkRoot must be on the same
-	// filesystem as the server's workspaces (entries are renamed).
+	// the workspaces are plain directories (tests: no session volume can
+	// be bound on one).
 	WorkspaceBytes int64
 	// WorkspaceInodes is the tmpfs's nr_inodes. Required (> 0) when
 	// WorkspaceBytes > 0: tmpfs reads 0 as unlimited.
@@ -99,7 +97,10 @@ type Stats struct {
 	// matched a template but ran cold: the warm sandbox had died, the
 	// request sets a variable a warm sandbox cannot apply, or the request
 	// could not be written into the claimed sandbox's workspace (the claim
-	// released: Claim.Release).
+	// released: Claim.Release). The request always fits a workspace
+	// (server/config), so a write fails only when the sandbox, which owns
+	// the workspace, filled it or put names in the way: a sign of a
+	// compromised template (SECURITY.md case 73).
 	FallbackDead, FallbackEnv, FallbackWrite uint64
 	// IdleMemoryBytes sums what the ready sandboxes' cgroups account.
 	IdleMemoryBytes int64
@@ -263,8 +264,8 @@ func (w *warmSandbox) deadWhy() string {
 }
 
 // New starts filling each template's size (Template.Size, else cfg.Size) of
-// sandboxes in the background. With every size 0 it starts nothing and Run
-// is the cold path.
+// sandboxes in the background. With every size 0 it starts nothing and
+// Claim finds nothing.
 func New(sandboxer Sandboxer, cfg Config, templates []Template, log *slog.Logger) (*Pool, error) {
 	if cfg.Size < 0 {
 		return nil, fmt.Errorf("pool size must be >= 0, got: %d", cfg.Size)
@@ -353,7 +354,9 @@ func (p *Pool) counts() (Stats, []*warmSandbox) {
 
 // Claim is a ready sandbox taken for one execution whose request is not
 // written yet (Pool.Claim): the caller writes it straight into Workspace
-// and calls Run, or Release if it cannot. That spares a warm execution the
+// and calls exactly one of Run, or Release if it cannot (a claim neither
+// ran nor released holds its sandbox, workspace and fds for good). One
+// goroutine's: its methods take no lock. That spares a warm execution the
 // request's own tmpfs and its copy into the sandbox's, ~0.5 ms of a warm
 // `print(1)`'s few (TEMPLATE.md section 12, M5).
 type Claim struct {
@@ -370,7 +373,7 @@ type Claim struct {
 // part of the preload, forks one on demand (forkForExecution); nil when
 // spec is to run cold.
 func (p *Pool) Claim(ctx context.Context, spec nsjail.Spec, code string) *Claim {
-	w, tp := p.take(func(t Template) (bool, bool) { return t.matches(&spec, true) })
+	w, tp := p.take(func(t Template) (bool, bool) { return t.matches(&spec) })
 	onDemand := false
 	if w == nil && p.cfg.Forks && codeImportsPreload([]byte(code), p.cfg.Preload) {
 		w, tp = p.forkForExecution(ctx, &spec)
@@ -388,8 +391,9 @@ func (p *Pool) Claim(ctx context.Context, spec nsjail.Spec, code string) *Claim 
 func (c *Claim) Workspace() string { return c.w.workspace }
 
 // Release ends a claim the caller will not Run (its request could not be
-// written), counted in Stats.FallbackWrite: the sandbox is retired and its
-// workspace removed, in the background.
+// written: the sandbox filled its workspace or put names in the way,
+// SECURITY.md case 73), counted in Stats.FallbackWrite: the sandbox is
+// retired and its workspace removed, in the background.
 func (c *Claim) Release() {
 	if c.used {
 		return
@@ -495,7 +499,7 @@ func (p *Pool) forkForExecution(ctx context.Context, spec *nsjail.Spec) (*warmSa
 		return nil, nil
 	}
 	tp := p.templateFor(func(t Template) bool {
-		shape, env := t.matches(spec, true) // the fork's workspace
+		shape, env := t.matches(spec)
 		return shape && env
 	})
 	if tp == nil {
@@ -603,13 +607,13 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (r
 			"stdout", truncateForLog(out), "stderr", truncateForLog(errOut))
 	}
 	if why := w.deadWhy(); why != "" {
-		p.dropDead(w, sb, spec, false, why)
+		p.dropDead(w, sb, spec.Logger, false, why)
 		return nil, false, nil
 	}
 	// The peer stays open until the sandbox is gone, so that what is left
 	// unread in it tells whether the code's process ever took the hand-off.
 	if err := writeMessage(w.control, msg, rights); err != nil {
-		p.dropDead(w, sb, spec, false, fmt.Sprintf("the hand-off failed: %v", err))
+		p.dropDead(w, sb, spec.Logger, false, fmt.Sprintf("the hand-off failed: %v", err))
 		return nil, false, nil
 	}
 	res = sb.Wait(ctx)
@@ -618,7 +622,7 @@ func (p *Pool) runWarm(ctx context.Context, w *warmSandbox, spec nsjail.Spec) (r
 	if uerr == nil && unread > 0 {
 		// The code's process never read the whole message (it runs the
 		// code only after MessageEnd): none of the execution ran.
-		p.dropDead(w, sb, spec, true, "the hand-off was never read")
+		p.dropDead(w, sb, spec.Logger, true, "the hand-off was never read")
 		return nil, false, nil
 	}
 	if uerr != nil {
@@ -642,8 +646,8 @@ func writeMessage(c *net.UnixConn, msg, rights []byte) error {
 // dropDead ends a warm sandbox that died before its code ran, handed sb,
 // and removes its workspace (which holds only the request), or only
 // removes the workspace once the sandbox was waited for.
-func (p *Pool) dropDead(w *warmSandbox, sb *nsjail.Sandbox, spec nsjail.Spec, waited bool, why string) {
-	cmp.Or(spec.Logger, p.log).Warn("warm sandbox found dead at hand-off; running the execution cold", "sandbox", sb.ID(), "why", why)
+func (p *Pool) dropDead(w *warmSandbox, sb *nsjail.Sandbox, log *slog.Logger, waited bool, why string) {
+	cmp.Or(log, p.log).Warn("warm sandbox found dead at hand-off; running the execution cold", "sandbox", sb.ID(), "why", why)
 	p.retiring.Add(1)
 	go func() {
 		defer p.retiring.Done()

@@ -72,7 +72,7 @@ func testRequest(code string) workspace.Request {
 // poolWorkspace makes a workspace like the server does (workspace.Write:
 // code/main.py, input/, output/artifacts/, owned by the sandbox user); on
 // a tmpfs of tmpfsBytes when that is > 0 (as the server's are).
-func poolWorkspace(t testing.TB, r *nsjail.Runner, code string, tmpfsBytes ...int64) string {
+func poolWorkspace(t *testing.T, r *nsjail.Runner, code string, tmpfsBytes ...int64) string {
 	t.Helper()
 	ws := filepath.Join(t.TempDir(), "ws")
 	if err := os.Mkdir(ws, 0o700); err != nil {
@@ -97,19 +97,25 @@ func poolWorkspace(t testing.TB, r *nsjail.Runner, code string, tmpfsBytes ...in
 }
 
 // runPooled runs code as the server does (server/execute.go, Server.run):
-// in a sandbox claimed from pool, the request (testRequest) written
-// straight into its workspace, when the pool has one for spec; else, and
-// when the claimed sandbox is found dead at its hand-off, cold in a
-// workspace of its own (a tmpfs under a t.TempDir, as the server's).
+// unless ctx has ended, in a sandbox claimed from pool, the request
+// (testRequest) written straight into its workspace, when the pool has one
+// for spec; else, and when the claimed sandbox is found dead at its
+// hand-off, cold in a workspace of its own (a tmpfs, as the server's,
+// under os.TempDir). Unlike the server, it fails when the write into a
+// claimed workspace does (no test's sandbox should make it fail).
 // spec.Workspace is not looked at. outputs is the workspace that ran,
 // which the caller removes (workspace.Remove); the error is non-nil only
-// when nothing ran. Safe from any goroutine: it fails no test itself.
-func runPooled(ctx context.Context, t testing.TB, pool *warmpool.Pool, r *nsjail.Runner, spec nsjail.Spec, code string) (res *nsjail.Result, outputs string, err error) {
+// when nothing ran. It fails no test itself: callable from any goroutine.
+func runPooled(ctx context.Context, pool *warmpool.Pool, r *nsjail.Runner, spec nsjail.Spec, code string) (*nsjail.Result, string, error) {
 	o := workspace.Options{Bytes: 64 << 20, Inodes: config.Default().WorkspaceInodes, UID: r.HostUID(), GID: r.HostGID()}
-	if c := pool.Claim(ctx, spec, code); c != nil {
+	var c *warmpool.Claim
+	if ctx.Err() == nil { // as the server: a request that has ended takes no warm sandbox
+		c = pool.Claim(ctx, spec, code)
+	}
+	if c != nil {
 		if err := workspace.Write(c.Workspace(), o, testRequest(code)); err != nil {
 			c.Release()
-			return nil, "", err
+			return nil, "", fmt.Errorf("write into the claimed sandbox's workspace: %w", err)
 		}
 		res, delivered, err := c.Run(ctx, spec)
 		if err != nil {
@@ -119,12 +125,13 @@ func runPooled(ctx context.Context, t testing.TB, pool *warmpool.Pool, r *nsjail
 			return res, c.Workspace(), nil
 		}
 	}
-	ws, err := workspace.Create(t.TempDir(), "test", o, testRequest(code))
+	ws, err := workspace.Create(os.TempDir(), "pooltest", o, testRequest(code))
 	if err != nil {
 		return nil, "", err
 	}
 	spec.Workspace = ws.Dir
-	if res, err = r.Run(ctx, spec); err != nil {
+	res, err := r.Run(ctx, spec)
+	if err != nil {
 		ws.Remove()
 		return nil, "", err
 	}
@@ -243,16 +250,16 @@ var conformanceStatus = map[string]nsjail.Status{
 
 // TestWarmMatchesCold is the pool's conformance suite: each script runs cold
 // and warm, and status, exit code, signal, stdout, stderr, limits_hit and
-// the files left in output/ must be identical. It runs with plain-directory
-// workspaces and with tmpfs workspaces (what the server uses: the request is
-// copied in and the warm tmpfs is moved back by a bind mount), and with
-// warm sandboxes that are template forks (Config.Forks, tmpfs workspaces).
+// the files left in output/ must be identical. Its workspaces are tmpfs, as
+// the server's (the warm one the claimed sandbox's own, the request written
+// straight in: runPooled), its warm sandboxes zygotes and template forks
+// (Config.Forks).
 func TestWarmMatchesCold(t *testing.T) {
 	for _, mode := range []struct {
 		name       string
 		tmpfsBytes int64
 		forks      bool
-	}{{"plain", 0, false}, {"tmpfs", 256 << 20, false}, {"forks", 256 << 20, true}} {
+	}{{"tmpfs", 256 << 20, false}, {"forks", 256 << 20, true}} {
 		t.Run(mode.name, func(t *testing.T) {
 			if mode.forks {
 				requireTemplates(t)
@@ -297,7 +304,7 @@ func testWarmMatchesCold(t *testing.T, tmpfsBytes int64, forks bool) {
 			}
 			waitReady(t, pool, 1)
 			before := pool.Stats().Taken
-			warm, warmOut, err := runPooled(context.Background(), t, pool, r, spec(""), code)
+			warm, warmOut, err := runPooled(context.Background(), pool, r, spec(""), code)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -407,7 +414,7 @@ func TestPoolRefillsAndNeverReuses(t *testing.T) {
 	seen := map[string]bool{}
 	for i := range 3 {
 		waitReady(t, pool, 1)
-		res, out, err := runPooled(context.Background(), t, pool, r, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+		res, out, err := runPooled(context.Background(), pool, r, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
 			Env: tpl.Env, Cwd: inside.Workspace, Limits: tpl.Limits},
 			`import os, socket; open("/tmp/mark", "x").write("x"); print(socket.gethostname(), os.getpid(), os.path.exists("/workspace/output/prev"))`)
 		if err == nil {
@@ -461,7 +468,7 @@ func testPoolRefillsInTheBackground(t *testing.T, forks bool) {
 
 	ran := make(chan error, 1)
 	go func() {
-		res, out, err := runPooled(context.Background(), t, pool, r, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+		res, out, err := runPooled(context.Background(), pool, r, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
 			Env: tpl.Env, Cwd: inside.Workspace, Limits: tpl.Limits}, `import time; time.sleep(3)`)
 		if err == nil {
 			workspace.Remove(out)
@@ -587,14 +594,15 @@ func waitTemplatesInTheBackground(t testing.TB, when string) {
 }
 
 // BenchmarkWarmPrint measures a warm execution of print(1) through the pool,
-// from Run to Result (workspace move, hand-off, run, exit, collection), with
-// the pool refilling in the background as in production.
+// from the claim to the Result (the request written into the claimed
+// sandbox's workspace, hand-off, run, exit, collection), with the pool
+// refilling in the background as in production.
 func BenchmarkWarmPrint(b *testing.B) {
 	benchPool(b, `print(1)`, 2, 0)
 }
 
 // BenchmarkWarmPrintTmpfs is BenchmarkWarmPrint with the warm workspaces on
-// their own tmpfs, as the server runs them (request files are copied in).
+// their own tmpfs, as the server runs them.
 func BenchmarkWarmPrintTmpfs(b *testing.B) {
 	benchPool(b, `print(1)`, 2, 64<<20)
 }
@@ -734,16 +742,19 @@ func benchExecCPU(b *testing.B, code, mode string) {
 	n := 0
 	for b.Loop() {
 		before := take()
-		res, out, err := runPooled(context.Background(), b, pool, r, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+		res, out, err := runPooled(context.Background(), pool, r, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
 			Env: tpl.Env, Cwd: inside.Workspace, Limits: tpl.Limits}, code)
-		if err != nil || res.Status != nsjail.StatusSucceeded {
-			b.Fatalf("%v %+v %s", err, res, res.Stderr)
+		if err != nil {
+			b.Fatal(err)
+		}
+		workspace.Remove(out)
+		if res.Status != nsjail.StatusSucceeded {
+			b.Fatalf("%+v %s", res, res.Stderr)
 		}
 		r.WaitForCleanup()
 		full()
 		sum = sum.add(take().sub(before))
 		n++
-		workspace.Remove(out)
 	}
 	if st := pool.Stats(); mode != "cold" && st.Taken != uint64(n) {
 		b.Fatalf("%d of %d executions were warm: %+v", st.Taken, n, st)
@@ -821,14 +832,17 @@ func benchPool(b *testing.B, code string, size int, workspaceBytes int64, forks 
 		}
 		b.StartTimer()
 		start := time.Now()
-		res, out, err := runPooled(context.Background(), b, pool, r, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+		res, out, err := runPooled(context.Background(), pool, r, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
 			Env: tpl.Env, Cwd: inside.Workspace, Limits: tpl.Limits}, code)
 		lat = append(lat, time.Since(start))
-		if err != nil || res.Status != nsjail.StatusSucceeded {
-			b.Fatalf("%v %+v", err, res)
+		if err != nil {
+			b.Fatal(err)
 		}
 		b.StopTimer()
 		workspace.Remove(out)
+		if res.Status != nsjail.StatusSucceeded {
+			b.Fatalf("%+v", res)
+		}
 		b.StartTimer()
 	}
 	slices.Sort(lat)
@@ -856,13 +870,17 @@ func TestTemplateRotation(t *testing.T) {
 	defer pool.Close()
 	run := func(code string) *nsjail.Result {
 		waitReady(t, pool, 1)
-		res, out, err := runPooled(context.Background(), t, pool, r, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+		res, out, err := runPooled(context.Background(), pool, r, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
 			Env: tpl.Env, Cwd: inside.Workspace, Limits: tpl.Limits}, code)
-		if err != nil || res.Status != nsjail.StatusSucceeded {
-			t.Errorf("%q: %v %+v", code, err, res)
+		if err != nil {
+			t.Errorf("%q: %v", code, err)
 			return &nsjail.Result{}
 		}
-		workspace.Remove(out)
+		defer workspace.Remove(out)
+		if res.Status != nsjail.StatusSucceeded {
+			t.Errorf("%q: %+v", code, res)
+			return &nsjail.Result{}
+		}
 		return res
 	}
 	// The first template's first fork runs through two rotations: a
@@ -934,7 +952,7 @@ func TestTemplateSharedByPolicies(t *testing.T) {
 		t.Fatalf("two policies of one runtime: want one template that made both forks, stats %+v", st)
 	}
 	run := func(tpl warmpool.Template, code string) *nsjail.Result {
-		res, out, err := runPooled(context.Background(), t, pool, r, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
+		res, out, err := runPooled(context.Background(), pool, r, nsjail.Spec{Rootfs: rootfs, Args: []string{"python3", "/workspace/code/main.py"},
 			Env: tpl.Env, Cwd: inside.Workspace, Limits: tpl.Limits}, code)
 		if err != nil {
 			t.Fatal(err)

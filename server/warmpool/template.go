@@ -33,13 +33,16 @@ type Template struct {
 // start-up, and a preload may read any at import, long before a hand-off: a
 // request that sets one has the shape but runs cold, counted.
 func (t Template) Matches(spec *nsjail.Spec) (shape, env bool) {
-	return t.matches(spec, spec.Workspace != "")
+	if spec.Workspace == "" {
+		return false, false
+	}
+	return t.matches(spec)
 }
 
-// matches is Matches, with whether spec will have a workspace said apart
-// (Pool.Claim: the claimed sandbox's own).
-func (t Template) matches(spec *nsjail.Spec, workspace bool) (shape, env bool) {
-	if _, ok := handoffOf(spec); !ok || !workspace || spec.Stdin != nil {
+// matches is Matches for a spec whose workspace is the warm sandbox's own
+// (Pool.Claim: spec.Workspace is not looked at).
+func (t Template) matches(spec *nsjail.Spec) (shape, env bool) {
+	if _, ok := handoffOf(spec); !ok || spec.Stdin != nil {
 		return false, false
 	}
 	if !t.sandboxMatches(spec) {

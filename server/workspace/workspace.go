@@ -160,9 +160,7 @@ func createFile(r *os.Root, name string, data []byte) error {
 // CreateWarm makes an empty workspace under root for a warm sandbox, which
 // an execution's request is written into later (Write): a tmpfs sized by
 // o, made a shared mount (a kernel's volume is bound on it later), or, when
-// o.Bytes is 0, a plain directory (then root must be on the same filesystem
-// as the executions' workspaces: entries are renamed; no volume can be
-// bound on it).
+// o.Bytes is 0, a plain directory (tests: no volume can be bound on it).
 func CreateWarm(root string, o Options) (string, error) {
 	dir, err := os.MkdirTemp(root, WarmPrefix)
 	if err != nil {
