@@ -2,9 +2,10 @@
 // already imported the data stack, one set per template (a policy's shape),
 // and runs an execution in one of them when it matches (Claim: the
 // server writes the request straight into the claimed sandbox's
-// workspace); otherwise the server runs the execution cold. Each warm sandbox's first process is zygote.py; how
-// the pool and it talk is protocol.go. A warm sandbox (or a cold one) can
-// also become a session's long-lived kernel (kernel.go).
+// workspace); otherwise the server runs the execution cold. Each warm
+// sandbox's first process is zygote.py, or a fork of a template (fork.go);
+// how the pool and it talk is protocol.go. A warm sandbox (or a cold one)
+// can also become a session's long-lived kernel (kernel.go).
 package warmpool
 
 import (
