@@ -44,7 +44,7 @@ func TestExecutionForkedOnDemand(t *testing.T) {
 			Env: tpl.Env, Cwd: inside.Workspace, Limits: lim}
 		res, out, err := runPooled(ctx, pool, r, spec, code)
 		if err != nil {
-			return nil, err
+			return &nsjail.Result{}, err // the callers print its output
 		}
 		workspace.Remove(out)
 		if res.Status != nsjail.StatusSucceeded {
