@@ -252,7 +252,7 @@ print(sorted(os.listdir("/workspace")), sorted(os.listdir("/workspace/input")), 
 		t.Fatalf("a warm workspace with a name in the way (%d planted): %+v, stats %+v, cold runs %d", len(planted), r,
 			warm.srv.PoolStats(), warm.sandbox.started.Load()-coldBefore)
 	}
-	for _, dir := range planted { // the other policy's sandbox, unclaimed: its pool retires it
+	for _, dir := range planted { // the other policy's sandbox, unclaimed, can serve again
 		os.Remove(filepath.Join(dir, inside.CodeDir))
 	}
 	// Cancel and timeout of a warm execution: killed, reported, cleaned.
