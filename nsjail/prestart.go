@@ -77,7 +77,7 @@ func (p *Pending) ID() string { return p.s.id }
 // Pid is the host pid of the sandbox's first process. It stays that
 // process's until Handoff's Sandbox or Retire has waited for it (only the
 // Runner reaps it), so a pidfd opened for it before then is the process's.
-// A template fork (Shell.Pending) has none to give: its G is F's to reap,
+// A template fork (Shell.Pending) has none to give: its G is the template's (T's) to reap,
 // so its pid may be reused; GPidfd gives G's pidfd.
 func (p *Pending) Pid() (int, error) { return p.s.proc.Pid() }
 
@@ -90,7 +90,7 @@ func (p *Pending) Alive() bool {
 	if g, ok := p.s.proc.(gProcess); ok {
 		// A template fork's G: the status read is G's only if G's pidfd
 		// says G had not exited before it nor after it (SECURITY.md case
-		// 41's pattern; F may reap G and free its pid).
+		// 41's pattern; T may reap G and free its pid).
 		if g.exited() {
 			return false
 		}
@@ -216,7 +216,7 @@ func (p *Pending) Handoff(o HandoffOptions) (sb *Sandbox, droppedStdout, dropped
 // everything it wrote (why it failed, when it did); its wall time counts
 // from the call. report, when not nil, is the exit report as at a
 // hand-off (HandoffOptions.ExitReport): a template fork's G's status is
-// its F's to tell, and without it the result is a sandbox_error. The
+// its template's (T's) to tell, and without it the result is a sandbox_error. The
 // sandbox is removed as after Wait. It panics when p was already handed
 // off or retired.
 func (p *Pending) Retire(grace time.Duration, report <-chan syscall.WaitStatus) *Result {

@@ -254,7 +254,7 @@ type Sandbox struct {
 type firstProcess interface {
 	Pid() (int, error)
 	// Wait returns once the process has exited; the state is nil when the
-	// worker cannot reap it (G: its parent is F).
+	// worker cannot reap it (G: its parent is the template, T).
 	Wait() (*os.ProcessState, error)
 }
 

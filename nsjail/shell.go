@@ -80,8 +80,8 @@ type Shell struct {
 	// or at Destroy. Once: a second release could drop another shell's
 	// claim on a reused pid.
 	unclaim func()
-	// f is a pidfd of F, G's parent, which reports G's exit, and fpid its
-	// host pid (openParent): a fork whose F died can no longer report, so
+	// f is a pidfd of T, G's parent, which reports G's exit, and fpid its
+	// host pid (openParent): a fork whose T died can no longer report, so
 	// it is dead as a sandbox (Pending.Alive).
 	f    *os.File
 	fpid int
@@ -124,7 +124,7 @@ type Shell struct {
 // /proc/<G's pid> directory fd that is known to be G's because G's pidfd
 // still referred to a live process after it was opened (a pid is not
 // reused while its process lives, zombie included: SECURITY.md case 41's
-// pattern). A template that sent the pidfd of anything else (itself, F,
+// pattern). A template that sent the pidfd of anything else (itself,
 // another fork's G, a process of another template) gets an error, and
 // nothing joins that process's namespaces. G's oom_score_adj is then
 // reset to a cold process's (resetOOMScoreAdj).
@@ -355,7 +355,7 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 // deadline's kill): libcontainer learns the final init's pid from the
 // init itself and may fail before it keeps a handle to wait for it, and
 // the init is the worker's child (CLONE_PARENT). Left unreaped, it keeps G,
-// pid 1 of PID_F, from ever finishing its exit (E4), so F never reports.
+// pid 1 of PID_F, from ever finishing its exit (E4), so T never reports.
 // Each candidate is pinned by a pidfd opened before its /proc files are
 // read and found alive (a zombie is) after: a zombie child of the worker
 // in PID_F is a shell's init and nothing else (no other child of the
@@ -428,7 +428,7 @@ func (s *Shell) takeInit(initPid int, userNS, pidNS, gCgroupNS *os.File) error {
 	}
 	for _, n := range shellNamespaces {
 		if n == "cgroup" && gCgroupNS != nil {
-			// v2: G keeps the cgroup namespace F's clone3 gave it, rooted
+			// v2: G keeps the cgroup namespace T's clone3 gave it, rooted
 			// at its own cgroup (the init's is rooted at the init's
 			// leaf); G's setns into its own is a no-op.
 			fd, err := unix.FcntlInt(gCgroupNS.Fd(), unix.F_DUPFD_CLOEXEC, 0)
@@ -555,8 +555,8 @@ func (r *Runner) openFork(t *Template, gfd int, shellID string) (gpid int, userN
 	}
 	t.nsMu.RUnlock()
 	// PID_F must be owned by U_F, as a cold sandbox's pid namespace is by
-	// its user namespace. A template whose F unshared the pid namespace
-	// before the user namespace makes one owned by U_T: privilege over it
+	// its user namespace. A template that cloned G into a new pid
+	// namespace but not a new user namespace makes one owned by U_T: privilege over it
 	// (its /proc mount, ns_last_pid, signalling its init) then belongs to
 	// U_T's root, the template, and to nothing of the sandbox, a shape
 	// no test covers; refused. (That unshare needs CAP_SYS_ADMIN in U_T,
@@ -565,7 +565,7 @@ func (r *Runner) openFork(t *Template, gfd int, shellID string) (gpid int, userN
 	if err := isOwnedBy(pidNS, userNS); err != nil {
 		errs = append(errs, fmt.Errorf("pid namespace: %w", err))
 	}
-	// v2: G keeps the cgroup namespace F's clone3 (CLONE_NEWCGROUP |
+	// v2: G keeps the cgroup namespace T's clone3 (CLONE_NEWCGROUP |
 	// CLONE_INTO_CGROUP) made for it, rooted at its shell's cgroup: it
 	// must be one U_F owns, i.e. made for this fork, never T's (the
 	// worker's, where the code would see the host's cgroup paths).
@@ -627,7 +627,7 @@ func (r *Runner) openFork(t *Template, gfd int, shellID string) (gpid int, userN
 // its effective set (U_F's root: a dropped G has none), and on v1 in the
 // template's own cgroup in every hierarchy the template has (a G already
 // moved into a shell's is in tpl-<id>/sbx-<id>); on v2 in the cgroup
-// prepared for this shell, tpl-<id>/<shellID>, where F forked it (a G of
+// prepared for this shell, tpl-<id>/<shellID>, where T cloned it (a G of
 // another shell is in that shell's).
 func isUnplacedFork(status, cgroups string, t *Template, base int, shellID string) error {
 	root := strconv.Itoa(base + 1)
@@ -887,16 +887,16 @@ func (s *Shell) CgroupPaths() cgroup.Paths { return s.cgroupPaths }
 //
 // v1 has no way to move by pidfd: G's pid is written to cgroup.procs. The
 // attack this defends against: G dies between the membership check and
-// the write, F (its parent, template code) reaps it at once, a host
+// the write, T (its parent, template code) reaps it at once, a host
 // process takes the freed pid, and the write moves that host process into
 // the shell's cgroup (out of the subtree it started in), where the
 // caller's Destroy would then SIGKILL it. Two rules close it:
 //
-//   - Protocol (TEMPLATE.md section 11, step 4): F never reaps G until the
-//     worker has finished MoveG. F waits for G with
+//   - Protocol (TEMPLATE.md section 11, step 4): T never reaps G until the
+//     worker has finished MoveG. T waits for G with
 //     waitid(WEXITED|WNOWAIT), which leaves G a zombie, and reaps it only
 //     on the worker's go-ahead; a zombie's pid is not reused.
-//   - The worker does not rely on F (template code, which a compromised
+//   - The worker does not rely on T (template code, which a compromised
 //     template controls): MoveG holds G's pid itself for the whole check
 //     and write (pinG: it ptrace-attaches G, and a traced process that
 //     dies stays a zombie its parent cannot reap until the tracer lets it
@@ -1005,10 +1005,10 @@ const pinReleaseGrace = 10 * time.Second
 // it ptrace-attaches pid (PTRACE_SEIZE: G does not stop, and is not
 // otherwise disturbed) and checks G's pidfd before and after the attach:
 // alive (a zombie included) after it, the pid attached was G's. While
-// attached, a G that dies stays a zombie that only the tracer can see: F
+// attached, a G that dies stays a zombie that only the tracer can see: T
 // cannot reap it, and its pid cannot be reused. Afterwards G is let go:
 // interrupted and detached, or, when it died, waited for as its tracer,
-// which hands the zombie (and its exit status) back to F. A G that does
+// which hands the zombie (and its exit status) back to T. A G that does
 // not reach its stop within pinReleaseGrace is SIGKILLed through its
 // pidfd. ptrace needs what seccomp.LoadedProgram needs (CAP_SYS_PTRACE;
 // yama's ptrace_scope below 3).
@@ -1091,7 +1091,7 @@ func releaseG(pid int, pidfd *os.File, log *slog.Logger, pt func(int, uintptr) e
 	defer timer.Stop()
 	for {
 		// As G's tracer, not its parent: reaping a dead G here only
-		// detaches it and hands the zombie, with its exit status, to F.
+		// detaches it and hands the zombie, with its exit status, to T.
 		var ws unix.WaitStatus
 		_, err := unix.Wait4(pid, &ws, unix.WALL, nil)
 		if err == unix.EINTR {
@@ -1105,7 +1105,7 @@ func releaseG(pid int, pidfd *os.File, log *slog.Logger, pt func(int, uintptr) e
 			return false
 		}
 		if !ws.Stopped() {
-			return true // exited or killed: handed to F
+			return true // exited or killed: handed to T
 		}
 		// A stop with no ptrace event is a signal-delivery stop (a signal
 		// G got while pinned, before the interrupt's stop): detaching
@@ -1137,7 +1137,7 @@ func inCgroup(dir, pid string) (bool, error) {
 }
 
 // Destroy ends the shell: it kills every process in its cgroup (G and what
-// G started, once G moved in; F, G's parent, is in the template's cgroup
+// G started, once G moved in; T, G's parent, is in the template's cgroup
 // and reaps it), removes the cgroup, the state directory and the owner
 // marker, and closes the namespace fds and G's pidfd. A G that never moved
 // in is not killed: it is still the template's. Idempotent; what could not

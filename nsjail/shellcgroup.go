@@ -13,8 +13,8 @@ import (
 )
 
 // PreparedShell is a shell's id and, on cgroup v2, its cgroup, made before
-// the template forks G (TEMPLATE.md section 4): there F forks G straight
-// into it with clone3(CLONE_NEWPID|CLONE_INTO_CGROUP), so G never runs
+// the template forks G (TEMPLATE.md section 4): there T clones G straight
+// into it with clone3(CLONE_INTO_CGROUP), so G never runs
 // outside it and nothing is ever migrated (v2 forbids a move between the
 // template's leaf and the shell's cgroup, siblings, by the machine rule:
 // a process never leaves the cgroup it started in). On v1 nothing is made
@@ -48,12 +48,12 @@ type PreparedShell struct {
 // libcontainer's cgroups manager, and libcontainer makes the init's own
 // beside it, <shell id>-init), whose cgroup.procs belongs
 // to the template's host root (HostIDBase+1), and so does tpl-<id>'s until
-// the fork is done: F, whose host credentials those are, may then clone G
+// the fork is done: T, whose host credentials those are, may then clone G
 // into it (the kernel checks write access to cgroup.procs of the
 // destination and of the common ancestor, tpl-<id>: experiment E7).
 // The caller gives both back to root once it holds G (EndFork; StartShell
 // makes sure), Close if no shell took the cgroup. Made with the default
-// CPU weight, not a background shell's (StartShell writes that): F's fork
+// CPU weight, not a background shell's (StartShell writes that): T's clone
 // of G into it and G's work before its pidfd is sent are the template's
 // part of the fork, which the pool runs at the foreground weight
 // (server/warmpool forkLock.holdForeground).
@@ -86,7 +86,7 @@ func (r *Runner) PrepareShell(t *Template) (*PreparedShell, error) {
 		return fail(fmt.Errorf("unable to hand tpl-<id>'s cgroup.procs to the template: %w", err))
 	}
 	// A detached bind mount of the directory, not the directory itself:
-	// the fd goes to the template (and to F), and a plain fd of a
+	// the fd goes to the template, and a plain fd of a
 	// directory of the worker's cgroupfs would let its holder walk ".."
 	// out of the cgroup tree into the worker's own mount namespace, the
 	// host's filesystem (runc's CVE-2024-21626, a leaked /sys/fs/cgroup fd
@@ -114,7 +114,7 @@ func (r *Runner) PrepareShell(t *Template) (*PreparedShell, error) {
 	// owns), and the template profile refuses mount_setattr, open_tree,
 	// move_mount, fsmount and mount (EPERM, inherited from the execution
 	// profile; seccomp TestTemplateProfileTable). T alone has
-	// only CAP_SETUID and CAP_SETGID, and F's mount namespace is U_T's.
+	// only CAP_SETUID and CAP_SETGID, and its mount namespace is U_T's.
 	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}); err != nil {
 		return fail(fmt.Errorf("unable to make the detached mount of the shell's cgroup read-only: %w", err))
 	}
@@ -130,7 +130,7 @@ func (r *Runner) PrepareShell(t *Template) (*PreparedShell, error) {
 // ID is the shell's id: StartShell's Spec.ID.
 func (p *PreparedShell) ID() string { return p.id }
 
-// CgroupFile is what the template's F forks G into (cgroup v2): an O_PATH
+// CgroupFile is what the template clones G into (cgroup v2): an O_PATH
 // fd of a detached bind mount of the shell's cgroup directory, nil on v1.
 // It is the PreparedShell's until Close.
 func (p *PreparedShell) CgroupFile() *os.File { return p.fd }
@@ -160,7 +160,7 @@ func (p *PreparedShell) Close() error {
 	if p.taken {
 		return errors.Join(errs...)
 	}
-	// What is in it was forked into it by the template's F, or moved into
+	// What is in it was cloned into it by the template, or moved into
 	// it by a process of tpl-<id> (the kernel's common-ancestor check):
 	// the template's processes, none of the host's.
 	if _, err := os.Stat(p.dir); err == nil {
@@ -180,7 +180,7 @@ func (p *PreparedShell) Close() error {
 var ErrTemplateUnusable = errors.New("tpl-<id>'s cgroup.procs could not be taken back from this template after a fork: it may not fork again")
 
 // beginFork hands tpl-<id>'s cgroup.procs to the template's host root
-// (uid) for a fork in flight: the common ancestor F's clone3
+// (uid) for a fork in flight: the common ancestor T's clone3
 // CLONE_INTO_CGROUP must be allowed to write to (E7).
 func (t *Template) beginFork(uid int) error {
 	t.preparedMu.Lock()

@@ -17,8 +17,9 @@ import (
 // A shell becomes a sandbox like a pre-started one (Shell.Pending): the
 // warm pool hands its execution to G over G's own channel, and Wait
 // reports what a cold run of it would. What differs is the first process:
-// G is F's child, not the worker's, so the worker learns that G ended from
-// G's pidfd (never by pid: SECURITY.md case 41) and how from F's exit
+// G is the template's (T's) child, not the worker's, so the worker learns
+// that G ended from G's pidfd (never by pid: SECURITY.md case 41) and how
+// from T's exit
 // report (HandoffOptions.ExitReport, required in practice: without it the
 // status is unknown and Wait reports sandbox_error), kills through the
 // shell's cgroup, and removes the sandbox with Shell.Destroy.
@@ -127,7 +128,7 @@ func (s *Shell) Pending(stdout, stderr *os.File) *Pending {
 	return &Pending{s: sb}
 }
 
-// gProcess is a template fork's G as a sandbox's first process, with F,
+// gProcess is a template fork's G as a sandbox's first process, with T,
 // its parent, which reports its exit (fpidfd nil: not known).
 type gProcess struct {
 	pid    int
@@ -136,11 +137,12 @@ type gProcess struct {
 	fpidfd *os.File
 }
 
-// parentAlive reports whether F is running and has not been sent SIGKILL,
+// parentAlive reports whether T is running and has not been sent SIGKILL,
 // its status read between two checks of its pidfd (SECURITY.md case 41's
-// pattern: T reaps an ended F, whose pid may then be anyone's). A fork
-// whose F was killed never gets its exit report (G lives on, F's exit does
-// not end it): handed an execution, it would run the code and end in
+// pattern: the worker reaps an ended T, whose pid may then be anyone's). A
+// fork whose T was killed or stopped never gets its exit report (T's death
+// ends G too, as pid 1 of an ancestor pid namespace, but not at once):
+// handed an execution, it would run the code and end in
 // sandbox_error, where a zygote's sandbox killed just before its hand-off
 // is found dead and the execution runs cold (SECURITY.md case 34).
 func (g gProcess) parentAlive() bool {
@@ -155,13 +157,13 @@ func (g gProcess) parentAlive() bool {
 	return err == nil && !f.exited() && statusAlive(string(status))
 }
 
-// openParent opens a pidfd of F, G's parent, while it is known to be G's
+// openParent opens a pidfd of T, G's parent, while it is known to be G's
 // parent: G's PPid read before the pidfd is opened and again after it,
 // each read of G's status followed by a check that g (G's pidfd) is still
-// alive. A PPid unchanged across the open means F was G's parent all
-// along: had F died, G would have been reparented (to T, its pid
-// namespace's reaper) and its PPid changed, so the pid was F's when the
-// pidfd was opened. The worker only ever polls F's pidfd and reads F's
+// alive. A PPid unchanged across the open means T was G's parent all
+// along: had T died, G would have been reparented (killed as T's pid
+// namespace ends) and its PPid changed, so the pid was T's when the
+// pidfd was opened. The worker only ever polls T's pidfd and reads T's
 // status: it signals nothing through it.
 func openParent(gpid int, g *os.File) (*os.File, int, error) {
 	gp := gProcess{pid: gpid, pidfd: g}
@@ -185,26 +187,26 @@ func openParent(gpid int, g *os.File) (*os.File, int, error) {
 	}
 	fd, err := unix.PidfdOpen(fpid, 0)
 	if err != nil {
-		return nil, 0, fmt.Errorf("F (pid %d), G's parent, is gone: %w", fpid, err)
+		return nil, 0, fmt.Errorf("G's parent (pid %d), the template, is gone: %w", fpid, err)
 	}
-	f := os.NewFile(uintptr(fd), "pidfd-F")
+	f := os.NewFile(uintptr(fd), "pidfd-T")
 	if again, err := ppid(); err != nil || again != fpid {
 		f.Close()
-		return nil, 0, fmt.Errorf("F (pid %d), G's parent, is gone (G's parent now %d, %v)", fpid, again, err)
+		return nil, 0, fmt.Errorf("G's parent (pid %d), the template, is gone (G's parent now %d, %v)", fpid, again, err)
 	}
 	return f, fpid, nil
 }
 
 // Pid refuses: G's pid is G's only while G lives (a zombie included), and
-// F reaps it once the worker's go-ahead came, after which the number may be
+// T reaps it once the worker's go-ahead came, after which the number may be
 // anyone's. G is reached through its pidfd (Pending.GPidfd).
 func (g gProcess) Pid() (int, error) {
 	return 0, errors.New("a template fork's G is not the worker's child: its pid may be reused; use its pidfd")
 }
 
 // Wait returns once G has exited: its pidfd polls readable then (Linux
-// 5.3+), zombie or reaped. The state is nil: G's wait status is F's to
-// collect, and reaches the worker as F's exit report.
+// 5.3+), zombie or reaped. The state is nil: G's wait status is T's to
+// collect, and reaches the worker as T's exit report.
 func (g gProcess) Wait() (*os.ProcessState, error) {
 	fds := []unix.PollFd{{Fd: int32(g.pidfd.Fd()), Events: unix.POLLIN}}
 	for {

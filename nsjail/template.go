@@ -20,8 +20,8 @@ import (
 
 // A template (issue 17, server/warmpool/TEMPLATE.md sections 2-5) is a
 // sandbox whose process imports the data stack once and forks, per
-// execution, a process F that makes the execution's user and pid namespaces
-// and forks G, the code's process; a shell (shell.go) then gives G the rest
+// execution, G, the code's process, cloned into a new user and pid
+// namespace of the execution's own; a shell (shell.go) then gives G the rest
 // of a cold sandbox. This file starts the template's sandbox.
 
 // templateCaps are the only capabilities the template's process holds, in
@@ -36,7 +36,7 @@ import (
 // U_T's descendant.
 //
 // These two are not the limit of T's power: T is in the parent of every
-// fork's user namespace U_F and its euid owns each (F made U_F with T's
+// fork's user namespace U_F and its euid owns each (T made U_F with its
 // creds), and the kernel (cap_capable) gives such a process every
 // capability in that namespace and in every namespace it owns (PID_F,
 // each shell's mount, net, ipc, uts and cgroup namespaces). T could ptrace,
@@ -139,7 +139,7 @@ type Template struct {
 //
 // Seccomp: the Runner's template filter (Options.TemplateSeccomp: the
 // execution profile plus exactly the namespace, id, keyring and seccomp
-// calls F and G make before G's drop, TEMPLATE.md section 6), loaded by
+// calls T and G make for a fork before G's drop, TEMPLATE.md section 6), loaded by
 // libcontainer just before the command's execve, as a sandbox's. Every
 // fork inherits it and G loads the execution filter over it, so a fork's
 // effective policy is the execution filter's (SECURITY.md case 63). A
@@ -193,9 +193,9 @@ func (r *Runner) StartTemplate(spec Spec, files ...*os.File) (*Template, error) 
 			// lives in the leaf tpl-<id>/template and each shell's cgroup
 			// is its sibling, tpl-<id>/sbx-<id> (libcontainer creates
 			// tpl-<id> and enables every controller in its
-			// subtree_control). F forks G straight into the shell's
+			// subtree_control). T clones G straight into the shell's
 			// cgroup (clone3 CLONE_INTO_CGROUP), which the kernel allows
-			// only when both cgroups are below the root of F's cgroup
+			// only when both cgroups are below the root of T's cgroup
 			// namespace (nsdelegate; experiment E7: ENOENT otherwise):
 			// the template gets no cgroup namespace of its own, it keeps
 			// the worker's (T sees its cgroup's path from there; a fork's
@@ -242,11 +242,11 @@ func (r *Runner) StartTemplate(spec Spec, files ...*os.File) (*Template, error) 
 			}
 		}
 	}
-	// On v2, CLONE_INTO_CGROUP checks the cloning process's (F's) write
+	// On v2, CLONE_INTO_CGROUP checks the cloning process's (T's) write
 	// access to cgroup.procs of the common ancestor of its cgroup and the
 	// destination (cgroup_attach_permissions, E7: EACCES otherwise):
 	// tpl-<id>'s and the shell's are handed to the template's host root,
-	// HostIDBase+1 (what F's credentials are on the host), only while a
+	// HostIDBase+1 (what T's credentials are on the host), only while a
 	// fork is in flight (PrepareShell, PreparedShell.EndFork). T reaches
 	// neither file by any path (no cgroupfs in its mount namespace): only
 	// through the detached mount of a shell's cgroup PrepareShell gives
@@ -399,7 +399,7 @@ func (t *Template) WaitShells() { t.shells.Wait() }
 // that G two shells: a second runc init joining its namespaces (which G,
 // root there before its drop, could stop, leaving it in the pid namespace
 // of an execution: case 66) and two moves. The pid is G's while it is
-// claimed until MoveG placed it (F does not reap G before the worker's
+// claimed until MoveG placed it (T does not reap G before the worker's
 // go-ahead, which comes after MoveG); a G that dies and is reaped early
 // (a hostile template), or whose shell fails before MoveG, can at worst
 // get a later fork with its pid refused (and the template retired), never

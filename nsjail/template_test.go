@@ -31,7 +31,8 @@ import (
 
 // The template forks of issue 17 (server/warmpool/TEMPLATE.md; experiment
 // E4 on the production API). testdata/templatefork.py is the template's
-// side: T forks F, F makes U_F and PID_F and forks G; the worker makes a
+// side: T clones G into a new user namespace U_F and pid namespace PID_F;
+// the worker makes a
 // shell for G (Runner.StartShell), moves G into its cgroup (Shell.MoveG)
 // and hands G the shell's namespace fds and seccomp program; G joins,
 // drops and prints what it sees, which must be what a cold sandbox's
@@ -74,13 +75,13 @@ type templateLab struct {
 	ctl   *net.UnixConn
 	lines chan string // the template's stdout (its forks' views), by line
 	// preps are the prepared shells of the forks (by G's pidfd): their
-	// ids, and on cgroup v2 the cgroups F forked G into.
+	// ids, and on cgroup v2 the cgroups T cloned G into.
 	preps map[*os.File]*nsjail.PreparedShell
 	// prepareTime and moveTime are the last PrepareShell's and MoveG's
 	// wall time (TEMPLATE.md M7, logged).
 	prepareTime, moveTime time.Duration
 	// forkTime is the last fork request's wall time to G's pidfd (T's
-	// fork of F, F's namespaces, F's fork or clone3 of G).
+	// clone3 of G with its namespaces, G's maps).
 	forkTime time.Duration
 }
 
@@ -265,7 +266,7 @@ func (l *templateLab) forkWith(extra map[string]any) *os.File {
 }
 
 // place joins G into shell sh, hands it the program and returns G's view
-// and, once G ended, its wait status as F reported it.
+// and, once G ended, its wait status as T reported it.
 func (l *templateLab) place(sh *nsjail.Shell, mode string) (view map[string]any, status string) {
 	l.t.Helper()
 	t0 := time.Now()
@@ -345,18 +346,17 @@ func TestTemplateForkMatchesCold(t *testing.T) {
 	shellSpec := nsjail.Spec{Rootfs: rootfs, Args: []string{"python3"}, Workspace: ws, WorkspaceReadOnly: true,
 		Limits: nsjail.Limits{MemoryBytes: 256 << 20}}
 
-	// Refused: the template's own pidfd, and F's (G's parent): neither is
-	// a fork's pid 1 in namespaces that are children of the template's.
+	// Refused: the template's own pidfd (G's parent): not a fork's pid 1
+	// in namespaces that are children of the template's.
 	tpid, err := lab.tpl.Pid()
 	if err != nil {
 		t.Fatal(err)
 	}
 	g := lab.fork()
-	gpid := nsjailtest.PidfdPid(t, g)
-	fpid := nsjailtest.PPid(t, gpid)
-	for who, pid := range map[string]int{"the template": tpid, "F": fpid} {
-		lab.refuse(t, shellSpec, who, pidfdOf(t, pid), "not a fork")
+	if p := nsjailtest.PPid(t, nsjailtest.PidfdPid(t, g)); p != tpid {
+		t.Fatalf("G's parent is %d, want the template (%d)", p, tpid)
 	}
+	lab.refuse(t, shellSpec, "the template", pidfdOf(t, tpid), "not a fork")
 
 	var firstProg seccomp.Program
 	for i, mode := range []string{"go", "oom", "go"} {
@@ -522,7 +522,7 @@ func pidfdOf(t *testing.T, pid int) *os.File {
 // not reset either) and a fork whose id maps the template forged (U_F's
 // root on the sandbox user's host id, the sandbox user on HostIDBase: a
 // real fork otherwise, which only the map check tells apart). The
-// template's and F's pidfds are refused in TestTemplateForkMatchesCold, a
+// template's pidfd is refused in TestTemplateForkMatchesCold, a
 // G already in a shell's cgroup in TestShellMoveGOnlyFromTheTemplate, all
 // through refuse.
 func TestShellRefusesAForgedFork(t *testing.T) {
@@ -553,7 +553,7 @@ func TestShellRefusesAForgedFork(t *testing.T) {
 	g := lab.forkWith(map[string]any{"uid_map": forged, "gid_map": forged})
 	defer g.Close()
 	lab.refuse(t, spec, "a fork with forged maps", g, "uid_map is")
-	// G is still the template's, waiting for a join: end it (F reports,
+	// G is still the template's, waiting for a join: end it (the template reports,
 	// the template goes on).
 	if err := unix.PidfdSendSignal(int(g.Fd()), unix.SIGKILL, nil, 0); err != nil {
 		t.Fatal(err)
@@ -608,12 +608,12 @@ func TestShellMoveGOnlyFromTheTemplate(t *testing.T) {
 	if ps := nsjailtest.CgroupProcs(t, a.CgroupPaths()); len(ps) != 1 || ps[0] != strconv.Itoa(a.GPid()) {
 		t.Errorf("shell a's cgroup holds %v, want G (%d) alone", ps, a.GPid())
 	}
-	// Destroying a kills G; F reports it, then the template is done.
+	// Destroying a kills G; the template reports it, then the template is done.
 	lab.destroyKillsG(t, a)
 }
 
 // TestShellMoveGPinsG: MoveG holds G's pid with ptrace while it checks and
-// writes, so that a G dying meanwhile cannot be reaped by F and its pid
+// writes, so that a G dying meanwhile cannot be reaped by the template and its pid
 // reused by a host process the write would then move (and Destroy kill):
 // a G it cannot attach, because something else traces it, is refused
 // with nothing moved; once moved, G is traced by nobody.
@@ -742,7 +742,7 @@ func TestShellStartDeadline(t *testing.T) {
 	finish(h)
 }
 
-// destroyKillsG destroys sh and checks that its G died of SIGKILL (F's
+// destroyKillsG destroys sh and checks that its G died of SIGKILL (the template's
 // report) and that the template went on to its next fork.
 func (l *templateLab) destroyKillsG(t *testing.T, sh *nsjail.Shell) {
 	t.Helper()
@@ -985,10 +985,10 @@ func TestSweepAfterTemplateWorkerCrash(t *testing.T) {
 	}
 	_ = cmd.Process.Signal(syscall.SIGKILL)
 	_ = cmd.Wait()
-	// The template, F and G linger (the template's init gets no
-	// parent-death signal, see testSweepAfterWorkerCrash): T, F, and G.
-	if pids := nsjailtest.ProcessesMatching(mark); len(pids) != 3 {
-		t.Errorf("want the template, F and G alive before the sweep, found %v", pids)
+	// The template and G linger (the template's init gets no
+	// parent-death signal, see testSweepAfterWorkerCrash).
+	if pids := nsjailtest.ProcessesMatching(mark); len(pids) != 2 {
+		t.Errorf("want the template and G alive before the sweep, found %v", pids)
 	}
 
 	r := newRunner(t)
@@ -1093,7 +1093,7 @@ func TestTemplateStartFailureLeavesNothing(t *testing.T) {
 // (a plain fd's would lead to tpl-<id> and on to the worker's whole
 // filesystem: CVE-2024-21626's leaked cgroupfs fd), and only cgroup.procs
 // of tpl-<id> and of the prepared cgroup belong to the template's host
-// root (what F's clone3 CLONE_INTO_CGROUP needs, E7), and only while the
+// root (what the template's clone3 CLONE_INTO_CGROUP needs, E7), and only while the
 // fork is in flight, until the shell holds G; a cgroup no shell took goes
 // with Close.
 func TestPreparedShellCgroupIsDetached(t *testing.T) {

@@ -121,8 +121,8 @@ wait:
 		select {
 		case r := <-exitCase:
 			if s.shell != nil && report != nil && r.err == nil {
-				// A template fork's G ended: its pidfd may tell before F's
-				// report of how does, which F writes as soon as the
+				// A template fork's G ended: its pidfd may tell before T's
+				// report of how does, which T writes as soon as the
 				// kernel tells it. Wait a moment for the report, and keep
 				// the exit for those who read it later.
 				exitCase = nil
@@ -135,11 +135,11 @@ wait:
 			}
 			a.state, a.waitErr = r.state, r.err
 			if s.shell != nil && r.err == nil {
-				a.waitErr = errNoReport // G's status is F's to tell
+				a.waitErr = errNoReport // G's status is T's to tell
 			}
 			break wait
 		case <-gEnded:
-			// No report (F died, or will not say): G's status is unknown.
+			// No report (T died, or will not say): G's status is unknown.
 			<-exited
 			a.state, a.waitErr = nil, errNoReport
 			break wait
@@ -193,10 +193,10 @@ wait:
 	}
 	s.thawForEnd()
 	if s.shell != nil && a.haveReport && exitCase != nil {
-		// F's report is the template's word, and a compromised template
+		// T's report is the template's word, and a compromised template
 		// could report early; the kernel's is G's pidfd, readable once G
 		// has exited, which as PID_F's init it does only after every other
-		// process of PID_F is gone (below). It tells as F's waitid does, so
+		// process of PID_F is gone (below). It tells as T's waitid does, so
 		// waiting for it costs nothing; without it the result would be
 		// built while the code still ran.
 		select {
@@ -215,9 +215,9 @@ wait:
 		// SIGKILL per pid until cgroup.procs is empty. A template fork's
 		// only kill is this one: its pid 1, G, is not the worker's to
 		// signal by pid, and everything of the execution (G and what it
-		// started) is in the shell's cgroup, F and T outside it.
+		// started) is in the shell's cgroup, T outside it.
 		//
-		// Not after F's report of G's exit, once G's pidfd confirmed it
+		// Not after T's report of G's exit, once G's pidfd confirmed it
 		// (above): G is pid 1 of PID_F, whose exit the
 		// kernel completes only after it killed every other process of
 		// PID_F and they were reaped (pid_namespaces(7); the kernel's
@@ -235,7 +235,7 @@ wait:
 			a.state, a.waitErr = r.state, r.err
 			if s.shell != nil && report != nil && !a.haveDone {
 				// G's status (the kill's, as a cold init's would be)
-				// comes in F's report, written as G ends. (After a done
+				// comes in T's report, written as G ends. (After a done
 				// word the status is the word's: no wait for it.)
 				exited <- r
 				select {
@@ -248,10 +248,10 @@ wait:
 	return a
 }
 
-// errNoReport: a template fork's G ended, and F reported no status.
+// errNoReport: a template fork's G ended, and T reported no status.
 var errNoReport = errors.New("the fork's process ended without an exit report from its parent")
 
-// shellReportGrace bounds the wait for F's report of a G that ended.
+// shellReportGrace bounds the wait for T's report of a G that ended.
 const shellReportGrace = time.Second
 
 // killFirst sends SIGKILL to the sandbox's init: the kernel then kills

@@ -346,37 +346,30 @@ func TemplateAdditions(exec *Profile) []Rule {
 	return out
 }
 
-// templateRules are what template.py's F and G need, before G's drop, that
-// the execution profile refuses; each reason names the step. T itself
-// needs nothing more than a sandbox's process (it forks, writes each F's
-// id maps and talks over its socket). Not here because the execution
-// profile allows them already: fork (clone without CLONE_NEW*),
-// pidfd_open, prctl (PR_CAPBSET_DROP, PR_CAP_AMBIENT, no_new_privs,
-// dumpable), prlimit64, chdir, sendmsg/recvmsg with fds.
+// templateRules are what template.py's T and G need for a fork, before
+// G's drop, that the execution profile refuses; each reason names the
+// step. T otherwise needs nothing more than a sandbox's process (it writes
+// each G's id maps, relays its end and talks over its socket). Not here
+// because the execution profile allows them already: pidfd_open, waitid,
+// prctl (PR_CAPBSET_DROP, PR_CAP_AMBIENT, no_new_privs, dumpable),
+// prlimit64, chdir, sendmsg/recvmsg with fds.
 func templateRules() []Rule {
 	var rules []Rule
-	// clone3: F on cgroup v2. Its flags are in a struct seccomp cannot
-	// read, so it is allowed whole: T, F and G before its drop may make
+	// clone3: T's clone of each G. Its flags are in a struct seccomp
+	// cannot read, so it is allowed whole: T and G before its drop may make
 	// namespaces of any type with it (in a user namespace of their own, or
-	// in U_F, where F and G are root), which unshare's and clone's flag
-	// checks keep from them otherwise. Template code only: G's execution
-	// filter, loaded over this one, answers clone3 ENOSYS again (ERRNO
-	// outranks ALLOW), so the code never gets it (SECURITY.md case 63).
+	// in U_F, where G is root), which clone's and unshare's flag checks keep
+	// from them otherwise. Template code only: G's execution filter, loaded
+	// over this one, answers clone3 ENOSYS again (ERRNO outranks ALLOW), so
+	// the code never gets it (SECURITY.md case 63). No unshare: a user
+	// namespace made by unshare would be the caller's own, never a child's.
 	rules = append(rules, Rule{
 		Names: []string{"clone3"}, Action: ActAllow, Group: "process",
-		Reason: "template.py F (_clone_into_cgroup): on cgroup v2 F forks G with clone3(CLONE_NEWPID|CLONE_INTO_CGROUP) straight " +
-			"into the shell's cgroup, which no other call can do (TEMPLATE.md section 4); its flags are a struct seccomp cannot " +
-			"read, so the call is allowed whole, to template code only (G's execution filter answers ENOSYS again)",
+		Reason: "template.py T (_clone): T clones each G with clone3(CLONE_NEWUSER|CLONE_NEWPID), on cgroup v2 with " +
+			"CLONE_NEWCGROUP|CLONE_INTO_CGROUP straight into the shell's cgroup (TEMPLATE.md sections 3 and 4), which no other " +
+			"call can do; its flags are a struct seccomp cannot read, so the call is allowed whole, to template code only " +
+			"(G's execution filter answers ENOSYS again)",
 		Ref: refClone3,
-	})
-	// unshare: F, once for each namespace. The mask leaves only those two
-	// bits free, so no other namespace (and no CLONE_FILES etc.) passes.
-	rules = append(rules, Rule{
-		Names: []string{"unshare"}, Action: ActAllow, Group: "isolation",
-		Args: []Cond{{Index: 0, Name: "flags", Op: MaskedEqual, Mask: ^uint64(unix.CLONE_NEWUSER | unix.CLONE_NEWPID), Value: 0}},
-		Reason: "template.py F (_f): unshare(CLONE_NEWUSER) makes the execution's user namespace U_F, whose maps T writes, then " +
-			"unshare(CLONE_NEWPID) makes its pid namespace PID_F, whose pid 1 is G (TEMPLATE.md section 3 step 2); no other flag",
-		Ref: "CVE-2023-32233",
 	})
 	// setns: G, one fd per namespace, each with its type. Never a user or
 	// pid namespace (the shell joins G's, not G the shell's), nor nstype 0

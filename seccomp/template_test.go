@@ -223,8 +223,8 @@ func TestTemplateProfileTable(t *testing.T) {
 			in   input
 			want uint32
 		}{
-			{"unshare NEWUSER (F)", sys("unshare", unix.CLONE_NEWUSER), retAllow},
-			{"unshare NEWPID (F)", sys("unshare", unix.CLONE_NEWPID), retAllow},
+			{"unshare NEWUSER", sys("unshare", unix.CLONE_NEWUSER), eperm},
+			{"unshare NEWPID", sys("unshare", unix.CLONE_NEWPID), eperm},
 			{"unshare NEWNS", sys("unshare", unix.CLONE_NEWNS), eperm},
 			{"unshare NEWNET", sys("unshare", unix.CLONE_NEWNET), eperm},
 			{"unshare NEWUSER|NEWNS", sys("unshare", unix.CLONE_NEWUSER|unix.CLONE_NEWNS), eperm},
@@ -284,7 +284,7 @@ func TestTemplateProfileTable(t *testing.T) {
 			{"fsmount", sys("fsmount"), eperm},
 			{"fspick", sys("fspick"), eperm},
 			{"clone NEWUSER", sys("clone", unix.CLONE_NEWUSER|uint64(unix.SIGCHLD)), eperm},
-			// F's clone3 into the shell's cgroup (v2): allowed whole.
+			// T's clone3 of G (with CLONE_INTO_CGROUP on v2): allowed whole.
 			{"clone3", sys("clone3"), retAllow},
 			{"bpf", sys("bpf"), eperm},
 			// What it allows stays allowed.

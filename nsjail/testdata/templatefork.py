@@ -4,7 +4,7 @@
 # program (server/warmpool/template.py, tested in server/warmpool). It can
 # do what the production one never does, for the tests of the worker's
 # defences: a G that stops the shell's init, a template that lingers after
-# the worker died, and an F that reaps G at once (no go-ahead: MoveG's pin
+# the worker died, and one that reaps G at once (no go-ahead: MoveG's pin
 # must hold on its own). Run as
 # `python3 -B -P -c SOURCE --template` in the template's sandbox (root of
 # its user namespace U_T, CAP_SETUID/SETGID only), or
@@ -12,14 +12,14 @@
 #
 # The template serves requests on fd 3, one at a time:
 #   view          -> its own view (no probes), one JSON line on fd 1
-#   fork MAPS     -> forks F, which unshares a user namespace U_F (the
-#                    template writes MAPS, JSON {"uid_map", "gid_map"};
-#                    with "stop_init": true, G SIGSTOPs the shell's init
-#                    as soon as it exists),
-#                    then a pid namespace PID_F, and forks G, PID_F's pid 1;
-#                    with "cgroup": true (cgroup v2) the worker then sends
-#                    "c" with the shell's cgroup fd, and F forks G into it
-#                    with clone3(CLONE_NEWPID|CLONE_INTO_CGROUP) instead.
+#   fork MAPS     -> clones G with clone3(CLONE_NEWUSER|CLONE_NEWPID): G is
+#                    root of a new user namespace U_F (the template writes
+#                    MAPS, JSON {"uid_map", "gid_map"}; with "stop_init":
+#                    true, G SIGSTOPs the shell's init as soon as it
+#                    exists) and pid 1 of a new pid namespace PID_F; with
+#                    "cgroup": true (cgroup v2) the worker first sends "c"
+#                    with the shell's cgroup fd, and G is cloned into it
+#                    (CLONE_NEWCGROUP|CLONE_INTO_CGROUP).
 #                    G sends the worker a pidfd of itself ("G\n"), gets the
 #                    shell's namespace fds ("join\n"), joins them, says
 #                    "joined\n", reads "MODE HEXPROG\n", drops to what a cold
@@ -27,8 +27,8 @@
 #                    does; rlimits and the keyring are left out), loads the
 #                    program, closes every fd but 0-2 and prints its view on
 #                    fd 1; MODE "oom" then allocates more than the shell's
-#                    memory limit. F sends "status N\n" (G's wait status);
-#                    the template, once F is reaped, "forked\n".
+#                    memory limit. Once G is reaped the template sends
+#                    "status N\n" (G's wait status), then "forked\n".
 #   quit          -> exits 0
 # --preload=numpy,pandas imports those first (what a real template holds).
 # With --linger among its args, a process that finds the worker gone (EOF)
@@ -171,32 +171,36 @@ def fork(maps):
         if msg != b"c" or len(fds) != 1:
             raise RuntimeError("want the shell's cgroup fd, got %r with %d fds" % (msg, len(fds)))
         cgroup_fd = fds[0]
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid:
-        os.close(w)
-        os.read(r, 1)  # F has its own user namespace: map it
-        os.close(r)
-        with open("/proc/%d/uid_map" % pid, "w") as f:
-            f.write(maps["uid_map"])
-        with open("/proc/%d/gid_map" % pid, "w") as f:
-            f.write(maps["gid_map"])
-        if cgroup_fd is not None:
-            os.close(cgroup_fd)
-        os.waitpid(pid, 0)
-        SOCK.sendall(b"forked\n")
-        return
-    # F: runs no request code; it only makes PID_F, forks G and reports.
-    try:
-        f_main(r, w, maps, cgroup_fd)
-    except BaseException:
-        import traceback
-        traceback.print_exc()
-    os._exit(4)
+    g = clone(cgroup_fd)
+    if g == 0:
+        # G: runs template code until its drop; first it waits for its maps.
+        try:
+            if cgroup_fd is not None:
+                os.close(cgroup_fd)
+            while True:
+                with open("/proc/self/gid_map") as f:
+                    if f.read():
+                        break
+            g_main(maps.get("stop_init", False))
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+        os._exit(3)
+    with open("/proc/%d/uid_map" % g, "w") as f:
+        f.write(maps["uid_map"])
+    with open("/proc/%d/gid_map" % g, "w") as f:
+        f.write(maps["gid_map"])
+    if cgroup_fd is not None:
+        os.close(cgroup_fd)
+    _, st = os.waitpid(g, 0)
+    SOCK.sendall(b"status %d\n" % st)
+    SOCK.sendall(b"forked\n")
 
 
-def clone_into_cgroup(cgroup_fd):
-    # What server/warmpool/template.py's _clone_into_cgroup does (see there).
+def clone(cgroup_fd):
+    # What server/warmpool/template.py's _clone does (see there): G, root of
+    # a new user namespace U_F and pid 1 of a new pid namespace PID_F owned
+    # by it; on cgroup v2 (cgroup_fd) born in the shell's cgroup.
     import ctypes
     import signal
     fields = ("flags", "pidfd", "child_tid", "parent_tid", "exit_signal", "stack", "stack_size", "tls", "set_tid",
@@ -206,9 +210,12 @@ def clone_into_cgroup(cgroup_fd):
     tid = ctypes.c_void_p()
     if libc.prctl(40, ctypes.byref(tid), 0, 0, 0) != 0:  # PR_GET_TID_ADDRESS
         raise OSError(ctypes.get_errno(), "PR_GET_TID_ADDRESS")
-    # CLONE_NEWPID | CLONE_NEWCGROUP | CLONE_INTO_CGROUP | CLONE_CHILD_SETTID | CLONE_CHILD_CLEARTID
-    args = CloneArgs(flags=0x20000000 | 0x02000000 | 0x200000000 | 0x01000000 | 0x00200000, child_tid=tid.value,
-                     exit_signal=signal.SIGCHLD, cgroup=cgroup_fd)
+    # CLONE_NEWUSER | CLONE_NEWPID | CLONE_CHILD_SETTID | CLONE_CHILD_CLEARTID
+    flags = 0x10000000 | 0x20000000 | 0x01000000 | 0x00200000
+    if cgroup_fd is not None:
+        flags |= 0x02000000 | 0x200000000  # CLONE_NEWCGROUP | CLONE_INTO_CGROUP
+    args = CloneArgs(flags=flags, child_tid=tid.value, exit_signal=signal.SIGCHLD,
+                     cgroup=cgroup_fd if cgroup_fd is not None else 0)
     api = ctypes.PyDLL(None, use_errno=True)
     api.syscall.restype = ctypes.c_long
     api.PyOS_BeforeFork()
@@ -221,36 +228,6 @@ def clone_into_cgroup(cgroup_fd):
     if pid < 0:
         raise OSError(err, "clone3")
     return pid
-
-
-def f_main(r, w, maps, cgroup_fd):
-    os.close(r)
-    os.unshare(os.CLONE_NEWUSER)
-    os.write(w, b"u")
-    os.close(w)
-    while True:
-        with open("/proc/self/gid_map") as f:
-            if f.read():
-                break
-    # A pid namespace can be joined only once it has an init, and only from
-    # an ancestor: F makes PID_F, G is its pid 1, the shell joins it.
-    if cgroup_fd is None:
-        os.unshare(os.CLONE_NEWPID)
-        g = os.fork()
-    else:
-        g = clone_into_cgroup(cgroup_fd)
-        if g == 0:
-            os.close(cgroup_fd)
-    if g == 0:
-        try:
-            g_main(maps.get("stop_init", False))
-        except BaseException:
-            import traceback
-            traceback.print_exc()
-        os._exit(3)
-    _, st = os.waitpid(g, 0)
-    SOCK.sendall(b"status %d\n" % st)
-    os._exit(0)
 
 
 if __name__ == "__main__":

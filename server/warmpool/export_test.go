@@ -41,7 +41,7 @@ func ReadyPid(p *Pool) (int, error) {
 }
 
 // ReadyForkPids is, when p's first ready sandbox is a template fork
-// (Config.Forks), the host pids of its F, which reports G's exit as a
+// (Config.Forks), the host pids of its template T, which reports G's exit as a
 // zygote reports its child's, and of G, the code's process; ok is false
 // for a zygote's sandbox.
 func ReadyForkPids(p *Pool) (f, g int, ok bool, err error) {
@@ -93,7 +93,7 @@ func pidfdPid(fd int) (int, error) {
 	return 0, errors.New("no Pid in the pidfd's fdinfo")
 }
 
-// ReadExitReport is readExitReport: F's report of G's wait status is the
+// ReadExitReport is readExitReport: T's report of G's wait status is the
 // zygote's (template.py's G is zygote.py's code).
 var ReadExitReport = readExitReport
 

@@ -123,7 +123,7 @@ func (p *Pool) retireTemplate(tproc *templateProc) <-chan *nsjail.Result {
 			// (WaitShells) or destroyed by the time it is ready or
 			// abandoned. Not waited for past the grace at Close: a
 			// hostile template can keep a fork's G from ever finishing
-			// its exit (a process of G's pid namespace that F never
+			// its exit (a process of G's pid namespace that T never
 			// reaps), and only the template's stop ends that; a start
 			// racing the stop fails (Template.Stop).
 			tproc.inFlight.Wait()
@@ -185,12 +185,12 @@ type forkLock struct {
 
 // holdForeground makes release, the end of a hold of the template's
 // foreground CPU weight (nsjail.Template.HoldForeground), the lock's to
-// call at its release: a refill's part in the template (T's fork of F,
-// F's of G) never runs at the background weight with the lock held, which
+// call at its release: a refill's part in the template (T's clone of G)
+// never runs at the background weight with the lock held, which
 // a request's fork on demand would wait for (a priority inversion), nor is
 // T starved into missing its reply's deadline, which retires it as broken.
 // The rest of a refill, the shell's start and G's preparation, runs at the
-// background weight. (On v2 F forks G into the shell's cgroup, which is at
+// background weight. (On v2 T clones G into the shell's cgroup, which is at
 // the foreground weight until StartShell sets the shell's limits: made by
 // PrepareShell with a mkdir alone, see nsjail/shellcgroup.go.)
 func (l *forkLock) holdForeground(release func()) {
@@ -413,7 +413,7 @@ func (p *Pool) fork(reqCtx context.Context, f Forker, tproc *templateProc, spec 
 	readyR, reportR, goAheadW, stdoutR, stderrR := ends[0][0], ends[1][0], ends[2][1], ends[3][0], ends[4][0]
 	ours = []*os.File{readyR, reportR, goAheadW, stdoutR, stderrR}
 	theirs = []*os.File{ends[0][1], ends[1][1], ends[2][0], ends[3][1], ends[4][1]}
-	// The shell's id, and on cgroup v2 its cgroup, which F forks G into
+	// The shell's id, and on cgroup v2 its cgroup, which T clones G into
 	// (TEMPLATE.md section 4): made before the request. Closed whatever
 	// happens: once the shell started, the cgroup is the shell's.
 	prep, err := f.PrepareShell(tproc.tpl)
@@ -495,19 +495,18 @@ func (p *Pool) fork(reqCtx context.Context, f Forker, tproc *templateProc, spec 
 	p.stats.TemplateForks++
 	p.mu.Unlock()
 	// G's pidfd (T3): one message, one fd. A G that ends first (it refuses
-	// what an at-fork handler left it) or an F that does (its checks, its
-	// clone3) ends the wait at once, not after forkTimeout with the
+	// what an at-fork handler left it: T reports its exit) ends the wait at once, not after forkTimeout with the
 	// template's fork lock held.
 	msg, gfds, ended, err := recvPidfd(ctx, ctl, reportR)
 	if ended {
 		// Whatever came meanwhile: G is gone.
-		err = errors.New("G or F ended before G sent its pidfd (the template's log says why)")
+		err = errors.New("G ended before it sent its pidfd (the template's log says why)")
 	}
 	if err != nil || string(msg) != PidfdMessage || len(gfds) != 1 {
 		for _, fd := range gfds {
 			unix.Close(fd)
 		}
-		goAheadW.Close() // F may reap whatever G became
+		goAheadW.Close() // T may reap whatever G became
 		return fail(closedOr(fmt.Errorf("%w: G's pidfd message %q with %d fds (%v)", errTemplateBroken, msg, len(gfds), err)))
 	}
 	g := os.NewFile(uintptr(gfds[0]), "pidfd-G")
@@ -542,7 +541,7 @@ func (p *Pool) fork(reqCtx context.Context, f Forker, tproc *templateProc, spec 
 		}
 		// G (the pidfd T sent, found a fork when StartShell got as far as
 		// its checks, else a process of T's pid namespace at worst) will
-		// never be used: killed through the pidfd, never by pid; F, given
+		// never be used: killed through the pidfd, never by pid; T, given
 		// the go-ahead, reaps it.
 		_ = unix.PidfdSendSignal(int(g.Fd()), unix.SIGKILL, nil, 0)
 		return fail(closedOr(err))
@@ -562,7 +561,7 @@ func (p *Pool) fork(reqCtx context.Context, f Forker, tproc *templateProc, spec 
 		return nil, false, e
 	}
 	err = sh.MoveG()
-	// The go-ahead, whatever MoveG did: F may reap G from now on.
+	// The go-ahead, whatever MoveG did: T may reap G from now on.
 	goAheadW.Close()
 	if err != nil {
 		return abandon(fmt.Errorf("unable to move G into its shell: %w", err))
@@ -634,9 +633,9 @@ func sendWithFiles(ctx context.Context, c *net.UnixConn, msg []byte, files []*os
 }
 
 // recvPidfd reads G's pidfd message (T3) from ctl, as recvLine, or ends
-// as soon as F's exit report is readable (nothing is read from it): G
-// ended, and F reported it, or F is gone (EOF: T and the pool hold no
-// write end). Without that, a G or F that ends before the message leaves
+// as soon as the exit report is readable (nothing is read from it): G
+// ended, and T reported it, or T is gone (EOF: only T holds the write
+// end). Without that, a G that ends before the message leaves
 // the wait to forkTimeout: the pool's own copy of the sandbox's end of
 // ctl keeps ctl from reading EOF.
 func recvPidfd(ctx context.Context, ctl *net.UnixConn, report *os.File) (msg []byte, fds []int, ended bool, err error) {

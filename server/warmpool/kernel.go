@@ -514,7 +514,7 @@ func (k *Kernel) handOff(ctx context.Context, msg []byte) error {
 // after it exited (SECURITY.md case 41).
 func kernelPidfd(p *nsjail.Pending) (int, error) {
 	if fd, ok, err := p.GPidfd(); ok {
-		// A template fork: its G is the kernel process itself (F, outside
+		// A template fork: its G is the kernel process itself (T, outside
 		// the sandbox, is what reports its exit).
 		return fd, err
 	}

@@ -132,7 +132,7 @@ func TestKernelIsSignalledByPidfd(t *testing.T) {
 	kr := run(t, k, `import os; print(os.getpid())`)
 	inner, err := strconv.Atoi(strings.TrimSpace(string(kr.Result.Stdout)))
 	// A zygote's kernel is its child; a template fork's is G, pid 1 as a
-	// cold sandbox's process is (the zygote's part, F, is outside).
+	// cold sandbox's process is (the zygote's part, T, is outside).
 	if err != nil || (inner == 1) != e.forks {
 		t.Fatalf("the kernel's pid inside is %q (template forks: %v)", kr.Result.Stdout, e.forks)
 	}

@@ -259,7 +259,7 @@ func (w *warmSandbox) deadWhy() string {
 	default:
 	}
 	if !w.pending.Alive() {
-		return "its process (or a template fork's F) is gone, a zombie or being killed"
+		return "its process (or a template fork's template) is gone, a zombie or being killed"
 	}
 	return ""
 }

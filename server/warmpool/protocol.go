@@ -331,12 +331,13 @@ func readExitReport(r *os.File) <-chan syscall.WaitStatus {
 //      ExitReportFD pipes' write ends and the GoAheadFD pipe's read end,
 //      then, with ForkRequest.Cgroup (cgroup v2), ForkCgroupFDs more: the
 //      shell's cgroup (nsjail.PreparedShell.CgroupFile, a detached mount
-//      of its directory), into which F forks G with
-//      clone3(CLONE_NEWPID|CLONE_INTO_CGROUP) instead of unshare and fork,
+//      of its directory), into which T clones G (CLONE_INTO_CGROUP),
 //      then optionally ForkOutputFDs more: the execution's stdout and
 //      stderr (else G's are /dev/null; its stdin always is). T checks it
-//      holds no stray fd and no shared mapping, forks F, writes F's maps
-//      and answers one ForkReply line (DecodeForkReply); it closes its
+//      holds no stray fd, no shared mapping and no other thread, clones G
+//      with clone3(CLONE_NEWUSER|CLONE_NEWPID) (G: root of a new user
+//      namespace, pid 1 of a new pid namespace), writes G's maps, keeps
+//      the exit report and the go-ahead (T5), and answers one ForkReply line (DecodeForkReply); it closes its
 //      copies of the fork's fds whatever it answers.
 //  T3. Pidfd. G, pid 1 of its pid namespace, sends PidfdMessage with a
 //      pidfd of itself on ControlFD (nsjail.Runner.StartShell takes it,
@@ -344,7 +345,7 @@ func readExitReport(r *os.File) <-chan syscall.WaitStatus {
 //      case 65).
 //  T4. Join. After StartShell and Shell.MoveG (v2: the check that G is in
 //      the shell's cgroup) the pool closes its end of
-//      GoAheadFD (the go-ahead: F may reap G from then on; until then a G
+//      GoAheadFD (the go-ahead: T may reap G from then on; until then a G
 //      that died stays a zombie) and sends a Join line (EncodeJoin) on
 //      ControlFD with the shell's namespace fds (Shell.NamespaceFiles, in
 //      nsjail.ShellNamespaces order). G joins them, drops to a cold
@@ -352,8 +353,8 @@ func readExitReport(r *os.File) <-chan syscall.WaitStatus {
 //      reseeds, rehearses and writes ReadyByte: step 2 on. Nothing of a
 //      request is sent before ReadyByte, when G is confined (SECURITY.md
 //      case 67).
-//  T5. Exit report. F writes G's wait status on ExitReportFD as soon as G
-//      has exited (as step 4), and reaps G after the go-ahead.
+//  T5. Exit report. T writes G's wait status on ExitReportFD's pipe as
+//      soon as G has exited (as step 4), and reaps G after the go-ahead.
 //
 // EOF on TemplateFD ends T (and every fork of it, in its pid namespace).
 
@@ -362,10 +363,11 @@ var templateSource string
 
 const (
 	// TemplateFD is T's control socket (nsjail.FirstFileFD). It is
-	// ControlFD's number too: F closes T's socket before it puts the
-	// fork's there, so no fork holds a channel to T.
+	// ControlFD's number too: G closes T's socket before it puts its own
+	// there, so no fork holds a channel to T.
 	TemplateFD = 3
-	// GoAheadFD is where F holds the go-ahead pipe's read end.
+	// GoAheadFD is the go-ahead pipe's protocol number, which T keeps
+	// reserved (T holds each fork's go-ahead at a number of its own).
 	GoAheadFD = 6
 	// ForkFDs is the number of channels a ForkRequest carries, in this
 	// order: ControlFD's, ReadyFD's, ExitReportFD's, GoAheadFD's.
@@ -388,12 +390,12 @@ const (
 
 // ForkRequest asks T for one fork.
 type ForkRequest struct {
-	// UIDMap and GIDMap are what T writes to F's uid_map and gid_map
+	// UIDMap and GIDMap are what T writes to G's uid_map and gid_map
 	// (nsjail.Template.ForkIDMap).
 	UIDMap string `json:"uid_map"`
 	GIDMap string `json:"gid_map"`
 	// Cgroup says the request carries the shell's cgroup after the
-	// channels (ForkCgroupFDs; cgroup v2): F forks G into it.
+	// channels (ForkCgroupFDs; cgroup v2): T clones G into it.
 	Cgroup bool `json:"cgroup,omitempty"`
 }
 

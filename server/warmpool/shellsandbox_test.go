@@ -113,7 +113,7 @@ func TestShellSandboxResult(t *testing.T) {
 				t.Errorf("limits hit %v, want memory", res.LimitsHit)
 			}
 			// Nothing of the execution outlives its result (leave.py's
-			// grandchild among it): after F's report Wait kills nothing,
+			// grandchild among it): after T's report Wait kills nothing,
 			// relying on G's exit as PID_F's init having taken every
 			// process of the namespace with it. Read before the shell's
 			// removal, which runs in the background, kills the cgroup and
@@ -129,8 +129,8 @@ func TestShellSandboxResult(t *testing.T) {
 					t.Errorf("the shell's %s cgroup %s is still there after Wait (%v)", ctrl, dir, err)
 				}
 			}
-			if !fEnds(t, f, time.Minute) {
-				t.Errorf("F did not end after its sandbox's Wait")
+			if !reaped(t, f, time.Minute) {
+				t.Errorf("T did not reap G after its sandbox's Wait")
 			}
 		})
 	}
@@ -179,8 +179,8 @@ func TestShellSandboxRetire(t *testing.T) {
 			t.Errorf("the shell's %s cgroup %s is still there (%v)", ctrl, dir, err)
 		}
 	}
-	if !fEnds(t, f, time.Minute) {
-		t.Error("F did not end after the retirement")
+	if !reaped(t, f, time.Minute) {
+		t.Error("T did not reap G after the retirement")
 	}
 }
 

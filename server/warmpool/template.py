@@ -2,9 +2,9 @@
 # 2, 3, 5 and 7). T, this program, runs as the first process of a
 # libcontainer sandbox of its own (nsjail.Runner.StartTemplate: root of its
 # user namespace U_T with CAP_SETUID and CAP_SETGID only), imports the
-# preload once and then, for each fork request of the worker, forks F, which
-# makes the execution's user and pid namespaces (U_F, PID_F) and forks G, the
-# code's process. G joins the shell the worker made for it
+# preload once and then, for each fork request of the worker, clones G, the
+# code's process, into the execution's own new user and pid namespaces
+# (U_F, PID_F), writes G's id maps and relays G's end. G joins the shell the worker made for it
 # (nsjail.Runner.StartShell), drops to what a cold sandbox's process has,
 # reseeds what the preload seeded, and then runs exactly what a zygote's
 # child runs (zygote.py's _serve: _rehearse, READY, _receive, then the
@@ -22,9 +22,9 @@
 #        fork's control socket, ready pipe, exit-report pipe and go-ahead
 #        pipe (read end), then, when the request says "cgroup" (cgroup
 #        v2), FORK_CGROUP_FDS more, the shell's cgroup (a detached mount
-#        of its directory), into which F forks G, then optionally
+#        of its directory), into which T clones G, then optionally
 #        FORK_OUTPUT_FDS more, the execution's stdout and stderr.
-#  T  -> worker: a ForkReply line, {"forked": true} once F exists and its
+#  T  -> worker: a ForkReply line, {"forked": true} once G exists and its
 #        maps are written, or {"refused": why}: T then forks nothing.
 #        T closes its copies of the fork's fds either way.
 #  G  -> worker, CONTROL_FD: PIDFD_MESSAGE with a pidfd of G.
@@ -33,13 +33,17 @@
 #        order. The worker sends it after StartShell and MoveG.
 #  G  -> READY_FD: READY_BYTE once confined and rehearsed; then today's
 #        hand-off (protocol.go steps 3 and 3k), unchanged.
-#  F  -> EXIT_REPORT_FD: G's wait status, as soon as G has exited.
-#  F  <- GO_AHEAD_FD: EOF (or a byte): the worker is done moving G
-#        (Shell.MoveG) and F may reap G. Until then G stays a zombie.
+#  T  -> the exit-report pipe: G's wait status, as soon as G has exited.
+#  T  <- the go-ahead pipe: EOF (or a byte): the worker is done moving G
+#        (Shell.MoveG) and T may reap G. Until then G stays a zombie.
+#        (T keeps both at numbers of its own; the protocol's
+#        EXIT_REPORT_FD and GO_AHEAD_FD stay reserved, never G's.)
 # EOF on TEMPLATE_FD: the worker is done with this template; T exits 0
 # (its forks, in its pid namespace, die with it).
 import json
 import os
+import select
+import signal
 import socket
 import sys
 import types
@@ -54,7 +58,7 @@ PIDFD_MESSAGE = b"pidfd\n"
 SHELL_NAMESPACES = "mnt net ipc uts cgroup"
 # --- end PROTOCOL ---
 
-_FORK_FAILED_EXIT = 71  # EX_OSERR: F or G could not do its part
+_FORK_FAILED_EXIT = 71  # EX_OSERR: G could not do its part
 _SETNS_FLAGS = {
     "mnt": os.CLONE_NEWNS,
     "net": os.CLONE_NEWNET,
@@ -68,6 +72,7 @@ _SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}
 _SYS_CLONE3 = {"x86_64": 435, "aarch64": 435}
 _CLONE_CHILD_CLEARTID = 0x00200000
 _CLONE_CHILD_SETTID = 0x01000000
+_CLONE_NEWUSER = 0x10000000
 _CLONE_NEWPID = 0x20000000
 _CLONE_NEWCGROUP = 0x02000000
 _CLONE_INTO_CGROUP = 0x200000000
@@ -98,7 +103,7 @@ def _load_zygote(source):
 
 
 def _fail(who, exc):
-    """F or G cannot go on: say why on stderr (the template's log: G has not
+    """G cannot go on: say why on stderr (the template's log: G has not
     yet put its execution's output on 1 and 2) and exit."""
     import traceback
 
@@ -118,12 +123,12 @@ def _threads():
 
 def _reserve_fork_fds():
     """Hold the fork's fd numbers (FORK_FDS from CONTROL_FD on, one past
-    TEMPLATE_FD) with /dev/null before the preload opens anything: F puts the
-    fork's channels there with dup2, which would otherwise silently close
+    TEMPLATE_FD) with /dev/null before the preload opens anything: G puts
+    its channels there with dup2, which would otherwise silently close
     whatever the preload had opened on those numbers (libffi's fd, which
     libffi mmaps again later)."""
-    # TEMPLATE_FD is CONTROL_FD: F closes T's socket before it puts the
-    # fork's control socket there.
+    # TEMPLATE_FD is CONTROL_FD: G closes T's socket before it puts its
+    # control socket there.
     targets = [fd for fd in _fork_targets() if fd != TEMPLATE_FD]
     for fd in targets:
         try:
@@ -153,8 +158,8 @@ def _is_reserved(fd):
 
 
 def _fork_targets():
-    """Where F puts the fork's channels: control, ready, exit report,
-    go-ahead."""
+    """The protocol's numbers of a fork's channels: control, ready, exit
+    report, go-ahead (G takes the first two; the others stay reserved)."""
     return (zygote.CONTROL_FD, zygote.READY_FD, zygote.EXIT_REPORT_FD, GO_AHEAD_FD)
 
 
@@ -292,12 +297,14 @@ def _why_not_fork(fds, cgroup):
     if len(fds) not in (base, base + FORK_OUTPUT_FDS):
         return "the fork request carried %d fds, want %d or %d" % (len(fds), base, base + FORK_OUTPUT_FDS)
     # The fds a fork inherits from T: 0-2 (G replaces them), T's socket and
-    # the reserved numbers (F replaces them), the fork's own; besides those,
-    # only what zygote._fd_refusal admits (read-only files of the image).
-    stray = zygote._stray_fds({0, 1, 2, TEMPLATE_FD, *_fork_targets(), *fds})
+    # the reserved numbers (G replaces or closes them), the fork's own, the
+    # live forks' (G closes them); besides those, only what
+    # zygote._fd_refusal admits (read-only files of the image).
+    live = {fd for pidfd, fork in _forks.items() for fd in (pidfd, *fork.fds())}
+    stray = zygote._stray_fds({0, 1, 2, TEMPLATE_FD, *_fork_targets(), *fds, *live})
     if stray:
         return "stray fds: " + ", ".join("%d -> %s (%s)" % s for s in stray)
-    # F's dup2 onto the reserved numbers would silently close whatever a
+    # G's dup2 onto the reserved numbers would silently close whatever a
     # preload put there since (_reserve_fork_fds).
     for fd in _fork_targets():
         if fd != TEMPLATE_FD and not _is_reserved(fd):
@@ -305,25 +312,17 @@ def _why_not_fork(fds, cgroup):
     shared = _shared_mappings()
     if shared:
         return "shared mappings: " + "; ".join(shared)
+    # _clone skips glibc's fork handling, safe only with no other thread.
+    threads = _threads()
+    if threads != 1:
+        return "the template has %d threads (_quiesce)" % threads
     return None
 
 
-def _reap():
-    """Reap the forks F that have ended (and a G whose F died: orphans of
-    T's pid namespace are T's)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-
-
 def _fork(request, fds):
-    """Fork F for one request; None, or why T refused."""
+    """Clone G for one request; None, or why T refused."""
+    import fcntl
     import gc
-    import warnings
 
     req = json.loads(request)
     maps = {name: req[name] for name in ("uid_map", "gid_map")}
@@ -339,30 +338,31 @@ def _fork(request, fds):
     sys.stderr.flush()
     ours, theirs = socket.socketpair()
     try:
-        with warnings.catch_warnings():
-            # A preload's idle threads (OpenBLAS) make 3.12+ warn about
-            # fork; the libraries that start them reinitialise in the child.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
+        pid = _clone(fds[FORK_FDS] if cgroup else None)
         if pid == 0:
             try:
                 ours.close()
-                _f(fds, theirs, cgroup)
+                _enter_g(fds, theirs, cgroup)
             except BaseException as exc:
-                _fail("F", exc)
-            os._exit(_FORK_FAILED_EXIT)  # not reached: _f exits
+                _fail("G", exc)
+            os._exit(_FORK_FAILED_EXIT)  # not reached: _g exits
         theirs.close()
-        # F is T's child and T reaps only in _reap, before a fork: the pid
-        # stays F's (a zombie at worst, whose maps cannot be written) while
-        # T writes its maps.
-        if ours.recv(1) != b"u":
-            return "F died before it made its user namespace"
+        # G is T's child and T reaps it only after the go-ahead (_relay):
+        # the pid stays G's (a zombie at worst) for the pidfd and the maps.
+        # From here on, whatever happens, G's end is reported and G reaped.
+        pidfd = os.pidfd_open(pid)
+        report, go_ahead = (fcntl.fcntl(fds[i], fcntl.F_DUPFD_CLOEXEC, GO_AHEAD_FD + 1) for i in (2, 3))
+        _forks[pidfd] = _Fork(pid, report, go_ahead)
+        _poller.register(pidfd, select.POLLIN)
+        # G waits for its maps before it does anything else; without them
+        # (a failed write) it is told nothing, and exits.
         for name, text in maps.items():
             with open("/proc/%d/%s" % (pid, name), "w") as f:
                 f.write(text)
         ours.sendall(b"m")
     finally:
         ours.close()
+        theirs.close()
     return None
 
 
@@ -377,87 +377,128 @@ def _template():
     _libc = libc = zygote._libc()  # G inherits it
     # Not dumpable (TEMPLATE.md section 5): ptrace of T and its /proc mem,
     # fd and environ files then need CAP_SYS_PTRACE over U_T, not merely
-    # T's host uid, which F and every G before its drop share. Forks
+    # T's host uid, which every G before its drop shares. Forks
     # inherit it; G becomes dumpable after its drop, as a cold process is.
     # T never calls unshare(CLONE_NEWUSER) itself: it would move T into an
     # unmapped user namespace and break every later fork (E4).
     zygote._set_dumpable(libc, False)
     _template_sock = socket.socket(fileno=TEMPLATE_FD)
-    while True:
-        _reap()
-        got = zygote._receive_request(_template_sock, FORK_FDS + FORK_CGROUP_FDS + FORK_OUTPUT_FDS)
-        if got is None:
-            os._exit(0)
-        msg, fds = got
-        try:
-            why = _fork(msg, fds)
-        except Exception as exc:  # a bad request, a failed map write
-            why = "%s: %s" % (type(exc).__name__, exc)
-        finally:
-            for fd in fds:
-                os.close(fd)
-        reply = {"refused": why} if why else {"forked": True}
-        _template_sock.sendall(json.dumps(reply).encode() + zygote.MESSAGE_END)
-
-
-# --- F ---
-
-
-def _f(fds, t, cgroup):
-    """F: runs only template code. Takes the fork's channels, makes U_F (T
-    maps it) and PID_F, forks G (on cgroup v2 into the shell's cgroup) and
-    relays G's end."""
-    import fcntl
-    import signal
-
-    # T's socket first: no fork can talk to T (SECURITY.md case 68).
-    os.close(_template_sock.detach())
-    # The fork's fds onto their protocol numbers (over the reserved ones),
-    # by way of numbers above them, so no dup2 closes one still to be moved.
-    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, GO_AHEAD_FD + 1) for fd in fds]
-    for fd in fds:
-        os.close(fd)
-    for src, dst in zip(high, _fork_targets()):
-        os.dup2(src, dst)
-        os.close(src)
-    cgroup_fd = high[FORK_FDS] if cgroup else None  # close-on-exec, never G's
-    outputs = high[FORK_FDS + (FORK_CGROUP_FDS if cgroup else 0):]  # close-on-exec until G puts them on 1 and 2
-    # unshare(CLONE_NEWUSER) needs a single-threaded caller; a fork copies
-    # only the calling thread, so this holds unless the at-fork handlers of
-    # a library started one.
-    threads = _threads()
-    if threads != 1:
-        raise RuntimeError("F has %d threads" % threads)
-    os.unshare(os.CLONE_NEWUSER)
-    t.sendall(b"u")
-    if t.recv(1) != b"m":
-        raise RuntimeError("T did not write F's id maps")
-    t.close()
-    # A pid namespace can be joined only once it has an init, and only from
-    # an ancestor: F makes PID_F (owned by U_F), G is its pid 1, the shell
-    # joins it. The code sees and signals nothing above it: not F, not T
-    # (SECURITY.md case 69).
+    # T's children are its Gs, each reaped by _relay after its go-ahead;
+    # SIG_IGN would have the kernel reap them at once.
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    if cgroup_fd is None:
-        os.unshare(os.CLONE_NEWPID)
-        g = os.fork()
-    else:
-        g = _clone_into_cgroup(cgroup_fd)
-    if g == 0:
-        try:
-            if cgroup_fd is not None:
-                os.close(cgroup_fd)  # G holds nothing of the worker's cgroupfs
-            _g(outputs)
-        except BaseException as exc:
-            _fail("G", exc)
-        os._exit(_FORK_FAILED_EXIT)  # not reached: _g exits
-    if cgroup_fd is not None:
-        os.close(cgroup_fd)
-    # F keeps only the exit report and the go-ahead: the code's channels
-    # and output are G's, and end with it.
-    for fd in (zygote.CONTROL_FD, zygote.READY_FD, *outputs):
-        os.close(fd)
-    _relay(g)
+    _quiesce()
+    _poller.register(TEMPLATE_FD, select.POLLIN)
+    while True:
+        for fd, _ in _poller.poll():
+            if fd == TEMPLATE_FD:
+                _serve_request()
+            else:
+                _relay(fd)
+
+
+def _serve_request():
+    got = zygote._receive_request(_template_sock, FORK_FDS + FORK_CGROUP_FDS + FORK_OUTPUT_FDS)
+    if got is None:
+        os._exit(0)
+    msg, fds = got
+    try:
+        why = _fork(msg, fds)
+    except Exception as exc:  # a bad request, a failed map write
+        why = "%s: %s" % (type(exc).__name__, exc)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    reply = {"refused": why} if why else {"forked": True}
+    _template_sock.sendall(json.dumps(reply).encode() + zygote.MESSAGE_END)
+
+
+def _quiesce():
+    """Leave T with one thread, as _clone needs. A preload's library may
+    keep a pool of idle threads (OpenBLAS's pthreads build), which it stops
+    in its pthread_atfork prepare handler before every fork and starts
+    again on its next use: one os.fork() whose child exits at once runs
+    those handlers in T, and T never calls into the library again. A
+    library that keeps its threads across a fork (libgomp's pool, once an
+    OpenMP region ran) leaves T threaded: then every fork is refused
+    (_why_not_fork says how many threads), as a raw clone3 would copy their
+    locks in whatever state they are."""
+    if _threads() == 1:
+        return
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+ warns about a fork with threads
+        pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+
+class _Fork:
+    """T's part of one live fork: G's pid and T's ends of the exit report
+    and the go-ahead (T relays G's end: SECURITY.md case 25)."""
+
+    __slots__ = ("pid", "report", "go_ahead")
+
+    def __init__(self, pid, report, go_ahead):
+        self.pid, self.report, self.go_ahead = pid, report, go_ahead
+
+    def fds(self):
+        return (self.report, self.go_ahead)
+
+
+# T's live forks by G's pidfd, and the poll set of T's socket, those pidfds
+# and the go-aheads still awaited (select.poll holds no fd of its own: a G
+# inherits nothing of it).
+_forks = {}
+_poller = select.poll()
+
+
+def _relay(fd):
+    """One event of a live fork: G exited (its pidfd), or the worker's
+    go-ahead came (EOF or a byte). G's wait status goes out as soon as G
+    exits; G is reaped only after the go-ahead. Shell.MoveG writes G's pid
+    into cgroup.procs (v1 has no move by pidfd): a G reaped between MoveG's
+    check and its write would free a pid a host process could take, and the
+    write would move that process into the shell's cgroup, which Destroy
+    kills. waitid with WNOWAIT leaves G a zombie, whose pid is not reused.
+    (MoveG also pins G itself, against a compromised template: the worker
+    does not rely on this.)"""
+    for pidfd, fork in _forks.items():
+        if fd == pidfd:
+            _poller.unregister(pidfd)
+            info = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOWAIT)
+            try:
+                os.write(fork.report, zygote.encode_exit_report(_wait_status(info)))
+            except OSError:
+                pass  # the worker closed the report's read end (EPIPE: Python ignores SIGPIPE)
+            _poller.register(fork.go_ahead, select.POLLIN)
+            return
+        if fd == fork.go_ahead:
+            # The report's EOF, after G is reaped, tells the worker (and
+            # the tests) that T is done with this fork.
+            _poller.unregister(fd)
+            os.read(fd, 1)  # EOF or a byte: the go-ahead
+            os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+            for own in (pidfd, *fork.fds()):
+                os.close(own)
+            del _forks[pidfd]
+            return
+    raise RuntimeError("poll returned fd %d, which is no fork's" % fd)
+
+
+def _wait_status(info):
+    """waitid's answer as a wait status (what the exit report carries). G is
+    pid 1 of PID_F: everything the code started died before G could finish
+    exiting; nothing is left to kill."""
+    if info.si_code == os.CLD_EXITED:
+        return (info.si_status & 0xFF) << 8
+    if info.si_code == os.CLD_DUMPED:
+        return info.si_status | 0x80
+    return info.si_status  # CLD_KILLED
+
+
+# --- G's birth ---
 
 
 # struct clone_args (linux/sched.h, CLONE_ARGS_SIZE_VER2), a ctypes
@@ -465,32 +506,39 @@ def _f(fds, t, cgroup):
 _clone_args = None
 
 
-def _clone_into_cgroup(cgroup_fd):
-    """os.fork() for cgroup v2 (TEMPLATE.md section 4): clone3 with
-    CLONE_NEWPID | CLONE_INTO_CGROUP makes G pid 1 of a new pid namespace
-    PID_F (owned by U_F) and puts it straight into the shell's cgroup, so
-    that nothing of G ever runs, or is charged, outside it and no process
-    is ever moved; CLONE_NEWCGROUP gives it a cgroup namespace rooted at
-    that cgroup (the kernel roots it at the target of CLONE_INTO_CGROUP),
-    which G keeps: its /proc/self/cgroup reads "0::/" as a cold process's
-    does (the worker sends it back as the shell's cgroup namespace).
-    Python has no clone3: it is called through ctypes, with the GIL held
-    (a PyDLL), bracketed as os.fork brackets fork():
-    PyOS_BeforeFork (the import lock, os.register_at_fork's before
-    hooks), then PyOS_AfterFork_Child (CPython's thread state, random's
-    reseed and the other after-fork hooks) or PyOS_AfterFork_Parent.
-    glibc's fork() does more, which a raw clone3 skips: its at-fork
-    handlers (pthread_atfork's, malloc's and stdio's locks) and the cached
-    thread id. The handlers protect against locks another thread holds at
-    the fork; F has exactly one thread (checked before its unshare) and the
-    handlers already ran when T forked F. The cached tid (glibc's recursive
-    locks, dlopen's among them, name their owner by it) is what glibc's
-    fork sets with CLONE_CHILD_SETTID | CLONE_CHILD_CLEARTID at the
-    thread's own tid field: the same here, its address read from the
-    kernel (PR_GET_TID_ADDRESS: glibc registers that very field with
-    set_tid_address)."""
+def _clone(cgroup_fd):
+    """T's os.fork() for G (TEMPLATE.md sections 2 and 3): clone3 with
+    CLONE_NEWUSER | CLONE_NEWPID makes G root of a new user namespace U_F
+    (unmapped until T writes its maps) and pid 1 of a new pid namespace
+    PID_F owned by U_F, which the shell's runc init joins. On cgroup v2
+    (cgroup_fd, TEMPLATE.md section 4) CLONE_INTO_CGROUP puts G straight
+    into the shell's cgroup, so that nothing of G ever runs, or is charged,
+    outside it and no process is ever moved, and CLONE_NEWCGROUP gives it a
+    cgroup namespace rooted there, which G keeps: its /proc/self/cgroup
+    reads "0::/" as a cold process's does (the worker sends it back as the
+    shell's cgroup namespace).
+
+    One clone, where os.fork() would need a second process between T and G:
+    a user namespace is made for a child only by clone (unshare would move
+    T itself), and G must be pid 1 of its pid namespace. That process (F)
+    cost a copy and a teardown of T's page tables per execution
+    (tools/bench/RESULTS.md, "kernel CPU of the fork path"). Python has no
+    clone3: it is called through ctypes, with the GIL held (a PyDLL),
+    bracketed as os.fork brackets fork(): PyOS_BeforeFork (the import lock,
+    os.register_at_fork's before hooks), then PyOS_AfterFork_Child
+    (CPython's thread state, random's reseed and the other after-fork
+    hooks) or PyOS_AfterFork_Parent. glibc's fork() does more, which a raw
+    clone3 skips: pthread_atfork's handlers and its own locks (malloc's,
+    stdio's, the loader's), which protect against a lock another thread
+    holds at the fork, and the cached thread id. T has one thread when it
+    clones (_quiesce, checked before every fork by _why_not_fork), so no
+    lock is held by anyone but the caller, who is in none. The cached tid
+    (glibc's recursive locks, dlopen's among them, name their owner by it)
+    is what glibc's fork sets with CLONE_CHILD_SETTID |
+    CLONE_CHILD_CLEARTID at the thread's own tid field: the same here, its
+    address read from the kernel (PR_GET_TID_ADDRESS: glibc registers that
+    very field with set_tid_address)."""
     import ctypes
-    import signal
 
     global _clone_args
     if _clone_args is None:
@@ -502,8 +550,11 @@ def _clone_into_cgroup(cgroup_fd):
     _check(libc.prctl(_PR_GET_TID_ADDRESS, ctypes.byref(tid_address), 0, 0, 0) == 0, "prctl(PR_GET_TID_ADDRESS)")
     if not tid_address.value:
         raise RuntimeError("no thread id address registered with the kernel")
-    flags = _CLONE_NEWPID | _CLONE_NEWCGROUP | _CLONE_INTO_CGROUP | _CLONE_CHILD_SETTID | _CLONE_CHILD_CLEARTID
-    args = _clone_args(flags=flags, child_tid=tid_address.value, exit_signal=signal.SIGCHLD, cgroup=cgroup_fd)
+    flags = _CLONE_NEWUSER | _CLONE_NEWPID | _CLONE_CHILD_SETTID | _CLONE_CHILD_CLEARTID
+    if cgroup_fd is not None:
+        flags |= _CLONE_NEWCGROUP | _CLONE_INTO_CGROUP
+    args = _clone_args(flags=flags, child_tid=tid_address.value, exit_signal=signal.SIGCHLD,
+                       cgroup=cgroup_fd if cgroup_fd is not None else 0)
     api = ctypes.PyDLL(None, use_errno=True)  # the GIL stays held, as os.fork holds it
     api.syscall.restype = ctypes.c_long
     nr = _syscall(_SYS_CLONE3)
@@ -515,42 +566,44 @@ def _clone_into_cgroup(cgroup_fd):
     err = ctypes.get_errno()
     api.PyOS_AfterFork_Parent()
     if pid < 0:
-        raise OSError(err, "clone3(CLONE_NEWPID|CLONE_NEWCGROUP|CLONE_INTO_CGROUP): %s" % os.strerror(err))
+        raise OSError(err, "clone3(%#x): %s" % (flags, os.strerror(err)))
     return pid
 
 
-def _relay(g):
-    """Report G's wait status as soon as G exits, but reap G only after the
-    worker's go-ahead. Shell.MoveG writes G's pid into cgroup.procs (v1 has
-    no move by pidfd): a G reaped between MoveG's check and its write would
-    free a pid a host process could take, and the write would move that
-    process into the shell's cgroup, which Destroy kills. waitid with
-    WNOWAIT leaves G a zombie, whose pid is not reused. (MoveG also pins G
-    itself, against a compromised template: the worker does not rely on
-    this.)"""
-    info = os.waitid(os.P_PID, g, os.WEXITED | os.WNOWAIT)
-    if info.si_code == os.CLD_EXITED:
-        status = (info.si_status & 0xFF) << 8
-    elif info.si_code == os.CLD_DUMPED:
-        status = info.si_status | 0x80
-    else:  # CLD_KILLED
-        status = info.si_status
-    # G is pid 1 of PID_F: everything the code started died before G could
-    # finish exiting; nothing is left to kill.
-    try:
-        os.write(zygote.EXIT_REPORT_FD, zygote.encode_exit_report(status))
-    except OSError:
-        # The worker closed the report's read end (EPIPE: Python ignores
-        # SIGPIPE): F still reaps G only after the go-ahead. Should F die
-        # here anyway (OOM kill), G is reparented to T, whose _reap frees
-        # its pid at once: then MoveG's ptrace pin is what guards its
-        # cgroup.procs write.
-        pass
-    os.read(GO_AHEAD_FD, 1)  # EOF or a byte: the go-ahead
-    os.waitpid(g, 0)
-    if os.WIFSIGNALED(status):
-        os._exit(128 + os.WTERMSIG(status))
-    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+def _enter_g(fds, t, cgroup):
+    """G's first steps, still template code: drop every channel that is T's
+    (T's socket, every live fork's bookkeeping, this fork's exit report and
+    go-ahead, the cgroup fd), put its own on their protocol numbers, and
+    wait until T has written its maps."""
+    import fcntl
+
+    # T's socket first: no fork can talk to T (SECURITY.md case 68). Then
+    # the other forks' pidfds, reports and go-aheads: with one, G's code
+    # could forge another execution's end or signal its process.
+    os.close(_template_sock.detach())
+    for pidfd, fork in _forks.items():
+        for fd in (pidfd, *fork.fds()):
+            os.close(fd)
+    _forks.clear()
+    # The fork's fds onto their protocol numbers (over the reserved ones),
+    # by way of numbers above them, so no dup2 closes one still to be moved.
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, GO_AHEAD_FD + 1) for fd in fds]
+    for fd in fds:
+        os.close(fd)
+    for src, dst in zip(high[:2], (zygote.CONTROL_FD, zygote.READY_FD)):
+        os.dup2(src, dst)
+    for fd in high[:FORK_FDS + (FORK_CGROUP_FDS if cgroup else 0)]:
+        os.close(fd)  # the exit report and go-ahead are T's; G holds nothing of the worker's cgroupfs
+    outputs = high[FORK_FDS + (FORK_CGROUP_FDS if cgroup else 0):]  # close-on-exec until G puts them on 1 and 2
+    if t.recv(1) != b"m":
+        raise RuntimeError("T did not write G's id maps")
+    t.close()
+    # The at-fork hooks (a library's os.register_at_fork) ran in G: a
+    # thread one started would outlive the drop's checks unconfined.
+    threads = _threads()
+    if threads != 1:
+        raise RuntimeError("G has %d threads" % threads)
+    _g(outputs)
 
 
 # --- G ---
@@ -568,9 +621,9 @@ def _g(outputs):
     # Decided here, in T's mount namespace, where those files' mount is the
     # root's.
     keep = {0, 1, 2, zygote.CONTROL_FD, zygote.READY_FD}
-    # T checked itself before the fork, but at-fork handlers (a library's
-    # pthread_atfork, the preload's os.register_at_fork) and T's other
-    # threads ran after that check, in F and here: whatever they opened is
+    # T checked itself before the fork, but the at-fork handlers (the
+    # preload's os.register_at_fork) ran after that check, here: whatever
+    # they opened is
     # refused (the fork never becomes ready), never closed behind its
     # library's back nor left to the code.
     stray = zygote._stray_fds(keep | set(outputs))

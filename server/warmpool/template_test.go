@@ -96,7 +96,7 @@ func (l *tplLab) logText() string {
 }
 
 // logSays waits for the template's log to contain want (a goroutine copies
-// T's stderr into it: a line F or G wrote before an exit the test already
+// T's stderr into it: a line T or G wrote before an exit the test already
 // saw may still be in the pipe) and returns the log, which lacks want only
 // after ten seconds.
 func (l *tplLab) logSays(want string) string {
@@ -188,7 +188,7 @@ type tplFork struct {
 	stdout  *os.File // nil: no output fds were sent
 	stderr  *os.File
 	g       *os.File // G's pidfd
-	// prep is the shell's id and, on cgroup v2, its cgroup, which F forks
+	// prep is the shell's id and, on cgroup v2, its cgroup, which T clones
 	// G into: StartShell's spec must carry its ID (shellSpec).
 	prep *nsjail.PreparedShell
 }
@@ -319,8 +319,7 @@ func (l *tplLab) joinWith(f *tplFork, sh *nsjail.Shell, j warmpool.Join) {
 	}
 }
 
-// exitReport reads F's report of G's wait status, then waits for F to end
-// (the report pipe's EOF: F reaped G and exited).
+// exitReport reads T's report of G's wait status.
 func (l *tplLab) exitReport(f *tplFork) syscall.WaitStatus {
 	t := l.t
 	t.Helper()
@@ -341,7 +340,7 @@ func (l *tplLab) exitReport(f *tplFork) syscall.WaitStatus {
 }
 
 // forkAndRun forks, places the fork in a shell of spec, hands it path and
-// returns what it printed (JSON), once G exited 0, F ended and the shell is
+// returns what it printed (JSON), once G exited 0, T reaped it and the shell is
 // destroyed; f is the fork, for what the caller checks beyond.
 func (l *tplLab) forkAndRun(r *nsjail.Runner, spec nsjail.Spec, path, who string) (map[string]any, *tplFork) {
 	t := l.t
@@ -356,8 +355,8 @@ func (l *tplLab) forkAndRun(r *nsjail.Runner, spec nsjail.Spec, path, who string
 	if !st.Exited() || st.ExitStatus() != 0 {
 		t.Errorf("%s: G's wait status %#x, want exit 0", who, uint32(st))
 	}
-	if !fEnds(t, f, time.Minute) {
-		t.Errorf("%s: F did not end after G", who)
+	if !reaped(t, f, time.Minute) {
+		t.Errorf("%s: T did not reap G", who)
 	}
 	if err := sh.Destroy(); err != nil {
 		t.Errorf("%s: Destroy: %v", who, err)
@@ -365,8 +364,9 @@ func (l *tplLab) forkAndRun(r *nsjail.Runner, spec nsjail.Spec, path, who string
 	return v, f
 }
 
-// fEnds waits for F to end: EOF on the report pipe, which only F holds.
-func fEnds(t testing.TB, f *tplFork, within time.Duration) bool {
+// reaped waits until T has reaped G: EOF on the report pipe, whose write
+// end only T holds, and closes then (after the go-ahead).
+func reaped(t testing.TB, f *tplFork, within time.Duration) bool {
 	t.Helper()
 	done := make(chan struct{})
 	go func() {
@@ -503,7 +503,7 @@ func compareViews(t *testing.T, who string, cold, fork map[string]any) {
 // T's fds 0-2, the template's log); two forks of a template that imported
 // numpy and multiprocessing have different random, numpy.random and
 // multiprocessing authkey values (reseeded: E1 found numpy's and the
-// authkey equal in every fork without it); F reports G's exit and ends.
+// authkey equal in every fork without it); T reports G's exit and reaps it.
 func TestTemplateForkMatchesCold(t *testing.T) {
 	requireTemplates(t)
 	r := newPoolRunner(t)
@@ -711,9 +711,9 @@ func TestTemplateForkKeyring(t *testing.T) {
 // (forking nothing, closing the fork's channels) while it holds a shared
 // mapping (a fork would share its pages with T and every other execution)
 // or an fd the code may not inherit (here: /dev/null, not a file of the
-// image); it keeps refusing while they last, and ends at EOF as usual. An
-// F with more than one thread (a library's at-fork handler started one)
-// gives up before its unshare, and T refuses.
+// image), or while it has a thread besides its own (its clone of G skips
+// glibc's fork handling, safe only with one); it keeps refusing while they
+// last, and ends at EOF as usual.
 func TestTemplateRefusesToFork(t *testing.T) {
 	requireTemplates(t)
 	r := newPoolRunner(t)
@@ -722,10 +722,10 @@ func TestTemplateRefusesToFork(t *testing.T) {
 		{"writable shared mapping", "import mmap as _m\n_sandboxd_shared = _m.mmap(-1, 4096)", "rw-s", ""},
 		{"read-only shared mapping", "import mmap as _m\n_sandboxd_shared = _m.mmap(-1, 4096, prot=_m.PROT_READ)", "r--s", ""},
 		{"stray fd", "import os as _o\n_sandboxd_fd = _o.open('/dev/null', _o.O_RDONLY)\n_o.dup2(_sandboxd_fd, 9)\n_o.close(_sandboxd_fd)", "9 -> /dev/null", ""},
-		// A library whose at-fork handler starts a thread: F may not
-		// unshare a user namespace (the kernel would refuse it too).
-		{"threaded F", "import os as _o, threading as _th, time as _ti\n_o.register_at_fork(after_in_child=lambda: _th.Thread(target=_ti.sleep, args=(60,), daemon=True).start())",
-			"F died before it made its user namespace", "F has 2 threads"},
+		// A library that keeps a thread across os.fork (T's _quiesce
+		// cannot stop it).
+		{"thread", "import threading as _th, time as _ti\n_th.Thread(target=_ti.sleep, args=(600,), daemon=True).start()",
+			"the template has 2 threads", ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			lab := startTplLab(t, r, rootfs, nil, c.prelude)
@@ -742,14 +742,8 @@ func TestTemplateRefusesToFork(t *testing.T) {
 			if log := lab.logSays(c.log); !strings.Contains(log, c.log) {
 				t.Errorf("T's log does not say %q:\n%s", c.log, log)
 			}
-			// T alone, but for the last F that died (T reaps it before its
-			// next request; the first was reaped before the second).
-			want := 1
-			if c.log != "" {
-				want = 2
-			}
-			if ps := nsjailtest.CgroupProcs(t, lab.tpl.CgroupPaths()); len(ps) > want {
-				t.Errorf("the template's cgroup holds %v, want T alone (and at most one dead F)", ps)
+			if ps := nsjailtest.CgroupProcs(t, lab.tpl.CgroupPaths()); len(ps) != 1 {
+				t.Errorf("the template's cgroup holds %v, want T alone", ps)
 			}
 		})
 	}
@@ -757,9 +751,9 @@ func TestTemplateRefusesToFork(t *testing.T) {
 
 // TestTemplateGRefusesWhatAtForkHandlersMade: T checks itself before the
 // fork, but at-fork handlers (a library's pthread_atfork, the preload's
-// os.register_at_fork) run after that check, in F and in G. An fd or a
-// shared mapping one of them made is refused by G itself: it never
-// becomes ready (the ready pipe reads EOF), F reports exit 71, and the log
+// os.register_at_fork) run after that check, in G. An fd, a shared mapping
+// or a thread one of them made is refused by G itself: it never
+// becomes ready (the ready pipe reads EOF), T reports exit 71, and the log
 // names what was refused; the fd is never closed behind its library's
 // back, the mapping never left to the code.
 func TestTemplateGRefusesWhatAtForkHandlersMade(t *testing.T) {
@@ -767,9 +761,11 @@ func TestTemplateGRefusesWhatAtForkHandlersMade(t *testing.T) {
 	r := newPoolRunner(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
 	for _, c := range []struct{ name, prelude, log string }{
-		{"fd", atForkFDPrelude, "stray fds in G: 9 -> /dev/null"},
+		{"fd", atForkFDPrelude, "stray fds in G: 29 -> /dev/null"},
 		{"shared mapping", "import os as _o, mmap as _m\n_sandboxd_maps = []\n_o.register_at_fork(after_in_child=lambda: _sandboxd_maps.append(_m.mmap(-1, 4096)))",
 			"shared mappings in G"},
+		{"thread", "import os as _o, threading as _th, time as _ti\n_o.register_at_fork(after_in_child=lambda: _th.Thread(target=_ti.sleep, args=(60,), daemon=True).start())",
+			"G has 2 threads"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			lab := startTplLab(t, r, rootfs, nil, c.prelude)
@@ -782,7 +778,7 @@ func TestTemplateGRefusesWhatAtForkHandlersMade(t *testing.T) {
 				t.Errorf("the ready pipe of a refusing G: %q, %v, want EOF", b[:n], err)
 			}
 			if ws := lab.exitReport(f); !ws.Exited() || ws.ExitStatus() != 71 {
-				t.Errorf("F reported %#x, want G's exit 71", uint32(ws))
+				t.Errorf("T reported %#x, want G's exit 71", uint32(ws))
 			}
 			f.goAhead.Close()
 			if log := lab.logSays(c.log); !strings.Contains(log, c.log) {
@@ -793,12 +789,12 @@ func TestTemplateGRefusesWhatAtForkHandlersMade(t *testing.T) {
 }
 
 // atForkFDPrelude, run in T before template.py, leaves every fork child an
-// fd 9 that T's own check never saw: G refuses it and ends before it sends
+// fd 29 (above the fork's channels) that T's own check never saw: G refuses it and ends before it sends
 // its pidfd.
-const atForkFDPrelude = "import os as _o\ndef _sandboxd_h():\n    fd = _o.open('/dev/null', _o.O_RDONLY | _o.O_CLOEXEC)\n    _o.dup2(fd, 9)\n    _o.close(fd)\n_o.register_at_fork(after_in_child=_sandboxd_h)"
+const atForkFDPrelude = "import os as _o\ndef _sandboxd_h():\n    fd = _o.open('/dev/null', _o.O_RDONLY | _o.O_CLOEXEC)\n    _o.dup2(fd, 29)\n    _o.close(fd)\n_o.register_at_fork(after_in_child=_sandboxd_h)"
 
 // TestPoolForkEndsWhenGRefuses: the pool's own fork of such a template
-// fails as soon as F reports that G ended, and says so. It used to wait
+// fails as soon as T reports that G ended, and says so. It used to wait
 // out forkTimeout (30 s) for G's pidfd, the template's fork lock held:
 // the pool keeps its own copy of the sandbox's end of G's control socket,
 // so that socket never reads EOF.
@@ -812,19 +808,19 @@ func TestPoolForkEndsWhenGRefuses(t *testing.T) {
 	}
 	defer pool.Close()
 	err = warmpool.ForkFromPrelude(pool, poolTemplate(rootfs), atForkFDPrelude)
-	if err == nil || !strings.Contains(err.Error(), "G or F ended before G sent its pidfd") {
+	if err == nil || !strings.Contains(err.Error(), "G ended before it sent its pidfd") {
 		t.Fatalf("the fork of a template whose G refuses: %v, want G's end reported", err)
 	}
 }
 
-// TestTemplateFReapsGOnlyAfterGoAhead: F reports G's exit at once but
+// TestTemplateReapsGOnlyAfterGoAhead: T reports G's exit at once but
 // leaves G a zombie (its pid still G's, never free for a host process that
 // Shell.MoveG's write would then move) until the worker's go-ahead; then it
-// reaps G and ends. And a fork without output fds gets /dev/null as fds
+// reaps G. And a fork without output fds gets /dev/null as fds
 // 0-2, never T's; the image files it keeps (libffi's) are opened again on
 // the shell's root mount, not held through T's mount namespace; closing
 // its control socket retires it (exit 0).
-func TestTemplateFReapsGOnlyAfterGoAhead(t *testing.T) {
+func TestTemplateReapsGOnlyAfterGoAhead(t *testing.T) {
 	requireTemplates(t)
 	r := newPoolRunner(t)
 	rootfs := nsjailtest.RuntimeRootfs(t)
@@ -832,12 +828,15 @@ func TestTemplateFReapsGOnlyAfterGoAhead(t *testing.T) {
 
 	f := lab.fork(false)
 	gpid := nsjailtest.PidfdPid(t, f.g)
-	fpid := nsjailtest.PPid(t, gpid)
+	tpid, err := lab.tpl.Pid()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := unix.PidfdSendSignal(int(f.g.Fd()), unix.SIGKILL, nil, 0); err != nil {
 		t.Fatal(err)
 	}
 	if ws := lab.exitReport(f); !ws.Signaled() || ws.Signal() != unix.SIGKILL {
-		t.Errorf("F reported %#x, want SIGKILL", uint32(ws))
+		t.Errorf("T reported %#x, want SIGKILL", uint32(ws))
 	}
 	for range 5 {
 		if _, err := os.Stat(fmt.Sprintf("/proc/%d", gpid)); err != nil {
@@ -846,17 +845,17 @@ func TestTemplateFReapsGOnlyAfterGoAhead(t *testing.T) {
 		if st := nsjailtest.ProcStatus(t, gpid, "State"); !strings.HasPrefix(st, "Z") {
 			t.Fatalf("G (pid %d) is %q before the go-ahead, want a zombie", gpid, st)
 		}
-		if p := nsjailtest.PPid(t, gpid); p != fpid {
-			t.Fatalf("pid %d's parent is %d, want F (%d)", gpid, p, fpid)
+		if p := nsjailtest.PPid(t, gpid); p != tpid {
+			t.Fatalf("pid %d's parent is %d, want T (%d)", gpid, p, tpid)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if fEnds(t, f, 0) {
-		t.Fatal("F ended before the go-ahead")
+	if reaped(t, f, 0) {
+		t.Fatal("T closed the report before the go-ahead")
 	}
 	f.goAhead.Close()
-	if !fEnds(t, f, time.Minute) {
-		t.Fatal("F did not end after the go-ahead")
+	if !reaped(t, f, time.Minute) {
+		t.Fatal("T did not reap G after the go-ahead")
 	}
 	if err := unix.PidfdSendSignal(int(f.g.Fd()), 0, nil, 0); err != unix.ESRCH {
 		t.Errorf("G after the go-ahead: %v, want reaped (ESRCH)", err)
@@ -916,8 +915,8 @@ func TestTemplateFReapsGOnlyAfterGoAhead(t *testing.T) {
 	if ws := lab.exitReport(f); !ws.Exited() || ws.ExitStatus() != 0 {
 		t.Errorf("retired G's wait status %#x, want exit 0", uint32(ws))
 	}
-	if !fEnds(t, f, time.Minute) {
-		t.Error("F did not end after G")
+	if !reaped(t, f, time.Minute) {
+		t.Error("T did not reap G")
 	}
 	if ps := nsjailtest.CgroupProcs(t, sh.CgroupPaths()); len(ps) != 0 {
 		t.Errorf("processes left in the shell's cgroup: %v", ps)
@@ -1173,7 +1172,7 @@ func TestTemplateForkIsConfined(t *testing.T) {
 		}
 	})
 
-	t.Run("69 the code cannot see or signal F or T", func(t *testing.T) {
+	t.Run("69 the code cannot see or signal T", func(t *testing.T) {
 		// /proc is the code's own pid namespace's: an ancestor's procfs
 		// would list each process's pid in both (NSpid).
 		for p, s := range probe.Procs {
@@ -1197,8 +1196,8 @@ func TestTemplateForkIsConfined(t *testing.T) {
 		}
 	})
 
-	if !fEnds(t, f, time.Minute) {
-		t.Error("F did not end after G")
+	if !reaped(t, f, time.Minute) {
+		t.Error("T did not reap G")
 	}
 }
 
@@ -1233,8 +1232,8 @@ func pidNamespaceMembers(t *testing.T, pid int) []int {
 // memory per idle warm sandbox, target ≤ 10 MiB; TEMPLATE.md §12 M2). A
 // template preloads the pool's default stack; b.N forks are made ready
 // (shell, MoveG, join, READY) and left idle; then, per fork, the private
-// memory (USS: Private_Clean + Private_Dirty of smaps_rollup) of G and of
-// F, and G's PSS, which shares the template's pages among T and every
+// memory (USS: Private_Clean + Private_Dirty of smaps_rollup) of G, and
+// G's PSS, which shares the template's pages among T and every
 // fork alive. Run with a fixed count, e.g. -benchtime 20x: the forks stay
 // alive together until the end.
 func BenchmarkTemplateForkMemory(b *testing.B) {
@@ -1254,12 +1253,10 @@ func BenchmarkTemplateForkMemory(b *testing.B) {
 		gs = append(gs, nsjailtest.PidfdPid(b, f.g))
 	}
 	b.StopTimer()
-	var gUSS, fUSS, gPSS float64
+	var gUSS, gPSS float64
 	for _, g := range gs {
 		u, p := smapsRollup(b, g)
 		gUSS, gPSS = gUSS+u, gPSS+p
-		u, _ = smapsRollup(b, nsjailtest.PPid(b, g))
-		fUSS += u
 	}
 	tpid, err := lab.tpl.Pid()
 	if err != nil {
@@ -1268,7 +1265,6 @@ func BenchmarkTemplateForkMemory(b *testing.B) {
 	_, tPSS := smapsRollup(b, tpid)
 	n := float64(len(gs))
 	b.ReportMetric(gUSS/n/(1<<20), "G-USS-MiB/fork")
-	b.ReportMetric(fUSS/n/(1<<20), "F-USS-MiB/fork")
 	b.ReportMetric(gPSS/n/(1<<20), "G-PSS-MiB/fork")
 	b.ReportMetric(tPSS/(1<<20), "T-PSS-MiB")
 }

@@ -36,7 +36,7 @@ import (
 // /proc/1/fd, the zygote's memory, and signals to pid 1 that would stop or
 // kill a reporter. It then does what MODE says. The attacks on pid 1 are
 // made only when pid 1 is not the code's own process: in a template fork,
-// as in a cold sandbox, it is (G), and the reporter, F, is outside the
+// as in a cold sandbox, it is (G), and the reporter, T, is outside the
 // sandbox's pid namespace, where no pid reaches it (SECURITY.md case 69,
 // TestTemplateForkIsConfined); opening its own /proc/1/mem or sending
 // itself SIGINT would only be the code hurting itself.
@@ -362,9 +362,9 @@ func TestDeadWarmSandboxRunsCold(t *testing.T) {
 // process), or of the process that waits for the code.
 func warmPid(t *testing.T, p *warmpool.Pool, zygote bool) int {
 	t.Helper()
-	// A template fork has no zygote: F, outside the sandbox, reports the
+	// A template fork has no zygote: T, outside the sandbox, reports the
 	// exit of G, the code's process (TEMPLATE.md section 2). The zygote's
-	// part in these tests, the reporter, is F's.
+	// part in these tests, the reporter, is T's.
 	if f, g, ok, err := warmpool.ReadyForkPids(p); err != nil {
 		t.Fatal(err)
 	} else if !ok && trustOnForks {
@@ -640,8 +640,8 @@ var trustOnForks bool
 // TestTrustOnForks runs the hostile cases of the warm path whose
 // sandboxes come from numpyPool with template forks as the pool's warm
 // sandboxes (Config.Forks): SECURITY.md cases 25 and 15 (the exit report
-// cannot be forged, only fds 0-2 are open) and 34 (a fork whose G or F
-// died is never handed an execution).
+// cannot be forged, only fds 0-2 are open) and 34 (a fork whose G or template
+// died, or whose template is stopped, is never handed an execution).
 func TestTrustOnForks(t *testing.T) {
 	trustOnForks = true
 	defer func() { trustOnForks = false }()
