@@ -26,22 +26,17 @@ type IdleKernels struct {
 	// Templates counts the template processes' cgroups found (0: the pool
 	// is zygotes, pool_template_forks off). NotForks counts, when there
 	// are templates, the measured kernels that are not template forks (no
-	// F found): they would be zygotes or cold starts.
+	// parent in the template's cgroup): they would be zygotes or cold starts.
 	Templates int `json:"templates"`
 	NotForks  int `json:"not_forks"`
 
 	// Per session, medians over the measured kernels. PSS is the
-	// sandbox's processes' (smaps_rollup) plus its fork parent F's; USS is
-	// what they (F included) map and no other process does (pagemap and
-	// kpagecount: sandboxMemory.TotalUSS); the cgroup charge is the
-	// session cgroup's alone (F is charged to the template's cgroup).
+	// sandbox's processes' (smaps_rollup); USS is what they map and no
+	// other process does (pagemap and kpagecount: sandboxMemory.TotalUSS);
+	// the cgroup charge is the session cgroup's alone.
 	PSSMiB    float64 `json:"median_pss_mib"`
 	USSMiB    float64 `json:"median_uss_mib"`
 	CgroupMiB float64 `json:"median_cgroup_mib"`
-	// ForkParentPSSMiB is F's share of PSSMiB, ForkParentUSSMiB F's own
-	// USS (smaps Private_*) (0 without forks).
-	ForkParentPSSMiB float64 `json:"median_fork_parent_pss_mib"`
-	ForkParentUSSMiB float64 `json:"median_fork_parent_uss_mib"`
 	// ServerMeanMiB is the worker's view (sandboxd_session_idle_kernel_
 	// memory_bytes over sandboxd_session_idle_kernels).
 	ServerMeanMiB float64 `json:"server_mean_mib"`
@@ -79,11 +74,11 @@ type IdleKernels struct {
 	MemAvailableNoisy bool `json:"mem_available_noisy,omitempty"`
 
 	// The fixed cost, not per session: the templates' own memory (T: the
-	// template cgroup's processes less the forks' F) and the warm pool's
+	// template cgroup's processes) and the warm pool's
 	// and spare kernels' idle sandboxes, PSS.
 	TemplatesPSSMiB    float64 `json:"templates_pss_mib"`
 	TemplatesUSSMiB    float64 `json:"templates_uss_mib"`
-	TemplatesCgroupMiB float64 `json:"templates_cgroup_mib"` // the template cgroups less their nested sandboxes' (F's pages included)
+	TemplatesCgroupMiB float64 `json:"templates_cgroup_mib"` // the template cgroups less their nested sandboxes'
 	PoolSandboxes      int     `json:"pool_sandboxes"`
 	PoolPSSMiB         float64 `json:"pool_pss_mib"`
 	FixedMiB           float64 `json:"fixed_mib"` // templates + pool, PSS
@@ -144,16 +139,14 @@ func nestedBelow(s sandboxMemory, sandboxes []sandboxMemory) []sandboxMemory {
 // removal (nil: not read).
 func idleKernelCosts(sandboxes []sandboxMemory, k int, before, with, after map[string]int64, budget int64) *IdleKernels {
 	r := &IdleKernels{Sessions: k, Cell: idleKernelCell, BudgetGiB: round3(float64(budget) / (1 << 30)), FitBy: map[string]int{}}
-	var pss, uss, cg, fpss, fuss []float64
+	var pss, uss, cg []float64
 	var fixed int64
 	for _, s := range sandboxes {
 		if nested := nestedBelow(s, sandboxes); len(nested) > 0 {
-			// A template: T, and the F of each of its forks.
+			// A template: T (its cgroup's charge includes its forks').
 			r.Templates++
 			p, u, c := s.PSSBytes, s.USSBytes, s.CgroupBytes
 			for _, n := range nested {
-				p -= n.ForkParentPSSBytes
-				u -= n.ForkParentUSSBytes
 				c -= n.CgroupBytes
 			}
 			r.TemplatesPSSMiB += float64(p) / (1 << 20)
@@ -176,8 +169,6 @@ func idleKernelCosts(sandboxes []sandboxMemory, k int, before, with, after map[s
 		pss = append(pss, float64(s.TotalPSS()))
 		uss = append(uss, float64(s.TotalUSS()))
 		cg = append(cg, float64(s.CgroupBytes))
-		fpss = append(fpss, float64(s.ForkParentPSSBytes))
-		fuss = append(fuss, float64(s.ForkParentUSSBytes))
 		if s.ForkParent == 0 {
 			r.NotForks++
 		}
@@ -189,7 +180,6 @@ func idleKernelCosts(sandboxes []sandboxMemory, k int, before, with, after map[s
 	r.PoolPSSMiB = round3(r.PoolPSSMiB)
 	r.FixedMiB = round3(float64(fixed) / (1 << 20))
 	r.PSSMiB, r.USSMiB, r.CgroupMiB = medianMiB(pss), medianMiB(uss), medianMiB(cg)
-	r.ForkParentPSSMiB, r.ForkParentUSSMiB = medianMiB(fpss), medianMiB(fuss)
 	if k > 0 && before["MemAvailable"] > 0 && with["MemAvailable"] > 0 {
 		// growth is the growth of key per session: at the creation, and
 		// the mean with the fall at the removal when that was read.

@@ -12,18 +12,18 @@ import (
 const mib = 1 << 20
 
 // forkSandboxes is what sandboxesBelow finds with template forks: one
-// template cgroup (T and the F of each fork), two warm forks, two frozen
+// template cgroup (T, each fork's parent), two warm forks, two frozen
 // session kernels, and a non-python sandbox being made.
 func forkSandboxes() []sandboxMemory {
 	tpl := "v1:/own/p/tpl-1"
 	return []sandboxMemory{
-		// T 40 MiB PSS, plus 4 F's of 1 MiB PSS, 0.5 USS each; charge 30
-		// MiB of its own plus its nested sandboxes' 4+4+3+3.
-		{Cgroup: tpl, Python: true, PSSBytes: 44 * mib, USSBytes: 22 * mib, CgroupBytes: 44 * mib},
-		{Cgroup: tpl + "/sbx-a", Python: true, PSSBytes: 9 * mib, USSBytes: 3 * mib, CgroupBytes: 3 * mib, ForkParent: 11, ForkParentPSSBytes: mib, ForkParentUSSBytes: mib / 2},
-		{Cgroup: tpl + "/sbx-b", Python: true, PSSBytes: 9 * mib, USSBytes: 3 * mib, CgroupBytes: 3 * mib, ForkParent: 12, ForkParentPSSBytes: mib, ForkParentUSSBytes: mib / 2},
-		{Cgroup: tpl + "/sbx-c", Python: true, Frozen: true, PSSBytes: 10 * mib, USSBytes: 4 * mib, CgroupBytes: 4 * mib, ForkParent: 13, ForkParentPSSBytes: mib, ForkParentUSSBytes: mib / 2},
-		{Cgroup: tpl + "/sbx-d", Python: true, Frozen: true, PSSBytes: 12 * mib, USSBytes: 6 * mib, CgroupBytes: 4 * mib, ForkParent: 14, ForkParentPSSBytes: mib, ForkParentUSSBytes: mib / 2},
+		// T 40 MiB PSS; charge 30 MiB of its own plus its nested
+		// sandboxes' 4+4+3+3.
+		{Cgroup: tpl, Python: true, PSSBytes: 40 * mib, USSBytes: 20 * mib, CgroupBytes: 44 * mib},
+		{Cgroup: tpl + "/sbx-a", Python: true, PSSBytes: 10 * mib, USSBytes: 3.5 * mib, CgroupBytes: 3 * mib, ForkParent: 11},
+		{Cgroup: tpl + "/sbx-b", Python: true, PSSBytes: 10 * mib, USSBytes: 3.5 * mib, CgroupBytes: 3 * mib, ForkParent: 11},
+		{Cgroup: tpl + "/sbx-c", Python: true, Frozen: true, PSSBytes: 11 * mib, USSBytes: 4.5 * mib, CgroupBytes: 4 * mib, ForkParent: 11},
+		{Cgroup: tpl + "/sbx-d", Python: true, Frozen: true, PSSBytes: 13 * mib, USSBytes: 6.5 * mib, CgroupBytes: 4 * mib, ForkParent: 11},
 		{Cgroup: "v1:/own/p/sbx-e", PSSBytes: 5 * mib},
 	}
 }
@@ -35,11 +35,12 @@ func TestIdleKernelCostsForks(t *testing.T) {
 	if r.Templates != 1 || r.Measured != 2 || r.NotForks != 0 || r.PoolSandboxes != 2 {
 		t.Fatalf("templates %d, measured %d, not forks %d, pool %d; want 1, 2, 0, 2", r.Templates, r.Measured, r.NotForks, r.PoolSandboxes)
 	}
-	// Medians (nearest rank, the lower of two) of 11 and 13 MiB PSS (each with its F), 4.5 and 6.5 USS.
-	if r.PSSMiB != 11 || r.USSMiB != 4.5 || r.CgroupMiB != 4 || r.ForkParentPSSMiB != 1 || r.ForkParentUSSMiB != 0.5 {
-		t.Errorf("per session PSS %v USS %v cgroup %v F %v/%v; want 11, 4.5, 4, 1/0.5 (nearest rank)", r.PSSMiB, r.USSMiB, r.CgroupMiB, r.ForkParentPSSMiB, r.ForkParentUSSMiB)
+	// Medians (nearest rank, the lower of two) of 11 and 13 MiB PSS, 4.5 and 6.5 USS:
+	// the parent, T, is the template's cost, not the session's.
+	if r.PSSMiB != 11 || r.USSMiB != 4.5 || r.CgroupMiB != 4 {
+		t.Errorf("per session PSS %v USS %v cgroup %v; want 11, 4.5, 4 (nearest rank)", r.PSSMiB, r.USSMiB, r.CgroupMiB)
 	}
-	// T alone: 44 - 4 F's; its own charge: 44 - 14 nested.
+	// T; its own charge: 44 - 14 nested.
 	if r.TemplatesPSSMiB != 40 || r.TemplatesUSSMiB != 20 || r.TemplatesCgroupMiB != 30 {
 		t.Errorf("templates PSS %v USS %v cgroup %v; want 40, 20, 30", r.TemplatesPSSMiB, r.TemplatesUSSMiB, r.TemplatesCgroupMiB)
 	}
@@ -120,9 +121,9 @@ func TestIdleKernelCostsNotForks(t *testing.T) {
 }
 
 func TestTotalUSS(t *testing.T) {
-	m := sandboxMemory{USSBytes: 3, ForkParentUSSBytes: 1}
-	if m.TotalUSS() != 4 {
-		t.Errorf("without PrivateBytes: %d, want 4", m.TotalUSS())
+	m := sandboxMemory{USSBytes: 3, ForkParent: 1}
+	if m.TotalUSS() != 3 {
+		t.Errorf("without PrivateBytes: %d, want 3", m.TotalUSS())
 	}
 	m.PrivateBytes = 9 // the pages the processes share only with each other too
 	if m.TotalUSS() != 9 {
@@ -166,7 +167,7 @@ func TestIdleKernelsMarkdown(t *testing.T) {
 	for _, want := range []string{
 		"no latencies measured",
 		"template forks (1 templates)",
-		"| PSS (of which F) | **11.0** (1.0) |",
+		"| PSS | **11.0** |",
 		"| /proc/meminfo growth per session | Slab +2.00 |",
 		"**1634 sessions fit in 24 GiB** less the fixed cost, at the worst per-session cost (MemAvailable drop, 15.0 MiB)",
 		"PSS 2228",

@@ -35,42 +35,35 @@ type sandboxMemory struct {
 	// v2 cgroup.events "frozen 1"). A session kernel idles frozen between
 	// its executions; warm and spare sandboxes are never frozen.
 	Frozen bool `json:"frozen,omitempty"`
-	// ForkParent is the process of a template fork that waits for the
-	// sandbox's process outside its cgroup (TEMPLATE.md's F: the parent of
-	// the sandbox's top process, in the template's cgroup, an ancestor of
-	// the sandbox's); 0 for a sandbox that is not a template fork. F exists
-	// for this sandbox alone, so it is part of its cost, but it is charged
-	// to the template's cgroup and counted in that group's sums as well.
-	ForkParent         int   `json:"fork_parent,omitempty"`
-	ForkParentPSSBytes int64 `json:"fork_parent_pss_bytes,omitempty"`
-	ForkParentUSSBytes int64 `json:"fork_parent_uss_bytes,omitempty"`
+	// ForkParent is, for a template fork, the parent of the sandbox's top
+	// process, which sits in the template's cgroup (an ancestor of the
+	// sandbox's): the template T itself, shared by every fork of it and
+	// counted in the template's group, not in this sandbox's cost; 0 for a
+	// sandbox that is not a template fork.
+	ForkParent int `json:"fork_parent,omitempty"`
 	// PrivateBytes, when read (groupPrivateBytes, of the sandbox's
-	// processes and its fork parent), is what they map that no other
-	// process does.
+	// processes), is what they map that no other process does.
 	PrivateBytes int64 `json:"private_bytes,omitempty"`
 }
 
-// TotalPSS is the sandbox's PSS with its fork parent's (F's), if any.
-func (m sandboxMemory) TotalPSS() int64 { return m.PSSBytes + m.ForkParentPSSBytes }
+// TotalPSS is the sandbox's PSS. (Until 2026-12-04 a template fork had a
+// process F of its own outside its cgroup, whose PSS was added here.)
+func (m sandboxMemory) TotalPSS() int64 { return m.PSSBytes }
 
-// TotalUSS is the sandbox's USS with its fork parent's, if any: its
-// PrivateBytes when read, else the sum of each process's USS (which leaves
-// out the pages its processes share only with each other).
+// TotalUSS is the sandbox's USS: its PrivateBytes when read, else the sum
+// of each process's USS (which leaves out the pages its processes share
+// only with each other).
 func (m sandboxMemory) TotalUSS() int64 {
 	if m.PrivateBytes > 0 {
 		return m.PrivateBytes
 	}
-	return m.USSBytes + m.ForkParentUSSBytes
+	return m.USSBytes
 }
 
 // readPrivate sets PrivateBytes (groupPrivateBytes of the sandbox's
-// processes and its fork parent).
+// processes).
 func (m *sandboxMemory) readPrivate() error {
-	pids := slices.Clone(m.PIDs)
-	if m.ForkParent != 0 {
-		pids = append(pids, m.ForkParent)
-	}
-	b, err := groupPrivateBytes(pids)
+	b, err := groupPrivateBytes(m.PIDs)
 	m.PrivateBytes = b
 	return err
 }
@@ -227,7 +220,7 @@ func parseRollup(r io.Reader) rollup {
 // keeping those in cgroups nested below the server's own (leaving out, for
 // instance, libcontainer's init helpers before they join the sandbox's
 // cgroup). At idle these are the pool, and the session kernels (Frozen).
-// A template fork's F (ForkParent) is found as the parent of a sandbox's
+// A template fork is told by its ForkParent: the parent of a sandbox's
 // top process when that parent sits in a cgroup between the server's and
 // the sandbox's (the template's, tpl-<id>).
 func sandboxesBelow(serverPid int) []sandboxMemory {
@@ -272,8 +265,7 @@ func sandboxesBelow(serverPid int) []sandboxMemory {
 			continue
 		}
 		if m := byCg[cg]; m.ForkParent == 0 {
-			r := smapsRollup(pp)
-			m.ForkParent, m.ForkParentPSSBytes, m.ForkParentUSSBytes = pp, r.PSS, r.USS
+			m.ForkParent = pp
 		}
 	}
 	out := make([]sandboxMemory, 0, len(order))

@@ -723,8 +723,8 @@ func idleKernelsMarkdown(b *strings.Builder, m *IdleKernels) {
 		"USS is the pages the session's processes map and no other process does, from pagemap and kpagecount):\n\n",
 		m.Sessions, strings.ReplaceAll(strings.TrimSpace(m.Cell), "\n", "; "), m.Measured, pool)
 	b.WriteString("| per session | MiB |\n|---|---:|\n")
-	fmt.Fprintf(b, "| PSS (of which F) | **%.1f** (%.1f) |\n", m.PSSMiB, m.ForkParentPSSMiB)
-	fmt.Fprintf(b, "| USS, private (F's own USS) | %.1f (%.1f) |\n", m.USSMiB, m.ForkParentUSSMiB)
+	fmt.Fprintf(b, "| PSS | **%.1f** |\n", m.PSSMiB)
+	fmt.Fprintf(b, "| USS, private | %.1f |\n", m.USSMiB)
 	fmt.Fprintf(b, "| session cgroup charge | %.1f |\n", m.CgroupMiB)
 	fmt.Fprintf(b, "| the worker's view (idle kernel memory / idle kernels) | %.1f |\n", m.ServerMeanMiB)
 	fmt.Fprintf(b, "| host MemAvailable drop over the %d, per session (kernel memory included: page tables, slab, tmpfs; and whatever else ran): mean of the creation's and the removal's | %.1f (%.1f, %.1f) |\n",
@@ -743,7 +743,7 @@ func idleKernelsMarkdown(b *strings.Builder, m *IdleKernels) {
 	if m.MemAvailableNoisy {
 		b.WriteString("\nThe MemAvailable readings at the creation and the removal differ by more than a quarter (the rest of the host moved): the drop is left out of the worst.\n")
 	}
-	fmt.Fprintf(b, "\nFixed cost, not per session (PSS): templates %.1f MiB (USS %.1f, own cgroup charge %.1f with every F), "+
+	fmt.Fprintf(b, "\nFixed cost, not per session (PSS): templates %.1f MiB (USS %.1f, own cgroup charge %.1f), "+
 		"%d idle pool and spare sandboxes %.1f MiB: %.1f MiB. **%d sessions fit in %.0f GiB** less the fixed cost, at the worst per-session cost (%s, %.1f MiB)",
 		m.TemplatesPSSMiB, m.TemplatesUSSMiB, m.TemplatesCgroupMiB, m.PoolSandboxes, m.PoolPSSMiB, m.FixedMiB, m.Fit, m.BudgetGiB, m.WorstBasis, m.WorstMiB)
 	var by []string
