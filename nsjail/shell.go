@@ -559,7 +559,7 @@ func (r *Runner) openFork(t *Template, gfd int, shellID string) (gpid int, userN
 	// namespace but not a new user namespace makes one owned by U_T: privilege over it
 	// (its /proc mount, ns_last_pid, signalling its init) then belongs to
 	// U_T's root, the template, and to nothing of the sandbox, a shape
-	// no test covers; refused. (That unshare needs CAP_SYS_ADMIN in U_T,
+	// no test covers; refused. (Such a clone needs CAP_SYS_ADMIN in U_T,
 	// which templateCaps leave out today; the check keeps the shape out
 	// whatever the template's capabilities become.)
 	if err := isOwnedBy(pidNS, userNS); err != nil {

@@ -171,25 +171,35 @@ def fork(maps):
         if msg != b"c" or len(fds) != 1:
             raise RuntimeError("want the shell's cgroup fd, got %r with %d fds" % (msg, len(fds)))
         cgroup_fd = fds[0]
+    # The raw clone3 skips glibc's fork handling: safe with one thread only.
+    threads = len(os.listdir("/proc/self/task"))
+    if threads != 1:
+        raise RuntimeError("the template has %d threads" % threads)
+    r, w = os.pipe()
     g = clone(cgroup_fd)
     if g == 0:
         # G: runs template code until its drop; first it waits for its maps.
         try:
+            os.close(w)
             if cgroup_fd is not None:
                 os.close(cgroup_fd)
-            while True:
-                with open("/proc/self/gid_map") as f:
-                    if f.read():
-                        break
+            if os.read(r, 1) != b"m":
+                raise RuntimeError("no maps")
+            os.close(r)
             g_main(maps.get("stop_init", False))
         except BaseException:
             import traceback
             traceback.print_exc()
         os._exit(3)
-    with open("/proc/%d/uid_map" % g, "w") as f:
-        f.write(maps["uid_map"])
-    with open("/proc/%d/gid_map" % g, "w") as f:
-        f.write(maps["gid_map"])
+    os.close(r)
+    try:
+        with open("/proc/%d/uid_map" % g, "w") as f:
+            f.write(maps["uid_map"])
+        with open("/proc/%d/gid_map" % g, "w") as f:
+            f.write(maps["gid_map"])
+        os.write(w, b"m")
+    finally:
+        os.close(w)  # without its maps, G reads EOF and exits
     if cgroup_fd is not None:
         os.close(cgroup_fd)
     _, st = os.waitpid(g, 0)

@@ -25,8 +25,11 @@
 #        of its directory), into which T clones G, then optionally
 #        FORK_OUTPUT_FDS more, the execution's stdout and stderr.
 #  T  -> worker: a ForkReply line, {"forked": true} once G exists and its
-#        maps are written, or {"refused": why}: T then forks nothing.
-#        T closes its copies of the fork's fds either way.
+#        maps are written, or {"refused": why}: T then forks nothing, or
+#        (a failed map write) a G that exits at once, told nothing, whose
+#        end T reports and reaps as any G's. T keeps the exit report and
+#        the go-ahead of a G it cloned, and closes its copies of the
+#        fork's other fds either way.
 #  G  -> worker, CONTROL_FD: PIDFD_MESSAGE with a pidfd of G.
 #  G  <- worker, CONTROL_FD: a Join line (seccomp program, rlimits, session
 #        keyring name) with the shell's namespace fds, in SHELL_NAMESPACES
@@ -70,6 +73,7 @@ _SETNS_FLAGS = {
 _SYS_SECCOMP = {"x86_64": 317, "aarch64": 277}
 _SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}
 _SYS_CLONE3 = {"x86_64": 435, "aarch64": 435}
+_CLONE_PIDFD = 0x00001000
 _CLONE_CHILD_CLEARTID = 0x00200000
 _CLONE_CHILD_SETTID = 0x01000000
 _CLONE_NEWUSER = 0x10000000
@@ -321,7 +325,6 @@ def _why_not_fork(fds, cgroup):
 
 def _fork(request, fds):
     """Clone G for one request; None, or why T refused."""
-    import fcntl
     import gc
 
     req = json.loads(request)
@@ -338,7 +341,7 @@ def _fork(request, fds):
     sys.stderr.flush()
     ours, theirs = socket.socketpair()
     try:
-        pid = _clone(fds[FORK_FDS] if cgroup else None)
+        pid, pidfd = _clone(fds[FORK_FDS] if cgroup else None)
         if pid == 0:
             try:
                 ours.close()
@@ -346,16 +349,16 @@ def _fork(request, fds):
             except BaseException as exc:
                 _fail("G", exc)
             os._exit(_FORK_FAILED_EXIT)  # not reached: _g exits
-        theirs.close()
-        # G is T's child and T reaps it only after the go-ahead (_relay):
-        # the pid stays G's (a zombie at worst) for the pidfd and the maps.
-        # From here on, whatever happens, G's end is reported and G reaped.
-        pidfd = os.pidfd_open(pid)
-        report, go_ahead = (fcntl.fcntl(fds[i], fcntl.F_DUPFD_CLOEXEC, GO_AHEAD_FD + 1) for i in (2, 3))
-        _forks[pidfd] = _Fork(pid, report, go_ahead)
+        # From here on, whatever happens, G's end is reported and G reaped
+        # (_relay): T takes the exit report and the go-ahead out of the
+        # request's fds (the caller closes the rest), with G's pidfd, which
+        # the clone itself made, so nothing can fail in between.
+        _forks[pidfd] = _Fork(pid, fds[2], fds[3])
+        fds[2] = fds[3] = None
         _poller.register(pidfd, select.POLLIN)
-        # G waits for its maps before it does anything else; without them
-        # (a failed write) it is told nothing, and exits.
+        theirs.close()
+        # G waits for its maps before it does anything of its own; without
+        # them (a failed write) it is told nothing, and exits.
         for name, text in maps.items():
             with open("/proc/%d/%s" % (pid, name), "w") as f:
                 f.write(text)
@@ -389,11 +392,13 @@ def _template():
     _quiesce()
     _poller.register(TEMPLATE_FD, select.POLLIN)
     while True:
-        for fd, _ in _poller.poll():
+        for fd, _ in _poller.poll(_TRACED_RETRY_MS if _traced else None):
             if fd == TEMPLATE_FD:
                 _serve_request()
             else:
                 _relay(fd)
+        for pidfd in list(_traced):
+            _exited(pidfd)
 
 
 def _serve_request():
@@ -407,7 +412,8 @@ def _serve_request():
         why = "%s: %s" % (type(exc).__name__, exc)
     finally:
         for fd in fds:
-            os.close(fd)
+            if fd is not None:  # None: taken over by a fork
+                os.close(fd)
     reply = {"refused": why} if why else {"forked": True}
     _template_sock.sendall(json.dumps(reply).encode() + zygote.MESSAGE_END)
 
@@ -432,6 +438,9 @@ def _quiesce():
     if pid == 0:
         os._exit(0)
     os.waitpid(pid, 0)
+    if _threads() != 1:
+        sys.stderr.write("template: %d threads after the preload, also across a fork: every fork is refused\n" % _threads())
+        sys.stderr.flush()
 
 
 class _Fork:
@@ -452,6 +461,13 @@ class _Fork:
 # inherits nothing of it).
 _forks = {}
 _poller = select.poll()
+# The pidfds of Gs that exited while another process traced them
+# (Shell.MoveG's and CheckConfined's ptrace pins): the kernel lets the
+# parent wait for a traced zombie only once the tracer has let it go, so
+# T retries them every _TRACED_RETRY_MS instead of blocking every other
+# fork behind one.
+_traced = set()
+_TRACED_RETRY_MS = 20
 
 
 def _relay(fd):
@@ -467,12 +483,7 @@ def _relay(fd):
     for pidfd, fork in _forks.items():
         if fd == pidfd:
             _poller.unregister(pidfd)
-            info = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOWAIT)
-            try:
-                os.write(fork.report, zygote.encode_exit_report(_wait_status(info)))
-            except OSError:
-                pass  # the worker closed the report's read end (EPIPE: Python ignores SIGPIPE)
-            _poller.register(fork.go_ahead, select.POLLIN)
+            _exited(pidfd)
             return
         if fd == fork.go_ahead:
             # The report's EOF, after G is reaped, tells the worker (and
@@ -485,6 +496,22 @@ def _relay(fd):
             del _forks[pidfd]
             return
     raise RuntimeError("poll returned fd %d, which is no fork's" % fd)
+
+
+def _exited(pidfd):
+    """G's pidfd said G exited: report its wait status and wait for the
+    go-ahead, or, while a tracer holds the zombie, retry later."""
+    fork = _forks[pidfd]
+    info = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOWAIT | os.WNOHANG)
+    if info is None:
+        _traced.add(pidfd)
+        return
+    _traced.discard(pidfd)
+    try:
+        os.write(fork.report, zygote.encode_exit_report(_wait_status(info)))
+    except OSError:
+        pass  # the worker closed the report's read end (EPIPE: Python ignores SIGPIPE)
+    _poller.register(fork.go_ahead, select.POLLIN)
 
 
 def _wait_status(info):
@@ -507,7 +534,8 @@ _clone_args = None
 
 
 def _clone(cgroup_fd):
-    """T's os.fork() for G (TEMPLATE.md sections 2 and 3): clone3 with
+    """T's os.fork() for G (TEMPLATE.md sections 2 and 3), returning G's pid
+    and a pidfd of G in T ((0, None) in G): clone3 with
     CLONE_NEWUSER | CLONE_NEWPID makes G root of a new user namespace U_F
     (unmapped until T writes its maps) and pid 1 of a new pid namespace
     PID_F owned by U_F, which the shell's runc init joins. On cgroup v2
@@ -528,11 +556,19 @@ def _clone(cgroup_fd):
     os.register_at_fork's before hooks), then PyOS_AfterFork_Child
     (CPython's thread state, random's reseed and the other after-fork
     hooks) or PyOS_AfterFork_Parent. glibc's fork() does more, which a raw
-    clone3 skips: pthread_atfork's handlers and its own locks (malloc's,
-    stdio's, the loader's), which protect against a lock another thread
-    holds at the fork, and the cached thread id. T has one thread when it
+    clone3 skips: its own locks (malloc's, stdio's, the loader's), which
+    protect against a lock another thread holds at the fork; the C
+    libraries' pthread_atfork handlers; the robust-futex list's
+    registration; and the cached thread id. T has one thread when it
     clones (_quiesce, checked before every fork by _why_not_fork), so no
-    lock is held by anyone but the caller, who is in none. The cached tid
+    lock is held by anyone but the caller, who is in none. No C library's
+    at-fork handler runs in G: the preload's at-fork work is Python's
+    (matplotlib's font cache, random's reseed: os.register_at_fork, which
+    PyOS_AfterFork_Child runs), OpenBLAS's pool was stopped in T, and what
+    a library keys on its pid G's _reseed redoes (G is pid 1, as T is, so
+    a pid check would miss the fork anyway; TEMPLATE.md section 7). No
+    robust mutex is shared across processes here, so an unregistered list
+    changes nothing. The cached tid
     (glibc's recursive locks, dlopen's among them, name their owner by it)
     is what glibc's fork sets with CLONE_CHILD_SETTID |
     CLONE_CHILD_CLEARTID at the thread's own tid field: the same here, its
@@ -550,11 +586,12 @@ def _clone(cgroup_fd):
     _check(libc.prctl(_PR_GET_TID_ADDRESS, ctypes.byref(tid_address), 0, 0, 0) == 0, "prctl(PR_GET_TID_ADDRESS)")
     if not tid_address.value:
         raise RuntimeError("no thread id address registered with the kernel")
-    flags = _CLONE_NEWUSER | _CLONE_NEWPID | _CLONE_CHILD_SETTID | _CLONE_CHILD_CLEARTID
+    flags = _CLONE_NEWUSER | _CLONE_NEWPID | _CLONE_PIDFD | _CLONE_CHILD_SETTID | _CLONE_CHILD_CLEARTID
     if cgroup_fd is not None:
         flags |= _CLONE_NEWCGROUP | _CLONE_INTO_CGROUP
-    args = _clone_args(flags=flags, child_tid=tid_address.value, exit_signal=signal.SIGCHLD,
-                       cgroup=cgroup_fd if cgroup_fd is not None else 0)
+    pidfd = ctypes.c_int(-1)
+    args = _clone_args(flags=flags, pidfd=ctypes.addressof(pidfd), child_tid=tid_address.value,
+                       exit_signal=signal.SIGCHLD, cgroup=cgroup_fd if cgroup_fd is not None else 0)
     api = ctypes.PyDLL(None, use_errno=True)  # the GIL stays held, as os.fork holds it
     api.syscall.restype = ctypes.c_long
     nr = _syscall(_SYS_CLONE3)
@@ -562,12 +599,12 @@ def _clone(cgroup_fd):
     pid = api.syscall(ctypes.c_long(nr), ctypes.byref(args), ctypes.c_size_t(ctypes.sizeof(args)))
     if pid == 0:
         api.PyOS_AfterFork_Child()
-        return 0
+        return 0, None
     err = ctypes.get_errno()
     api.PyOS_AfterFork_Parent()
     if pid < 0:
         raise OSError(err, "clone3(%#x): %s" % (flags, os.strerror(err)))
-    return pid
+    return pid, pidfd.value
 
 
 def _enter_g(fds, t, cgroup):

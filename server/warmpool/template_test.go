@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -725,7 +726,7 @@ func TestTemplateRefusesToFork(t *testing.T) {
 		// A library that keeps a thread across os.fork (T's _quiesce
 		// cannot stop it).
 		{"thread", "import threading as _th, time as _ti\n_th.Thread(target=_ti.sleep, args=(600,), daemon=True).start()",
-			"the template has 2 threads", ""},
+			"the template has 2 threads", "every fork is refused"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			lab := startTplLab(t, r, rootfs, nil, c.prelude)
@@ -811,6 +812,82 @@ func TestPoolForkEndsWhenGRefuses(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "G ended before it sent its pidfd") {
 		t.Fatalf("the fork of a template whose G refuses: %v, want G's end reported", err)
 	}
+}
+
+// TestTemplateServesPastATracedG: a G that dies while another process
+// traces it (Shell.MoveG's and CheckConfined's ptrace pins) stays a zombie
+// only its tracer can wait for, until the tracer lets it go. T, which
+// relays every fork's end from one loop, must not wait for it meanwhile:
+// the next fork is made while the tracer still holds the dead G, and the
+// dead G's report comes once the tracer let it go.
+func TestTemplateServesPastATracedG(t *testing.T) {
+	requireTemplates(t)
+	r := newPoolRunner(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	lab := startTplLab(t, r, rootfs, nil, "")
+	a := lab.fork(false)
+	gpid := nsjailtest.PidfdPid(t, a.g)
+
+	attached, tracerDone := make(chan error, 1), make(chan error, 1)
+	release := make(chan struct{})
+	var once sync.Once
+	let := func() { once.Do(func() { close(release) }) }
+	defer let()
+	go func() {
+		// ptrace requests come from the tracer's thread: this goroutine
+		// keeps it (and the thread ends with it, never reused).
+		runtime.LockOSThread()
+		if err := unix.PtraceSeize(gpid); err != nil {
+			attached <- err
+			return
+		}
+		attached <- nil
+		<-release
+		// As the tracer, not the parent: this hands the zombie back to T.
+		var ws unix.WaitStatus
+		_, err := unix.Wait4(gpid, &ws, unix.WALL, nil)
+		tracerDone <- err
+	}()
+	if err := <-attached; err != nil {
+		t.Fatalf("PTRACE_SEIZE G: %v", err)
+	}
+	if err := unix.PidfdSendSignal(int(a.g.Fd()), unix.SIGKILL, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	// G's pidfd is readable once it is a zombie, tracer or not.
+	for {
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(a.g.Fd()), Events: unix.POLLIN}}, -1)
+		if err == nil && n > 0 {
+			break
+		}
+		if err != nil && err != unix.EINTR {
+			t.Fatal(err)
+		}
+	}
+	watchdog := time.AfterFunc(2*time.Minute, let) // a T stuck in waitid gets G back, and the test ends
+	defer watchdog.Stop()
+	b := lab.fork(false)
+	select {
+	case <-release:
+		t.Fatal("T made the next fork only once the tracer let the dead G go")
+	default:
+	}
+	let()
+	if err := <-tracerDone; err != nil {
+		t.Fatalf("the tracer's wait: %v", err)
+	}
+	if ws := lab.exitReport(a); !ws.Signaled() || ws.Signal() != unix.SIGKILL {
+		t.Errorf("T reported %#x for the traced G, want SIGKILL", uint32(ws))
+	}
+	a.goAhead.Close()
+	if !reaped(t, a, time.Minute) {
+		t.Error("T did not reap the traced G after the go-ahead")
+	}
+	b.ctl.Close() // EOF before a hand-off: b retires
+	if ws := lab.exitReport(b); !ws.Exited() || ws.ExitStatus() != 0 {
+		t.Errorf("retired G's wait status %#x, want exit 0", uint32(ws))
+	}
+	b.goAhead.Close()
 }
 
 // TestTemplateReapsGOnlyAfterGoAhead: T reports G's exit at once but
@@ -1050,6 +1127,15 @@ func TestTemplateForkIsConfined(t *testing.T) {
 	if err != nil || !strings.HasPrefix(tplSocket, "socket:") {
 		t.Fatalf("T's control socket: %q, %v", tplSocket, err)
 	}
+	// A live fork beside the probed one: T holds its pidfd, exit report
+	// and go-ahead, which the probed G's clone copies and must close
+	// (case 68).
+	other := lab.fork(false)
+	defer func() {
+		other.ctl.Close() // EOF before a hand-off: it retires
+		lab.exitReport(other)
+		other.goAhead.Close()
+	}()
 	f := lab.fork(true)
 	sh, err := r.StartShell(context.Background(), lab.tpl, f.shellSpec(tplShellSpec(rootfs, ws, nsjail.Limits{})), f.g)
 	if err != nil {
