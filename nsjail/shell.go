@@ -80,11 +80,11 @@ type Shell struct {
 	// or at Destroy. Once: a second release could drop another shell's
 	// claim on a reused pid.
 	unclaim func()
-	// f is a pidfd of T, G's parent, which reports G's exit, and fpid its
+	// tfd is a pidfd of T, G's parent, which reports G's exit, and tpid its
 	// host pid (openParent): a fork whose T died can no longer report, so
 	// it is dead as a sandbox (Pending.Alive).
-	f    *os.File
-	fpid int
+	tfd  *os.File
+	tpid int
 	// ns are the shell's namespaces, in ShellNamespaces order, until
 	// CloseNamespaces or Destroy.
 	nsMu sync.Mutex
@@ -195,13 +195,13 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 			t.unclaimG(gpid)
 		}
 	}()
-	ffile, fpid, err := openParent(gpid, gfile)
+	tfile, tpid, err := openParent(gpid, gfile)
 	if err != nil {
 		return fail("%w", err)
 	}
 	defer func() {
 		if !keepG {
-			ffile.Close()
+			tfile.Close()
 		}
 	}()
 	defer userNS.Close()
@@ -309,7 +309,7 @@ func (r *Runner) StartShell(ctx context.Context, t *Template, spec Spec, g *os.F
 		r.destroy(c, log)
 		return fail("unable to read the shell init's pid: %w", err)
 	}
-	s := &Shell{r: r, id: id, tpl: t, c: c, log: log, g: gfile, gpid: gpid, f: ffile, fpid: fpid, lim: lim, output: spec.Output,
+	s := &Shell{r: r, id: id, tpl: t, c: c, log: log, g: gfile, gpid: gpid, tfd: tfile, tpid: tpid, lim: lim, output: spec.Output,
 		background: spec.Background, unclaim: sync.OnceFunc(func() { t.unclaimG(gpid) })}
 	for _, l := range cfg.Rlimits {
 		s.rlimits = append(s.rlimits, Rlimit{Resource: l.Type, Soft: l.Soft, Hard: l.Hard})
@@ -1164,7 +1164,7 @@ func (s *Shell) Destroy() error {
 			errs = append(errs, err)
 		}
 		s.g.Close()
-		s.f.Close()
+		s.tfd.Close()
 		s.unclaim()
 		s.tpl.shells.Done()
 		s.destroyErr = errors.Join(errs...)

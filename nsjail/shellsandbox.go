@@ -120,7 +120,7 @@ func (s *Shell) Pending(stdout, stderr *os.File) *Pending {
 	s.nsMu.Unlock()
 	sb := &Sandbox{
 		r: s.r, id: s.id, lim: s.lim, c: s.c, shell: s, log: s.log,
-		proc:        gProcess{pid: s.gpid, pidfd: s.g, fpid: s.fpid, fpidfd: s.f},
+		proc:        gProcess{pid: s.gpid, pidfd: s.g, tpid: s.tpid, tpidfd: s.tfd},
 		stdout:      newCapture(stdout, s.lim.StdoutBytes, s.output.ForStream(StreamStdout)),
 		stderr:      newCapture(stderr, s.lim.StderrBytes, s.output.ForStream(StreamStderr)),
 		cgroupPaths: s.cgroupPaths, mntns: mntns, background: s.background,
@@ -129,12 +129,12 @@ func (s *Shell) Pending(stdout, stderr *os.File) *Pending {
 }
 
 // gProcess is a template fork's G as a sandbox's first process, with T,
-// its parent, which reports its exit (fpidfd nil: not known).
+// its parent, which reports its exit (tpidfd nil: not known).
 type gProcess struct {
 	pid    int
 	pidfd  *os.File
-	fpid   int
-	fpidfd *os.File
+	tpid   int
+	tpidfd *os.File
 }
 
 // parentAlive reports whether T is running and has not been sent SIGKILL,
@@ -146,14 +146,14 @@ type gProcess struct {
 // sandbox_error, where a zygote's sandbox killed just before its hand-off
 // is found dead and the execution runs cold (SECURITY.md case 34).
 func (g gProcess) parentAlive() bool {
-	if g.fpidfd == nil {
+	if g.tpidfd == nil {
 		return true
 	}
-	f := gProcess{pid: g.fpid, pidfd: g.fpidfd}
+	f := gProcess{pid: g.tpid, pidfd: g.tpidfd}
 	if f.exited() {
 		return false
 	}
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", g.fpid))
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", g.tpid))
 	return err == nil && !f.exited() && statusAlive(string(status))
 }
 
@@ -181,20 +181,20 @@ func openParent(gpid int, g *os.File) (*os.File, int, error) {
 		}
 		return strconv.Atoi(v[0])
 	}
-	fpid, err := ppid()
+	tpid, err := ppid()
 	if err != nil {
 		return nil, 0, err
 	}
-	fd, err := unix.PidfdOpen(fpid, 0)
+	fd, err := unix.PidfdOpen(tpid, 0)
 	if err != nil {
-		return nil, 0, fmt.Errorf("G's parent (pid %d), the template, is gone: %w", fpid, err)
+		return nil, 0, fmt.Errorf("G's parent (pid %d), the template, is gone: %w", tpid, err)
 	}
 	f := os.NewFile(uintptr(fd), "pidfd-T")
-	if again, err := ppid(); err != nil || again != fpid {
+	if again, err := ppid(); err != nil || again != tpid {
 		f.Close()
-		return nil, 0, fmt.Errorf("G's parent (pid %d), the template, is gone (G's parent now %d, %v)", fpid, again, err)
+		return nil, 0, fmt.Errorf("G's parent (pid %d), the template, is gone (G's parent now %d, %v)", tpid, again, err)
 	}
-	return f, fpid, nil
+	return f, tpid, nil
 }
 
 // Pid refuses: G's pid is G's only while G lives (a zombie included), and

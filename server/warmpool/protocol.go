@@ -328,7 +328,7 @@ func readExitReport(r *os.File) <-chan syscall.WaitStatus {
 //  T2. Fork. The pool sends a ForkRequest line (EncodeForkRequest: the
 //      fork's maps, nsjail.Template.ForkIDMap) on TemplateFD with ForkFDs
 //      fds (SCM_RIGHTS): the fork's ControlFD socket, ReadyFD and
-//      ExitReportFD pipes' write ends and the GoAheadFD pipe's read end,
+//      ExitReportFD pipes' write ends and the go-ahead pipe's read end,
 //      then, with ForkRequest.Cgroup (cgroup v2), ForkCgroupFDs more: the
 //      shell's cgroup (nsjail.PreparedShell.CgroupFile, a detached mount
 //      of its directory), into which T clones G (CLONE_INTO_CGROUP),
@@ -337,15 +337,16 @@ func readExitReport(r *os.File) <-chan syscall.WaitStatus {
 //      holds no stray fd, no shared mapping and no other thread, clones G
 //      with clone3(CLONE_NEWUSER|CLONE_NEWPID) (G: root of a new user
 //      namespace, pid 1 of a new pid namespace), writes G's maps, keeps
-//      the exit report and the go-ahead (T5), and answers one ForkReply line (DecodeForkReply); it closes its
-//      copies of the fork's fds whatever it answers.
+//      the exit report and the go-ahead (T5), and answers one ForkReply
+//      line (DecodeForkReply); it closes its copies of the fork's other
+//      fds whatever it answers (all of them if it cloned nothing).
 //  T3. Pidfd. G, pid 1 of its pid namespace, sends PidfdMessage with a
 //      pidfd of itself on ControlFD (nsjail.Runner.StartShell takes it,
 //      and refuses anything but a fresh fork of its template: SECURITY.md
 //      case 65).
 //  T4. Join. After StartShell and Shell.MoveG (v2: the check that G is in
 //      the shell's cgroup) the pool closes its end of
-//      GoAheadFD (the go-ahead: T may reap G from then on; until then a G
+//      the go-ahead pipe (T may reap G from then on; until then a G
 //      that died stays a zombie) and sends a Join line (EncodeJoin) on
 //      ControlFD with the shell's namespace fds (Shell.NamespaceFiles, in
 //      nsjail.ShellNamespaces order). G joins them, drops to a cold
@@ -366,11 +367,8 @@ const (
 	// ControlFD's number too: G closes T's socket before it puts its own
 	// there, so no fork holds a channel to T.
 	TemplateFD = 3
-	// GoAheadFD is the go-ahead pipe's protocol number, which T keeps
-	// reserved (T holds each fork's go-ahead at a number of its own).
-	GoAheadFD = 6
 	// ForkFDs is the number of channels a ForkRequest carries, in this
-	// order: ControlFD's, ReadyFD's, ExitReportFD's, GoAheadFD's.
+	// order: G's ControlFD and ReadyFD, T's exit report and go-ahead.
 	ForkFDs = 4
 	// ForkCgroupFDs is the number of cgroup fds a ForkRequest with Cgroup
 	// carries after the channels: the shell's cgroup (v2).

@@ -73,7 +73,6 @@ func TestZygoteMirrorsProtocol(t *testing.T) {
 func TestTemplateMirrorsProtocol(t *testing.T) {
 	want := map[string]string{
 		"TEMPLATE_FD":      strconv.Itoa(TemplateFD),
-		"GO_AHEAD_FD":      strconv.Itoa(GoAheadFD),
 		"FORK_FDS":         strconv.Itoa(ForkFDs),
 		"FORK_CGROUP_FDS":  strconv.Itoa(ForkCgroupFDs),
 		"FORK_OUTPUT_FDS":  strconv.Itoa(ForkOutputFDs),

@@ -39,8 +39,7 @@
 #  T  -> the exit-report pipe: G's wait status, as soon as G has exited.
 #  T  <- the go-ahead pipe: EOF (or a byte): the worker is done moving G
 #        (Shell.MoveG) and T may reap G. Until then G stays a zombie.
-#        (T keeps both at numbers of its own; the protocol's
-#        EXIT_REPORT_FD and GO_AHEAD_FD stay reserved, never G's.)
+#        (T keeps both at the numbers they arrived on.)
 # EOF on TEMPLATE_FD: the worker is done with this template; T exits 0
 # (its forks, in its pid namespace, die with it).
 import json
@@ -53,7 +52,6 @@ import types
 
 # --- PROTOCOL (server/warmpool/protocol.go) ---
 TEMPLATE_FD = 3
-GO_AHEAD_FD = 6
 FORK_FDS = 4
 FORK_CGROUP_FDS = 1
 FORK_OUTPUT_FDS = 2
@@ -126,11 +124,11 @@ def _threads():
 
 
 def _reserve_fork_fds():
-    """Hold the fork's fd numbers (FORK_FDS from CONTROL_FD on, one past
-    TEMPLATE_FD) with /dev/null before the preload opens anything: G puts
-    its channels there with dup2, which would otherwise silently close
-    whatever the preload had opened on those numbers (libffi's fd, which
-    libffi mmaps again later)."""
+    """Hold G's channel numbers (_fork_targets but TEMPLATE_FD) with
+    /dev/null before the preload opens anything: G puts its channels there
+    with dup2, which would otherwise silently close whatever the preload
+    had opened on those numbers (libffi's fd, which libffi mmaps again
+    later)."""
     # TEMPLATE_FD is CONTROL_FD: G closes T's socket before it puts its
     # control socket there.
     targets = [fd for fd in _fork_targets() if fd != TEMPLATE_FD]
@@ -162,9 +160,9 @@ def _is_reserved(fd):
 
 
 def _fork_targets():
-    """The protocol's numbers of a fork's channels: control, ready, exit
-    report, go-ahead (G takes the first two; the others stay reserved)."""
-    return (zygote.CONTROL_FD, zygote.READY_FD, zygote.EXIT_REPORT_FD, GO_AHEAD_FD)
+    """The numbers of G's channels: control and ready (the exit report and
+    the go-ahead stay T's, at the numbers they arrived on)."""
+    return (zygote.CONTROL_FD, zygote.READY_FD)
 
 
 def _shared_mappings():
@@ -622,16 +620,20 @@ def _enter_g(fds, t, cgroup):
         for fd in (pidfd, *fork.fds()):
             os.close(fd)
     _forks.clear()
-    # The fork's fds onto their protocol numbers (over the reserved ones),
-    # by way of numbers above them, so no dup2 closes one still to be moved.
-    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, GO_AHEAD_FD + 1) for fd in fds]
+    # G's channels onto their numbers (over the reserved ones), by way of
+    # numbers above them, so no dup2 closes one still to be moved; the
+    # outputs above them too, close-on-exec until G puts them on 1 and 2.
+    # The rest is closed: the exit report and the go-ahead are T's, and G
+    # holds nothing of the worker's cgroupfs.
+    first = max(_fork_targets()) + 1
+    mine = list(fds[:2]) + list(fds[FORK_FDS + (FORK_CGROUP_FDS if cgroup else 0):])
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, first) for fd in mine]
     for fd in fds:
         os.close(fd)
-    for src, dst in zip(high[:2], (zygote.CONTROL_FD, zygote.READY_FD)):
+    for src, dst in zip(high[:2], _fork_targets()):
         os.dup2(src, dst)
-    for fd in high[:FORK_FDS + (FORK_CGROUP_FDS if cgroup else 0)]:
-        os.close(fd)  # the exit report and go-ahead are T's; G holds nothing of the worker's cgroupfs
-    outputs = high[FORK_FDS + (FORK_CGROUP_FDS if cgroup else 0):]  # close-on-exec until G puts them on 1 and 2
+        os.close(src)
+    outputs = high[2:]
     if t.recv(1) != b"m":
         raise RuntimeError("T did not write G's id maps")
     t.close()
@@ -650,8 +652,6 @@ def _g(outputs):
     """G: pid 1 of PID_F, root of U_F, still in T's other namespaces and
     cgroup. Waits for its shell, confines itself, then serves as a zygote's
     child does."""
-    for fd in (zygote.EXIT_REPORT_FD, GO_AHEAD_FD):
-        os.close(fd)
     # The fds G keeps past its drop: 0-2 (replaced below), its channels, and
     # what T's check admitted (read-only files of the image: libffi keeps
     # one and maps it again later, so it is not closed behind its back).
