@@ -750,6 +750,33 @@ func TestTemplateRefusesToFork(t *testing.T) {
 	}
 }
 
+// TestTemplateQuiescesItsThreads: a preload whose library keeps a thread
+// that its at-fork handler stops (OpenBLAS's pool, in its pthreads build)
+// leaves T with one thread after _quiesce, and T forks; the thread's
+// library gets no chance to start it again in T.
+func TestTemplateQuiescesItsThreads(t *testing.T) {
+	requireTemplates(t)
+	r := newPoolRunner(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	prelude := "import os as _o, threading as _th\n_sandboxd_stop = _th.Event()\n" +
+		"_sandboxd_pool = _th.Thread(target=_sandboxd_stop.wait, daemon=True)\n_sandboxd_pool.start()\n" +
+		"_o.register_at_fork(before=lambda: (_sandboxd_stop.set(), _sandboxd_pool.join()))"
+	lab := startTplLab(t, r, rootfs, nil, prelude)
+	f := lab.fork(false)
+	f.ctl.Close() // EOF before a hand-off: it retires
+	if ws := lab.exitReport(f); !ws.Exited() || ws.ExitStatus() != 0 {
+		t.Errorf("retired G's wait status %#x, want exit 0", uint32(ws))
+	}
+	f.goAhead.Close()
+	tpid, err := lab.tpl.Pid()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := nsjailtest.ProcStatus(t, tpid, "Threads"); n != "1" {
+		t.Errorf("T has %s threads after its quiesce, want 1", n)
+	}
+}
+
 // TestTemplateGRefusesWhatAtForkHandlersMade: T checks itself before the
 // fork, but at-fork handlers (a library's pthread_atfork, the preload's
 // os.register_at_fork) run after that check, in G. An fd, a shared mapping
