@@ -351,7 +351,7 @@ def _fork(request, fds):
         # (_relay): T takes the exit report and the go-ahead out of the
         # request's fds (the caller closes the rest), with G's pidfd, which
         # the clone itself made, so nothing can fail in between.
-        _forks[pidfd] = _Fork(pid, fds[2], fds[3])
+        _forks[pidfd] = _Fork(fds[2], fds[3])
         fds[2] = fds[3] = None
         _poller.register(pidfd, select.POLLIN)
         theirs.close()
@@ -442,13 +442,14 @@ def _quiesce():
 
 
 class _Fork:
-    """T's part of one live fork: G's pid and T's ends of the exit report
-    and the go-ahead (T relays G's end: SECURITY.md case 25)."""
+    """T's part of one live fork besides G's pidfd (its key in _forks):
+    T's ends of the exit report and the go-ahead (T relays G's end:
+    SECURITY.md case 25)."""
 
-    __slots__ = ("pid", "report", "go_ahead")
+    __slots__ = ("report", "go_ahead")
 
-    def __init__(self, pid, report, go_ahead):
-        self.pid, self.report, self.go_ahead = pid, report, go_ahead
+    def __init__(self, report, go_ahead):
+        self.report, self.go_ahead = report, go_ahead
 
     def fds(self):
         return (self.report, self.go_ahead)
