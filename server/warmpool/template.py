@@ -302,8 +302,7 @@ def _why_not_fork(fds, cgroup):
     # the reserved numbers (G replaces or closes them), the fork's own, the
     # live forks' (G closes them); besides those, only what
     # zygote._fd_refusal admits (read-only files of the image).
-    live = {fd for pidfd, fork in _forks.items() for fd in (pidfd, *fork.fds())}
-    stray = zygote._stray_fds({0, 1, 2, TEMPLATE_FD, *_fork_targets(), *fds, *live})
+    stray = zygote._stray_fds({0, 1, 2, TEMPLATE_FD, *_fork_targets(), *fds, *_live_fork_fds()})
     if stray:
         return "stray fds: " + ", ".join("%d -> %s (%s)" % s for s in stray)
     # G's dup2 onto the reserved numbers would silently close whatever a
@@ -453,6 +452,12 @@ class _Fork:
 
     def fds(self):
         return (self.report, self.go_ahead)
+
+
+def _live_fork_fds():
+    """Every fd T holds for its live forks: each G's pidfd, exit report and
+    go-ahead (a clone copies them all into the next G)."""
+    return [fd for pidfd, fork in _forks.items() for fd in (pidfd, *fork.fds())]
 
 
 # T's live forks by G's pidfd, and the poll set of T's socket, those pidfds
@@ -617,9 +622,8 @@ def _enter_g(fds, t, cgroup):
     # the other forks' pidfds, reports and go-aheads: with one, G's code
     # could forge another execution's end or signal its process.
     os.close(_template_sock.detach())
-    for pidfd, fork in _forks.items():
-        for fd in (pidfd, *fork.fds()):
-            os.close(fd)
+    for fd in _live_fork_fds():
+        os.close(fd)
     _forks.clear()
     # G's channels onto their numbers (over the reserved ones), by way of
     # numbers above them, so no dup2 closes one still to be moved; the
