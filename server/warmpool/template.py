@@ -263,10 +263,11 @@ def _warm_up():
     64: nothing secret is made here); what it leaves is the libraries'
     caches, not state a cold run would see differently: no pyplot figure
     (its numbering starts at 1 in the code, as cold), rcParams and options
-    untouched. A font file it opens stays open read-only, which T's fd
-    check admits and G reopens in the shell's mount namespace as it does
-    libffi's. A failure is logged on T's stderr and changes nothing else:
-    the forks then pay that first use themselves."""
+    untouched. The font it loads is freed again (below); a file a library
+    keeps open stays open read-only, which T's fd check admits and G
+    reopens in the shell's mount namespace as it does libffi's. A failure
+    is logged on T's stderr and changes nothing else: the forks then pay
+    that first use themselves."""
     try:
         if "pandas" in sys.modules and "numpy" in sys.modules:
             np, pd = sys.modules["numpy"], sys.modules["pandas"]
@@ -288,6 +289,17 @@ def _warm_up():
             ax.set_ylabel("value")
             ax.set_title("warm-up")
             fig.savefig(io.BytesIO(), format="png")
+            # The font the figure loaded (an FT2Font, in font_manager's
+            # _get_font cache) is no fork's: matplotlib empties that cache
+            # in every fork child (its os.register_at_fork hook: an FT2Font
+            # must not cross a fork), so G would only free it, writing to
+            # ~240 of T's pages (copy-on-write faults, ~15% of what G pays
+            # before READY; TEMPLATE.md section 12, "what G pays"). Emptied
+            # here once, G's hook finds nothing to free. The font search
+            # (FontManager's own cache) stays warm.
+            font_manager = sys.modules.get("matplotlib.font_manager")
+            if font_manager is not None and hasattr(font_manager, "_get_font"):
+                font_manager._get_font.cache_clear()
     except Exception as exc:
         sys.stderr.write("template: warm-up failed: %r\n" % (exc,))
 
