@@ -297,9 +297,9 @@ def _warm_up():
             # before READY; TEMPLATE.md section 12, "what G pays"). Emptied
             # here once, G's hook finds nothing to free. The font search
             # (FontManager's own cache) stays warm.
-            font_manager = sys.modules.get("matplotlib.font_manager")
-            if font_manager is not None and hasattr(font_manager, "_get_font"):
-                font_manager._get_font.cache_clear()
+            clear = getattr(getattr(sys.modules.get("matplotlib.font_manager"), "_get_font", None), "cache_clear", None)
+            if clear is not None:
+                clear()
     except Exception as exc:
         sys.stderr.write("template: warm-up failed: %r\n" % (exc,))
 

@@ -85,6 +85,12 @@ func startTplLabEnv(t testing.TB, r *nsjail.Runner, rootfs string, preload []str
 		if res.Status != nsjail.StatusSucceeded {
 			t.Errorf("template ended %s (exit %d): %s\nlog: %s", res.Status, res.ExitCode, res.Error, lab.logText())
 		}
+		// A warm-up that fails only logs it (its forks then pay that first
+		// use themselves): a silent regression of the CPU it saves, unless
+		// a test says so.
+		if log := lab.logText(); strings.Contains(log, "template: warm-up failed") {
+			t.Errorf("the template's warm-up failed:\n%s", log)
+		}
 	})
 	_ = lab.ctl.SetDeadline(time.Now().Add(5 * time.Minute))
 	return lab
@@ -505,6 +511,16 @@ func compareViews(t *testing.T, who string, cold, fork map[string]any) {
 // numpy and multiprocessing have different random, numpy.random and
 // multiprocessing authkey values (reseeded: E1 found numpy's and the
 // authkey equal in every fork without it); T reports G's exit and reaps it.
+// TestTemplateWarmUp starts T with the server's default preload, so that
+// _warm_up runs whole (the pandas group-by, the figure rendered to PNG, the
+// font cache emptied again): startTplLab's cleanup fails the test if T
+// logged a failed warm-up once T has ended.
+func TestTemplateWarmUp(t *testing.T) {
+	requireTemplates(t)
+	r := newPoolRunner(t)
+	startTplLab(t, r, nsjailtest.RuntimeRootfs(t), config.DefaultPreload, "")
+}
+
 func TestTemplateForkMatchesCold(t *testing.T) {
 	requireTemplates(t)
 	r := newPoolRunner(t)
