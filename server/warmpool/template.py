@@ -277,6 +277,7 @@ def _warm_up():
         if "matplotlib" in sys.modules:
             import io
 
+            from matplotlib import font_manager
             from matplotlib.backends.backend_agg import FigureCanvasAgg
             from matplotlib.figure import Figure
 
@@ -297,9 +298,7 @@ def _warm_up():
             # before READY; TEMPLATE.md section 12, "what G pays"). Emptied
             # here once, G's hook finds nothing to free. The font search
             # (FontManager's own cache) stays warm.
-            clear = getattr(getattr(sys.modules.get("matplotlib.font_manager"), "_get_font", None), "cache_clear", None)
-            if clear is not None:
-                clear()
+            font_manager._get_font.cache_clear()
     except Exception as exc:
         sys.stderr.write("template: warm-up failed: %r\n" % (exc,))
 

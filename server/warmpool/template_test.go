@@ -498,6 +498,29 @@ func compareViews(t *testing.T, who string, cold, fork map[string]any) {
 	}
 }
 
+// TestTemplateWarmUp starts T as the server does (its default preload, the
+// default policy's environment), so that _warm_up runs whole: the pandas
+// group-by, the figure rendered to PNG, matplotlib's font cache emptied
+// again. Both only log a failure (the forks then pay that first use), a
+// silent CPU regression: startTplLab's cleanup fails on a failed warm-up,
+// this test on a failed preload too, which would skip the warm-up's parts.
+func TestTemplateWarmUp(t *testing.T) {
+	requireTemplates(t)
+	r := newPoolRunner(t)
+	rootfs := nsjailtest.RuntimeRootfs(t)
+	lab := startTplLabEnv(t, r, rootfs, config.DefaultPreload, "", poolTemplate(rootfs).Env)
+	t.Cleanup(func() {
+		// Cleanups run last registered first: this one runs before
+		// startTplLab's, so it ends T itself (Stop acts once), as T's log
+		// is whole only then.
+		lab.ctl.Close()
+		lab.tpl.Stop(10 * time.Second)
+		if log := lab.logText(); strings.Contains(log, "zygote: preload") {
+			t.Errorf("a preload failed:\n%s", log)
+		}
+	})
+}
+
 // TestTemplateForkMatchesCold: a fork of template.py, given its shell and
 // a hand-off of a file, runs it seeing what a cold execution of the file
 // sees (ids, capabilities, no_new_privs, seccomp, dumpable, maps, cgroups,
@@ -511,16 +534,6 @@ func compareViews(t *testing.T, who string, cold, fork map[string]any) {
 // numpy and multiprocessing have different random, numpy.random and
 // multiprocessing authkey values (reseeded: E1 found numpy's and the
 // authkey equal in every fork without it); T reports G's exit and reaps it.
-// TestTemplateWarmUp starts T with the server's default preload, so that
-// _warm_up runs whole (the pandas group-by, the figure rendered to PNG, the
-// font cache emptied again): startTplLab's cleanup fails the test if T
-// logged a failed warm-up once T has ended.
-func TestTemplateWarmUp(t *testing.T) {
-	requireTemplates(t)
-	r := newPoolRunner(t)
-	startTplLab(t, r, nsjailtest.RuntimeRootfs(t), config.DefaultPreload, "")
-}
-
 func TestTemplateForkMatchesCold(t *testing.T) {
 	requireTemplates(t)
 	r := newPoolRunner(t)
