@@ -512,9 +512,11 @@ func TestTemplateWarmUp(t *testing.T) {
 	t.Cleanup(func() {
 		// Cleanups run last registered first: this one runs before
 		// startTplLab's, so it ends T itself (Stop acts once), as T's log
-		// is whole only then.
+		// is whole only then. T reads the EOF only once its preload and
+		// warm-up are done: under CI's load (packages tested in parallel)
+		// that took longer than startTplLab's 10 s of grace.
 		lab.ctl.Close()
-		lab.tpl.Stop(10 * time.Second)
+		lab.tpl.Stop(2 * time.Minute)
 		if log := lab.logText(); strings.Contains(log, "zygote: preload") {
 			t.Errorf("a preload failed:\n%s", log)
 		}
